@@ -1,0 +1,1 @@
+"""Array backends (the GpuBackend plug point) and backend selection."""

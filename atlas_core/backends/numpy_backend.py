@@ -1,0 +1,137 @@
+"""The reference backend: NumPy, float32 math. The executable specification of every op."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlas_core.backends.base import Array, AttentionMetadata, Backend, SamplingTensors
+
+
+class NumpyBackend(Backend):
+    """Runs everywhere. Weights are stored as float32 (bf16/fp16 checkpoints are upcast once at
+    load); matrix products go to the BLAS NumPy links against."""
+
+    name = "numpy"
+    activation_dtype = np.dtype(np.float32)
+
+    def from_numpy(self, array: np.ndarray, *, weight: bool = False) -> Array:
+        array = np.asarray(array)
+        if array.dtype.kind in "iub":
+            return np.ascontiguousarray(array, dtype=np.int32)
+        return np.ascontiguousarray(array, dtype=np.float32)
+
+    def to_numpy(self, x: Array) -> np.ndarray:
+        return np.asarray(x)
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype | type) -> Array:
+        return np.zeros(shape, dtype=dtype)
+
+    def embedding(self, weight: Array, ids: Array) -> Array:
+        return weight[ids].astype(np.float32, copy=False)
+
+    def linear(self, x: Array, weight: Array, bias: Array | None = None, out: Array | None = None) -> Array:
+        result = np.matmul(x, weight.T, out=out)
+        if bias is not None:
+            result += bias
+        return result
+
+    def rms_norm(self, x: Array, weight: Array, eps: float, residual: Array | None = None) -> tuple[Array, Array]:
+        summed = x if residual is None else x + residual
+        mean_square = np.einsum("...i,...i->...", summed, summed) / summed.shape[-1]
+        inv_rms = 1.0 / np.sqrt(mean_square + eps, dtype=np.float32)
+        return (summed * inv_rms[..., None]) * weight, summed
+
+    def silu_mul(self, x: Array, out: Array | None = None) -> Array:
+        half = x.shape[-1] // 2
+        gate, up = x[..., :half], x[..., half:]
+        result = np.multiply(gate, up, out=out)
+        result /= 1.0 + np.exp(-gate)
+        return result
+
+    def rope(self, q: Array, k: Array, positions: Array, cos: Array, sin: Array) -> None:
+        half = cos.shape[1]
+        cos_t = cos[positions][:, None, :]
+        sin_t = sin[positions][:, None, :]
+        for x in (q, k):
+            first = x[..., :half].copy()
+            second = x[..., half : 2 * half]
+            x[..., :half] = first * cos_t - second * sin_t
+            x[..., half : 2 * half] = second * cos_t + first * sin_t
+
+    def write_kv(self, k_cache: Array, v_cache: Array, k: Array, v: Array, slot_mapping: Array) -> None:
+        keep = slot_mapping >= 0
+        slots = slot_mapping[keep]
+        flat_shape = (-1,) + k_cache.shape[2:]
+        k_cache.reshape(flat_shape)[slots] = k[keep]
+        v_cache.reshape(flat_shape)[slots] = v[keep]
+
+    def attention(
+        self, q: Array, k_cache: Array, v_cache: Array, meta: AttentionMetadata, scale: float,
+        out: Array | None = None,
+    ) -> Array:
+        out = np.empty_like(q) if out is None else out
+        block_size, num_kv_heads, head_dim = k_cache.shape[1:]
+        group = q.shape[1] // num_kv_heads
+        for b in range(meta.num_seqs):
+            start, end = int(meta.query_start_loc[b]), int(meta.query_start_loc[b + 1])
+            q_len, ctx = end - start, int(meta.seq_lens[b])
+            if q_len == 0:
+                continue
+            blocks = meta.block_tables[b, : -(-ctx // block_size)]
+            keys = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx]
+            values = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx]
+            # [q_len, Hq, D] -> [Hk, group * q_len, D]
+            grouped = q[start:end].reshape(q_len, num_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
+            grouped = grouped.reshape(num_kv_heads, group * q_len, head_dim)
+            scores = np.matmul(grouped, keys.transpose(1, 2, 0)) * scale
+            scores = scores.reshape(num_kv_heads, group, q_len, ctx)
+            if q_len > 1:
+                query_pos = np.arange(ctx - q_len, ctx)[:, None]
+                scores = np.where(np.arange(ctx)[None, :] <= query_pos, scores, -np.inf)
+            scores -= scores.max(axis=-1, keepdims=True)
+            probs = np.exp(scores)
+            probs /= probs.sum(axis=-1, keepdims=True)
+            mixed = np.matmul(probs.reshape(num_kv_heads, group * q_len, ctx), values.transpose(1, 0, 2))
+            out[start:end] = mixed.reshape(num_kv_heads, group, q_len, head_dim).transpose(2, 0, 1, 3).reshape(
+                q_len, num_kv_heads * group, head_dim
+            )
+        return out
+
+    def log_softmax(self, logits: Array) -> Array:
+        logits = logits.astype(np.float32, copy=False)
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+    def argmax(self, logits: Array) -> Array:
+        return np.argmax(logits, axis=-1).astype(np.int32)
+
+    def sample(self, logits: Array, params: SamplingTensors) -> Array:
+        tokens = self.argmax(logits)
+        for row in np.flatnonzero(params.temperature > 0):
+            tokens[row] = _sample_row(
+                logits[row].astype(np.float64),
+                float(params.temperature[row]),
+                int(params.top_k[row]),
+                float(params.top_p[row]),
+                float(params.min_p[row]),
+                float(params.uniform[row]),
+            )
+        return tokens
+
+
+def _sample_row(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float, uniform: float) -> int:
+    """One row of `Backend.sample` (float64 for a stable reference)."""
+    order = np.argsort(-logits, kind="stable")
+    scaled = logits[order] / temperature
+    probs = np.exp(scaled - scaled[0])
+    probs /= probs.sum()
+    keep = len(probs)
+    if top_k > 0:
+        keep = min(keep, top_k)
+    if top_p < 1.0:
+        keep = min(keep, int(np.searchsorted(np.cumsum(probs), top_p)) + 1)
+    if min_p > 0.0:
+        keep = min(keep, int(np.count_nonzero(probs >= min_p * probs[0])))
+    kept = np.cumsum(probs[:keep])
+    index = int(np.searchsorted(kept, uniform * kept[-1], side="right"))
+    return int(order[min(index, keep - 1)])

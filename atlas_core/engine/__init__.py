@@ -1,0 +1,1 @@
+"""The engine: sequences, KV cache, forward batches, sampling and the offline `LLM` API."""

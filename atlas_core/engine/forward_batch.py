@@ -1,0 +1,29 @@
+"""`ForwardBatch`: one forward pass over a flattened varlen batch (prefill chunks and decode tokens)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from atlas_core.backends.base import Array, AttentionMetadata
+
+
+@dataclass
+class ForwardBatch:
+    """Inputs of one model forward.
+
+    input_ids / positions: backend int32 arrays ``[T]`` (all sequences' new tokens, concatenated).
+    attention: where each sequence's queries and KV live (host arrays, see `AttentionMetadata`).
+    logits_rows: host int array ``[S]``, the rows of the final hidden state to project to logits
+    (one per sequence to sample, or every prompt row when prompt logprobs are asked for).
+    """
+
+    input_ids: Array
+    positions: Array
+    attention: AttentionMetadata
+    logits_rows: np.ndarray
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.attention.slot_mapping)

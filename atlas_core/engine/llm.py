@@ -1,0 +1,110 @@
+"""`LLM`: the offline Python API, with vLLM's names (``LLM(model).generate(...)`` / ``.chat(...)``)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from atlas_core.backends.select import select_backend
+from atlas_core.engine.llm_engine import EngineConfig, LLMEngine
+from atlas_core.engine.outputs import RequestOutput
+from atlas_core.engine.sampling_params import SamplingParams
+from atlas_core.errors import InvalidRequestError
+from atlas_core.model.load import load_model
+from atlas_core.plugins import get_registry
+
+PromptInput = str | list[int] | dict[str, Any]
+Message = dict[str, Any]
+
+
+class LLM:
+    """Load a model once and generate from many prompts, batched.
+
+    ``model``: a folder, a ``.gguf`` file, a Hugging Face repo id, or None for the built-in
+    default model. ``backend``: a backend name, or None for the best available. Other keyword
+    arguments are `EngineConfig` fields (``max_seq_len``, ``max_num_seqs``, ...).
+    """
+
+    def __init__(self, model: str | os.PathLike[str] | None = None, *, backend: str | None = None, **engine_args: Any) -> None:
+        registry = get_registry()
+        self.backend = select_backend(registry, backend)
+        self.loaded = load_model(model, self.backend, registry)
+        self.engine = LLMEngine(self.loaded, self.backend, EngineConfig(**engine_args))
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    def _require_tokenizer(self) -> Any:
+        if self.loaded.tokenizer is None:
+            raise InvalidRequestError(f"{self.loaded.resolved.path} has no tokenizer.json; pass prompts as token id lists")
+        return self.loaded.tokenizer
+
+    def _prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self._require_tokenizer().encode(prompt)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+            if "prompt" in prompt:
+                return self._prompt(str(prompt["prompt"]))
+            raise InvalidRequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        return None, [int(t) for t in prompt]
+
+    def generate(
+        self, prompts: PromptInput | Seq[PromptInput], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        *, use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Complete every prompt; outputs come back in prompt order."""
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # one prompt: text, token ids, or a dict
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise InvalidRequestError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
+        order = []
+        for prompt, params in zip(prompts, params_list, strict=True):
+            text, ids = self._prompt(prompt)
+            request_id = str(next(self._ids))
+            self.engine.add_request(request_id, text, ids, params)
+            order.append(request_id)
+        return self._run(order, use_tqdm)
+
+    def chat(
+        self, messages: list[Message] | list[list[Message]], sampling_params: SamplingParams | None = None, *,
+        tools: list[dict[str, Any]] | None = None, add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None, use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Render each conversation with the model's chat template and complete it."""
+        tokenizer = self._require_tokenizer()
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = []
+        for conversation in conversations:
+            text = tokenizer.apply_chat_template(
+                conversation, tools=tools, add_generation_prompt=add_generation_prompt,
+                chat_template_kwargs=chat_template_kwargs,
+            )
+            prompts.append({"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        results: dict[str, RequestOutput] = {}
+        with tqdm(total=len(order), desc="generating", disable=not use_tqdm) as progress:
+            try:
+                while self.engine.has_unfinished():
+                    for output in self.engine.step():
+                        if output.finished:
+                            results[output.request_id] = output
+                            progress.update(1)
+            except BaseException:
+                for request_id in order:
+                    self.engine.abort(request_id)
+                raise
+        return [results[request_id] for request_id in order]

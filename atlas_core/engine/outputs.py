@@ -1,0 +1,49 @@
+"""Results of generation, shaped like vLLM's so code can switch between them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """A token's log-probability, its rank among all tokens (1 = most likely), and its text."""
+
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
+
+
+PositionLogprobs = dict[int, Logprob]
+"""token id -> `Logprob`: the chosen token plus the top alternatives at one position."""
+
+
+@dataclass
+class CompletionOutput:
+    """One generated completion. ``finish_reason`` is ``"stop"``, ``"length"``, ``"abort"`` or None
+    while running; ``stop_reason`` is the stop string or token id that ended it, if any."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: list[PositionLogprobs] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """A request's prompt and its completions. ``prompt_logprobs[0]`` is None (no context)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    num_cached_tokens: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)

@@ -1,0 +1,110 @@
+"""The five plug points of Atlas, as pluggy hook specifications (project name ``atlas``).
+
+A plugin is a module named by an entry point in the ``atlas`` group of its distribution::
+
+    [project.entry-points.atlas]
+    my_family = "atlas_model_foo.plugin"
+
+The module defines functions decorated with :data:`hookimpl`. Every hook here is a
+*registration* hook: it is called once per process, in the process that serves the model
+(the API server / engine process), when Atlas first needs the plugin registry. It receives a
+``register`` callable and calls it with a name and a ``"module:Attribute"`` string. The target
+is imported only when that name is selected, so listing plugins never imports heavy libraries
+(CuPy, NCCL) and never touches a GPU.
+
+Each registration may pass keyword metadata (shown by ``atlas plugins``), documented per hook.
+Hooks return nothing; exceptions raised by one plugin's hook are reported for that plugin and do
+not affect the others. See ``docs/plugin-hooks.md`` for a worked example of each hook.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import pluggy
+
+PROJECT_NAME = "atlas"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+class Register(Protocol):
+    """The callable every registration hook receives.
+
+    ``register(name, target, **metadata)``: ``name`` is the public name users select
+    (``--backend cuda``, a config's ``model_type``); ``target`` is ``"package.module:Attribute"``.
+    """
+
+    def __call__(self, name: str, target: str, **metadata: Any) -> None: ...
+
+
+@hookspec
+def register_gpu_backends(register: Register) -> None:
+    """Register array backends (the GpuBackend plug point).
+
+    Target: a subclass of :class:`atlas_core.backends.base.Backend` implementing every op of
+    the reference contract (``docs/ops.md``), checked by the backend-conformance suite.
+
+    Metadata:
+      ``priority`` (int, default 0): automatic selection tries available backends from the highest
+      priority down; the core ``numpy`` backend has priority 0, so a GPU backend uses e.g. 100.
+
+    The class's ``availability()`` classmethod is called (after import) only when the backend is
+    a selection candidate; it must return why it cannot run instead of raising.
+    """
+
+
+@hookspec
+def register_model_loaders(register: Register) -> None:
+    """Register model families (the ModelWeightLoader plug point).
+
+    ``name`` is a Hugging Face ``model_type`` from ``config.json`` (``llama``, ``qwen3``...); GGUF
+    files map ``general.architecture`` to the same names. Target: a subclass of
+    :class:`atlas_core.model.loader.ModelWeightLoader` that maps the family's config and weight
+    names onto layers and returns a :class:`atlas_core.model.transformer.TransformerModel`.
+
+    Metadata:
+      ``architectures`` (list[str]): the ``architectures`` entries handled, for error messages.
+      ``defaults`` (dict): per-family serving defaults (e.g. ``tool_call_parser``).
+    """
+
+
+@hookspec
+def register_layers(register: Register) -> None:
+    """Register per-layer compute types (the TransformerLayer plug point).
+
+    Target: a class with the :class:`atlas_core.model.layers.base.Layer` contract
+    (``forward(hidden, batch, kv)``). Family loaders compose layers by these names, so a new
+    attention variant or mixer ships as a layer plugin that any family can use.
+    """
+
+
+@hookspec
+def register_comm_backends(register: Register) -> None:
+    """Register collective-communication backends (the CommBackend plug point).
+
+    Target: a subclass of :class:`atlas_core.comm.CommBackend` (``all_reduce``, ``all_gather``,
+    ``broadcast``, ``send``/``recv`` across ranks). Core ships ``single`` (one rank).
+    Called in every rank's process.
+    """
+
+
+@hookspec
+def register_storage_backends(register: Register) -> None:
+    """Register KV-cache spill tiers (the StorageBackend plug point).
+
+    Target: a subclass of :class:`atlas_core.storage.StorageBackend` that stores and restores
+    whole KV blocks by id (``write_blocks`` / ``read_blocks`` / ``discard``). Called in the engine
+    process. Core ships none; the engine recomputes preempted sequences when none is configured.
+    """
+
+
+HOOK_KINDS: dict[str, str] = {
+    "register_gpu_backends": "backend",
+    "register_model_loaders": "model",
+    "register_layers": "layer",
+    "register_comm_backends": "comm",
+    "register_storage_backends": "storage",
+}
+"""Hook name -> the registry kind its registrations populate."""

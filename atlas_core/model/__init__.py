@@ -1,0 +1,1 @@
+"""Model definition: config specs, RoPE tables, layers, the generic transformer, loading."""

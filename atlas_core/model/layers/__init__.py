@@ -1,0 +1,1 @@
+"""Core layer primitives (registered as TransformerLayer types by core's built-in plugin)."""

@@ -1,0 +1,83 @@
+"""Loading a model end to end: resolve the reference, read config and weights, pick the family
+plugin, build the model on the backend, and load the tokenizer."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from atlas_core.backends.base import Backend
+from atlas_core.errors import ModelLoadError, UnsupportedArchitectureError
+from atlas_core.model.resolve import ResolvedModel, resolve_model
+from atlas_core.model.transformer import TransformerModel
+from atlas_core.plugins import PluginRegistry
+from atlas_core.tokenizer import Tokenizer
+from atlas_core.weights.source import WeightSource
+
+KNOWN_FAMILY_PACKAGES = {
+    "llama": "atlas-model-llama", "mistral": "atlas-model-llama", "qwen2": "atlas-model-llama",
+    "qwen3": "atlas-model-qwen3", "qwen3_moe": "atlas-model-qwen3-moe",
+    "gemma3_text": "atlas-model-gemma", "gemma4_text": "atlas-model-gemma",
+    "deepseek_v3": "atlas-model-deepseek", "mistral4": "atlas-model-deepseek", "minimax_m2": "atlas-model-minimax",
+    "qwen3_next": "atlas-model-qwen3-next", "qwen3_5": "atlas-model-qwen3-next", "qwen3_5_moe": "atlas-model-qwen3-next",
+    "nemotron_h": "atlas-model-nemotron-h",
+}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run, with what the engine and server need to know about it."""
+
+    name: str
+    resolved: ResolvedModel
+    config: dict[str, Any]
+    model: TransformerModel
+    tokenizer: Tokenizer | None
+    family_defaults: dict[str, Any]
+
+
+def open_source(resolved: ResolvedModel) -> WeightSource:
+    if resolved.kind == "gguf":
+        from atlas_core.weights.gguf import GGUFSource
+
+        return GGUFSource(resolved.path)
+    from atlas_core.weights.safetensors_source import SafetensorsSource
+
+    return SafetensorsSource(resolved.path)
+
+
+def load_tokenizer(resolved: ResolvedModel, source: WeightSource) -> Tokenizer | None:
+    if resolved.kind == "gguf":
+        from atlas_core.tokenizer.gguf_vocab import build_tokenizer_from_gguf
+
+        return build_tokenizer_from_gguf(source)
+    return Tokenizer.from_folder(resolved.path)
+
+
+def load_model(reference: str | os.PathLike[str] | None, backend: Backend, registry: PluginRegistry) -> LoadedModel:
+    """Load ``reference`` (see `resolve_model`) onto ``backend`` with the family registered for it."""
+    resolved = resolve_model(reference)
+    source = open_source(resolved)
+    model_type = source.config.get("model_type")
+    if not model_type:
+        raise ModelLoadError(f"{resolved.path}: config has no 'model_type'; cannot tell which model family it is")
+    registration = registry.find("model", model_type)
+    if registration is None:
+        installed = ", ".join(registry.names("model")) or "none"
+        package = KNOWN_FAMILY_PACKAGES.get(model_type)
+        hint = f"install {package}" if package else "no known Atlas package supports it yet"
+        raise UnsupportedArchitectureError(
+            f"{resolved.path}: model_type {model_type!r} ({', '.join(source.config.get('architectures') or [])}) has no "
+            f"installed family plugin ({hint}); installed families: {installed}"
+        )
+    loader_class = registration.load()
+    model = loader_class(source, backend, registry, str(resolved.path)).build()
+    return LoadedModel(
+        name=resolved.name,
+        resolved=resolved,
+        config=source.config,
+        model=model,
+        tokenizer=load_tokenizer(resolved, source),
+        family_defaults=dict(registration.metadata.get("defaults", {})),
+    )

@@ -1,0 +1,63 @@
+"""`TransformerModel`: embed -> decoder layers -> final norm -> lm_head, over a `ForwardBatch`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from atlas_core.backends.base import Array, Backend
+from atlas_core.engine.forward_batch import ForwardBatch
+from atlas_core.engine.kv_cache import KVCache, KVLayout
+from atlas_core.model.layers.norm import RMSNorm
+
+
+class Mixer(Protocol):
+    """The token-mixing half of a decoder layer (attention, or a recurrent mixer in hybrid models)."""
+
+    def __call__(self, x: Array, batch: ForwardBatch, kv: KVCache) -> Array: ...
+
+
+@dataclass
+class PreNormDecoderLayer:
+    """``h = x + mixer(norm1(x)); out = h + ffn(norm2(h))`` with the residual adds fused into the norms."""
+
+    input_norm: RMSNorm
+    mixer: Mixer
+    post_mixer_norm: RMSNorm
+    ffn: Callable[[Array], Array]
+
+    def __call__(self, hidden: Array, residual: Array | None, batch: ForwardBatch, kv: KVCache) -> tuple[Array, Array]:
+        normed, residual = self.input_norm(hidden, residual)
+        mixed = self.mixer(normed, batch, kv)
+        normed, residual = self.post_mixer_norm(mixed, residual)
+        return self.ffn(normed), residual
+
+
+class TransformerModel:
+    """A decoder-only language model built from backend arrays and composed layers."""
+
+    def __init__(
+        self, backend: Backend, *, embed_tokens: Array, layers: Sequence[PreNormDecoderLayer], final_norm: RMSNorm,
+        lm_head: Array, kv_layouts: list[KVLayout], vocab_size: int, max_position_embeddings: int,
+    ) -> None:
+        self.backend = backend
+        self.embed_tokens = embed_tokens
+        self.layers = list(layers)
+        self.final_norm = final_norm
+        self.lm_head = lm_head
+        self.kv_layouts = kv_layouts
+        self.vocab_size = vocab_size
+        self.max_position_embeddings = max_position_embeddings
+
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> Array:
+        """Final hidden states ``[T, H]`` (already normed) for every token of the batch."""
+        hidden = self.backend.embedding(self.embed_tokens, batch.input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, batch, kv)
+        return self.final_norm(hidden, residual)[0]
+
+    def compute_logits(self, hidden: Array) -> Array:
+        """``[S, H]`` hidden rows -> ``[S, V]`` float32 logits."""
+        return self.backend.linear(hidden, self.lm_head)

@@ -1,0 +1,1 @@
+"""Checkpoint readers: safetensors folders and GGUF files behind one `WeightSource` protocol."""

@@ -1,0 +1,125 @@
+"""Hugging Face folders of safetensors files (single or sharded), memory-mapped.
+
+The ``safetensors`` package's NumPy API cannot return bfloat16 tensors, so tensors are mapped
+directly from the documented file layout (8-byte little-endian header size, JSON header of
+``{name: {dtype, shape, data_offsets}}``, then the data) with ``numpy.memmap``; bf16 is viewed
+as ``ml_dtypes.bfloat16``. Nothing is read until a tensor is asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from atlas_core.errors import ModelLoadError
+
+DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+MAX_HEADER_BYTES = 100 * 2**20
+
+
+def _read_header(path: Path) -> tuple[int, dict[str, Any]]:
+    """``(data_start, header)`` of one safetensors file, validated against the file size."""
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise ModelLoadError(f"{path}: not a safetensors file (only {size} bytes)")
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len > min(MAX_HEADER_BYTES, size - 8):
+            raise ModelLoadError(f"{path}: corrupt safetensors header (claims {header_len} header bytes in a {size}-byte file)")
+        try:
+            header = json.loads(handle.read(header_len))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ModelLoadError(f"{path}: corrupt safetensors header ({exc})") from exc
+    data_start = 8 + header_len
+    header.pop("__metadata__", None)
+    for name, info in header.items():
+        begin, end = info["data_offsets"]
+        if data_start + end > size:
+            raise ModelLoadError(f"{path}: tensor {name!r} ends at byte {data_start + end} but the file has {size} bytes (truncated download?)")
+        if info["dtype"] not in DTYPES:
+            raise ModelLoadError(f"{path}: tensor {name!r} has dtype {info['dtype']}, which is not supported")
+        expected = int(np.prod(info["shape"], dtype=np.int64)) * DTYPES[info["dtype"]].itemsize
+        if end - begin != expected:
+            raise ModelLoadError(f"{path}: tensor {name!r} has {end - begin} bytes, its shape {info['shape']} needs {expected}")
+    return data_start, header
+
+
+class SafetensorsSource:
+    """A `WeightSource` over a folder's ``config.json`` and safetensors weights."""
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = Path(folder)
+        self.config = _read_config(self.folder / "config.json")
+        self._index: dict[str, tuple[Path, int, dict[str, Any]]] = {}
+        for path in self._weight_files():
+            data_start, header = _read_header(path)
+            for name, info in header.items():
+                self._index[name] = (path, data_start, info)
+        self._maps: dict[Path, np.memmap] = {}
+
+    def _weight_files(self) -> list[Path]:
+        index_path = self.folder / "model.safetensors.index.json"
+        if index_path.exists():
+            try:
+                weight_map = json.loads(index_path.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ModelLoadError(f"{index_path}: not a valid safetensors index ({exc})") from exc
+            files = [self.folder / name for name in sorted(set(weight_map.values()))]
+            missing = [str(path) for path in files if not path.exists()]
+            if missing:
+                raise ModelLoadError(f"{index_path} lists shards that are missing: {', '.join(missing)}")
+            return files
+        files = sorted(self.folder.glob("*.safetensors"))
+        if not files:
+            raise ModelLoadError(
+                f"{self.folder}: no weights found (expected model.safetensors or model.safetensors.index.json); "
+                "PyTorch .bin checkpoints are not supported, convert them to safetensors"
+            )
+        return files
+
+    def names(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._index
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self._index:
+            raise ModelLoadError(f"{self.folder}: weight {name!r} is not in the checkpoint")
+        path, data_start, info = self._index[name]
+        if path not in self._maps:
+            self._maps[path] = np.memmap(path, dtype=np.uint8, mode="r")
+        begin, end = info["data_offsets"]
+        raw = self._maps[path][data_start + begin : data_start + end]
+        return raw.view(DTYPES[info["dtype"]]).reshape(info["shape"])
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ModelLoadError(f"{path.parent}: config.json is missing; a model folder needs config.json and safetensors weights")
+    try:
+        config = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path}: invalid JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object")
+    return config

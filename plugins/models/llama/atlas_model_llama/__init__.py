@@ -1,0 +1,1 @@
+"""Atlas model family: Llama 1-3, Mistral (dense), Qwen2, SmolLM and other llama-shaped checkpoints."""
