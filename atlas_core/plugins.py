@@ -6,7 +6,8 @@ called, one plugin at a time, so each registration is attributed to its distribu
 failing plugin is reported and skipped without affecting the others.
 
 Environment variables:
-  ``ATLAS_PLUGINS``         comma-separated entry-point or distribution names to load (unset: all).
+  ``ATLAS_PLUGINS``         comma-separated entry-point or distribution names to load (unset: all);
+                            compared case-insensitively, with ``-``, ``_`` and ``.`` alike.
                             Core's built-in registrations are always loaded.
   ``ATLAS_PLUGINS_STRICT``  ``1``: a plugin that fails to load or register re-raises instead.
   ``ATLAS_TRACE_HOOKS``     ``1``: print every hook call to stderr (pluggy tracing).
@@ -17,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -117,11 +119,17 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def normalize_name(name: str) -> str:
+    """A distribution or entry-point name compared the way pip compares names (PEP 503):
+    ``Atlas_Model.Llama`` and ``atlas-model-llama`` are the same."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _allowlist() -> set[str] | None:
     raw = os.environ.get("ATLAS_PLUGINS")
     if raw is None:
         return None
-    return {item.strip() for item in raw.split(",") if item.strip()}
+    return {normalize_name(item.strip()) for item in raw.split(",") if item.strip()}
 
 
 def _make_manager() -> pluggy.PluginManager:
@@ -184,7 +192,7 @@ def load_plugins(entry_points: Iterable[importlib_metadata.EntryPoint] | None = 
             version=dist.version if dist else "?",
             module=point.value,
         )
-        if allow is not None and point.name not in allow and info.distribution not in allow:
+        if allow is not None and not {normalize_name(point.name), normalize_name(info.distribution)} & allow:
             continue
         try:
             module = point.load()

@@ -40,14 +40,14 @@ class LLM:
     def tokenizer(self) -> Any:
         return self.loaded.tokenizer
 
-    def _require_tokenizer(self) -> Any:
+    def require_tokenizer(self) -> Any:
         if self.loaded.tokenizer is None:
             raise InvalidRequestError(f"{self.loaded.resolved.path} has no tokenizer.json; pass prompts as token id lists")
         return self.loaded.tokenizer
 
     def _prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
-            return prompt, self._require_tokenizer().encode(prompt)
+            return prompt, self.require_tokenizer().encode(prompt)
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
@@ -83,7 +83,7 @@ class LLM:
         chat_template_kwargs: dict[str, Any] | None = None, use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Render each conversation with the model's chat template and complete it."""
-        tokenizer = self._require_tokenizer()
+        tokenizer = self.require_tokenizer()
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = []
         for conversation in conversations:

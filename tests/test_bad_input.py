@@ -1,0 +1,145 @@
+"""Bad model folders, files and requests give clear errors naming the file and the problem."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from atlas_core import LLM, SamplingParams
+from atlas_core.errors import InvalidRequestError, ModelLoadError, UnsupportedArchitectureError
+from tests.conftest import TINY
+
+
+@pytest.fixture
+def llama_copy(tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(TINY / "llama", folder)
+    return folder
+
+
+def test_missing_folder() -> None:
+    with pytest.raises(ModelLoadError, match="no such model folder or .gguf file"):
+        LLM("/nonexistent/model-folder")
+
+
+def test_missing_config(llama_copy: Path) -> None:
+    (llama_copy / "config.json").unlink()
+    with pytest.raises(ModelLoadError, match="config.json is missing"):
+        LLM(llama_copy)
+
+
+def test_invalid_config_json(llama_copy: Path) -> None:
+    (llama_copy / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match=r"config\.json: invalid JSON"):
+        LLM(llama_copy)
+
+
+def test_missing_weights(llama_copy: Path) -> None:
+    (llama_copy / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="no weights found"):
+        LLM(llama_copy)
+
+
+def test_truncated_weights(llama_copy: Path) -> None:
+    weights = llama_copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ModelLoadError, match=r"model\.safetensors: tensor .* ends at byte .*truncated"):
+        LLM(llama_copy)
+
+
+def test_garbage_weights(llama_copy: Path) -> None:
+    (llama_copy / "model.safetensors").write_bytes(b"\x00\x01not a safetensors file at all" * 10)
+    with pytest.raises(ModelLoadError, match=r"model\.safetensors: corrupt safetensors header"):
+        LLM(llama_copy)
+
+
+def test_missing_tensor(llama_copy: Path, tmp_path: Path) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(llama_copy / "model.safetensors")
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    save_file(tensors, llama_copy / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"weight 'model\.layers\.1\.mlp\.down_proj\.weight' is missing"):
+        LLM(llama_copy)
+
+
+def test_missing_shard(tmp_path: Path) -> None:
+    folder = tmp_path / "sharded"
+    shutil.copytree(TINY / "llama_linear_rope", folder)
+    shard = sorted(folder.glob("model-*.safetensors"))[-1]
+    shard.unlink()
+    with pytest.raises(ModelLoadError, match=f"lists shards that are missing: .*{shard.name}"):
+        LLM(folder)
+
+
+def test_unsupported_architecture(llama_copy: Path) -> None:
+    config = json.loads((llama_copy / "config.json").read_text())
+    config.update(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"])
+    (llama_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError, match=r"'gemma3_text'.*install atlas-model-gemma.*installed families: .*llama"):
+        LLM(llama_copy)
+
+
+def test_unknown_architecture(llama_copy: Path) -> None:
+    config = json.loads((llama_copy / "config.json").read_text())
+    config.update(model_type="brand_new_thing")
+    (llama_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError, match="no known Atlas package supports it yet"):
+        LLM(llama_copy)
+
+
+def test_not_a_gguf_file(tmp_path: Path) -> None:
+    bogus = tmp_path / "model.gguf"
+    bogus.write_bytes(b"GGUF but not really" * 4)
+    with pytest.raises(ModelLoadError, match="model.gguf"):
+        LLM(bogus)
+
+
+def test_non_gguf_file_suffix(tmp_path: Path) -> None:
+    other = tmp_path / "weights.bin"
+    other.write_bytes(b"x")
+    with pytest.raises(ModelLoadError, match="must be a .gguf file"):
+        LLM(other)
+
+
+def test_offline_hub_repo_not_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ModelLoadError, match="not in the Hugging Face cache and HF_HUB_OFFLINE is set"):
+        LLM("some-org/some-model")
+
+
+def test_kv_budget_too_small_names_the_numbers() -> None:
+    with pytest.raises(Exception, match=r"holds \d+ blocks .* needs \d+ blocks .* Lower max_seq_len to at most \d+"):
+        LLM(TINY / "llama", kv_cache_memory_gib=1e-5, max_seq_len=512)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+    ],
+)
+def test_bad_sampling_params(kwargs: dict, message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_bad_prompts(tiny_llms: dict) -> None:
+    llm = tiny_llms["llama"]
+    with pytest.raises(InvalidRequestError, match="prompt is empty"):
+        llm.generate([[]])
+    with pytest.raises(InvalidRequestError, match=r"must be in \[0, 256\)"):
+        llm.generate([[1, 999]])
+    with pytest.raises(InvalidRequestError, match="max_seq_len"):
+        llm.generate([[1] * 600])
+    with pytest.raises(InvalidRequestError, match="no tokenizer.json"):
+        llm.generate("text needs a tokenizer")
+    assert not llm.engine.has_unfinished()
