@@ -74,9 +74,13 @@ def register_model_loaders(register: Register) -> None:
 def register_layers(register: Register) -> None:
     """Register per-layer compute types (the TransformerLayer plug point).
 
-    Target: a class with the :class:`atlas_core.model.layers.base.Layer` contract
-    (``forward(hidden, batch, kv)``). Family loaders compose layers by these names, so a new
-    attention variant or mixer ships as a layer plugin that any family can use.
+    Target: a class that family loaders construct and compose. Core registers ``attention``
+    (called as ``layer(x, batch, kv) -> out``, the `atlas_core.model.transformer.Mixer`
+    contract), ``swiglu_mlp`` (``layer(x) -> out``) and ``rms_norm``
+    (``layer(x, residual) -> (normed, new_residual)``). Loaders look layer types up by name
+    (`ModelWeightLoader.layer_type`), so a new attention variant or mixer ships as a layer
+    plugin that any family can compose; constructor arguments are agreed between the layer and
+    the loaders that use it.
     """
 
 

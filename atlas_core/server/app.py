@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
+from litestar.params import JSONBody
 from litestar.response import Stream
 
 from atlas_core.engine.async_engine import AsyncEngine
@@ -86,7 +87,7 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, model_name: str) -> Li
         yield b"data: [DONE]\n\n"
 
     @post("/v1/chat/completions")
-    async def chat_completions(data: ChatCompletionRequest) -> Any:
+    async def chat_completions(data: JSONBody[ChatCompletionRequest]) -> Any:
         messages = [msgspec.to_builtins(m) for m in data.messages]
         prompt = tokenizer.apply_chat_template(messages, tools=data.tools, chat_template_kwargs=data.chat_template_kwargs)
         ids = tokenizer.encode(prompt, add_special_tokens=False)
@@ -114,7 +115,7 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, model_name: str) -> Li
         }
 
     @post("/v1/completions")
-    async def completions(data: CompletionRequest) -> Any:
+    async def completions(data: JSONBody[CompletionRequest]) -> Any:
         text = data.prompt if isinstance(data.prompt, str) else None
         ids = tokenizer.encode(data.prompt) if isinstance(data.prompt, str) else list(data.prompt)
         stream = engine.generate(text, ids, params_of(data, data.max_tokens))

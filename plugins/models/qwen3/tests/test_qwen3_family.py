@@ -1,0 +1,23 @@
+"""atlas-model-qwen3: registration, per-head q/k norms, serving defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from atlas_core import LLM
+from atlas_core.plugins import load_plugins
+
+TINY = Path(__file__).parents[4] / "tests" / "fixtures" / "tiny"
+
+
+def test_registers_qwen3_with_serving_defaults() -> None:
+    registration = load_plugins().get("model", "qwen3")
+    assert registration.plugin.distribution == "atlas-model-qwen3"
+    assert registration.metadata["defaults"]["reasoning_parser"] == "qwen3"
+
+
+def test_qwen3_layers_have_qk_norm() -> None:
+    llm = LLM(TINY / "qwen3")
+    weights = llm.loaded.model.layers[0].mixer.weights
+    assert weights.q_norm is not None and weights.k_norm is not None
+    assert llm.loaded.family_defaults["tool_call_parser"] == "hermes"
