@@ -15,8 +15,8 @@ import json
 import os
 from typing import Any
 
-from atlas_core.hookspecs import HOOK_KINDS
 from atlas_core.errors import PluginError
+from atlas_core.hookspecs import HOOK_KINDS
 from atlas_core.plugins import PluginInfo, PluginRegistry, Registration, load_plugins, normalize_name
 
 KIND_ORDER = list(HOOK_KINDS.values())
@@ -49,8 +49,8 @@ def add_plugins_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
 
 def run_plugins_command(args: argparse.Namespace) -> int:
     """Print the plugin listing (text, or JSON with ``args.json``) to stdout; returns the exit status 0."""
-    report = plugins_report(load_plugins(), check=bool(getattr(args, "check", False)))
-    if getattr(args, "json", False):
+    report = plugins_report(load_plugins(), check=args.check)
+    if args.json:
         print(json.dumps(report, indent=2, default=repr))
     else:
         print(format_report(report))
@@ -82,12 +82,11 @@ def _conflicts(registry: PluginRegistry) -> list[dict[str, Any]]:
     conflicts = []
     for kind in KIND_ORDER:
         for name in registry.names(kind):
-            claimants = [r.plugin.label for r in registry.registrations(kind) if r.name == name]
-            if len(claimants) > 1:
-                try:
-                    registry.find(kind, name)
-                except PluginError as exc:
-                    conflicts.append({"kind": kind, "name": name, "plugins": claimants, "error": str(exc)})
+            try:
+                registry.find(kind, name)
+            except PluginError as exc:
+                claimants = [r.plugin.label for r in registry.registrations(kind) if r.name == name]
+                conflicts.append({"kind": kind, "name": name, "plugins": claimants, "error": str(exc)})
     return conflicts
 
 
