@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from atlas_core.cli_plugins import add_plugins_parser
+from tests.plugin_site import clean_env, install_plugin, site  # noqa: F401 (fixtures)
 
 INSTALLED = {
     "atlas-core": ("atlas-core", "0.1.0"),
@@ -31,33 +32,10 @@ EXAMPLE_BLOCK = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("ATLAS_PLUGINS", "ATLAS_PLUGINS_STRICT", "ATLAS_TRACE_HOOKS"):
-        monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """An empty site-packages folder on ``sys.path``; modules imported from it are forgotten afterwards."""
-    root = tmp_path / "site-packages"
-    root.mkdir()
-    monkeypatch.syspath_prepend(str(root))
-    yield root
-    for name, module in list(sys.modules.items()):
-        if str(getattr(module, "__file__", None) or "").startswith(str(root)):
-            del sys.modules[name]
-
-
-def install_plugin(site: Path, distribution: str, entry_point: str, source: str, extra: dict[str, str] | None = None) -> None:
-    """Install ``distribution`` 1.0 into ``site``: module ``entry_point + '_plugin'`` (``source``) plus ``extra`` modules."""
+def install(site: Path, distribution: str, entry_point: str, source: str, extra: dict[str, str] | None = None) -> None:
+    """Install ``distribution`` 1.0 with one entry point to module ``<entry_point>_plugin`` plus ``extra`` modules."""
     module = f"{entry_point}_plugin"
-    for name, text in {module: source, **(extra or {})}.items():
-        (site / f"{name}.py").write_text(textwrap.dedent(text))
-    dist_info = site / f"{distribution.replace('-', '_')}-1.0.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 1.0\n")
-    (dist_info / "entry_points.txt").write_text(f"[atlas]\n{entry_point} = {module}\n")
+    install_plugin(site, distribution, "1.0", {entry_point: module}, {module: source, **(extra or {})})
 
 
 def run_plugins(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -118,8 +96,8 @@ def test_check_imports_every_target(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_broken_plugins_are_listed_with_error_lines(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    install_plugin(site, "atlas-broken", "broken", 'raise RuntimeError("boom at import")\n')
-    install_plugin(site, "atlas-fork", "fork", """
+    install(site, "atlas-broken", "broken", 'raise RuntimeError("boom at import")\n')
+    install(site, "atlas-fork", "fork", """
         from atlas_core.hookspecs import hookimpl
 
         @hookimpl
@@ -145,7 +123,7 @@ def test_broken_plugins_are_listed_with_error_lines(site: Path, capsys: pytest.C
 
 
 def test_check_reports_targets_that_do_not_load(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    install_plugin(site, "atlas-shaky", "shaky", """
+    install(site, "atlas-shaky", "shaky", """
         from atlas_core.hookspecs import hookimpl
 
         @hookimpl

@@ -22,6 +22,7 @@ from atlas_core.server.schemas import (
     CompletionRequest,
     ErrorBody,
     ErrorResponse,
+    SamplingFields,
     Usage,
 )
 from atlas_core.tokenizer import Tokenizer
@@ -49,7 +50,7 @@ def _sse(payload: Any) -> bytes:
 def create_app(engine: AsyncEngine, tokenizer: Tokenizer, model_name: str) -> Litestar:
     """Build the app serving ``model_name``; the caller owns the engine's lifetime."""
 
-    def params_of(body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None) -> SamplingParams:
+    def params_of(body: SamplingFields, max_tokens: int | None) -> SamplingParams:
         return SamplingParams(
             n=body.n, max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
             min_p=body.min_p, seed=body.seed, stop=body.stop,

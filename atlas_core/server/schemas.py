@@ -15,12 +15,11 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
     tool_call_id: str | None = None
 
 
-class ChatCompletionRequest(msgspec.Struct, kw_only=True):
-    messages: list[ChatMessage]
+class SamplingFields(msgspec.Struct, kw_only=True):
+    """Sampling fields shared by the completion endpoints (meanings as in `SamplingParams`)."""
+
     model: str | None = None
     stream: bool = False
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -28,22 +27,19 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = 1
+
+
+class ChatCompletionRequest(SamplingFields, kw_only=True):
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class CompletionRequest(msgspec.Struct, kw_only=True):
+class CompletionRequest(SamplingFields, kw_only=True):
     prompt: str | list[int]
-    model: str | None = None
-    stream: bool = False
     max_tokens: int | None = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int = 1
 
 
 class Usage(msgspec.Struct):
