@@ -34,3 +34,11 @@ def default_llm() -> object:
     from atlas_core import LLM
 
     return LLM(backend="numpy")
+
+
+def use_hub_cache(monkeypatch: pytest.MonkeyPatch, cache: Path, *, offline: bool) -> None:
+    """Point huggingface_hub at ``cache`` (its constants are read once, at import)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)

@@ -10,7 +10,7 @@ import pytest
 
 from atlas_core import LLM, SamplingParams
 from atlas_core.errors import InvalidRequestError, ModelLoadError, UnsupportedArchitectureError
-from tests.conftest import TINY
+from tests.conftest import TINY, use_hub_cache
 
 
 @pytest.fixture
@@ -106,8 +106,7 @@ def test_non_gguf_file_suffix(tmp_path: Path) -> None:
 
 
 def test_offline_hub_repo_not_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    use_hub_cache(monkeypatch, tmp_path / "empty-cache", offline=True)
     with pytest.raises(ModelLoadError, match="not in the Hugging Face cache and HF_HUB_OFFLINE is set"):
         LLM("some-org/some-model")
 

@@ -9,7 +9,7 @@ import pytest
 
 from atlas_core import LLM, SamplingParams
 from atlas_core.model.resolve import resolve_model
-from tests.conftest import TINY, reference
+from tests.conftest import TINY, reference, use_hub_cache
 
 
 def make_hub_cache(cache: Path, repo_id: str, source: Path) -> Path:
@@ -25,8 +25,7 @@ def make_hub_cache(cache: Path, repo_id: str, source: Path) -> Path:
 
 def test_repo_id_resolves_from_the_cache_offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     snapshot = make_hub_cache(tmp_path / "hub", "tiny-org/tiny-llama", TINY / "llama")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    use_hub_cache(monkeypatch, tmp_path / "hub", offline=True)
     resolved = resolve_model("tiny-org/tiny-llama")
     assert resolved.path == snapshot and resolved.kind == "folder" and resolved.name == "tiny-org/tiny-llama"
     ref = reference("llama")

@@ -1,7 +1,8 @@
 """The backend contract: arrays, memory and every op the layers call.
 
 ``docs/ops.md`` is the human-readable form of this contract. The NumPy backend is its executable
-specification; `tests/test_backend_conformance.py` checks every installed backend against it.
+specification; `tests/test_backend_conformance.py` checks every installed backend (NumPy included)
+against independent float64 oracles written from this contract.
 
 Conventions for every op:
   * Shapes use T = tokens in the flattened batch, B = sequences, H = hidden size,
@@ -29,7 +30,7 @@ Array = Any
 class AttentionMetadata:
     """Where each sequence's queries and keys live in one flattened, paged batch.
 
-    Host (NumPy int32) arrays; ``device`` copies are made by the runner for backends that need them.
+    int32 arrays on the backend (the runner uploads them with ``from_numpy``).
       query_start_loc [B+1]: sequence b's query tokens are rows ``query_start_loc[b]:query_start_loc[b+1]``.
       seq_lens [B]: keys visible to sequence b after this step (cached + new tokens).
       block_tables [B, max_blocks]: KV block ids of each sequence, in order (-1 padding).
@@ -77,9 +78,10 @@ class Backend(ABC):
 
     # ---- memory -------------------------------------------------------------------------
     @abstractmethod
-    def from_numpy(self, array: np.ndarray, *, weight: bool = False) -> Array:
-        """Copy a host array to the backend. ``weight=True`` stores it in the backend's weight
-        dtype (floats only); otherwise floats become ``activation_dtype`` and ints int32."""
+    def from_numpy(self, array: np.ndarray, *, weight: bool = False, dtype: np.dtype | None = None) -> Array:
+        """Copy a host array to the backend. ``dtype`` forces the stored dtype; otherwise
+        ``weight=True`` stores floats in the backend's weight dtype, other floats become
+        ``activation_dtype``, and integers int32."""
 
     @abstractmethod
     def to_numpy(self, x: Array) -> np.ndarray:
@@ -146,8 +148,8 @@ class Backend(ABC):
         """Draw one token per row ``[S, V]`` -> int32 ``[S]``.
 
         Per row: temperature 0 -> argmax. Otherwise ``p = softmax(logits / T)``; keep the top_k
-        most likely (ties by lower id), then the smallest prefix of probability-sorted tokens whose
-        mass reaches top_p (the token crossing it included), then tokens with ``p >= min_p * max(p)``;
+        most likely (ties by lower id), then the smallest prefix of those (renormalised) whose mass
+        reaches top_p (the token crossing it included), then tokens with ``p >= min_p * max(p)``;
         renormalise and return the token where the cumulative mass (in descending-probability
         order, ties by lower id) first exceeds ``uniform * total``.
         """

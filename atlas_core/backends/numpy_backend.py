@@ -14,8 +14,10 @@ class NumpyBackend(Backend):
     name = "numpy"
     activation_dtype = np.dtype(np.float32)
 
-    def from_numpy(self, array: np.ndarray, *, weight: bool = False) -> Array:
+    def from_numpy(self, array: np.ndarray, *, weight: bool = False, dtype: np.dtype | None = None) -> Array:
         array = np.asarray(array)
+        if dtype is not None:
+            return np.ascontiguousarray(array, dtype=dtype)
         if array.dtype.kind in "iub":
             return np.ascontiguousarray(array, dtype=np.int32)
         return np.ascontiguousarray(array, dtype=np.float32)
@@ -45,7 +47,8 @@ class NumpyBackend(Backend):
         half = x.shape[-1] // 2
         gate, up = x[..., :half], x[..., half:]
         result = np.multiply(gate, up, out=out)
-        result /= 1.0 + np.exp(-gate)
+        with np.errstate(over="ignore"):  # exp overflows to inf for gates below -88: silu -> 0, as it should
+            result /= 1.0 + np.exp(-gate)
         return result
 
     def rope(self, q: Array, k: Array, positions: Array, cos: Array, sin: Array) -> None:
@@ -129,7 +132,8 @@ def _sample_row(logits: np.ndarray, temperature: float, top_k: int, top_p: float
     if top_k > 0:
         keep = min(keep, top_k)
     if top_p < 1.0:
-        keep = min(keep, int(np.searchsorted(np.cumsum(probs), top_p)) + 1)
+        mass = np.cumsum(probs[:keep])
+        keep = min(keep, int(np.searchsorted(mass / mass[-1], top_p)) + 1)
     if min_p > 0.0:
         keep = min(keep, int(np.count_nonzero(probs >= min_p * probs[0])))
     kept = np.cumsum(probs[:keep])

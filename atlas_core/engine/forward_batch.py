@@ -14,7 +14,7 @@ class ForwardBatch:
     """Inputs of one model forward.
 
     input_ids / positions: backend int32 arrays ``[T]`` (all sequences' new tokens, concatenated).
-    attention: where each sequence's queries and KV live (host arrays, see `AttentionMetadata`).
+    attention: where each sequence's queries and KV live (backend arrays, see `AttentionMetadata`).
     logits_rows: host int array ``[S]``, the rows of the final hidden state to project to logits
     (one per sequence to sample, or every prompt row when prompt logprobs are asked for).
     """

@@ -66,11 +66,12 @@ class ModelRunner:
                 logits_rows.append(first_row + chunk.num_tokens - 1)
             starts.append(first_row + chunk.num_tokens)
             seq_lens.append(end)
+        upload = self.backend.from_numpy
         meta = AttentionMetadata(
-            query_start_loc=np.asarray(starts, dtype=np.int32),
-            seq_lens=np.asarray(seq_lens, dtype=np.int32),
-            block_tables=tables,
-            slot_mapping=np.concatenate(slots).astype(np.int32),
+            query_start_loc=upload(np.asarray(starts, dtype=np.int32)),
+            seq_lens=upload(np.asarray(seq_lens, dtype=np.int32)),
+            block_tables=upload(tables),
+            slot_mapping=upload(np.concatenate(slots).astype(np.int32)),
         )
         batch = ForwardBatch(
             input_ids=self.backend.from_numpy(np.asarray(ids, dtype=np.int32)),

@@ -69,7 +69,8 @@ class DenseDecoderLoader(ModelWeightLoader):
     def build(self) -> TransformerModel:
         spec = self.spec()
         norm_type, attention_type, mlp_type = (self.layer_type(n) for n in ("rms_norm", "attention", "swiglu_mlp"))
-        cos, sin = (self.backend.from_numpy(t) for t in rotary_tables(spec.rope, spec.max_position_embeddings))
+        tables = rotary_tables(spec.rope, spec.max_position_embeddings)
+        cos, sin = (self.backend.from_numpy(t, dtype=np.dtype(np.float32)) for t in tables)
 
         def norm(name: str) -> Any:
             return norm_type(self.backend, self.upload(name), spec.rms_norm_eps)

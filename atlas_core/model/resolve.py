@@ -64,14 +64,14 @@ def resolve_model(reference: str | os.PathLike[str] | None) -> ResolvedModel:
 
 def _download(repo_id: str) -> Path:
     """A Hugging Face snapshot: the local cache first, the network only when it is allowed and needed."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
         return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_files_only=True))
     except LocalEntryNotFoundError:
         pass
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}:
+    if constants.HF_HUB_OFFLINE:
         raise ModelLoadError(
             f"{repo_id}: not in the Hugging Face cache and HF_HUB_OFFLINE is set; download it first "
             "(`hf download " + repo_id + "`) or unset HF_HUB_OFFLINE"

@@ -59,5 +59,5 @@ class TransformerModel:
         return self.final_norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: Array) -> Array:
-        """``[S, H]`` hidden rows -> ``[S, V]`` float32 logits."""
+        """``[S, H]`` hidden rows -> ``[S, V]`` logits in the activation dtype."""
         return self.backend.linear(hidden, self.lm_head)

@@ -27,7 +27,8 @@ from tokenizers import Tokenizer as Backend
 
 from atlas_core.errors import ModelLoadError
 from atlas_core.tokenizer.tokenizer import Tokenizer
-from atlas_core.weights.gguf import GGUFSource, GGUFTokenizerSpec, open_gguf, read_tokenizer_spec
+from atlas_core.weights.gguf import GGUFSource, GGUFTokenizerSpec, read_tokenizer_spec
+from atlas_core.weights.gguf_index import open_gguf, parse_gguf_header
 
 logger = logging.getLogger(__name__)
 
@@ -146,8 +147,8 @@ def _spec(given: GGUFSource | GGUFReader | GGUFTokenizerSpec | str | os.PathLike
     if isinstance(given, GGUFSource):
         return given.tokenizer_spec()
     if isinstance(given, GGUFReader):
-        return read_tokenizer_spec(given)
-    return read_tokenizer_spec(open_gguf(given), str(given))
+        return read_tokenizer_spec(parse_gguf_header(given.data).fields)
+    return read_tokenizer_spec(open_gguf(given).header.fields, str(given))
 
 
 def _byte_level_bpe(spec: GGUFTokenizerSpec) -> Backend:

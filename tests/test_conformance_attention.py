@@ -1,0 +1,200 @@
+"""Backend conformance: the paged KV cache (write_kv), paged attention, and the two chained the
+way the attention layer calls them, against float64 oracles.
+
+Fixtures, tolerances, the seed handling (``ATLAS_CONFORMANCE_SEED``) and the oracles shared with
+other modules are in ``tests/conformance_support.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from atlas_core.backends.base import Array, AttentionMetadata
+from tests.conformance_support import Case, backend, case, oracle_rope, rope_tables  # noqa: F401 (fixtures)
+
+
+# ---- float64 oracles -----------------------------------------------------------------------------
+def oracle_write_kv(cache: np.ndarray, new: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    block_size = cache.shape[1]
+    out = cache.copy()
+    for t, slot in enumerate(slots):
+        if slot >= 0:
+            out[slot // block_size, slot % block_size] = new[t]
+    return out
+
+
+def oracle_attention(
+    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, scale: float
+) -> np.ndarray:
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = q.shape[1] // num_kv_heads
+    out = np.full(q.shape, np.nan)
+    for b in range(meta.num_seqs):
+        start, end, ctx = int(meta.query_start_loc[b]), int(meta.query_start_loc[b + 1]), int(meta.seq_lens[b])
+        table = meta.block_tables[b]
+        keys = np.stack([k_cache[table[p // block_size], p % block_size] for p in range(ctx)])
+        values = np.stack([v_cache[table[p // block_size], p % block_size] for p in range(ctx)])
+        for i, row in enumerate(range(start, end)):
+            visible = ctx - (end - start) + i + 1
+            for head in range(q.shape[1]):
+                kv_head = head // group
+                scores = keys[:visible, kv_head] @ q[row, head] * scale
+                weights = np.exp(scores - scores.max())
+                out[row, head] = weights @ values[:visible, kv_head] / weights.sum()
+    return out
+
+
+# ---- paged KV cache ------------------------------------------------------------------------------
+def skip_pattern(case: Case, tokens: int, pattern: str) -> np.ndarray:
+    """Which tokens get slot -1: ``write``/``skip`` a lone token, or ``mixed`` (first token, one in
+    the middle, and ~30% more are skipped; at least one is written)."""
+    if pattern != "mixed":
+        return np.full(tokens, pattern == "skip")
+    skipped = case.rng.random(tokens) < 0.3
+    skipped[[0, 2]], skipped[1] = True, False
+    return skipped
+
+
+@pytest.mark.parametrize(
+    ("tokens", "kv_heads", "pattern"), [(1, 2, "write"), (1, 1, "skip"), (11, 2, "mixed"), (9, 1, "mixed")]
+)
+def test_write_kv(case: Case, tokens: int, kv_heads: int, pattern: str) -> None:
+    num_blocks, block_size, head_dim = 6, 5, 8
+    slots = case.rng.permutation(num_blocks * block_size)[:tokens]
+    slots[skip_pattern(case, tokens, pattern)] = -1
+    k_cache_dev, k_cache = case.upload(case.normal(num_blocks, block_size, kv_heads, head_dim))
+    v_cache_dev, v_cache = case.upload(case.normal(num_blocks, block_size, kv_heads, head_dim))
+    k_dev, k = case.upload(case.normal(tokens, kv_heads, head_dim))
+    v_dev, v = case.upload(case.normal(tokens, kv_heads, head_dim))
+    slots_dev, slots = case.upload(slots.astype(np.int32))
+    with case.unchanged("write_kv", k=k_dev, v=v_dev, slot_mapping=slots_dev):
+        result = case.backend.write_kv(k_cache_dev, v_cache_dev, k_dev, v_dev, slots_dev)
+    assert result is None, f"write_kv works in place and returns None {case.tag}"
+    for name, cache_dev, cache, new in (("k_cache", k_cache_dev, k_cache, k), ("v_cache", v_cache_dev, v_cache, v)):
+        want = oracle_write_kv(cache, new, slots)
+        case.assert_equal(case.host(cache_dev), want, f"write_kv {name} (slots {slots.tolist()}; -1 skips)")
+
+
+@dataclass
+class PagedBatch:
+    """A varlen batch over shuffled, non-contiguous blocks. The caches hold random values everywhere
+    (unused blocks and the tails of last blocks included), standing in for earlier steps' keys."""
+
+    meta: AttentionMetadata
+    positions: np.ndarray
+    block_size: int
+    k_cache_dev: Array
+    v_cache_dev: Array
+    k_cache: np.ndarray
+    v_cache: np.ndarray
+    scale: float
+
+    def describe(self) -> str:
+        return (
+            f"block_size={self.block_size}, seq_lens={self.meta.seq_lens.tolist()}, "
+            f"query_start_loc={self.meta.query_start_loc.tolist()}, block_tables={self.meta.block_tables.tolist()}"
+        )
+
+
+def attention_lengths(case: Case, scenario: str, block_size: int) -> list[tuple[int, int]]:
+    """``(cached, new)`` tokens per sequence. ``mixed``: a decode token with a long context, a prefill
+    chunk continuing a context and a fresh prompt, in random order, none ending on a block boundary."""
+
+    def draw(low: int, high: int) -> int:
+        return int(case.rng.integers(low, high))
+
+    if scenario == "mixed":
+        lengths = [(draw(30, 60), 1), (draw(7, 20), draw(4, 9)), (0, draw(5, 13))]
+        lengths = [(cached + ((cached + new) % block_size == 0), new) for cached, new in lengths]
+        return [lengths[i] for i in case.rng.permutation(len(lengths))]
+    if scenario == "decode_t1":
+        return [(draw(1, 40), 1)]
+    if scenario == "decode_batch":  # a first token, and a context ending exactly on a block boundary
+        return [(0, 1), (draw(1, 30), 1), (3 * block_size - 1, 1), (draw(20, 50), 1)]
+    if scenario == "prefill":
+        return [(0, draw(9, 17)), (0, 1)]
+    raise ValueError(scenario)
+
+
+def paged_batch(case: Case, scenario: str, kv_heads: int, head_dim: int) -> PagedBatch:
+    block_size = int(case.rng.choice([3, 5, 7]))
+    lengths = attention_lengths(case, scenario, block_size)
+    seq_lens = [cached + new for cached, new in lengths]
+    needed = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(needed) + 3
+    pool = case.rng.permutation(num_blocks)
+    tables = np.full((len(lengths), max(needed) + 1), -1, dtype=np.int32)
+    slots, positions, starts = [], [], [0]
+    for b, (cached, new) in enumerate(lengths):
+        tables[b, : needed[b]] = pool[sum(needed[:b]) : sum(needed[: b + 1])]
+        positions.extend(range(cached, cached + new))
+        slots.extend(tables[b, p // block_size] * block_size + p % block_size for p in range(cached, cached + new))
+        starts.append(starts[-1] + new)
+    meta = AttentionMetadata(
+        query_start_loc=np.asarray(starts, dtype=np.int32),
+        seq_lens=np.asarray(seq_lens, dtype=np.int32),
+        block_tables=tables,
+        slot_mapping=np.asarray(slots, dtype=np.int32),
+    )
+    cache_shape = (num_blocks, block_size, kv_heads, head_dim)
+    k_cache_dev, k_cache = case.upload(case.normal(*cache_shape))
+    v_cache_dev, v_cache = case.upload(case.normal(*cache_shape))
+    scale = float(case.rng.uniform(0.7, 1.5)) * head_dim**-0.5
+    return PagedBatch(meta, np.asarray(positions), block_size, k_cache_dev, v_cache_dev, k_cache, v_cache, scale)
+
+
+@pytest.mark.parametrize("group", [1, 2, 4], ids=["mha", "gqa2", "gqa4"])
+@pytest.mark.parametrize("scenario", ["mixed", "decode_t1", "decode_batch", "prefill"])
+def test_attention(case: Case, scenario: str, group: int) -> None:
+    backend, kv_heads, head_dim = case.backend, 2, 16
+    batch = paged_batch(case, scenario, kv_heads, head_dim)
+    q_dev, q = case.upload(case.normal(len(batch.positions), kv_heads * group, head_dim, scale=1.5))
+    want = oracle_attention(q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    with case.unchanged("attention", q=q_dev, k_cache=batch.k_cache_dev, v_cache=batch.v_cache_dev):
+        case.check_out_variants(
+            lambda out: backend.attention(
+                q_dev, batch.k_cache_dev, batch.v_cache_dev, batch.meta, batch.scale, out=out
+            ),
+            want,
+            f"attention ({scenario}, {batch.describe()})",
+        )
+
+
+@pytest.mark.parametrize("group", [1, 2, 4], ids=["mha", "gqa2", "gqa4"])
+def test_attention_layer_pipeline(case: Case, group: int) -> None:
+    """As the attention layer calls the ops: q/k/v are strided views of one fused QKV array, RoPE
+    (partial) rotates q and k in place, write_kv stores this step's k/v, attention reads them back."""
+    kv_heads, head_dim, rotary_dim = 2, 12, 8
+    q_heads = kv_heads * group
+    batch = paged_batch(case, "mixed", kv_heads, head_dim)
+    tokens = len(batch.positions)
+    qkv_dev, qkv = case.upload(case.normal(tokens, (q_heads + 2 * kv_heads) * head_dim))
+    q_end, k_end = q_heads * head_dim, (q_heads + kv_heads) * head_dim
+    views = {
+        "q": qkv_dev[:, :q_end].reshape(tokens, q_heads, head_dim),
+        "k": qkv_dev[:, q_end:k_end].reshape(tokens, kv_heads, head_dim),
+        "v": qkv_dev[:, k_end:].reshape(tokens, kv_heads, head_dim),
+    }
+    tables = rope_tables(case, rotary_dim)
+    positions_dev, positions = case.upload(batch.positions.astype(np.int32))
+    slots_dev, slots = case.upload(batch.meta.slot_mapping)
+    want = {
+        "q": oracle_rope(qkv[:, :q_end].reshape(tokens, q_heads, head_dim), positions, tables.cos, tables.sin),
+        "k": oracle_rope(qkv[:, q_end:k_end].reshape(tokens, kv_heads, head_dim), positions, tables.cos, tables.sin),
+    }
+    k_cache = oracle_write_kv(batch.k_cache, want["k"], slots)
+    v_cache = oracle_write_kv(batch.v_cache, qkv[:, k_end:].reshape(tokens, kv_heads, head_dim), slots)
+
+    case.backend.rope(views["q"], views["k"], positions_dev, tables.cos_dev, tables.sin_dev)
+    case.assert_close(views["q"], want["q"], "rope on a strided q view")
+    case.assert_close(views["k"], want["k"], "rope on a strided k view")
+    case.assert_equal(case.host(qkv_dev)[:, k_end:], qkv[:, k_end:], "rope must not touch the v columns")
+    case.backend.write_kv(batch.k_cache_dev, batch.v_cache_dev, views["k"], views["v"], slots_dev)
+    case.assert_close(batch.k_cache_dev, k_cache, "write_kv from a strided k view")
+    case.assert_close(batch.v_cache_dev, v_cache, "write_kv from a strided v view")
+    got = case.backend.attention(views["q"], batch.k_cache_dev, batch.v_cache_dev, batch.meta, batch.scale)
+    want_mixed = oracle_attention(want["q"], k_cache, v_cache, batch.meta, batch.scale)
+    case.assert_close(got, want_mixed, f"attention on a strided q view ({batch.describe()})")
