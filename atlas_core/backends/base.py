@@ -1,8 +1,9 @@
 """The backend contract: arrays, memory and every op the layers call.
 
 ``docs/ops.md`` is the human-readable form of this contract. The NumPy backend is its executable
-specification; `tests/test_backend_conformance.py` checks every installed backend (NumPy included)
-against independent float64 oracles written from this contract.
+specification; the conformance suite (`tests/test_conformance_*.py`, shared fixtures and oracles in
+`tests/conformance_support.py`) checks every installed backend (NumPy included) against independent
+float64 oracles written from this contract.
 
 Conventions for every op:
   * Shapes use T = tokens in the flattened batch, B = sequences, H = hidden size,
