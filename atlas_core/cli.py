@@ -17,7 +17,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seq-len", type=int, default=None, help="longest prompt + completion (default: the model's context, at most 8192)")
     parser.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one batch (default: 64)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one forward step (default: 2048)")
-    parser.add_argument("--kv-cache-memory-gib", type=float, default=1.0, help="memory for the KV cache, GiB (default: 1.0)")
+    parser.add_argument("--max-prefill-tokens", type=int, default=None, help="largest prefill chunk of one sequence per step (default: --max-num-batched-tokens)")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True, help="reuse the KV of shared prompt prefixes (default: on)")
+    parser.add_argument("--scheduling-policy", choices=["fifo", "slo"], default="fifo", help="fifo: arrival order; slo: shortest prompt first, decode-only steps near the TBT deadline (default: fifo)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="fraction of GPU memory the engine may use, KV cache included (default: 0.9)")
+    parser.add_argument("--kv-cache-memory-gib", type=float, default=1.0, help="KV cache size on CPU backends, GiB (default: 1.0)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
@@ -26,6 +30,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "max_seq_len": args.max_seq_len,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_prefill_tokens": args.max_prefill_tokens,
+        "enable_prefix_caching": args.enable_prefix_caching,
+        "scheduling_policy": args.scheduling_policy,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
         "kv_cache_memory_gib": args.kv_cache_memory_gib,
     }
 
@@ -39,7 +47,7 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from atlas_core.cli_bench import add_bench_parser
+    from atlas_core.bench import add_bench_parser
     from atlas_core.cli_plugins import add_plugins_parser
     from atlas_core.cli_run import add_chat_parser, add_generate_parser
     from atlas_core.server.cli_serve import add_serve_parser

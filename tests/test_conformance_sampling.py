@@ -1,5 +1,5 @@
 """Backend conformance: ``sample`` (greedy rows, degenerate filters, exact draws against an
-inverse-CDF oracle, and the sampled distribution) against float64 oracles.
+inverse-CDF oracle, banned (-inf) tokens, and the sampled distribution) against float64 oracles.
 
 Fixtures, tolerances, the seed handling (``ATLAS_CONFORMANCE_SEED``) and the oracles shared with
 other modules are in ``tests/conformance_support.py``.
@@ -7,7 +7,7 @@ other modules are in ``tests/conformance_support.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -29,21 +29,38 @@ class Knobs:
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
+    top_n_sigma: float = 0.0
 
     def as_float32(self) -> Knobs:
         """The values the backend sees (SamplingTensors carries float32)."""
-        return Knobs(_f32(self.temperature), self.top_k, _f32(self.top_p), _f32(self.min_p))
+        return Knobs(
+            _f32(self.temperature), self.top_k, _f32(self.top_p), _f32(self.min_p), _f32(self.top_n_sigma)
+        )
+
+
+def oracle_std(values: list[float]) -> float:
+    """Population standard deviation."""
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
 
 
 def oracle_kept(row: np.ndarray, knobs: Knobs) -> tuple[list[int], np.ndarray, float]:
     """Token ids kept by the filters in draw order (descending probability, ties by lower id), their
-    renormalised probabilities, and the smallest distance of any filter decision to its threshold."""
+    renormalised probabilities, and the smallest distance of any filter decision to its threshold
+    (in scaled-logit units for top-n-sigma, in probability mass for the others). Filter order:
+    top-n-sigma, top_k, top_p (renormalised over what is left), min_p. -inf logits are banned tokens:
+    probability 0, and left out of the top-n-sigma standard deviation."""
     knobs = knobs.as_float32()
     scaled = row / knobs.temperature
     p = np.exp(scaled - scaled.max())
     p /= p.sum()
     order = sorted(range(len(row)), key=lambda j: (-row[j], j))
     keep, closest = len(order), np.inf
+    if knobs.top_n_sigma > 0.0:
+        finite = [float(z) for z in scaled if np.isfinite(z)]
+        threshold = max(finite) - knobs.top_n_sigma * oracle_std(finite)
+        keep = sum(1 for j in order if scaled[j] >= threshold)
+        closest = min([closest] + [abs(z - threshold) for z in finite])
     if knobs.top_k > 0:
         keep = min(keep, knobs.top_k)
     if knobs.top_p < 1.0:
@@ -82,6 +99,7 @@ def sampling_tensors(rows: int, knobs: list[Knobs] | Knobs, uniform: np.ndarray)
         top_p=np.asarray([k.top_p for k in per_row], dtype=np.float32),
         min_p=np.asarray([k.min_p for k in per_row], dtype=np.float32),
         uniform=np.asarray(uniform, dtype=np.float32),
+        top_n_sigma=np.asarray([k.top_n_sigma for k in per_row], dtype=np.float32),
     )
 
 
@@ -103,6 +121,7 @@ def random_knobs(case: Case, vocab: int, *, greedy: bool) -> Knobs:
         top_k=pick([0, 1, 4, vocab + 3]),
         top_p=pick([1.0, 0.95, 0.6]),
         min_p=pick([0.0, 0.02, 0.2]),
+        top_n_sigma=pick([0.0, 0.0, 0.5, 1.5, 3.0]),
     )
 
 
@@ -123,6 +142,7 @@ ARGMAX_KNOBS: dict[str, tuple[dict[str, float], bool]] = {  # knob -> (Knobs ove
     "top_k_1": ({"top_k": 1}, True),
     "top_p_tiny": ({"top_p": 1e-6}, True),
     "min_p_1": ({"min_p": 1.0}, False),  # a tied maximum would legitimately keep every tied id
+    "top_n_sigma_tiny": ({"top_n_sigma": 1e-6}, False),  # likewise
 }
 
 
@@ -139,11 +159,11 @@ def test_sample_degenerate_filters_give_argmax(case: Case, knob: str) -> None:
     case.assert_tokens(got, oracle_argmax(logits), f"sample with {knob} must give argmax (lowest id on ties)")
 
 
-def test_sample_matches_inverse_cdf_oracle(case: Case) -> None:
-    """Random rows and filters; draws whose token depends on a comparison closer than ``tol.margin``
+def check_against_inverse_cdf_oracle(case: Case, logits: np.ndarray, what: str) -> None:
+    """Random filters per row; draws whose token depends on a comparison closer than ``tol.margin``
     to its threshold are redrawn so the exact-token check is robust to rounding."""
-    rows, vocab = 32, 48
-    logits_dev, logits = case.upload(case.normal(rows, vocab, scale=2.0))
+    rows, vocab = logits.shape
+    logits_dev, logits = case.upload(logits)
     knobs, uniform, want = [], np.zeros(rows, dtype=np.float32), np.zeros(rows, dtype=np.int64)
     for r in range(rows):
         for _ in range(1000):
@@ -157,7 +177,34 @@ def test_sample_matches_inverse_cdf_oracle(case: Case) -> None:
         knobs.append(row_knobs)
         uniform[r], want[r] = u, token
     got = case.backend.sample(logits_dev, sampling_tensors(rows, knobs, uniform))
-    case.assert_tokens(got, want, f"sample vs inverse-CDF oracle (knobs={knobs}, uniform={uniform.tolist()})")
+    case.assert_tokens(got, want, f"{what} (knobs={knobs}, uniform={uniform.tolist()})")
+
+
+def test_sample_matches_inverse_cdf_oracle(case: Case) -> None:
+    check_against_inverse_cdf_oracle(case, case.normal(32, 48, scale=2.0), "sample vs inverse-CDF oracle")
+
+
+def test_sample_with_banned_tokens(case: Case) -> None:
+    """-inf logits (tokens banned by an `adjust_logits` bias) have probability 0 under every filter
+    and are left out of the top-n-sigma standard deviation."""
+    rows, vocab = 24, 40
+    logits = case.normal(rows, vocab, scale=2.0)
+    banned = case.rng.random((rows, vocab)) < 0.3
+    banned[np.arange(rows), case.rng.integers(0, vocab, size=rows)] = False  # at least one allowed id per row
+    logits[banned] = -np.inf
+    check_against_inverse_cdf_oracle(case, logits, "sample with banned (-inf) tokens vs inverse-CDF oracle")
+
+
+def test_sample_top_n_sigma_defaults_to_off(case: Case) -> None:
+    """`SamplingTensors` built without top_n_sigma (callers that predate it) sample as with zeros."""
+    rows, vocab = 16, 30
+    logits_dev, _ = case.upload(case.normal(rows, vocab, scale=2.0))
+    knobs = [replace(random_knobs(case, vocab, greedy=False), top_n_sigma=0.0) for _ in range(rows)]
+    explicit = sampling_tensors(rows, knobs, case.rng.random(rows))
+    implicit = SamplingTensors(explicit.temperature, explicit.top_k, explicit.top_p, explicit.min_p, explicit.uniform)
+    assert implicit.top_n_sigma is not None and not implicit.top_n_sigma.any(), f"default must be zeros {case.tag}"
+    want = case.raw(case.backend.sample(logits_dev, explicit)).astype(np.int64)
+    case.assert_tokens(case.backend.sample(logits_dev, implicit), want, "sample with top_n_sigma omitted")
 
 
 # Quarter-integers: exact in every activation dtype, so the oracle needs no read-back. The knobs
@@ -170,6 +217,11 @@ DISTRIBUTION_KNOBS = {
     "top_p": Knobs(top_p=0.8),
     "min_p": Knobs(min_p=0.14),
     "combined": Knobs(temperature=1.3, top_k=6, top_p=0.88, min_p=0.22),
+    "top_n_sigma": Knobs(top_n_sigma=0.93),  # keeps 3 ids; the sample std (ddof=1) would keep 4
+    "top_n_sigma_temperature": Knobs(temperature=0.6, top_n_sigma=1.2),
+    "top_n_sigma_then_top_k": Knobs(temperature=1.4, top_n_sigma=1.5, top_k=4),
+    # top-n-sigma keeps 5 ids; top_p renormalised over those keeps 4 (over the whole row it would keep 5)
+    "top_n_sigma_combined": Knobs(temperature=1.3, top_n_sigma=1.2, top_k=7, top_p=0.85, min_p=0.08),
 }
 
 

@@ -20,8 +20,8 @@ def full_prompt_logprobs(llm: object, prompt: list[int]) -> np.ndarray:
     engine = llm.engine
     engine.add_request("score", None, prompt, SamplingParams(max_tokens=1, temperature=0))
     try:
-        chunks = engine.scheduler.schedule()
-        batch, _ = engine.runner.build_batch(chunks)
+        step = engine.scheduler.schedule()
+        batch, _ = engine.runner.build_batch(step.chunks)
         model, backend = engine.runner.model, engine.backend
         hidden = model.forward(batch, engine.kv)
         return backend.to_numpy(backend.log_softmax(model.compute_logits(hidden)))

@@ -57,6 +57,10 @@ class SamplingTensors:
     temperature float32 (0 = greedy), top_k int32 (0 = off), top_p float32 (1 = off),
     min_p float32 (0 = off), uniform float32 in [0, 1): the row's random draw, made by the
     host from the request's own generator so a seed gives the same tokens batched or alone.
+    top_n_sigma float32 (0 = off): keep the tokens whose scaled logit is at least
+    ``max - n * std`` of the row. Fields after ``uniform`` have defaults, so callers that predate
+    them keep working; None (the default) means off for every row and is replaced by zeros on
+    construction, so backends always see an array.
     """
 
     temperature: np.ndarray
@@ -64,6 +68,53 @@ class SamplingTensors:
     top_p: np.ndarray
     min_p: np.ndarray
     uniform: np.ndarray
+    top_n_sigma: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.top_n_sigma is None:
+            self.top_n_sigma = np.zeros(len(self.temperature), dtype=np.float32)
+
+
+@dataclass
+class LogitAdjustments:
+    """Penalties and biases for `Backend.adjust_logits`, host NumPy arrays.
+
+    Per row (length S): repetition_penalty float32 (1 = off), presence_penalty and
+    frequency_penalty float32 (0 = off).
+    Penalty entries (length E), one per distinct (row, token) that occurs in the row's prompt or
+    generated output: penalty_rows int32, penalty_tokens int32, output_counts int32 (occurrences
+    of the token in the output so far), in_prompt bool.
+    Bias entries (length F): bias_rows int32, bias_tokens int32, bias_values float32 (finite or
+    -inf, which bans the token); duplicate (row, token) entries add up.
+    """
+
+    repetition_penalty: np.ndarray
+    presence_penalty: np.ndarray
+    frequency_penalty: np.ndarray
+    penalty_rows: np.ndarray
+    penalty_tokens: np.ndarray
+    output_counts: np.ndarray
+    in_prompt: np.ndarray
+    bias_rows: np.ndarray
+    bias_tokens: np.ndarray
+    bias_values: np.ndarray
+
+    @classmethod
+    def none(cls, num_rows: int) -> LogitAdjustments:
+        """No penalty and no bias for any of ``num_rows`` rows (`adjust_logits` returns at once)."""
+        ints, floats = np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float32)
+        return cls(
+            repetition_penalty=np.ones(num_rows, dtype=np.float32),
+            presence_penalty=np.zeros(num_rows, dtype=np.float32),
+            frequency_penalty=np.zeros(num_rows, dtype=np.float32),
+            penalty_rows=ints, penalty_tokens=ints, output_counts=ints, in_prompt=np.zeros(0, dtype=bool),
+            bias_rows=ints, bias_tokens=ints, bias_values=floats,
+        )
+
+    @property
+    def is_empty(self) -> bool:
+        """True when there is neither a penalty entry nor a bias entry: the logits stay as they are."""
+        return len(self.penalty_rows) == 0 and len(self.bias_rows) == 0
 
 
 class Backend(ABC):
@@ -75,6 +126,16 @@ class Backend(ABC):
     @classmethod
     def availability(cls) -> str | None:
         """None when this backend can run here, else a sentence saying why not."""
+        return None
+
+    def device_memory(self) -> tuple[int, int] | None:
+        """``(free, total)`` bytes of device memory, or None for host-memory backends (the engine then
+        sizes the KV cache from ``kv_cache_memory_gib`` instead of ``gpu_memory_utilization``)."""
+        return None
+
+    def decode_graphs(self, model: Any, kv: Any) -> Any:
+        """Captured pure-decode steps for ``model`` over ``kv`` (`atlas_core.engine.runner.DecodeGraphs`),
+        or None when this backend runs everything eagerly."""
         return None
 
     # ---- memory -------------------------------------------------------------------------
@@ -145,12 +206,25 @@ class Backend(ABC):
         """Row-wise argmax ``[S, V]`` -> int32 ``[S]`` (lowest index on ties)."""
 
     @abstractmethod
+    def adjust_logits(self, logits: Array, adj: LogitAdjustments) -> None:
+        """Apply penalties and biases to ``logits[S, V]`` (activation dtype) in place.
+
+        For each penalty entry (row r, token t, output count c, in_prompt): first the repetition
+        penalty ``p = repetition_penalty[r]`` when t is in the prompt or c > 0 (``l / p`` if
+        ``l > 0`` else ``l * p``), then ``l -= frequency_penalty[r] * c + presence_penalty[r] * (c > 0)``.
+        Then every bias entry adds its value (duplicates add up; -inf bans the token). Nothing else
+        changes. An empty `LogitAdjustments` must cost next to nothing.
+        """
+
+    @abstractmethod
     def sample(self, logits: Array, params: SamplingTensors) -> Array:
         """Draw one token per row ``[S, V]`` -> int32 ``[S]``.
 
-        Per row: temperature 0 -> argmax. Otherwise ``p = softmax(logits / T)``; keep the top_k
-        most likely (ties by lower id), then the smallest prefix of those (renormalised) whose mass
-        reaches top_p (the token crossing it included), then tokens with ``p >= min_p * max(p)``;
-        renormalise and return the token where the cumulative mass (in descending-probability
-        order, ties by lower id) first exceeds ``uniform * total``.
+        Per row: temperature 0 -> argmax. Otherwise ``z = logits / T``, ``p = softmax(z)``; in
+        descending-probability order (ties by lower id) keep: with top_n_sigma n > 0, the tokens
+        with ``z >= max(z) - n * std(z)`` (population std over the row's finite entries); of those
+        the top_k most likely; then the smallest prefix of those (renormalised) whose mass reaches
+        top_p (the token crossing it included); then tokens with ``p >= min_p * max(p)``;
+        renormalise and return the token where the cumulative mass first exceeds
+        ``uniform * total``.
         """

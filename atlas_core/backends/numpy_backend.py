@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from atlas_core.backends.base import Array, AttentionMetadata, Backend, SamplingTensors
+from atlas_core.backends.base import Array, AttentionMetadata, Backend, LogitAdjustments, SamplingTensors
 
 
 class NumpyBackend(Backend):
@@ -108,8 +108,22 @@ class NumpyBackend(Backend):
     def argmax(self, logits: Array) -> Array:
         return np.argmax(logits, axis=-1).astype(np.int32)
 
+    def adjust_logits(self, logits: Array, adj: LogitAdjustments) -> None:
+        if len(adj.penalty_rows):
+            rows, tokens = adj.penalty_rows, adj.penalty_tokens
+            counts = adj.output_counts.astype(np.float32)
+            values = logits[rows, tokens].astype(np.float32, copy=False)  # a gathered copy
+            penalty = adj.repetition_penalty[rows]
+            repeated = adj.in_prompt | (counts > 0)
+            values = np.where(repeated, np.where(values > 0, values / penalty, values * penalty), values)
+            values -= adj.frequency_penalty[rows] * counts + adj.presence_penalty[rows] * (counts > 0)
+            logits[rows, tokens] = values
+        if len(adj.bias_rows):
+            np.add.at(logits, (adj.bias_rows, adj.bias_tokens), adj.bias_values.astype(logits.dtype))
+
     def sample(self, logits: Array, params: SamplingTensors) -> Array:
         tokens = self.argmax(logits)
+        n_sigma = params.top_n_sigma if params.top_n_sigma is not None else np.zeros(len(tokens), np.float32)
         for row in np.flatnonzero(params.temperature > 0):
             tokens[row] = _sample_row(
                 logits[row].astype(np.float64),
@@ -118,17 +132,26 @@ class NumpyBackend(Backend):
                 float(params.top_p[row]),
                 float(params.min_p[row]),
                 float(params.uniform[row]),
+                float(n_sigma[row]),
             )
         return tokens
 
 
-def _sample_row(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float, uniform: float) -> int:
-    """One row of `Backend.sample` (float64 for a stable reference)."""
+def _sample_row(
+    logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float, uniform: float,
+    top_n_sigma: float = 0.0,
+) -> int:
+    """One row of `Backend.sample` (float64 for a stable reference). Every filter keeps a prefix of
+    the descending-probability order: top-n-sigma, then top_k, then top_p (renormalised over what
+    is left), then min_p (relative to the most likely token); then an inverse-CDF draw."""
     order = np.argsort(-logits, kind="stable")
     scaled = logits[order] / temperature
     probs = np.exp(scaled - scaled[0])
     probs /= probs.sum()
     keep = len(probs)
+    if top_n_sigma > 0.0:
+        finite = scaled[np.isfinite(scaled)]
+        keep = int(np.count_nonzero(scaled >= scaled[0] - top_n_sigma * finite.std()))
     if top_k > 0:
         keep = min(keep, top_k)
     if top_p < 1.0:

@@ -46,7 +46,7 @@ class AsyncEngine:
         try:
             return self.engine.step()
         except Exception as exc:  # a failed step fails its requests, never the engine thread
-            failed = list(self.engine.sequences)
+            failed = list(self.engine.requests)
             for request_id in failed:
                 self.engine.abort(request_id)
                 self._deliver(request_id, exc)

@@ -16,14 +16,18 @@ class ForwardBatch:
     input_ids / positions: backend int32 arrays ``[T]`` (all sequences' new tokens, concatenated).
     attention: where each sequence's queries and KV live (backend arrays, see `AttentionMetadata`).
     logits_rows: host int array ``[S]``, the rows of the final hidden state to project to logits
-    (one per sequence to sample, or every prompt row when prompt logprobs are asked for).
+    (one per sequence to sample, plus every prompt row whose prompt logprobs are asked for).
+    state_slots: backend int32 ``[B]``, each sequence's recurrent-state slot (-1: none).
+    is_pure_decode: every sequence contributes exactly one decode token (graph-capturable).
     """
 
     input_ids: Array
     positions: Array
     attention: AttentionMetadata
     logits_rows: np.ndarray
+    state_slots: Array
+    is_pure_decode: bool = False
 
     @property
     def num_tokens(self) -> int:
-        return len(self.attention.slot_mapping)
+        return int(self.input_ids.shape[0])

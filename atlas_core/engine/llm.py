@@ -10,7 +10,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from atlas_core.backends.select import select_backend
-from atlas_core.engine.llm_engine import EngineConfig, LLMEngine
+from atlas_core.engine.config import EngineConfig
+from atlas_core.engine.llm_engine import LLMEngine
 from atlas_core.engine.outputs import RequestOutput
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.errors import InvalidRequestError

@@ -1,73 +1,77 @@
-"""`LLMEngine`: requests in, one batched forward per `step`, tokens and text out."""
+"""`LLMEngine`: requests in, one batched forward per `step`, outputs out."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
 
 from atlas_core.backends.base import Backend
-from atlas_core.engine.kv_cache import BlockAllocator, KVCache, plan_num_blocks
-from atlas_core.engine.outputs import CompletionOutput, RequestOutput
-from atlas_core.engine.runner import ModelRunner
+from atlas_core.engine.block_manager import BlockManager
+from atlas_core.engine.config import EngineConfig, kv_budget
+from atlas_core.engine.kv_cache import KVCache, plan_kv_cache
+from atlas_core.engine.outputs import RequestOutput
+from atlas_core.engine.runner import ModelRunner, ScheduledChunk
 from atlas_core.engine.sampling_params import SamplingParams
-from atlas_core.engine.scheduler import Scheduler
-from atlas_core.engine.sequence import Sequence
+from atlas_core.engine.scheduler import Scheduler, SchedulerConfig
+from atlas_core.engine.sequence import Request
+from atlas_core.engine.state_slots import StateSlotPool
 from atlas_core.errors import InvalidRequestError
 from atlas_core.model.load import LoadedModel
 
-
-@dataclass
-class EngineConfig:
-    """Engine limits. ``max_seq_len`` None means the model's context length, capped at 8192 by default
-    on the CPU; ``kv_cache_memory_gib`` is the memory given to the KV cache."""
-
-    max_seq_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    kv_cache_memory_gib: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
-            if getattr(self, name) < 1:
-                raise InvalidRequestError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_seq_len is not None and self.max_seq_len < 2:
-            raise InvalidRequestError(f"max_seq_len must be at least 2, got {self.max_seq_len}")
-
-
-DEFAULT_MAX_SEQ_LEN = 8192
+log = logging.getLogger("atlas.engine")
 
 
 class LLMEngine:
-    """Owns the KV cache, the scheduler and the runner for one loaded model."""
+    """Owns the KV cache, block manager, scheduler and runner for one loaded model.
+
+    Not thread-safe: one thread calls `add_request` / `abort` / `step` (see `AsyncEngine`).
+    """
 
     def __init__(self, loaded: LoadedModel, backend: Backend, config: EngineConfig) -> None:
         self.loaded, self.backend, self.config = loaded, backend, config
         model = loaded.model
-        self.max_seq_len = min(config.max_seq_len or DEFAULT_MAX_SEQ_LEN, model.max_position_embeddings)
         if config.max_seq_len and config.max_seq_len > model.max_position_embeddings:
             raise InvalidRequestError(
                 f"max_seq_len={config.max_seq_len} exceeds the model's context length ({model.max_position_embeddings})"
             )
-        num_blocks = plan_num_blocks(
-            model.kv_layouts, backend.activation_dtype.itemsize, config.block_size,
-            int(config.kv_cache_memory_gib * 2**30), self.max_seq_len,
+        self.max_seq_len = min(config.max_seq_len or config.default_max_seq_len, model.max_position_embeddings)
+        budget, source = kv_budget(backend, config)
+        plan = plan_kv_cache(model.kv_layouts, backend.activation_dtype, config.block_size, budget, self.max_seq_len, source)
+        self.kv_plan = plan
+        full_length_seqs = plan.capacity_tokens // self.max_seq_len
+        if full_length_seqs < config.max_num_seqs:
+            log.info(
+                "KV cache: %d tokens hold %d sequences of max_seq_len=%d at once (max_num_seqs=%d); longer "
+                "concurrent work is preempted and recomputed. Guaranteed without preemption: max_num_seqs=%d, "
+                "or max_seq_len=%d at max_num_seqs=%d.", plan.capacity_tokens, full_length_seqs, self.max_seq_len,
+                config.max_num_seqs, full_length_seqs, plan.capacity_tokens // config.max_num_seqs, config.max_num_seqs,
+            )
+        self.kv = KVCache(backend, model.kv_layouts, plan)
+        self.blocks = BlockManager(plan.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
+        self.state_slots = StateSlotPool(config.max_num_seqs, model.reset_state) if model.has_recurrent_state else None
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_prefill_tokens=config.max_prefill_tokens or config.max_num_batched_tokens,
+                policy=config.scheduling_policy,
+                tbt_slo_s=config.tbt_slo_ms / 1000,
+            ),
+            self.blocks,
+            self.state_slots,
         )
-        self.kv = KVCache(backend, model.kv_layouts, num_blocks, config.block_size)
-        self.scheduler = Scheduler(BlockAllocator(num_blocks), config.block_size, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(model, backend, self.kv, loaded.tokenizer)
-        tokenizer = loaded.tokenizer
-        self.eos_token_ids = list(tokenizer.eos_token_ids) if tokenizer else []
-        self.sequences: dict[str, Sequence] = {}
+        self.runner = ModelRunner(model, backend, self.kv, loaded.tokenizer, backend.decode_graphs(model, self.kv))
+        self.eos_token_ids = list(loaded.tokenizer.eos_token_ids) if loaded.tokenizer else []
+        self.requests: dict[str, Request] = {}
 
     @property
     def kv_capacity_tokens(self) -> int:
-        return self.kv.num_blocks * self.kv.block_size
+        return self.kv_plan.capacity_tokens
 
-    def add_request(self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams) -> Sequence:
-        """Queue a request; invalid prompts raise `InvalidRequestError`."""
+    def add_request(self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams) -> Request:
+        """Queue a request; invalid prompts or parameters raise `InvalidRequestError`."""
+        vocab = self.loaded.model.vocab_size
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty")
-        vocab = self.loaded.model.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
         if len(prompt_ids) >= self.max_seq_len:
@@ -75,55 +79,68 @@ class LLMEngine:
                 f"the prompt has {len(prompt_ids)} tokens but max_seq_len is {self.max_seq_len}; shorten the prompt "
                 "(one token must remain for the answer) or raise max_seq_len"
             )
-        if request_id in self.sequences:
+        bad = [t for t in (*params.logit_bias, *params.stop_token_ids) if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"token ids {bad[:5]} in logit_bias / stop_token_ids are outside [0, {vocab})")
+        if params.n > 1 and self.state_slots is not None:
+            raise InvalidRequestError("n > 1 is not supported for models with recurrent layers yet")
+        if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        seq = Sequence(request_id, prompt, prompt_ids, params, self.loaded.tokenizer, self.eos_token_ids, self.max_seq_len)
-        self.sequences[request_id] = seq
-        self.scheduler.add(seq)
-        return seq
+        request = Request(request_id, prompt, prompt_ids, params, self.loaded.tokenizer, self.eos_token_ids, self.max_seq_len)
+        self.requests[request_id] = request
+        self.scheduler.add(request.seqs[0])
+        return request
 
     def abort(self, request_id: str) -> None:
-        seq = self.sequences.pop(request_id, None)
-        if seq is not None and not seq.finished:
-            seq.finish("abort")
+        """Cancel a request; everything it holds is freed. Unknown or finished ids are ignored."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        for seq in request.seqs:
+            if not seq.finished:
+                seq.finish("abort")
             self.scheduler.release(seq)
+        request.pending_forks = []
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return bool(self.requests)
 
     def step(self) -> list[RequestOutput]:
-        """Run one batched forward; return the outputs of sequences that produced text or finished."""
-        chunks = self.scheduler.schedule()
-        if not chunks:
+        """Run one batched forward; return the outputs of requests that produced tokens or finished."""
+        step = self.scheduler.schedule()
+        if not step.chunks:
             return []
-        deltas = self.runner.execute(chunks)
+        for chunk in step.chunks:
+            self._start_forks(chunk)
+        touched = {chunk.seq.request.request_id: chunk.seq.request for chunk in step.chunks}
+        try:
+            sampled = self.runner.execute(step.chunks, step.block_copies)
+        except Exception as exc:  # a failed forward fails the requests in it, never the engine
+            log.exception("forward step failed")
+            for request in touched.values():
+                request.fail(f"{type(exc).__name__}: {exc}")
+            sampled = []
+        for chunk in step.chunks:
+            for seq in (chunk.seq, *chunk.followers):
+                if not seq.finished:
+                    self.blocks.register_computed(seq.table, seq.token_ids, seq.num_computed)
+        changed = {seq.request.request_id for seq in sampled} | {r for r, req in touched.items() if req.error}
         outputs = []
-        for chunk in chunks:
-            seq = chunk.seq
-            if seq.request_id not in deltas:
-                continue
-            if seq.finished:
-                self.scheduler.release(seq)
-                del self.sequences[seq.request_id]
-            outputs.append(self.output_of(seq))
+        for request_id in changed:
+            request = touched[request_id]
+            for seq in request.seqs:
+                if seq.finished:
+                    self.scheduler.release(seq)
+            if request.finished:
+                self.requests.pop(request_id, None)
+            outputs.append(request.output())
         return outputs
 
-    @staticmethod
-    def output_of(seq: Sequence) -> RequestOutput:
-        completion = CompletionOutput(
-            index=0,
-            text=seq.stopper.text,
-            token_ids=list(seq.output_ids),
-            cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
-            logprobs=seq.logprobs,
-            finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
-        )
-        return RequestOutput(
-            request_id=seq.request_id,
-            prompt=seq.prompt,
-            prompt_token_ids=list(seq.prompt_ids),
-            outputs=[completion],
-            finished=seq.finished,
-            prompt_logprobs=seq.prompt_logprobs,
-        )
+    def _start_forks(self, chunk: ScheduledChunk) -> None:
+        """When a request's first sequence finishes its prompt, its n - 1 siblings fork from it."""
+        request = chunk.seq.request
+        if request.pending_forks and chunk.samples and len(chunk.seq.token_ids) == chunk.seq.num_prompt_tokens:
+            for child in request.pending_forks:
+                self.scheduler.start_fork(chunk.seq, child)
+                chunk.followers.append(child)
+            request.pending_forks = []

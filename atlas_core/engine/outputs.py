@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -20,8 +20,8 @@ PositionLogprobs = dict[int, Logprob]
 
 @dataclass
 class CompletionOutput:
-    """One generated completion. ``finish_reason`` is ``"stop"``, ``"length"``, ``"abort"`` or None
-    while running; ``stop_reason`` is the stop string or token id that ended it, if any."""
+    """One generated completion. ``finish_reason`` is ``"stop"``, ``"length"``, ``"abort"``,
+    ``"error"``, or None while running; ``stop_reason`` is the stop string or token id that ended it, if any."""
 
     index: int
     text: str
@@ -37,7 +37,9 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """A request's prompt and its completions. ``prompt_logprobs[0]`` is None (no context)."""
+    """A request's prompt and its completions. ``prompt_logprobs[0]`` is None (no context).
+    ``num_cached_tokens`` prompt tokens were served from the prefix cache; ``error`` is set when
+    the request failed (its completions then finish with reason ``"error"``)."""
 
     request_id: str
     prompt: str | None
@@ -46,4 +48,4 @@ class RequestOutput:
     finished: bool = False
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None

@@ -1,15 +1,21 @@
-"""`ModelRunner`: scheduled chunks -> one `ForwardBatch` -> model forward -> logits -> tokens."""
+"""`ModelRunner`: scheduled chunks -> one `ForwardBatch` -> model forward -> logits -> tokens.
+
+Pure-decode steps (every chunk one decode token) go through the backend's captured decode
+graphs when it provides them (`DecodeGraphs`); everything else runs eagerly.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from atlas_core.backends.base import AttentionMetadata, Backend, SamplingTensors
+from atlas_core.backends.base import Array, AttentionMetadata, Backend
 from atlas_core.engine.forward_batch import ForwardBatch
 from atlas_core.engine.kv_cache import KVCache, slots_for
 from atlas_core.engine.logprobs import position_logprobs
+from atlas_core.engine.sampling_inputs import logit_adjustments, sampling_tensors
 from atlas_core.engine.sequence import Sequence
 from atlas_core.model.transformer import TransformerModel
 from atlas_core.tokenizer import Tokenizer
@@ -17,10 +23,13 @@ from atlas_core.tokenizer import Tokenizer
 
 @dataclass
 class ScheduledChunk:
-    """``num_tokens`` of ``seq``'s not-yet-computed tokens to run this step (a prefill chunk or one decode token)."""
+    """``num_tokens`` of ``seq``'s uncomputed tokens to run this step (a prefill chunk or one decode
+    token). ``followers`` are forks of ``seq`` (n > 1) that share this computation and sample
+    their own first token from its last row."""
 
     seq: Sequence
     num_tokens: int
+    followers: list[Sequence] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
@@ -28,41 +37,65 @@ class ScheduledChunk:
         return self.seq.num_computed + self.num_tokens == len(self.seq.token_ids)
 
 
+class DecodeGraphs(Protocol):
+    """Captured pure-decode forwards over fixed buffers, one per batch-size bucket (CUDA graphs).
+
+    A backend offers them through ``Backend.decode_graphs(model, kv)``; results must equal the
+    eager forward's.
+    """
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        """True when a captured bucket fits this pure-decode batch."""
+        ...
+
+    def run(self, batch: ForwardBatch) -> Array:
+        """Replay: the logits ``[B, V]`` of the batch's decode tokens."""
+        ...
+
+
 @dataclass
 class _Rows:
-    """Which logits rows belong to which sequence: prompt-logprob rows and the sampling row."""
+    """Which logits rows belong to which sequence: prompt-logprob rows and sampling rows."""
 
-    prompt_rows: list[tuple[Sequence, int, int, int]]  # (seq, first logits row, position it predicts, row count)
-    sample_rows: list[tuple[Sequence, int]]
+    prompt_rows: list[tuple[Sequence, int, int, int]] = field(default_factory=list)  # (seq, first row, position, count)
+    sample_rows: list[tuple[Sequence, int]] = field(default_factory=list)
 
 
 class ModelRunner:
     """Runs the model over scheduled chunks and appends sampled tokens to their sequences."""
 
-    def __init__(self, model: TransformerModel, backend: Backend, kv: KVCache, tokenizer: Tokenizer | None) -> None:
+    def __init__(
+        self, model: TransformerModel, backend: Backend, kv: KVCache, tokenizer: Tokenizer | None,
+        decode_graphs: DecodeGraphs | None = None,
+    ) -> None:
         self.model, self.backend, self.kv, self.tokenizer = model, backend, kv, tokenizer
+        self.decode_graphs = decode_graphs
 
     def build_batch(self, chunks: list[ScheduledChunk]) -> tuple[ForwardBatch, _Rows]:
-        ids, positions, slots, logits_rows = [], [], [], []
+        ids, positions, slots, logits_rows, state_slots = [], [], [], [], []
         starts, seq_lens = [0], []
-        rows = _Rows([], [])
-        max_blocks = max(len(c.seq.blocks) for c in chunks)
+        rows = _Rows()
+        max_blocks = max(len(c.seq.table.blocks) for c in chunks)
         tables = np.full((len(chunks), max_blocks), -1, dtype=np.int32)
         for b, chunk in enumerate(chunks):
             seq, start = chunk.seq, chunk.seq.num_computed
             end = start + chunk.num_tokens
             ids.extend(seq.token_ids[start:end])
             positions.append(np.arange(start, end, dtype=np.int32))
-            slots.append(slots_for(seq.blocks, self.kv.block_size, start, end))
-            tables[b, : len(seq.blocks)] = seq.blocks
+            slots.append(slots_for(seq.table.blocks, self.kv.block_size, start, end))
+            tables[b, : len(seq.table.blocks)] = seq.table.blocks
+            state_slots.append(-1 if seq.state_slot is None else seq.state_slot)
             first_row = starts[-1]
-            if seq.prompt_logprobs is not None and start < len(seq.prompt_ids):
-                last_predicted = min(end, len(seq.prompt_ids) - 1)  # rows predicting prompt positions start+1..
-                count = max(0, last_predicted - start)
-                rows.prompt_rows.append((seq, len(logits_rows), start + 1, count))
-                logits_rows.extend(range(first_row, first_row + count))
+            recorded = seq.request.prompt_logprobs
+            if recorded is not None and len(recorded) < seq.num_prompt_tokens and start < seq.num_prompt_tokens:
+                # row p predicts position p + 1; record each prompt position once (recompute repeats rows)
+                first_position = max(start + 1, len(recorded))
+                count = max(0, min(end, seq.num_prompt_tokens - 1) - (first_position - 1))
+                rows.prompt_rows.append((seq, len(logits_rows), first_position, count))
+                logits_rows.extend(range(first_row + first_position - 1 - start, first_row + first_position - 1 - start + count))
             if chunk.samples:
-                rows.sample_rows.append((seq, len(logits_rows)))
+                for target in (seq, *chunk.followers):
+                    rows.sample_rows.append((target, len(logits_rows)))
                 logits_rows.append(first_row + chunk.num_tokens - 1)
             starts.append(first_row + chunk.num_tokens)
             seq_lens.append(end)
@@ -74,56 +107,63 @@ class ModelRunner:
             slot_mapping=upload(np.concatenate(slots).astype(np.int32)),
         )
         batch = ForwardBatch(
-            input_ids=self.backend.from_numpy(np.asarray(ids, dtype=np.int32)),
-            positions=self.backend.from_numpy(np.concatenate(positions)),
+            input_ids=upload(np.asarray(ids, dtype=np.int32)),
+            positions=upload(np.concatenate(positions)),
             attention=meta,
             logits_rows=np.asarray(logits_rows, dtype=np.int64),
+            state_slots=upload(np.asarray(state_slots, dtype=np.int32)),
+            is_pure_decode=all(c.num_tokens == 1 and c.seq.is_decoding for c in chunks) and not rows.prompt_rows,
         )
         return batch, rows
 
-    def execute(self, chunks: list[ScheduledChunk]) -> dict[str, str]:
-        """Run one step; returns ``{request_id: new visible text}`` for sequences that got a token."""
+    def execute(self, chunks: list[ScheduledChunk], block_copies: list[tuple[int, int]]) -> list[Sequence]:
+        """Run one step; returns the sequences that received a token."""
+        if block_copies:
+            self.kv.copy_blocks(block_copies)
         batch, rows = self.build_batch(chunks)
-        hidden = self.model.forward(batch, self.kv)
+        logits = self._forward(batch)
         for chunk in chunks:
-            chunk.seq.num_computed += chunk.num_tokens
-        if len(batch.logits_rows) == 0:
-            return {}
-        logits = self.model.compute_logits(hidden[self.backend.from_numpy(batch.logits_rows)])
-        need_logprobs = rows.prompt_rows or any(seq.logprobs is not None for seq, _ in rows.sample_rows)
-        logprobs = self.backend.to_numpy(self.backend.log_softmax(logits)) if need_logprobs else None
-        if rows.prompt_rows:
-            self._record_prompt_logprobs(rows, logprobs)
-        return self._sample(rows, logits, logprobs)
-
-    def _record_prompt_logprobs(self, rows: _Rows, logprobs: np.ndarray) -> None:
+            for seq in (chunk.seq, *chunk.followers):
+                seq.num_computed += chunk.num_tokens
+        if logits is None:
+            return []
+        want_logprobs = rows.prompt_rows or any(seq.logprobs is not None for seq, _ in rows.sample_rows)
+        logprobs = self.backend.to_numpy(self.backend.log_softmax(logits)) if want_logprobs else None
         for seq, first, position, count in rows.prompt_rows:
             for i in range(count):
-                token = seq.prompt_ids[position + i]
-                seq.prompt_logprobs.append(
+                token = seq.token_ids[position + i]
+                seq.request.prompt_logprobs.append(
                     position_logprobs(logprobs[first + i], token, seq.params.prompt_logprobs, self.tokenizer)
                 )
+        return self._sample(rows, logits, logprobs)
 
-    def _sample(self, rows: _Rows, logits: object, logprobs: np.ndarray | None) -> dict[str, str]:
+    def _forward(self, batch: ForwardBatch) -> Array | None:
+        """Logits of ``batch.logits_rows``, through a captured graph when one fits."""
+        if batch.is_pure_decode and self.decode_graphs is not None and self.decode_graphs.can_run(batch):
+            return self.decode_graphs.run(batch)
+        hidden = self.model.forward(batch, self.kv)
+        if len(batch.logits_rows) == 0:
+            return None
+        return self.model.compute_logits(hidden[self.backend.from_numpy(batch.logits_rows)])
+
+    def _sample(self, rows: _Rows, logits: Array, logprobs: np.ndarray | None) -> list[Sequence]:
         if not rows.sample_rows:
-            return {}
+            return []
         seqs = [seq for seq, _ in rows.sample_rows]
         indices = np.asarray([row for _, row in rows.sample_rows])
-        params = SamplingTensors(
-            temperature=np.asarray([s.params.temperature for s in seqs], dtype=np.float32),
-            top_k=np.asarray([s.params.top_k for s in seqs], dtype=np.int32),
-            top_p=np.asarray([s.params.top_p for s in seqs], dtype=np.float32),
-            min_p=np.asarray([s.params.min_p for s in seqs], dtype=np.float32),
-            uniform=np.asarray([s.generator.random() for s in seqs], dtype=np.float32),
-        )
-        sample_logits = logits[self.backend.from_numpy(indices)] if len(indices) != logits.shape[0] else logits
-        tokens = self.backend.to_numpy(self.backend.sample(sample_logits, params)).tolist()
-        deltas = {}
+        if len(indices) != logits.shape[0] or not np.array_equal(indices, np.arange(len(indices))):
+            logits = logits[self.backend.from_numpy(indices)]
+        adjustments = logit_adjustments(seqs)
+        if adjustments is not None:  # logprobs above are of the unadjusted distribution
+            self.backend.adjust_logits(logits, adjustments)
+        tokens = self.backend.to_numpy(self.backend.sample(logits, sampling_tensors(seqs))).tolist()
         for seq, row, token in zip(seqs, indices.tolist(), tokens, strict=True):
-            if logprobs is not None:
-                entry = position_logprobs(logprobs[row], token, seq.params.logprobs or 0, self.tokenizer)
-                seq.cumulative_logprob += entry[token].logprob
+            try:
                 if seq.logprobs is not None:
+                    entry = position_logprobs(logprobs[row], token, seq.params.logprobs, self.tokenizer)
+                    seq.cumulative_logprob += entry[token].logprob
                     seq.logprobs.append(entry)
-            deltas[seq.request_id] = seq.append_token(token)
-        return deltas
+                seq.append_token(token)
+            except Exception as exc:  # one request's failure (e.g. detokenizing) never stops the batch
+                seq.request.fail(f"{type(exc).__name__}: {exc}")
+        return seqs

@@ -7,14 +7,20 @@ from dataclasses import dataclass, field
 from atlas_core.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
+MAX_N = 128
 
 
 @dataclass
 class SamplingParams:
     """How to generate one completion. Invalid values raise `InvalidRequestError` on construction.
 
-    temperature 0 means greedy. ``top_k`` 0 or -1 disables top-k. ``seed`` makes sampling
-    reproducible: the same seed gives the same tokens whether the request runs alone or batched.
+    temperature 0 means greedy. ``top_k`` 0 or -1 disables top-k; ``top_n_sigma`` 0 disables
+    top-nσ. ``seed`` makes sampling reproducible: the same seed gives the same tokens whether the
+    request runs alone or batched (completion i of ``n`` draws from its own stream ``(seed, i)``).
+    ``repetition_penalty`` (1 = off) applies to tokens of the prompt and the output;
+    ``presence_penalty`` / ``frequency_penalty`` (OpenAI semantics) to output tokens only;
+    ``logit_bias`` maps token ids to values added to their logits. ``min_tokens`` suppresses EOS
+    and stop tokens until that many tokens were generated.
     ``stop`` strings end generation and are not included in the text (unless
     ``include_stop_str_in_output``). ``logprobs`` / ``prompt_logprobs`` ask for that many top
     alternatives per position (0-20) besides the chosen token.
@@ -27,6 +33,11 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    top_n_sigma: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = field(default_factory=list)
@@ -42,8 +53,9 @@ class SamplingParams:
         self.stop = [s for s in (self.stop or []) if s]
         if self.top_k < 0:
             self.top_k = 0
+        self.logit_bias = {int(token): float(value) for token, value in self.logit_bias.items()}
         checks = [
-            (self.n == 1, f"n={self.n}: only n=1 is supported"),
+            (1 <= self.n <= MAX_N, f"n must be between 1 and {MAX_N}, got {self.n}"),
             (self.max_tokens is None or self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}"),
             (self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}"),
             (
@@ -53,6 +65,14 @@ class SamplingParams:
             (0.0 <= self.temperature <= 100.0, f"temperature must be in [0, 100], got {self.temperature}"),
             (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
             (0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"),
+            (self.top_n_sigma >= 0.0, f"top_n_sigma must be >= 0, got {self.top_n_sigma}"),
+            (0.0 < self.repetition_penalty <= 10.0, f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}"),
+            (-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+            (-2.0 <= self.frequency_penalty <= 2.0, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (
+                all(-100.0 <= v <= 100.0 for v in self.logit_bias.values()),
+                "logit_bias values must be in [-100, 100]",
+            ),
             (
                 self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                 f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}",
@@ -69,3 +89,7 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

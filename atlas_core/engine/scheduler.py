@@ -1,32 +1,66 @@
-"""Continuous batching: which sequences run in the next step and how many tokens each.
+"""Continuous batching with chunked prefill and preemption by recompute.
 
-Policy: running sequences first (decode tokens and unfinished prefill chunks), then new
-sequences in arrival order while the per-step token budget, ``max_num_seqs`` and free KV blocks
-allow. A prompt longer than the remaining budget is prefilled in chunks over several steps.
-A sequence is admitted only when the blocks for its longest possible length are free, so a
-running sequence never runs out of KV space.
+Each step has a token budget (``max_num_batched_tokens``). The scheduler fills it in order:
+
+1. one token for every running sequence that is decoding. When a decode needs a KV block and
+   none is free, the most recently admitted running sequence is preempted: its blocks and
+   state slot are freed and it goes back to the front of the queue, to be recomputed later;
+2. the next chunk (at most ``max_prefill_tokens``) of running sequences whose prefill is
+   unfinished;
+3. new sequences from the queue, while ``max_num_seqs`` and free KV blocks allow (a prompt's
+   blocks are all allocated on admission, reusing prefix-cached blocks).
+
+Policies: ``fifo`` admits in arrival order. ``slo`` admits the shortest prompt first and, when a
+decoding sequence has waited longer than ``0.8 * tbt_slo_s`` since its last token, runs a
+decode-only step so that no prefill chunk delays it further.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from dataclasses import dataclass, field
 
-from atlas_core.engine.kv_cache import BlockAllocator
+from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.runner import ScheduledChunk
 from atlas_core.engine.sequence import Sequence, SequenceStatus
+from atlas_core.engine.state_slots import StateSlotPool
+from atlas_core.errors import InvalidRequestError
+
+POLICIES = ("fifo", "slo")
+SLO_MARGIN = 0.8
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_prefill_tokens: int
+    policy: str = "fifo"
+    tbt_slo_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise InvalidRequestError(f"scheduling policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+
+
+@dataclass
+class ScheduledStep:
+    """What to run: chunks, KV block copies to apply first (copy-on-write), and who was preempted."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
 
 
 class Scheduler:
-    def __init__(self, allocator: BlockAllocator, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> None:
-        self.allocator = allocator
-        self.block_size = block_size
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, state_slots: StateSlotPool | None) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.state_slots = state_slots
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-
-    def blocks_needed(self, seq: Sequence) -> int:
-        return -(-seq.max_len // self.block_size)
+        self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -34,33 +68,106 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> list[ScheduledChunk]:
-        budget = self.max_num_batched_tokens
-        chunks = []
-        for seq in self.running:
-            count = min(len(seq.token_ids) - seq.num_computed, budget)
-            if count > 0:
-                chunks.append(ScheduledChunk(seq, count))
-                budget -= count
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            needed = self.blocks_needed(seq)
-            if needed > self.allocator.num_free:
+    def schedule(self) -> ScheduledStep:
+        step = ScheduledStep()
+        budget = self.config.max_num_batched_tokens
+        for seq in [s for s in self.running if s.is_decoding]:
+            if budget == 0:
                 break
-            self.waiting.popleft()
-            seq.blocks = self.allocator.allocate(needed)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            count = min(len(seq.token_ids), budget)
-            chunks.append(ScheduledChunk(seq, count))
+            if seq.status is SequenceStatus.RUNNING and self._reserve(seq, 1, step):
+                step.chunks.append(ScheduledChunk(seq, 1))
+                budget -= 1
+        if self._decode_only():
+            return step
+        for seq in [s for s in self.running if not s.is_decoding]:
+            if budget == 0:
+                break
+            count = min(seq.num_uncomputed, self.config.max_prefill_tokens, budget)
+            if self._reserve(seq, count, step):
+                step.chunks.append(ScheduledChunk(seq, count))
+                budget -= count
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self._next_waiting()
+            if not self._admit(seq):
+                break
+            count = min(seq.num_uncomputed, self.config.max_prefill_tokens, budget)
+            step.chunks.append(ScheduledChunk(seq, count))
             budget -= count
-        return chunks
+        if step.preempted:  # a preempted sequence's copy-on-write targets were freed with it
+            owned = {block for chunk in step.chunks for block in chunk.seq.table.blocks}
+            step.block_copies = [(src, dst) for src, dst in step.block_copies if dst in owned]
+        return step
+
+    def _reserve(self, seq: Sequence, count: int, step: ScheduledStep) -> bool:
+        """Make room to write ``count`` tokens of ``seq``, preempting others (or ``seq``) if needed."""
+        while True:
+            copies = self.blocks.prepare_write(seq.table, seq.num_computed, seq.num_computed + count)
+            if copies is not None:
+                step.block_copies.extend(copies)
+                return True
+            victim = self.running[-1]
+            self.preempt(victim)
+            step.preempted.append(victim)
+            step.chunks[:] = [chunk for chunk in step.chunks if chunk.seq is not victim]
+            if victim is seq:
+                return False
+
+    def _decode_only(self) -> bool:
+        if self.config.policy != "slo":
+            return False
+        deadline = time.monotonic() - SLO_MARGIN * self.config.tbt_slo_s
+        return any(seq.is_decoding and seq.last_token_time < deadline for seq in self.running)
+
+    def _next_waiting(self) -> Sequence:
+        if self.config.policy == "slo":
+            return min(self.waiting, key=lambda s: len(s.token_ids))
+        return self.waiting[0]
+
+    def _admit(self, seq: Sequence) -> bool:
+        """Allocate blocks (and a state slot) for a waiting sequence; False if there is no room."""
+        use_cache = seq.request.prompt_logprobs is None and self.state_slots is None
+        cached = self.blocks.allocate_prompt(seq.table, seq.token_ids, use_cache=use_cache)
+        if cached is None:
+            return False
+        if self.state_slots is not None:
+            seq.state_slot = self.state_slots.allocate()
+            if seq.state_slot is None:
+                self.blocks.free(seq.table)
+                return False
+        self.waiting.remove(seq)
+        if seq.index == 0 and len(seq.token_ids) == seq.num_prompt_tokens:
+            seq.request.num_cached_tokens = cached
+        seq.num_computed = cached
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        return True
+
+    def start_fork(self, parent: Sequence, child: Sequence) -> None:
+        """Run ``child`` from now on, sharing ``parent``'s blocks (n > 1 completions)."""
+        child.table = self.blocks.fork(parent.table)
+        child.num_computed = parent.num_computed
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free everything ``seq`` holds; it will be recomputed from its tokens when readmitted."""
+        self._release_resources(seq)
+        self.running.remove(seq)
+        seq.num_computed = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
 
     def release(self, seq: Sequence) -> None:
-        """Free a finished or aborted sequence's blocks and forget it."""
+        """Forget a finished or aborted sequence and free its blocks and state slot."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.allocator.free(seq.blocks)
-        seq.blocks = []
+        self._release_resources(seq)
+
+    def _release_resources(self, seq: Sequence) -> None:
+        self.blocks.free(seq.table)
+        if seq.state_slot is not None and self.state_slots is not None:
+            self.state_slots.free(seq.state_slot)
+            seq.state_slot = None

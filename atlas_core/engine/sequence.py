@@ -1,12 +1,24 @@
-"""`Sequence`: one request's tokens, KV blocks, sampling state and finish status."""
+"""`Request` and `Sequence`: one request's completions, their tokens, KV blocks, sampling state
+and finish status.
+
+Lifecycle of a sequence: WAITING (queued, or preempted and waiting to be recomputed) ->
+RUNNING (holds KV blocks and, for recurrent models, a state slot) -> FINISHED with a reason:
+``stop`` (EOS, stop token or stop string), ``length`` (max_tokens or max_seq_len), ``abort``
+(cancelled), or ``error`` (an exception while serving it; ``error`` holds the message).
+A request with ``n > 1`` has n sequences; all but the first wait as *pending forks* and share
+the first one's prompt KV blocks once its prefill completes.
+"""
 
 from __future__ import annotations
 
 import enum
+import time
+from collections import Counter
 
 import numpy as np
 
-from atlas_core.engine.outputs import PositionLogprobs
+from atlas_core.engine.block_manager import BlockTable
+from atlas_core.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.engine.stop import TextStopper
 from atlas_core.tokenizer import Tokenizer
@@ -19,7 +31,93 @@ class SequenceStatus(enum.Enum):
 
 
 class Sequence:
-    """A request in flight. ``num_computed`` tokens of ``token_ids`` have their KV in ``blocks``."""
+    """One completion. ``num_computed`` leading tokens of ``token_ids`` have their KV in ``table``."""
+
+    def __init__(self, request: Request, index: int, tokenizer: Tokenizer | None, eos_token_ids: list[int], max_seq_len: int) -> None:
+        params = request.params
+        self.request = request
+        self.index = index
+        self.token_ids = list(request.prompt_ids)
+        self.num_prompt_tokens = len(request.prompt_ids)
+        self.status = SequenceStatus.WAITING
+        self.table = BlockTable()
+        self.state_slot: int | None = None
+        self.num_computed = 0
+        self.max_len = min(max_seq_len, self.num_prompt_tokens + (params.max_tokens or max_seq_len))
+        self.stop_token_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+        seed = None if params.seed is None else (params.seed, index)
+        self.generator = np.random.default_rng(seed)
+        self.stopper = TextStopper(tokenizer, request.prompt_ids, params)
+        self.output_counts: Counter[int] = Counter()
+        self.logprobs: list[PositionLogprobs] | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob = 0.0
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.error: str | None = None
+        self.last_token_time = time.monotonic()
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        """True when only the last sampled token lacks KV (the sequence is past its prefill)."""
+        return self.num_uncomputed == 1 and len(self.token_ids) > self.num_prompt_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def min_tokens_pending(self) -> bool:
+        """True while stop tokens must still be suppressed (fewer than ``min_tokens`` generated)."""
+        return len(self.token_ids) - self.num_prompt_tokens < self.params.min_tokens
+
+    def append_token(self, token_id: int) -> None:
+        """Record a sampled token and update the finish status and visible text."""
+        self.token_ids.append(token_id)
+        self.output_counts[token_id] += 1
+        self.last_token_time = time.monotonic()
+        past_min = not self.min_tokens_pending
+        if past_min and token_id in self.stop_token_ids:
+            self.finish("stop", token_id if token_id in self.params.stop_token_ids else None)
+            self.stopper.finish()
+            return
+        self.stopper.push(token_id, check_stops=past_min)
+        if self.stopper.stopped_by is not None:
+            self.finish("stop", self.stopper.stopped_by)
+        elif len(self.token_ids) >= self.max_len:
+            self.finish("length")
+            self.stopper.finish()
+
+    def finish(self, reason: str, stop_reason: str | int | None = None) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+
+    def completion(self) -> CompletionOutput:
+        return CompletionOutput(
+            index=self.index,
+            text=self.stopper.text,
+            token_ids=list(self.output_ids),
+            cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
+            logprobs=self.logprobs,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+        )
+
+
+class Request:
+    """A request and its ``n`` sequences; ``pending_forks`` wait for the first one's prefill."""
 
     def __init__(
         self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams,
@@ -28,50 +126,34 @@ class Sequence:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_ids = list(prompt_ids)
-        self.token_ids = list(prompt_ids)
         self.params = params
-        self.status = SequenceStatus.WAITING
-        self.blocks: list[int] = []
-        self.num_computed = 0
-        self.max_len = min(max_seq_len, len(prompt_ids) + (params.max_tokens or max_seq_len))
-        self.eos_token_ids = set() if params.ignore_eos else set(eos_token_ids)
-        self.generator = np.random.default_rng(params.seed)
-        self.stopper = TextStopper(tokenizer, self.prompt_ids, params)
-        self.logprobs: list[PositionLogprobs] | None = [] if params.logprobs is not None else None
+        self.arrival_time = time.monotonic()
+        self.seqs = [Sequence(self, i, tokenizer, eos_token_ids, max_seq_len) for i in range(params.n)]
+        self.pending_forks = self.seqs[1:]
         self.prompt_logprobs: list[PositionLogprobs | None] | None = [None] if params.prompt_logprobs is not None else None
-        self.cumulative_logprob = 0.0
-        self.finish_reason: str | None = None
-        self.stop_reason: str | int | None = None
-
-    @property
-    def output_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_ids) :]
-
-    @property
-    def in_prefill(self) -> bool:
-        return self.num_computed < len(self.prompt_ids)
+        self.num_cached_tokens = 0
+        self.error: str | None = None
 
     @property
     def finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
+        return all(seq.finished for seq in self.seqs)
 
-    def append_token(self, token_id: int) -> str:
-        """Record a sampled token, update the finish status, and return the newly visible text."""
-        self.token_ids.append(token_id)
-        num_output = len(self.token_ids) - len(self.prompt_ids)
-        past_min = num_output >= self.params.min_tokens
-        if past_min and (token_id in self.eos_token_ids or token_id in self.params.stop_token_ids):
-            self.finish("stop", token_id if token_id in self.params.stop_token_ids else None)
-            return self.stopper.finish()
-        text = self.stopper.push(token_id, check_stops=past_min)
-        if self.stopper.stopped_by is not None:
-            self.finish("stop", self.stopper.stopped_by)
-        elif len(self.token_ids) >= self.max_len:
-            self.finish("length")
-            text += self.stopper.finish()
-        return text
+    def fail(self, message: str) -> None:
+        """Finish every unfinished sequence with reason ``error``."""
+        self.error = message
+        for seq in self.seqs:
+            if not seq.finished:
+                seq.finish("error")
+        self.pending_forks = []
 
-    def finish(self, reason: str, stop_reason: str | int | None = None) -> None:
-        self.status = SequenceStatus.FINISHED
-        self.finish_reason = reason
-        self.stop_reason = stop_reason
+    def output(self) -> RequestOutput:
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=list(self.prompt_ids),
+            outputs=[seq.completion() for seq in self.seqs],
+            finished=self.finished,
+            prompt_logprobs=self.prompt_logprobs,
+            num_cached_tokens=self.num_cached_tokens,
+            error=self.error,
+        )

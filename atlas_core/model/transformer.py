@@ -35,7 +35,14 @@ class PreNormDecoderLayer:
 
 
 class TransformerModel:
-    """A decoder-only language model built from backend arrays and composed layers."""
+    """A decoder-only language model built from backend arrays and composed layers.
+
+    ``kv_layouts`` lists one KV layout per attention layer (the engine sizes and allocates the
+    paged cache from it). Models with recurrent layers override `has_recurrent_state` and
+    `reset_state`: the engine then gives each sequence a state slot and disables prefix reuse.
+    """
+
+    has_recurrent_state = False
 
     def __init__(
         self, backend: Backend, *, embed_tokens: Array, layers: Sequence[PreNormDecoderLayer], final_norm: RMSNorm,
@@ -57,6 +64,9 @@ class TransformerModel:
         for layer in self.layers:
             hidden, residual = layer(hidden, residual, batch, kv)
         return self.final_norm(hidden, residual)[0]
+
+    def reset_state(self, slot: int) -> None:
+        """Zero the recurrent state of ``slot`` before a new sequence uses it (no state here)."""
 
     def compute_logits(self, hidden: Array) -> Array:
         """``[S, H]`` hidden rows -> ``[S, V]`` logits in the activation dtype."""

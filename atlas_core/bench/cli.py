@@ -1,0 +1,71 @@
+"""The ``atlas bench`` command and its ``latency`` / ``throughput`` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from atlas_core.cli import add_engine_args
+
+DESCRIPTION = """\
+Measure the engine against its ceilings. Both subcommands print a header (device, BLAS, model,
+weight and activation dtypes, engine settings, date) and each figure beside its roofline.
+
+  latency     prefill time and decode tok/s of --batch-size same-length prompts, against the
+              memory-bandwidth roofline (bandwidth / weight bytes read per step, x batch)
+  throughput  the nano-vllm / mini-sglang offline workload: --num-requests random-token requests,
+              input and output lengths uniform in [--min-len, --max-len], submitted at once
+
+`atlas bench` without a subcommand prints this help. Ceilings are measured on the backend (array
+copy bandwidth, matrix-product FLOP/s) unless given with --bandwidth-gbps / --peak-gflops.
+"""
+
+
+def add_ceiling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bandwidth-gbps", type=float, default=None, help="memory bandwidth ceiling in GB/s (default: measured, a 512 MiB array copy)")
+    parser.add_argument("--peak-gflops", type=float, default=None, help="matrix-product ceiling in GFLOP/s (default: measured, a 1024^3 product)")
+
+
+def add_bench_parser(commands: Any) -> None:
+    from atlas_core.bench.latency import run_latency
+    from atlas_core.bench.throughput import run_throughput
+
+    parser = commands.add_parser(
+        "bench", help="latency and throughput benchmarks beside their rooflines", description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(handler=lambda args: print_help(parser))
+    subcommands = parser.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
+
+    latency = subcommands.add_parser(
+        "latency", help="prefill time and decode tok/s at --batch-size, against the bandwidth roofline",
+        description="Prefill time and decode speed of --batch-size prompts of --prompt-len tokens, greedy, "
+        "ignore_eos; decode beside its roofline: batch x bandwidth / weight bytes read per step.",
+    )
+    add_engine_args(latency)
+    add_ceiling_args(latency)
+    latency.add_argument("--tokens", type=int, default=128, help="tokens generated per sequence (default: 128)")
+    latency.add_argument("--prompt-len", type=int, default=32, help="prompt length in tokens (default: 32)")
+    latency.add_argument("--batch-size", type=int, default=1, help="sequences decoded together (default: 1)")
+    latency.set_defaults(handler=run_latency)
+
+    throughput = subcommands.add_parser(
+        "throughput", help="offline throughput on random requests (the nano-vllm / mini-sglang workload)",
+        description="--num-requests requests of random token ids; input and output lengths uniform in "
+        "[--min-len, --max-len] (clamped to max_seq_len / 2), ignore_eos, all submitted at once through "
+        "LLM.generate. Prints total time, output and total tok/s, requests/s.",
+    )
+    add_engine_args(throughput)
+    add_ceiling_args(throughput)
+    throughput.add_argument("--num-requests", type=int, default=256, help="requests (default: 256)")
+    throughput.add_argument("--min-len", type=int, default=100, help="shortest input and output length (default: 100)")
+    throughput.add_argument("--max-len", type=int, default=1024, help="longest input and output length (default: 1024)")
+    throughput.add_argument("--seed", type=int, default=0, help="seed of the lengths and token ids (default: 0)")
+    throughput.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0 = greedy)")
+    throughput.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
+    throughput.set_defaults(handler=run_throughput)
+
+
+def print_help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2

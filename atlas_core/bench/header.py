@@ -1,0 +1,106 @@
+"""The header both benchmarks print: device, model, dtypes, engine settings, date, ceilings."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import platform
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from atlas_core.bench.roofline import WeightTraffic, measure_copy_bandwidth, measure_matmul_flops
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def blas_name() -> str:
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
+    except Exception:  # noqa: BLE001 - older NumPy: no dict form
+        return "unknown BLAS"
+
+
+def device_line(backend: Any) -> str:
+    cores = os.cpu_count() or 0
+    if backend.name == "numpy":
+        return (
+            f"{backend.name} backend on {cpu_model()} ({platform.machine()}, {cores} cores), "
+            f"NumPy {np.__version__} with {blas_name()}, Python {platform.python_version()}"
+        )
+    described = getattr(backend, "device_name", None) or getattr(backend, "device", None)
+    return f"{backend.name} backend" + (f" on {described}" if described else "") + f", host {cpu_model()} ({cores} cores)"
+
+
+def checkpoint_dtypes(loaded: Any) -> str:
+    """What the checkpoint stores, e.g. ``GGUF Q4_1 69%, Q8_0 31%`` or ``safetensors bfloat16``."""
+    resolved = loaded.resolved
+    if resolved.kind == "gguf":
+        try:
+            from atlas_core.weights.gguf_index import open_gguf
+
+            sizes: Counter[str] = Counter()
+            for tensor in open_gguf(resolved.path).header.tensors.values():
+                sizes[tensor.type.name] += tensor.n_bytes
+            total = sum(sizes.values()) or 1
+            shares = [(name, 100 * size / total) for name, size in sizes.most_common()]
+            return "GGUF " + ", ".join(f"{name} {share:.0f}%" if share >= 1 else f"{name} <1%" for name, share in shares)
+        except Exception:  # noqa: BLE001 - informational only
+            return "GGUF"
+    dtype = loaded.config.get("torch_dtype") or loaded.config.get("dtype") or "?"
+    return f"safetensors {dtype}"
+
+
+def describe_bytes(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def print_header(title: str, llm: Any, traffic: WeightTraffic) -> None:
+    engine, config = llm.engine, llm.engine.config
+    stored = ", ".join(f"{dtype} {describe_bytes(size)}" for dtype, size in traffic.dtypes.items())
+    embedding = "tied to the lm_head, read in full" if traffic.tied_embeddings else "embedding table excluded: a step gathers rows"
+    capacity = getattr(engine, "kv_capacity_tokens", None)
+    shown = {"max_seq_len", "max_num_seqs", "max_num_batched_tokens", "block_size"}
+    others = ", ".join(f"{f.name} {getattr(config, f.name)}" for f in dataclasses.fields(config) if f.name not in shown)
+    print(f"== atlas bench {title} ==")
+    print(f"date          {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}")
+    print(f"device        {device_line(llm.backend)}")
+    print(f"model         {llm.loaded.name} ({llm.loaded.resolved.path})")
+    print(f"weights       {stored} on the backend (checkpoint: {checkpoint_dtypes(llm.loaded)})")
+    print(f"activations   {np.dtype(llm.backend.activation_dtype)}")
+    print(
+        f"engine        max_seq_len {engine.max_seq_len}, max_num_seqs {config.max_num_seqs}, "
+        f"max_num_batched_tokens {config.max_num_batched_tokens}, block_size {config.block_size}, "
+        f"KV capacity {capacity if capacity is not None else '?'} tokens"
+    )
+    print(f"engine config {others}")
+    print(f"weights/step  {traffic.bytes_per_step} bytes ({describe_bytes(traffic.bytes_per_step)}) read per forward step ({embedding})")
+    print(f"flops/token   {traffic.flops(1, 0):.4g} (decoder) + {traffic.flops(0, 1):.4g} (lm_head, sampled rows only)")
+
+
+def ceilings(args: argparse.Namespace, backend: Any) -> tuple[float, float]:
+    """Print and return (bandwidth bytes/s, matmul FLOP/s): given on the command line, else measured."""
+    if args.bandwidth_gbps is not None:
+        bandwidth, how = args.bandwidth_gbps * 1e9, "given with --bandwidth-gbps"
+    else:
+        bandwidth, how = measure_copy_bandwidth(backend), "measured: 512 MiB array copy, read + write, best of 5"
+    print(f"bandwidth     {bandwidth / 1e9:.2f} GB/s ({how})")
+    if args.peak_gflops is not None:
+        peak, how = args.peak_gflops * 1e9, "given with --peak-gflops"
+    else:
+        peak, how = measure_matmul_flops(backend), "measured: 1024^3 fp32 matrix product, best of 5"
+    print(f"matmul peak   {peak / 1e9:.2f} GFLOP/s ({how})")
+    return bandwidth, peak

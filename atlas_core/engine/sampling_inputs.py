@@ -1,0 +1,62 @@
+"""Per-row sampling inputs for the backend, built from the sequences being sampled."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import numpy as np
+
+from atlas_core.backends.base import LogitAdjustments, SamplingTensors
+from atlas_core.engine.sequence import Sequence
+
+
+def sampling_tensors(seqs: Seq[Sequence]) -> SamplingTensors:
+    """Filters and one uniform draw per row, from each sequence's own generator."""
+    params = [seq.params for seq in seqs]
+    return SamplingTensors(
+        temperature=np.asarray([p.temperature for p in params], dtype=np.float32),
+        top_k=np.asarray([p.top_k for p in params], dtype=np.int32),
+        top_p=np.asarray([p.top_p for p in params], dtype=np.float32),
+        min_p=np.asarray([p.min_p for p in params], dtype=np.float32),
+        uniform=np.asarray([seq.generator.random() for seq in seqs], dtype=np.float32),
+        top_n_sigma=np.asarray([p.top_n_sigma for p in params], dtype=np.float32),
+    )
+
+
+def logit_adjustments(seqs: Seq[Sequence]) -> LogitAdjustments | None:
+    """Penalties, logit bias and min_tokens bans for the rows; None when no row needs any."""
+    penalised = [row for row, seq in enumerate(seqs) if seq.params.penalised]
+    biased = [row for row, seq in enumerate(seqs) if seq.params.logit_bias or seq.min_tokens_pending]
+    if not penalised and not biased:
+        return None
+    rows, tokens, counts, in_prompt = [], [], [], []
+    for row in penalised:
+        seq = seqs[row]
+        prompt_tokens = set(seq.token_ids[: seq.num_prompt_tokens])
+        for token in prompt_tokens | seq.output_counts.keys():
+            rows.append(row)
+            tokens.append(token)
+            counts.append(seq.output_counts.get(token, 0))
+            in_prompt.append(token in prompt_tokens)
+    bias_rows, bias_tokens, bias_values = [], [], []
+    for row in biased:
+        seq = seqs[row]
+        entries = dict(seq.params.logit_bias)
+        if seq.min_tokens_pending:
+            entries.update(dict.fromkeys(seq.stop_token_ids, -np.inf))
+        bias_rows.extend([row] * len(entries))
+        bias_tokens.extend(entries)
+        bias_values.extend(entries.values())
+    params = [seq.params for seq in seqs]
+    return LogitAdjustments(
+        repetition_penalty=np.asarray([p.repetition_penalty for p in params], dtype=np.float32),
+        presence_penalty=np.asarray([p.presence_penalty for p in params], dtype=np.float32),
+        frequency_penalty=np.asarray([p.frequency_penalty for p in params], dtype=np.float32),
+        penalty_rows=np.asarray(rows, dtype=np.int32),
+        penalty_tokens=np.asarray(tokens, dtype=np.int32),
+        output_counts=np.asarray(counts, dtype=np.int32),
+        in_prompt=np.asarray(in_prompt, dtype=bool),
+        bias_rows=np.asarray(bias_rows, dtype=np.int32),
+        bias_tokens=np.asarray(bias_tokens, dtype=np.int32),
+        bias_values=np.asarray(bias_values, dtype=np.float32),
+    )

@@ -1,0 +1,480 @@
+"""`BlockManager`: prefix cache hits, LRU eviction, collision safety, copy-on-write, atomic failures,
+plus stateful property tests that drive it like an engine and check it against a shadow KV cache."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from atlas_core.engine import block_manager
+from atlas_core.engine.block_manager import ROOT_HASH, BlockManager, BlockTable
+
+
+def run_prompt(manager: BlockManager, tokens: list[int], *, use_cache: bool = True) -> tuple[BlockTable, int]:
+    """Allocate, "compute" and register a whole prompt the way the engine does; returns (table, cached tokens)."""
+    table = BlockTable()
+    cached = manager.allocate_prompt(table, tokens, use_cache=use_cache)
+    assert cached is not None
+    assert manager.prepare_write(table, cached, len(tokens)) == []
+    manager.register_computed(table, tokens, len(tokens))
+    manager.check_invariants()
+    return table, cached
+
+
+def filler(manager: BlockManager) -> BlockTable:
+    """A one-token request: takes exactly one fresh block and never caches it."""
+    table = BlockTable()
+    assert manager.allocate_prompt(table, [42], use_cache=True) == 0
+    return table
+
+
+def test_blocks_for() -> None:
+    manager = BlockManager(8, 4)
+    assert [manager.blocks_for(n) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+
+
+def test_prefix_hit_after_request_finished() -> None:
+    manager = BlockManager(8, 4)
+    prompt = list(range(10))
+    first, cached = run_prompt(manager, prompt)
+    assert cached == 0 and len(first.blocks) == 3 and len(first.hashes) == 2
+    blocks, hashes = list(first.blocks), list(first.hashes)
+    manager.free(first)
+    assert first == BlockTable() and manager.num_free_blocks == 8
+
+    second, cached = run_prompt(manager, prompt)
+    assert cached == 8
+    assert second.blocks[:2] == blocks[:2] and second.hashes == hashes
+    assert manager.num_free_blocks == 5
+
+
+def test_running_request_shares_cached_blocks() -> None:
+    manager = BlockManager(8, 4)
+    prompt = list(range(10))
+    first, _ = run_prompt(manager, prompt)
+    second, cached = run_prompt(manager, prompt)
+    assert cached == 8 and second.blocks[:2] == first.blocks[:2] and second.blocks[2] != first.blocks[2]
+    assert [manager.ref_count(b) for b in second.blocks] == [2, 2, 1]
+    assert manager.num_free_blocks == 8 - 4
+
+
+def test_partial_hit() -> None:
+    manager = BlockManager(8, 4)
+    prompt = list(range(12))
+    manager.free(run_prompt(manager, prompt)[0])
+    assert run_prompt(manager, prompt[:6] + [99] * 6)[1] == 4  # diverges inside block 1
+    assert run_prompt(manager, [99] + prompt[1:])[1] == 0  # diverges in block 0: nothing reusable
+
+
+def test_last_prompt_token_is_never_cached() -> None:
+    manager = BlockManager(16, 4)
+    prompt = list(range(8))  # exactly 2 full blocks
+    first, _ = run_prompt(manager, prompt)
+    hashes = list(first.hashes)
+    assert len(hashes) == 2
+    manager.free(first)
+    again, cached = run_prompt(manager, prompt)
+    assert cached == 4  # only the full blocks before the last token: 1 of 2
+    assert again.hashes == hashes  # block 1 was recomputed and recognised as a duplicate of the cached one
+    assert run_prompt(manager, prompt + [8])[1] == 8
+    assert run_prompt(manager, prompt[:4])[1] == 0
+
+
+def test_use_cache_false_skips_the_lookup_but_still_registers() -> None:
+    manager = BlockManager(16, 4)
+    prompt = list(range(10))
+    first, _ = run_prompt(manager, prompt)
+    counters = (manager.prefix_cache_queried_tokens, manager.prefix_cache_hit_tokens)
+    second, cached = run_prompt(manager, prompt, use_cache=False)
+    assert cached == 0 and not set(second.blocks) & set(first.blocks)
+    assert (manager.prefix_cache_queried_tokens, manager.prefix_cache_hit_tokens) == counters
+    assert second.hashes == first.hashes  # computed duplicates of the cached blocks
+
+
+def test_lru_evicts_least_recently_freed_and_tail_before_head() -> None:
+    manager = BlockManager(6, 2)
+    a, b = [1, 2, 3, 4, 5], [6, 7, 8, 9, 10]
+    table_a, _ = run_prompt(manager, a)
+    table_b, _ = run_prompt(manager, b)
+    assert table_a.blocks == [0, 1, 2] and table_b.blocks == [3, 4, 5]
+    manager.free(table_a)
+    manager.free(table_b)
+    # Free now: 2 and 5 (cache nothing), then cached 1, 0 (a: tail first), 4, 3 (b).
+    fillers = [filler(manager) for _ in range(3)]
+    assert {fillers[0].blocks[0], fillers[1].blocks[0]} == {2, 5}  # uncached blocks go first
+    assert fillers[2].blocks == [1]  # then a's tail: least recently freed, tail before head
+    manager.check_invariants()
+    for table in fillers:
+        manager.free(table)
+    assert run_prompt(manager, a)[1] == 2  # a's head survived, its evicted tail lost its hash
+    assert run_prompt(manager, b)[1] == 4
+
+
+def test_hit_refreshes_recency() -> None:
+    manager = BlockManager(6, 2)
+    a, b = [1, 2, 3, 4, 5], [6, 7, 8, 9, 10]
+    table_a, _ = run_prompt(manager, a)
+    table_b, _ = run_prompt(manager, b)
+    manager.free(table_a)
+    manager.free(table_b)
+    table_a, cached = run_prompt(manager, a)  # revives a's blocks 0 and 1
+    assert cached == 4
+    manager.free(table_a)  # a's blocks are now the most recently freed
+    fillers = [filler(manager) for _ in range(3)]
+    assert fillers[2].blocks == [4]  # b's tail is evicted first now
+
+
+def test_hash_collisions_never_reuse_wrong_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(block_manager, "block_hash", lambda parent_hash, token_ids: 7)
+    manager = BlockManager(16, 4)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 5]  # two blocks with equal tokens at different positions
+    first, _ = run_prompt(manager, prompt)
+    assert first.hashes == [7]  # block 1 collides with block 0's entry: its chain stops
+    head = first.blocks[0]
+    manager.free(first)
+    again, cached = run_prompt(manager, prompt)
+    assert cached == 4 and again.blocks[0] == head and again.blocks[1] != head
+    assert run_prompt(manager, [9, 9, 9, 9, 1, 2, 3, 4, 5])[1] == 0
+    assert run_prompt(manager, [1, 2, 3, 4, 9])[1] == 4
+
+
+def test_collision_on_the_parent_is_detected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same block tokens and same (colliding) chain hash but a different prefix: not a hit."""
+    monkeypatch.setattr(block_manager, "block_hash", lambda parent_hash, token_ids: hash(token_ids))
+    manager = BlockManager(16, 4)
+    manager.free(run_prompt(manager, [1, 1, 1, 1, 5, 6, 7, 8, 0])[0])
+    # Block 1 hashes alike whatever precedes it; block 0 differs, so it must miss.
+    assert run_prompt(manager, [2, 2, 2, 2, 5, 6, 7, 8, 0])[1] == 0
+    assert run_prompt(manager, [1, 1, 1, 1, 5, 6, 7, 8, 0])[1] == 8
+
+
+def test_cow_after_fork() -> None:
+    manager = BlockManager(8, 4)
+    prompt = list(range(6))
+    parent, _ = run_prompt(manager, prompt)
+    b0, b1 = parent.blocks
+    child = manager.fork(parent)
+    assert child == parent and child is not parent
+    assert manager.ref_count(b0) == manager.ref_count(b1) == 2
+
+    copies = manager.prepare_write(child, 6, 7)
+    assert copies is not None and len(copies) == 1
+    src, dst = copies[0]
+    assert src == b1 and child.blocks == [b0, dst] and dst not in (b0, b1)
+    assert parent.blocks == [b0, b1]
+    assert [manager.ref_count(b) for b in (b0, b1, dst)] == [2, 1, 1]
+    assert manager.prepare_write(parent, 6, 7) == []  # b1 is private to the parent now
+    assert parent.blocks == [b0, b1]
+    assert manager.prepare_write(parent, 8, 9) == [] and len(parent.blocks) == 3
+    manager.check_invariants()
+
+
+def test_shared_block_overwritten_from_its_start_needs_no_copy() -> None:
+    manager = BlockManager(8, 4)
+    parent = BlockTable()
+    assert manager.allocate_prompt(parent, list(range(8)), use_cache=True) == 0
+    child = manager.fork(parent)
+    assert manager.prepare_write(child, 0, 8) == []
+    assert not set(child.blocks) & set(parent.blocks)
+    assert all(manager.ref_count(b) == 1 for b in parent.blocks + child.blocks)
+
+
+def test_rewriting_a_cached_private_block_uncaches_it() -> None:
+    manager = BlockManager(8, 4)
+    prompt = list(range(8))
+    table, _ = run_prompt(manager, prompt)
+    assert len(table.hashes) == 2
+    assert manager.prepare_write(table, 6, 8) == []  # e.g. rejected speculative tokens recomputed
+    assert len(table.hashes) == 1
+    manager.check_invariants()
+    assert run_prompt(manager, prompt + [8])[1] == 4
+
+
+def test_concurrent_duplicates_chain_onto_the_cached_entry() -> None:
+    manager = BlockManager(16, 4)
+    shared = list(range(8))
+    a, b = shared + [100], shared + [200] * 4 + [201]
+    table_a, table_b = BlockTable(), BlockTable()
+    assert manager.allocate_prompt(table_a, a, use_cache=True) == 0
+    assert manager.allocate_prompt(table_b, b, use_cache=True) == 0  # admitted before a registered anything
+    for table, tokens in ((table_a, a), (table_b, b)):
+        assert manager.prepare_write(table, 0, len(tokens)) == []
+        manager.register_computed(table, tokens, len(tokens))
+    assert table_b.hashes[:2] == table_a.hashes and len(table_b.hashes) == 3
+    manager.free(table_a)
+    manager.free(table_b)
+    table, cached = run_prompt(manager, shared + [200] * 4 + [7])
+    assert cached == 12  # a's shared blocks, then b's own block chained onto them
+
+
+def test_chunked_prefill_registers_as_it_goes() -> None:
+    manager = BlockManager(8, 4)
+    prompt = list(range(10))
+    table = BlockTable()
+    assert manager.allocate_prompt(table, prompt, use_cache=True) == 0
+    assert manager.prepare_write(table, 0, 5) == []
+    manager.register_computed(table, prompt, 5)
+    assert len(table.hashes) == 1
+    assert manager.prepare_write(table, 5, 10) == []
+    manager.register_computed(table, prompt, 10)
+    assert len(table.hashes) == 2
+    manager.register_computed(table, prompt, 10)  # idempotent
+    assert len(table.hashes) == 2
+    manager.check_invariants()
+
+
+def test_prefix_caching_disabled() -> None:
+    manager = BlockManager(8, 4, enable_prefix_caching=False)
+    prompt = list(range(10))
+    first, cached = run_prompt(manager, prompt)
+    assert cached == 0 and first.hashes == []
+    second, cached = run_prompt(manager, prompt)
+    assert cached == 0 and not set(first.blocks) & set(second.blocks)
+    assert manager.prefix_cache_queried_tokens == manager.prefix_cache_hit_tokens == 0
+    assert manager.hit_rate == 0.0
+    manager.free(first)
+    manager.free(second)
+    assert manager.num_free_blocks == 8
+
+
+def test_counters_and_hit_rate() -> None:
+    manager = BlockManager(8, 4)
+    assert manager.hit_rate == 0.0
+    prompt = list(range(10))
+    manager.free(run_prompt(manager, prompt)[0])
+    assert (manager.prefix_cache_queried_tokens, manager.prefix_cache_hit_tokens, manager.hit_rate) == (10, 0, 0.0)
+    manager.free(run_prompt(manager, prompt)[0])
+    assert (manager.prefix_cache_queried_tokens, manager.prefix_cache_hit_tokens) == (20, 8)
+    assert manager.hit_rate == pytest.approx(0.4)
+    run_prompt(manager, prompt, use_cache=False)
+    assert manager.prefix_cache_queried_tokens == 20
+
+
+def test_allocate_prompt_failure_changes_nothing() -> None:
+    manager = BlockManager(3, 2)
+    prompt = [1, 2, 3, 4, 5]
+    manager.free(run_prompt(manager, prompt)[0])
+    counters = (manager.prefix_cache_queried_tokens, manager.prefix_cache_hit_tokens)
+    # 2 cached blocks would be revived from the free pool, leaving 1 for the 2 fresh ones needed.
+    for tokens in ([1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9]):
+        table = BlockTable()
+        assert manager.allocate_prompt(table, tokens, use_cache=True) is None
+        assert table == BlockTable() and manager.num_free_blocks == 3
+        assert (manager.prefix_cache_queried_tokens, manager.prefix_cache_hit_tokens) == counters
+        manager.check_invariants()
+    assert run_prompt(manager, prompt)[1] == 4
+
+
+def test_prepare_write_failure_changes_nothing() -> None:
+    manager = BlockManager(2, 4)
+    table = BlockTable()
+    assert manager.allocate_prompt(table, list(range(6)), use_cache=True) == 0
+    assert manager.prepare_write(table, 0, 6) == []
+    assert manager.prepare_write(table, 6, 9) is None  # needs a third block
+    assert len(table.blocks) == 2
+    child = manager.fork(table)
+    assert manager.prepare_write(child, 6, 7) is None  # copy-on-write needs a free block
+    assert child.blocks == table.blocks and all(manager.ref_count(b) == 2 for b in table.blocks)
+    manager.check_invariants()
+
+
+def test_misuse_raises() -> None:
+    manager = BlockManager(8, 4)
+    table, _ = run_prompt(manager, [1, 2, 3])
+    with pytest.raises(ValueError, match="empty"):
+        manager.allocate_prompt(table, [1], use_cache=True)
+    with pytest.raises(ValueError, match="range"):
+        manager.prepare_write(table, 5, 4)
+    for args in ((-1, 4), (4, 0)):
+        with pytest.raises(ValueError):
+            BlockManager(*args)
+
+
+def test_empty_prompt() -> None:
+    manager = BlockManager(2, 4)
+    table, cached = run_prompt(manager, [])
+    assert cached == 0 and table.blocks == []
+
+
+def test_reset_prefix_cache_forgets_only_free_blocks() -> None:
+    manager = BlockManager(16, 4)
+    a, b = list(range(9)), list(range(100, 109))
+    manager.free(run_prompt(manager, a)[0])
+    held, _ = run_prompt(manager, b)
+    manager.reset_prefix_cache()
+    manager.check_invariants()
+    assert manager.num_free_blocks == 16 - 3
+    assert run_prompt(manager, a)[1] == 0
+    assert run_prompt(manager, b)[1] == 8
+
+
+# Stateful property tests ----------------------------------------------------------------------------
+
+NUM_BLOCKS, BLOCK = 16, 2
+tokens_strategy = st.lists(st.integers(0, 1), max_size=9)  # a tiny vocabulary, so prefixes repeat often
+
+
+@dataclass
+class Request:
+    table: BlockTable
+    tokens: list[int]
+    computed: int
+
+
+class BlockManagerMachine(RuleBasedStateMachine):
+    """Drives a `BlockManager` like an engine would, keeping a shadow KV cache: ``kv[block][offset]`` is
+    the token prefix whose last token's KV was written there (what real KV depends on). Any reuse of a
+    block whose KV came from a different prefix, or any write to a block another table still reads,
+    shows up as a mismatch."""
+
+    prefix_caching = True
+    hash_fn: Callable[[int, tuple[int, ...]], int] | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved_hash = block_manager.block_hash
+        if self.hash_fn is not None:
+            block_manager.block_hash = self.hash_fn
+        self.manager = BlockManager(NUM_BLOCKS, BLOCK, enable_prefix_caching=self.prefix_caching)
+        self.kv: list[list[tuple[int, ...] | None]] = [[None] * BLOCK for _ in range(NUM_BLOCKS)]
+        self.requests: dict[int, Request] = {}
+        self.next_id = 0
+        self.history: list[list[int]] = []  # computed token sequences, to draw repeated prompts from
+
+    def teardown(self) -> None:
+        try:
+            for request in self.requests.values():
+                self.manager.free(request.table)
+            self.manager.check_invariants()
+            assert self.manager.num_free_blocks == NUM_BLOCKS, "blocks leaked"
+        finally:
+            block_manager.block_hash = self.saved_hash
+
+    def snapshot(self) -> tuple[object, ...]:
+        m = self.manager
+        refs = tuple(m.ref_count(b) for b in range(NUM_BLOCKS))
+        return m.num_free_blocks, m.prefix_cache_queried_tokens, m.prefix_cache_hit_tokens, refs
+
+    def pick(self, data: st.DataObject) -> Request:
+        return self.requests[data.draw(st.sampled_from(sorted(self.requests)))]
+
+    @rule(prompt=tokens_strategy, use_cache=st.booleans())
+    def new_request(self, prompt: list[int], use_cache: bool) -> None:
+        self.admit(prompt, use_cache)
+
+    @precondition(lambda self: self.history)
+    @rule(data=st.data(), suffix=st.lists(st.integers(0, 1), max_size=3))
+    def repeat_request(self, data: st.DataObject, suffix: list[int]) -> None:
+        """A prompt sharing a prefix with tokens computed earlier: the case prefix caching is for."""
+        past = data.draw(st.sampled_from(self.history))
+        self.admit(past[: data.draw(st.integers(0, len(past)))] + suffix, use_cache=True)
+
+    def admit(self, prompt: list[int], use_cache: bool) -> None:
+        before = self.snapshot()
+        table = BlockTable()
+        cached = self.manager.allocate_prompt(table, prompt, use_cache=use_cache)
+        if cached is None:
+            assert table == BlockTable() and self.snapshot() == before
+            return
+        assert len(table.blocks) == self.manager.blocks_for(len(prompt))
+        assert cached % BLOCK == 0 and cached <= max(0, len(prompt) - 1) and len(table.hashes) == cached // BLOCK
+        if not (use_cache and self.prefix_caching):
+            assert cached == 0
+        for p in range(cached):
+            assert self.kv[table.blocks[p // BLOCK]][p % BLOCK] == tuple(prompt[: p + 1]), "wrong KV reused"
+        self.requests[self.next_id] = Request(table, list(prompt), cached)
+        self.next_id += 1
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data(), new_tokens=st.lists(st.integers(0, 1), max_size=3), chunk=st.integers(1, 5))
+    def compute(self, data: st.DataObject, new_tokens: list[int], chunk: int) -> None:
+        """Append tokens (decode), compute the next chunk of uncomputed positions and register them."""
+        request = self.pick(data)
+        request.tokens += new_tokens
+        start, end = request.computed, min(len(request.tokens), request.computed + chunk)
+        blocks, before = list(request.table.blocks), self.snapshot()
+        copies = self.manager.prepare_write(request.table, start, end)
+        if copies is None:
+            assert request.table.blocks == blocks and self.snapshot() == before
+            return
+        sources, targets = {src for src, _ in copies}, [dst for _, dst in copies]
+        assert len(set(targets)) == len(targets) and not sources & set(targets)
+        for src, dst in copies:
+            self.kv[dst] = list(self.kv[src])
+        assert len(request.table.blocks) >= self.manager.blocks_for(end)
+        for p in range(start, end):
+            block = request.table.blocks[p // BLOCK]
+            assert self.manager.ref_count(block) == 1, "writing a shared block"
+            self.kv[block][p % BLOCK] = tuple(request.tokens[: p + 1])
+        request.computed = end
+        self.history.append(request.tokens[:end])
+        self.manager.register_computed(request.table, request.tokens, end)
+        if not self.prefix_caching:
+            assert request.table.hashes == []
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data(), count=st.integers(1, 4))
+    def rollback(self, data: st.DataObject, count: int) -> None:
+        """Discard the last computed tokens (as rejected speculative tokens would be)."""
+        request = self.pick(data)
+        request.computed = max(0, request.computed - count)
+        del request.tokens[request.computed :]
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def fork(self, data: st.DataObject) -> None:
+        request = self.pick(data)
+        self.requests[self.next_id] = Request(self.manager.fork(request.table), list(request.tokens), request.computed)
+        self.next_id += 1
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.requests)))
+        table = self.requests.pop(key).table
+        self.manager.free(table)
+        assert table == BlockTable()
+
+    @rule()
+    def reset_prefix_cache(self) -> None:
+        self.manager.reset_prefix_cache()
+
+    @invariant()
+    def consistent(self) -> None:
+        self.manager.check_invariants()
+        holders = Counter(b for request in self.requests.values() for b in request.table.blocks)
+        for block in range(NUM_BLOCKS):
+            assert self.manager.ref_count(block) == holders[block], f"block {block}: ref count vs holders"
+        assert self.manager.num_free_blocks == NUM_BLOCKS - len(holders)
+        for request in self.requests.values():
+            table, tokens = request.table, request.tokens
+            for p in range(request.computed):
+                assert self.kv[table.blocks[p // BLOCK]][p % BLOCK] == tuple(tokens[: p + 1]), "KV overwritten"
+            parent_hash = ROOT_HASH
+            for i in range(min(len(table.hashes), request.computed // BLOCK)):
+                parent_hash = block_manager.block_hash(parent_hash, tuple(tokens[i * BLOCK : (i + 1) * BLOCK]))
+                assert table.hashes[i] == parent_hash, "bad hash chain"
+
+
+class NoPrefixCachingMachine(BlockManagerMachine):
+    prefix_caching = False
+
+
+class CollidingHashMachine(BlockManagerMachine):
+    """A hash blind to the prefix: equal blocks at different positions or after different prefixes collide."""
+
+    hash_fn = staticmethod(lambda parent_hash, token_ids: hash(token_ids))
+
+
+TestBlockManagerMachine = BlockManagerMachine.TestCase
+TestBlockManagerMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+TestNoPrefixCachingMachine = NoPrefixCachingMachine.TestCase
+TestNoPrefixCachingMachine.settings = settings(max_examples=50, stateful_step_count=40, deadline=None)
+TestCollidingHashMachine = CollidingHashMachine.TestCase
+TestCollidingHashMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
