@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from atlas_core.engine import block_manager
 from atlas_core.engine.block_manager import ROOT_HASH, BlockManager, BlockTable
@@ -306,7 +306,7 @@ def test_reset_prefix_cache_forgets_only_free_blocks() -> None:
     manager = BlockManager(16, 4)
     a, b = list(range(9)), list(range(100, 109))
     manager.free(run_prompt(manager, a)[0])
-    held, _ = run_prompt(manager, b)
+    run_prompt(manager, b)  # still running: its blocks stay cached through the reset
     manager.reset_prefix_cache()
     manager.check_invariants()
     assert manager.num_free_blocks == 16 - 3
@@ -316,7 +316,7 @@ def test_reset_prefix_cache_forgets_only_free_blocks() -> None:
 
 # Stateful property tests ----------------------------------------------------------------------------
 
-NUM_BLOCKS, BLOCK = 16, 2
+NUM_BLOCKS, BLOCK = 12, 2
 tokens_strategy = st.lists(st.integers(0, 1), max_size=9)  # a tiny vocabulary, so prefixes repeat often
 
 
@@ -364,6 +364,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def pick(self, data: st.DataObject) -> Request:
         return self.requests[data.draw(st.sampled_from(sorted(self.requests)))]
 
+    @initialize(prompts=st.lists(tokens_strategy, min_size=1, max_size=3))
+    def first_requests(self, prompts: list[list[int]]) -> None:
+        for prompt in prompts:
+            self.admit(prompt, use_cache=True)
+
     @rule(prompt=tokens_strategy, use_cache=st.booleans())
     def new_request(self, prompt: list[int], use_cache: bool) -> None:
         self.admit(prompt, use_cache)
@@ -392,12 +397,34 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.next_id += 1
 
     @precondition(lambda self: self.requests)
-    @rule(data=st.data(), new_tokens=st.lists(st.integers(0, 1), max_size=3), chunk=st.integers(1, 5))
-    def compute(self, data: st.DataObject, new_tokens: list[int], chunk: int) -> None:
-        """Append tokens (decode), compute the next chunk of uncomputed positions and register them."""
+    @rule(
+        data=st.data(), new_tokens=st.lists(st.integers(0, 1), max_size=3), chunk=st.integers(1, 5),
+        register=st.booleans(),
+    )
+    def compute(self, data: st.DataObject, new_tokens: list[int], chunk: int, register: bool) -> None:
+        """Append tokens (decode), compute the next chunk of uncomputed positions and (usually, as the
+        engine does after every forward) register them."""
         request = self.pick(data)
         request.tokens += new_tokens
-        start, end = request.computed, min(len(request.tokens), request.computed + chunk)
+        self.forward(request, min(len(request.tokens), request.computed + chunk), register)
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data(), count=st.integers(1, 3), new_tokens=st.lists(st.integers(0, 1), min_size=1, max_size=3))
+    def rewrite(self, data: st.DataObject, count: int, new_tokens: list[int]) -> None:
+        """Discard the last computed tokens and compute others in their place (rejected speculative tokens)."""
+        request = self.pick(data)
+        request.computed = max(0, request.computed - count)
+        request.tokens[request.computed :] = new_tokens
+        self.forward(request, len(request.tokens), register=True)
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def register(self, data: st.DataObject) -> None:
+        self.register_request(self.pick(data))
+
+    def forward(self, request: Request, end: int, register: bool) -> None:
+        """Compute positions ``request.computed..end-1`` into the shadow KV cache, as a forward would."""
+        start = request.computed
         blocks, before = list(request.table.blocks), self.snapshot()
         copies = self.manager.prepare_write(request.table, start, end)
         if copies is None:
@@ -414,17 +441,13 @@ class BlockManagerMachine(RuleBasedStateMachine):
             self.kv[block][p % BLOCK] = tuple(request.tokens[: p + 1])
         request.computed = end
         self.history.append(request.tokens[:end])
-        self.manager.register_computed(request.table, request.tokens, end)
+        if register:
+            self.register_request(request)
+
+    def register_request(self, request: Request) -> None:
+        self.manager.register_computed(request.table, request.tokens, request.computed)
         if not self.prefix_caching:
             assert request.table.hashes == []
-
-    @precondition(lambda self: self.requests)
-    @rule(data=st.data(), count=st.integers(1, 4))
-    def rollback(self, data: st.DataObject, count: int) -> None:
-        """Discard the last computed tokens (as rejected speculative tokens would be)."""
-        request = self.pick(data)
-        request.computed = max(0, request.computed - count)
-        del request.tokens[request.computed :]
 
     @precondition(lambda self: self.requests)
     @rule(data=st.data())
@@ -467,9 +490,10 @@ class NoPrefixCachingMachine(BlockManagerMachine):
 
 
 class CollidingHashMachine(BlockManagerMachine):
-    """A hash blind to the prefix: equal blocks at different positions or after different prefixes collide."""
+    """A 3-valued hash blind to the prefix: equal blocks after different prefixes always collide, and
+    different blocks often do."""
 
-    hash_fn = staticmethod(lambda parent_hash, token_ids: hash(token_ids))
+    hash_fn = staticmethod(eval(__import__("os").environ.get("HFN", "lambda parent_hash, token_ids: hash(token_ids) % 3")))
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
