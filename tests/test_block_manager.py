@@ -4,20 +4,19 @@ plus stateful property tests that drive it like an engine and check it against a
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from atlas_core.engine import block_manager
 from atlas_core.engine.block_manager import ROOT_HASH, BlockManager, BlockTable
 
 
 def run_prompt(manager: BlockManager, tokens: list[int], *, use_cache: bool = True) -> tuple[BlockTable, int]:
-    """Allocate, "compute" and register a whole prompt the way the engine does; returns (table, cached tokens)."""
+    """Allocate, compute and register a whole prompt as the engine does; returns (table, cached tokens)."""
     table = BlockTable()
     cached = manager.allocate_prompt(table, tokens, use_cache=use_cache)
     assert cached is not None
@@ -27,107 +26,79 @@ def run_prompt(manager: BlockManager, tokens: list[int], *, use_cache: bool = Tr
     return table, cached
 
 
-def filler(manager: BlockManager) -> BlockTable:
-    """A one-token request: takes exactly one fresh block and never caches it."""
-    table = BlockTable()
-    assert manager.allocate_prompt(table, [42], use_cache=True) == 0
-    return table
+def fillers(manager: BlockManager, count: int) -> list[int]:
+    """The blocks taken by ``count`` one-token requests (each takes one fresh block and caches nothing)."""
+    tables = [BlockTable() for _ in range(count)]
+    assert all(manager.allocate_prompt(table, [42], use_cache=True) == 0 for table in tables)
+    return [table.blocks[0] for table in tables]
 
 
-def test_blocks_for() -> None:
+def test_prefix_hit_after_request_finished_and_while_running() -> None:
     manager = BlockManager(8, 4)
-    assert [manager.blocks_for(n) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
-
-
-def test_prefix_hit_after_request_finished() -> None:
-    manager = BlockManager(8, 4)
+    assert manager.hit_rate == 0.0
     prompt = list(range(10))
     first, cached = run_prompt(manager, prompt)
     assert cached == 0 and len(first.blocks) == 3 and len(first.hashes) == 2
     blocks, hashes = list(first.blocks), list(first.hashes)
     manager.free(first)
     assert first == BlockTable() and manager.num_free_blocks == 8
-
     second, cached = run_prompt(manager, prompt)
-    assert cached == 8
-    assert second.blocks[:2] == blocks[:2] and second.hashes == hashes
+    assert cached == 8 and second.blocks[:2] == blocks[:2] and second.hashes == hashes
     assert manager.num_free_blocks == 5
+    assert (manager.prefix_cache_queried_tokens, manager.prefix_cache_hit_tokens) == (20, 8)
+    assert manager.hit_rate == pytest.approx(0.4)
+    third, cached = run_prompt(manager, prompt)  # the second still runs: its blocks are shared
+    assert cached == 8 and third.blocks[:2] == blocks[:2] and third.blocks[2] != second.blocks[2]
+    assert [manager.ref_count(b) for b in third.blocks] == [2, 2, 1]
 
 
-def test_running_request_shares_cached_blocks() -> None:
-    manager = BlockManager(8, 4)
-    prompt = list(range(10))
-    first, _ = run_prompt(manager, prompt)
-    second, cached = run_prompt(manager, prompt)
-    assert cached == 8 and second.blocks[:2] == first.blocks[:2] and second.blocks[2] != first.blocks[2]
-    assert [manager.ref_count(b) for b in second.blocks] == [2, 2, 1]
-    assert manager.num_free_blocks == 8 - 4
-
-
-def test_partial_hit() -> None:
-    manager = BlockManager(8, 4)
-    prompt = list(range(12))
-    manager.free(run_prompt(manager, prompt)[0])
-    assert run_prompt(manager, prompt[:6] + [99] * 6)[1] == 4  # diverges inside block 1
-    assert run_prompt(manager, [99] + prompt[1:])[1] == 0  # diverges in block 0: nothing reusable
-
-
-def test_last_prompt_token_is_never_cached() -> None:
-    manager = BlockManager(16, 4)
+def test_partial_hits_never_cover_the_last_prompt_token() -> None:
+    manager = BlockManager(32, 4)
     prompt = list(range(8))  # exactly 2 full blocks
     first, _ = run_prompt(manager, prompt)
     hashes = list(first.hashes)
-    assert len(hashes) == 2
     manager.free(first)
     again, cached = run_prompt(manager, prompt)
     assert cached == 4  # only the full blocks before the last token: 1 of 2
     assert again.hashes == hashes  # block 1 was recomputed and recognised as a duplicate of the cached one
     assert run_prompt(manager, prompt + [8])[1] == 8
     assert run_prompt(manager, prompt[:4])[1] == 0
+    assert run_prompt(manager, prompt[:6] + [99] * 6)[1] == 4  # diverges inside block 1
+    assert run_prompt(manager, [99] + prompt[1:])[1] == 0  # diverges in block 0: nothing reusable
 
 
 def test_use_cache_false_skips_the_lookup_but_still_registers() -> None:
     manager = BlockManager(16, 4)
     prompt = list(range(10))
     first, _ = run_prompt(manager, prompt)
-    counters = (manager.prefix_cache_queried_tokens, manager.prefix_cache_hit_tokens)
     second, cached = run_prompt(manager, prompt, use_cache=False)
     assert cached == 0 and not set(second.blocks) & set(first.blocks)
-    assert (manager.prefix_cache_queried_tokens, manager.prefix_cache_hit_tokens) == counters
+    assert manager.prefix_cache_queried_tokens == 10  # only the first lookup counts
     assert second.hashes == first.hashes  # computed duplicates of the cached blocks
 
 
 def test_lru_evicts_least_recently_freed_and_tail_before_head() -> None:
     manager = BlockManager(6, 2)
-    a, b = [1, 2, 3, 4, 5], [6, 7, 8, 9, 10]
-    table_a, _ = run_prompt(manager, a)
-    table_b, _ = run_prompt(manager, b)
+    table_a, table_b = run_prompt(manager, [1, 2, 3, 4, 5])[0], run_prompt(manager, [6, 7, 8, 9, 10])[0]
     assert table_a.blocks == [0, 1, 2] and table_b.blocks == [3, 4, 5]
     manager.free(table_a)
     manager.free(table_b)
-    # Free now: 2 and 5 (cache nothing), then cached 1, 0 (a: tail first), 4, 3 (b).
-    fillers = [filler(manager) for _ in range(3)]
-    assert {fillers[0].blocks[0], fillers[1].blocks[0]} == {2, 5}  # uncached blocks go first
-    assert fillers[2].blocks == [1]  # then a's tail: least recently freed, tail before head
-    manager.check_invariants()
-    for table in fillers:
-        manager.free(table)
-    assert run_prompt(manager, a)[1] == 2  # a's head survived, its evicted tail lost its hash
-    assert run_prompt(manager, b)[1] == 4
+    # Free now: 2 and 5 (caching nothing), then cached 1, 0 (a, tail first), 4, 3 (b).
+    taken = fillers(manager, 3)
+    assert set(taken[:2]) == {2, 5} and taken[2] == 1  # then a's tail: least recently freed, tail first
 
 
-def test_hit_refreshes_recency() -> None:
+def test_eviction_removes_the_hash_and_hits_refresh_recency() -> None:
     manager = BlockManager(6, 2)
     a, b = [1, 2, 3, 4, 5], [6, 7, 8, 9, 10]
-    table_a, _ = run_prompt(manager, a)
-    table_b, _ = run_prompt(manager, b)
+    table_a, table_b = run_prompt(manager, a)[0], run_prompt(manager, b)[0]
     manager.free(table_a)
     manager.free(table_b)
     table_a, cached = run_prompt(manager, a)  # revives a's blocks 0 and 1
-    assert cached == 4
-    manager.free(table_a)  # a's blocks are now the most recently freed
-    fillers = [filler(manager) for _ in range(3)]
-    assert fillers[2].blocks == [4]  # b's tail is evicted first now
+    manager.free(table_a)  # so they are now the most recently freed
+    assert cached == 4 and fillers(manager, 3)[2] == 4  # b's tail goes first now
+    manager.check_invariants()
+    assert run_prompt(manager, b)[1] == 2  # b's evicted tail lost its hash; its head still hits
 
 
 def test_hash_collisions_never_reuse_wrong_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,57 +114,42 @@ def test_hash_collisions_never_reuse_wrong_blocks(monkeypatch: pytest.MonkeyPatc
     assert run_prompt(manager, [9, 9, 9, 9, 1, 2, 3, 4, 5])[1] == 0
     assert run_prompt(manager, [1, 2, 3, 4, 9])[1] == 4
 
-
-def test_collision_on_the_parent_is_detected(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Same block tokens and same (colliding) chain hash but a different prefix: not a hit."""
+    # A hash blind to the prefix: block 1 of these prompts collides although block 0 differs.
     monkeypatch.setattr(block_manager, "block_hash", lambda parent_hash, token_ids: hash(token_ids))
     manager = BlockManager(16, 4)
     manager.free(run_prompt(manager, [1, 1, 1, 1, 5, 6, 7, 8, 0])[0])
-    # Block 1 hashes alike whatever precedes it; block 0 differs, so it must miss.
-    assert run_prompt(manager, [2, 2, 2, 2, 5, 6, 7, 8, 0])[1] == 0
+    manager.free(run_prompt(manager, [2, 2, 2, 2, 0])[0])
+    assert run_prompt(manager, [2, 2, 2, 2, 5, 6, 7, 8, 0])[1] == 4
     assert run_prompt(manager, [1, 1, 1, 1, 5, 6, 7, 8, 0])[1] == 8
 
 
 def test_cow_after_fork() -> None:
     manager = BlockManager(8, 4)
-    prompt = list(range(6))
-    parent, _ = run_prompt(manager, prompt)
+    parent, _ = run_prompt(manager, list(range(6)))
     b0, b1 = parent.blocks
     child = manager.fork(parent)
-    assert child == parent and child is not parent
-    assert manager.ref_count(b0) == manager.ref_count(b1) == 2
-
-    copies = manager.prepare_write(child, 6, 7)
+    assert child == parent and child is not parent and manager.ref_count(b0) == manager.ref_count(b1) == 2
+    copies = manager.prepare_write(child, 6, 7)  # the shared, partly filled block 1 gets written
     assert copies is not None and len(copies) == 1
     src, dst = copies[0]
-    assert src == b1 and child.blocks == [b0, dst] and dst not in (b0, b1)
-    assert parent.blocks == [b0, b1]
+    assert src == b1 and child.blocks == [b0, dst] and dst not in (b0, b1) and parent.blocks == [b0, b1]
     assert [manager.ref_count(b) for b in (b0, b1, dst)] == [2, 1, 1]
-    assert manager.prepare_write(parent, 6, 7) == []  # b1 is private to the parent now
-    assert parent.blocks == [b0, b1]
+    assert manager.prepare_write(parent, 6, 7) == [] and parent.blocks == [b0, b1]  # b1 is private now
     assert manager.prepare_write(parent, 8, 9) == [] and len(parent.blocks) == 3
     manager.check_invariants()
 
-
-def test_shared_block_overwritten_from_its_start_needs_no_copy() -> None:
-    manager = BlockManager(8, 4)
-    parent = BlockTable()
-    assert manager.allocate_prompt(parent, list(range(8)), use_cache=True) == 0
-    child = manager.fork(parent)
-    assert manager.prepare_write(child, 0, 8) == []
-    assert not set(child.blocks) & set(parent.blocks)
-    assert all(manager.ref_count(b) == 1 for b in parent.blocks + child.blocks)
+    fresh = BlockTable()  # a shared block overwritten from its first position needs no copy
+    assert manager.allocate_prompt(fresh, [7] * 8, use_cache=True) == 0
+    fork = manager.fork(fresh)
+    assert manager.prepare_write(fork, 0, 8) == [] and not set(fork.blocks) & set(fresh.blocks)
 
 
 def test_rewriting_a_cached_private_block_uncaches_it() -> None:
     manager = BlockManager(8, 4)
-    prompt = list(range(8))
-    table, _ = run_prompt(manager, prompt)
-    assert len(table.hashes) == 2
-    assert manager.prepare_write(table, 6, 8) == []  # e.g. rejected speculative tokens recomputed
-    assert len(table.hashes) == 1
+    table = run_prompt(manager, list(range(8)))[0]
+    assert manager.prepare_write(table, 6, 8) == [] and len(table.hashes) == 1  # rejected speculative tokens
     manager.check_invariants()
-    assert run_prompt(manager, prompt + [8])[1] == 4
+    assert run_prompt(manager, list(range(9)))[1] == 4
 
 
 def test_concurrent_duplicates_chain_onto_the_cached_entry() -> None:
@@ -209,51 +165,24 @@ def test_concurrent_duplicates_chain_onto_the_cached_entry() -> None:
     assert table_b.hashes[:2] == table_a.hashes and len(table_b.hashes) == 3
     manager.free(table_a)
     manager.free(table_b)
-    table, cached = run_prompt(manager, shared + [200] * 4 + [7])
-    assert cached == 12  # a's shared blocks, then b's own block chained onto them
+    assert run_prompt(manager, shared + [200] * 4 + [7])[1] == 12  # a's blocks, then b's own chained on
 
 
 def test_chunked_prefill_registers_as_it_goes() -> None:
     manager = BlockManager(8, 4)
-    prompt = list(range(10))
-    table = BlockTable()
+    prompt, table = list(range(10)), BlockTable()
     assert manager.allocate_prompt(table, prompt, use_cache=True) == 0
-    assert manager.prepare_write(table, 0, 5) == []
-    manager.register_computed(table, prompt, 5)
-    assert len(table.hashes) == 1
-    assert manager.prepare_write(table, 5, 10) == []
-    manager.register_computed(table, prompt, 10)
-    assert len(table.hashes) == 2
-    manager.register_computed(table, prompt, 10)  # idempotent
-    assert len(table.hashes) == 2
-    manager.check_invariants()
+    for computed, registered in ((5, 1), (10, 2), (10, 2)):  # the last call changes nothing
+        manager.register_computed(table, prompt, computed)
+        assert len(table.hashes) == registered
 
 
 def test_prefix_caching_disabled() -> None:
     manager = BlockManager(8, 4, enable_prefix_caching=False)
-    prompt = list(range(10))
-    first, cached = run_prompt(manager, prompt)
-    assert cached == 0 and first.hashes == []
-    second, cached = run_prompt(manager, prompt)
-    assert cached == 0 and not set(first.blocks) & set(second.blocks)
-    assert manager.prefix_cache_queried_tokens == manager.prefix_cache_hit_tokens == 0
-    assert manager.hit_rate == 0.0
-    manager.free(first)
-    manager.free(second)
-    assert manager.num_free_blocks == 8
-
-
-def test_counters_and_hit_rate() -> None:
-    manager = BlockManager(8, 4)
-    assert manager.hit_rate == 0.0
-    prompt = list(range(10))
-    manager.free(run_prompt(manager, prompt)[0])
-    assert (manager.prefix_cache_queried_tokens, manager.prefix_cache_hit_tokens, manager.hit_rate) == (10, 0, 0.0)
-    manager.free(run_prompt(manager, prompt)[0])
-    assert (manager.prefix_cache_queried_tokens, manager.prefix_cache_hit_tokens) == (20, 8)
-    assert manager.hit_rate == pytest.approx(0.4)
-    run_prompt(manager, prompt, use_cache=False)
-    assert manager.prefix_cache_queried_tokens == 20
+    (first, cached_first), (second, cached_second) = run_prompt(manager, [1] * 10), run_prompt(manager, [1] * 10)
+    assert cached_first == cached_second == 0 and first.hashes == second.hashes == []
+    assert not set(first.blocks) & set(second.blocks)
+    assert manager.prefix_cache_queried_tokens == 0 and manager.hit_rate == 0.0
 
 
 def test_allocate_prompt_failure_changes_nothing() -> None:
@@ -261,7 +190,7 @@ def test_allocate_prompt_failure_changes_nothing() -> None:
     prompt = [1, 2, 3, 4, 5]
     manager.free(run_prompt(manager, prompt)[0])
     counters = (manager.prefix_cache_queried_tokens, manager.prefix_cache_hit_tokens)
-    # 2 cached blocks would be revived from the free pool, leaving 1 for the 2 fresh ones needed.
+    # 2 cached blocks would be revived from the free pool, leaving 1 for the 2 or 3 fresh ones needed.
     for tokens in ([1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9]):
         table = BlockTable()
         assert manager.allocate_prompt(table, tokens, use_cache=True) is None
@@ -276,16 +205,17 @@ def test_prepare_write_failure_changes_nothing() -> None:
     table = BlockTable()
     assert manager.allocate_prompt(table, list(range(6)), use_cache=True) == 0
     assert manager.prepare_write(table, 0, 6) == []
-    assert manager.prepare_write(table, 6, 9) is None  # needs a third block
-    assert len(table.blocks) == 2
+    assert manager.prepare_write(table, 6, 9) is None and len(table.blocks) == 2  # needs a third block
     child = manager.fork(table)
     assert manager.prepare_write(child, 6, 7) is None  # copy-on-write needs a free block
     assert child.blocks == table.blocks and all(manager.ref_count(b) == 2 for b in table.blocks)
     manager.check_invariants()
 
 
-def test_misuse_raises() -> None:
+def test_sizes_and_misuse() -> None:
     manager = BlockManager(8, 4)
+    assert [manager.blocks_for(n) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+    assert run_prompt(manager, [])[0] == BlockTable()  # an empty prompt needs no block
     table, _ = run_prompt(manager, [1, 2, 3])
     with pytest.raises(ValueError, match="empty"):
         manager.allocate_prompt(table, [1], use_cache=True)
@@ -296,12 +226,6 @@ def test_misuse_raises() -> None:
             BlockManager(*args)
 
 
-def test_empty_prompt() -> None:
-    manager = BlockManager(2, 4)
-    table, cached = run_prompt(manager, [])
-    assert cached == 0 and table.blocks == []
-
-
 def test_reset_prefix_cache_forgets_only_free_blocks() -> None:
     manager = BlockManager(16, 4)
     a, b = list(range(9)), list(range(100, 109))
@@ -309,15 +233,14 @@ def test_reset_prefix_cache_forgets_only_free_blocks() -> None:
     run_prompt(manager, b)  # still running: its blocks stay cached through the reset
     manager.reset_prefix_cache()
     manager.check_invariants()
-    assert manager.num_free_blocks == 16 - 3
-    assert run_prompt(manager, a)[1] == 0
-    assert run_prompt(manager, b)[1] == 8
+    assert manager.num_free_blocks == 16 - 3 and run_prompt(manager, a)[1] == 0 and run_prompt(manager, b)[1] == 8
 
 
 # Stateful property tests ----------------------------------------------------------------------------
 
 NUM_BLOCKS, BLOCK = 12, 2
-tokens_strategy = st.lists(st.integers(0, 1), max_size=9)  # a tiny vocabulary, so prefixes repeat often
+bits = st.lists(st.integers(0, 1), max_size=9)  # a tiny vocabulary, so prefixes repeat often
+few_bits = st.lists(st.integers(0, 1), max_size=3)
 
 
 @dataclass
@@ -328,19 +251,16 @@ class Request:
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
-    """Drives a `BlockManager` like an engine would, keeping a shadow KV cache: ``kv[block][offset]`` is
-    the token prefix whose last token's KV was written there (what real KV depends on). Any reuse of a
-    block whose KV came from a different prefix, or any write to a block another table still reads,
-    shows up as a mismatch."""
+    """Drives a `BlockManager` like an engine, keeping a shadow KV cache: ``kv[block][offset]`` is the
+    token prefix whose last token's KV was written there (what real KV depends on). Reusing a block whose
+    KV came from another prefix, or writing a block another table still reads, shows up as a mismatch."""
 
     prefix_caching = True
-    hash_fn: Callable[[int, tuple[int, ...]], int] | None = None
+    hash_fn = staticmethod(block_manager.block_hash)
 
     def __init__(self) -> None:
         super().__init__()
-        self.saved_hash = block_manager.block_hash
-        if self.hash_fn is not None:
-            block_manager.block_hash = self.hash_fn
+        self.saved_hash, block_manager.block_hash = block_manager.block_hash, self.hash_fn
         self.manager = BlockManager(NUM_BLOCKS, BLOCK, enable_prefix_caching=self.prefix_caching)
         self.kv: list[list[tuple[int, ...] | None]] = [[None] * BLOCK for _ in range(NUM_BLOCKS)]
         self.requests: dict[int, Request] = {}
@@ -361,50 +281,36 @@ class BlockManagerMachine(RuleBasedStateMachine):
         refs = tuple(m.ref_count(b) for b in range(NUM_BLOCKS))
         return m.num_free_blocks, m.prefix_cache_queried_tokens, m.prefix_cache_hit_tokens, refs
 
-    def pick(self, data: st.DataObject) -> Request:
-        return self.requests[data.draw(st.sampled_from(sorted(self.requests)))]
+    def pick(self, data: st.DataObject) -> int:
+        return data.draw(st.sampled_from(sorted(self.requests)))
 
-    @initialize(prompts=st.lists(tokens_strategy, min_size=1, max_size=3))
-    def first_requests(self, prompts: list[list[int]]) -> None:
-        for prompt in prompts:
-            self.admit(prompt, use_cache=True)
-
-    @rule(prompt=tokens_strategy, use_cache=st.booleans())
+    @rule(prompt=bits, use_cache=st.booleans())
     def new_request(self, prompt: list[int], use_cache: bool) -> None:
-        self.admit(prompt, use_cache)
-
-    @precondition(lambda self: self.history)
-    @rule(data=st.data(), suffix=st.lists(st.integers(0, 1), max_size=3))
-    def repeat_request(self, data: st.DataObject, suffix: list[int]) -> None:
-        """A prompt sharing a prefix with tokens computed earlier: the case prefix caching is for."""
-        past = data.draw(st.sampled_from(self.history))
-        self.admit(past[: data.draw(st.integers(0, len(past)))] + suffix, use_cache=True)
-
-    def admit(self, prompt: list[int], use_cache: bool) -> None:
-        before = self.snapshot()
-        table = BlockTable()
+        before, table = self.snapshot(), BlockTable()
         cached = self.manager.allocate_prompt(table, prompt, use_cache=use_cache)
         if cached is None:
             assert table == BlockTable() and self.snapshot() == before
             return
         assert len(table.blocks) == self.manager.blocks_for(len(prompt))
         assert cached % BLOCK == 0 and cached <= max(0, len(prompt) - 1) and len(table.hashes) == cached // BLOCK
-        if not (use_cache and self.prefix_caching):
-            assert cached == 0
+        assert cached == 0 or (use_cache and self.prefix_caching)
         for p in range(cached):
             assert self.kv[table.blocks[p // BLOCK]][p % BLOCK] == tuple(prompt[: p + 1]), "wrong KV reused"
         self.requests[self.next_id] = Request(table, list(prompt), cached)
         self.next_id += 1
 
+    @precondition(lambda self: self.history)
+    @rule(data=st.data(), suffix=few_bits)
+    def repeat_request(self, data: st.DataObject, suffix: list[int]) -> None:
+        """A prompt sharing a prefix with tokens computed earlier: the case prefix caching is for."""
+        past = data.draw(st.sampled_from(self.history))
+        self.new_request(past[: data.draw(st.integers(0, len(past)))] + suffix, use_cache=True)
+
     @precondition(lambda self: self.requests)
-    @rule(
-        data=st.data(), new_tokens=st.lists(st.integers(0, 1), max_size=3), chunk=st.integers(1, 5),
-        register=st.booleans(),
-    )
+    @rule(data=st.data(), new_tokens=few_bits, chunk=st.integers(1, 5), register=st.booleans())
     def compute(self, data: st.DataObject, new_tokens: list[int], chunk: int, register: bool) -> None:
-        """Append tokens (decode), compute the next chunk of uncomputed positions and (usually, as the
-        engine does after every forward) register them."""
-        request = self.pick(data)
+        """Append tokens (decode), compute the next chunk and maybe register it (or at a later step)."""
+        request = self.requests[self.pick(data)]
         request.tokens += new_tokens
         self.forward(request, min(len(request.tokens), request.computed + chunk), register)
 
@@ -412,20 +318,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data(), count=st.integers(1, 3), new_tokens=st.lists(st.integers(0, 1), min_size=1, max_size=3))
     def rewrite(self, data: st.DataObject, count: int, new_tokens: list[int]) -> None:
         """Discard the last computed tokens and compute others in their place (rejected speculative tokens)."""
-        request = self.pick(data)
+        request = self.requests[self.pick(data)]
         request.computed = max(0, request.computed - count)
         request.tokens[request.computed :] = new_tokens
         self.forward(request, len(request.tokens), register=True)
 
-    @precondition(lambda self: self.requests)
-    @rule(data=st.data())
-    def register(self, data: st.DataObject) -> None:
-        self.register_request(self.pick(data))
-
     def forward(self, request: Request, end: int, register: bool) -> None:
         """Compute positions ``request.computed..end-1`` into the shadow KV cache, as a forward would."""
-        start = request.computed
-        blocks, before = list(request.table.blocks), self.snapshot()
+        start, blocks, before = request.computed, list(request.table.blocks), self.snapshot()
         copies = self.manager.prepare_write(request.table, start, end)
         if copies is None:
             assert request.table.blocks == blocks and self.snapshot() == before
@@ -442,25 +342,20 @@ class BlockManagerMachine(RuleBasedStateMachine):
         request.computed = end
         self.history.append(request.tokens[:end])
         if register:
-            self.register_request(request)
-
-    def register_request(self, request: Request) -> None:
-        self.manager.register_computed(request.table, request.tokens, request.computed)
-        if not self.prefix_caching:
-            assert request.table.hashes == []
+            self.manager.register_computed(request.table, request.tokens, end)
+            assert self.prefix_caching or request.table.hashes == []
 
     @precondition(lambda self: self.requests)
     @rule(data=st.data())
     def fork(self, data: st.DataObject) -> None:
-        request = self.pick(data)
+        request = self.requests[self.pick(data)]
         self.requests[self.next_id] = Request(self.manager.fork(request.table), list(request.tokens), request.computed)
         self.next_id += 1
 
     @precondition(lambda self: self.requests)
     @rule(data=st.data())
     def free(self, data: st.DataObject) -> None:
-        key = data.draw(st.sampled_from(sorted(self.requests)))
-        table = self.requests.pop(key).table
+        table = self.requests.pop(self.pick(data)).table
         self.manager.free(table)
         assert table == BlockTable()
 
@@ -472,17 +367,16 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def consistent(self) -> None:
         self.manager.check_invariants()
         holders = Counter(b for request in self.requests.values() for b in request.table.blocks)
-        for block in range(NUM_BLOCKS):
-            assert self.manager.ref_count(block) == holders[block], f"block {block}: ref count vs holders"
+        assert [self.manager.ref_count(b) for b in range(NUM_BLOCKS)] == [holders[b] for b in range(NUM_BLOCKS)]
         assert self.manager.num_free_blocks == NUM_BLOCKS - len(holders)
         for request in self.requests.values():
             table, tokens = request.table, request.tokens
             for p in range(request.computed):
                 assert self.kv[table.blocks[p // BLOCK]][p % BLOCK] == tuple(tokens[: p + 1]), "KV overwritten"
-            parent_hash = ROOT_HASH
+            chain = ROOT_HASH
             for i in range(min(len(table.hashes), request.computed // BLOCK)):
-                parent_hash = block_manager.block_hash(parent_hash, tuple(tokens[i * BLOCK : (i + 1) * BLOCK]))
-                assert table.hashes[i] == parent_hash, "bad hash chain"
+                chain = block_manager.block_hash(chain, tuple(tokens[i * BLOCK : (i + 1) * BLOCK]))
+                assert table.hashes[i] == chain, "bad hash chain"
 
 
 class NoPrefixCachingMachine(BlockManagerMachine):
@@ -490,10 +384,9 @@ class NoPrefixCachingMachine(BlockManagerMachine):
 
 
 class CollidingHashMachine(BlockManagerMachine):
-    """A 3-valued hash blind to the prefix: equal blocks after different prefixes always collide, and
-    different blocks often do."""
+    """A 3-valued hash blind to the prefix: equal blocks after different prefixes always collide."""
 
-    hash_fn = staticmethod(eval(__import__("os").environ.get("HFN", "lambda parent_hash, token_ids: hash(token_ids) % 3")))
+    hash_fn = staticmethod(lambda parent_hash, token_ids: hash(token_ids) % 3)
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
@@ -501,4 +394,4 @@ TestBlockManagerMachine.settings = settings(max_examples=200, stateful_step_coun
 TestNoPrefixCachingMachine = NoPrefixCachingMachine.TestCase
 TestNoPrefixCachingMachine.settings = settings(max_examples=50, stateful_step_count=40, deadline=None)
 TestCollidingHashMachine = CollidingHashMachine.TestCase
-TestCollidingHashMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+TestCollidingHashMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)

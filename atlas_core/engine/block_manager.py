@@ -252,7 +252,7 @@ class BlockManager:
             ids = tuple(token_ids[i * size : (i + 1) * size])
             h = block_hash(parent_hash, ids)
             block = self._cache.get(h)
-            if block is None or self._tokens[block] != ids:
+            if block is None or self._parent[block] != parent or self._tokens[block] != ids:
                 break
             hits.append(block)
             hashes.append(h)

@@ -46,7 +46,8 @@ class SchedulerConfig:
 
 @dataclass
 class ScheduledStep:
-    """What to run: chunks, KV block copies to apply first (copy-on-write), and who was preempted."""
+    """What to run: chunks, KV block copies to apply first (copy-on-write; all sources are read
+    before any destination is written), and who was preempted."""
 
     chunks: list[ScheduledChunk] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
@@ -70,20 +71,22 @@ class Scheduler:
 
     def schedule(self) -> ScheduledStep:
         step = ScheduledStep()
+        copies: dict[Sequence, list[tuple[int, int]]] = {}
         budget = self.config.max_num_batched_tokens
         for seq in [s for s in self.running if s.is_decoding]:
             if budget == 0:
                 break
-            if seq.status is SequenceStatus.RUNNING and self._reserve(seq, 1, step):
+            if seq.status is SequenceStatus.RUNNING and self._reserve(seq, 1, step, copies):
                 step.chunks.append(ScheduledChunk(seq, 1))
                 budget -= 1
         if self._decode_only():
+            step.block_copies = [pair for pairs in copies.values() for pair in pairs]
             return step
         for seq in [s for s in self.running if not s.is_decoding]:
             if budget == 0:
                 break
             count = min(seq.num_uncomputed, self.config.max_prefill_tokens, budget)
-            if self._reserve(seq, count, step):
+            if self._reserve(seq, count, step, copies):
                 step.chunks.append(ScheduledChunk(seq, count))
                 budget -= count
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -93,20 +96,25 @@ class Scheduler:
             count = min(seq.num_uncomputed, self.config.max_prefill_tokens, budget)
             step.chunks.append(ScheduledChunk(seq, count))
             budget -= count
-        if step.preempted:  # a preempted sequence's copy-on-write targets were freed with it
-            owned = {block for chunk in step.chunks for block in chunk.seq.table.blocks}
-            step.block_copies = [(src, dst) for src, dst in step.block_copies if dst in owned]
+        step.block_copies = [pair for pairs in copies.values() for pair in pairs]
         return step
 
-    def _reserve(self, seq: Sequence, count: int, step: ScheduledStep) -> bool:
-        """Make room to write ``count`` tokens of ``seq``, preempting others (or ``seq``) if needed."""
+    def _reserve(
+        self, seq: Sequence, count: int, step: ScheduledStep, copies: dict[Sequence, list[tuple[int, int]]]
+    ) -> bool:
+        """Make room to write ``count`` tokens of ``seq``, preempting others (or ``seq``) if needed.
+
+        Copy-on-write copies are recorded per sequence, so a preempted sequence's copies (whose
+        targets it just freed) are dropped with it.
+        """
         while True:
-            copies = self.blocks.prepare_write(seq.table, seq.num_computed, seq.num_computed + count)
-            if copies is not None:
-                step.block_copies.extend(copies)
+            needed = self.blocks.prepare_write(seq.table, seq.num_computed, seq.num_computed + count)
+            if needed is not None:
+                copies.setdefault(seq, []).extend(needed)
                 return True
             victim = self.running[-1]
             self.preempt(victim)
+            copies.pop(victim, None)
             step.preempted.append(victim)
             step.chunks[:] = [chunk for chunk in step.chunks if chunk.seq is not victim]
             if victim is seq:
