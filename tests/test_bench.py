@@ -111,8 +111,9 @@ def test_throughput_generates_exactly_the_requested_tokens(capsys: pytest.Captur
     (seconds,) = numbers(out, "time", "# s")
     out_rate, total_rate, req_rate = numbers(out, "throughput", "# output tok/s, # total tok/s, # req/s")
     assert seconds > 0 and min(out_rate, total_rate, req_rate) > 0
-    assert out_rate == pytest.approx(outputs / seconds, rel=0.02)
-    assert req_rate == pytest.approx(6 / seconds, rel=0.02)
+    # the time is printed to the millisecond: allow that rounding on short runs
+    assert out_rate == pytest.approx(outputs / seconds, rel=0.0006 / seconds + 0.01)
+    assert req_rate == pytest.approx(6 / seconds, rel=0.0006 / seconds + 0.01)
     (percent,) = numbers(out, "ceiling", "total tok/s -> #% of ceiling")
     assert 0 <= percent <= 100
 

@@ -14,6 +14,8 @@ import numpy as np
 
 from atlas_core.bench.roofline import WeightTraffic, measure_copy_bandwidth, measure_matmul_flops
 
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
 
 def cpu_model() -> str:
     try:
@@ -37,9 +39,10 @@ def blas_name() -> str:
 def device_line(backend: Any) -> str:
     cores = os.cpu_count() or 0
     if backend.name == "numpy":
+        threads = "".join(f", {var}={os.environ[var]}" for var in THREAD_VARIABLES if os.environ.get(var))
         return (
             f"{backend.name} backend on {cpu_model()} ({platform.machine()}, {cores} cores), "
-            f"NumPy {np.__version__} with {blas_name()}, Python {platform.python_version()}"
+            f"NumPy {np.__version__} with {blas_name()}{threads}, Python {platform.python_version()}"
         )
     described = getattr(backend, "device_name", None) or getattr(backend, "device", None)
     return f"{backend.name} backend" + (f" on {described}" if described else "") + f", host {cpu_model()} ({cores} cores)"
