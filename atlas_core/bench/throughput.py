@@ -101,6 +101,8 @@ def run_throughput(args: argparse.Namespace) -> int:
     # Warm-up on prompts of its own, so that no block of the workload is in the prefix cache.
     warm = np.random.default_rng(args.seed + 1).integers(0, llm.loaded.model.vocab_size, size=(2, 24)).tolist()
     llm.generate(warm, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    scheduler = getattr(engine, "scheduler", None)
+    preempted_before = getattr(scheduler, "num_preemptions", None)
     start = time.perf_counter()
     outputs = llm.generate(workload.prompts, params, use_tqdm=args.progress)
     elapsed = time.perf_counter() - start
@@ -112,6 +114,9 @@ def run_throughput(args: argparse.Namespace) -> int:
         f"throughput    {generated / elapsed:.1f} output tok/s, {total / elapsed:.1f} total tok/s, "
         f"{len(outputs) / elapsed:.2f} req/s"
     )
+    if preempted_before is not None:
+        preemptions = scheduler.num_preemptions - preempted_before
+        print(f"preemptions   {preemptions} (sequences sent back to the queue for lack of KV blocks, to be recomputed)")
     compute, reads, steps = ceiling_time(workload, traffic, bandwidth, peak, engine.config)
     best = max(compute, reads)
     print(
