@@ -27,7 +27,8 @@ def oracle_write_kv(cache: np.ndarray, new: np.ndarray, slots: np.ndarray) -> np
 
 
 def oracle_attention(
-    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, scale: float
+    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, scale: float,
+    sliding_window: int | None = None,
 ) -> np.ndarray:
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q.shape[1] // num_kv_heads
@@ -35,15 +36,16 @@ def oracle_attention(
     for b in range(meta.num_seqs):
         start, end, ctx = int(meta.query_start_loc[b]), int(meta.query_start_loc[b + 1]), int(meta.seq_lens[b])
         table = meta.block_tables[b]
-        keys = np.stack([k_cache[table[p // block_size], p % block_size] for p in range(ctx)])
-        values = np.stack([v_cache[table[p // block_size], p % block_size] for p in range(ctx)])
         for i, row in enumerate(range(start, end)):
-            visible = ctx - (end - start) + i + 1
+            position = ctx - (end - start) + i
+            first = 0 if sliding_window is None else max(0, position - sliding_window + 1)
+            keys = np.stack([k_cache[table[p // block_size], p % block_size] for p in range(first, position + 1)])
+            values = np.stack([v_cache[table[p // block_size], p % block_size] for p in range(first, position + 1)])
             for head in range(q.shape[1]):
                 kv_head = head // group
-                scores = keys[:visible, kv_head] @ q[row, head] * scale
+                scores = keys[:, kv_head] @ q[row, head] * scale
                 weights = np.exp(scores - scores.max())
-                out[row, head] = weights @ values[:visible, kv_head] / weights.sum()
+                out[row, head] = weights @ values[:, kv_head] / weights.sum()
     return out
 
 
@@ -84,6 +86,9 @@ class PagedBatch:
     (unused blocks and the tails of last blocks included), standing in for earlier steps' keys."""
 
     meta: AttentionMetadata
+    """On the backend (what the op reads)."""
+    host_meta: AttentionMetadata
+    """The same on the host (what the oracles read)."""
     positions: np.ndarray
     block_size: int
     k_cache_dev: Array
@@ -94,8 +99,9 @@ class PagedBatch:
 
     def describe(self) -> str:
         return (
-            f"block_size={self.block_size}, seq_lens={self.meta.seq_lens.tolist()}, "
-            f"query_start_loc={self.meta.query_start_loc.tolist()}, block_tables={self.meta.block_tables.tolist()}"
+            f"block_size={self.block_size}, seq_lens={self.host_meta.seq_lens.tolist()}, "
+            f"query_start_loc={self.host_meta.query_start_loc.tolist()}, "
+            f"block_tables={self.host_meta.block_tables.tolist()}"
         )
 
 
@@ -133,7 +139,7 @@ def paged_batch(case: Case, scenario: str, kv_heads: int, head_dim: int) -> Page
         positions.extend(range(cached, cached + new))
         slots.extend(tables[b, p // block_size] * block_size + p % block_size for p in range(cached, cached + new))
         starts.append(starts[-1] + new)
-    meta = AttentionMetadata(
+    host_meta = AttentionMetadata(
         query_start_loc=np.asarray(starts, dtype=np.int32),
         seq_lens=np.asarray(seq_lens, dtype=np.int32),
         block_tables=tables,
@@ -143,7 +149,16 @@ def paged_batch(case: Case, scenario: str, kv_heads: int, head_dim: int) -> Page
     k_cache_dev, k_cache = case.upload(case.normal(*cache_shape))
     v_cache_dev, v_cache = case.upload(case.normal(*cache_shape))
     scale = float(case.rng.uniform(0.7, 1.5)) * head_dim**-0.5
-    return PagedBatch(meta, np.asarray(positions), block_size, k_cache_dev, v_cache_dev, k_cache, v_cache, scale)
+    return PagedBatch(
+        upload_meta(case, host_meta), host_meta, np.asarray(positions), block_size, k_cache_dev, v_cache_dev,
+        k_cache, v_cache, scale,
+    )
+
+
+def upload_meta(case: Case, host_meta: AttentionMetadata) -> AttentionMetadata:
+    return AttentionMetadata(
+        *(case.backend.from_numpy(getattr(host_meta, name)) for name in ("query_start_loc", "seq_lens", "block_tables", "slot_mapping"))
+    )
 
 
 @pytest.mark.parametrize("group", [1, 2, 4], ids=["mha", "gqa2", "gqa4"])
@@ -152,7 +167,7 @@ def test_attention(case: Case, scenario: str, group: int) -> None:
     backend, kv_heads, head_dim = case.backend, 2, 16
     batch = paged_batch(case, scenario, kv_heads, head_dim)
     q_dev, q = case.upload(case.normal(len(batch.positions), kv_heads * group, head_dim, scale=1.5))
-    want = oracle_attention(q, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    want = oracle_attention(q, batch.k_cache, batch.v_cache, batch.host_meta, batch.scale)
     with case.unchanged("attention", q=q_dev, k_cache=batch.k_cache_dev, v_cache=batch.v_cache_dev):
         case.check_out_variants(
             lambda out: backend.attention(
@@ -161,6 +176,40 @@ def test_attention(case: Case, scenario: str, group: int) -> None:
             want,
             f"attention ({scenario}, {batch.describe()})",
         )
+
+
+def hide_blocks_outside_window(case: Case, batch: PagedBatch, window: int) -> None:
+    """Blocks wholly before every query's window get NaN keys and values on the device, and every
+    second one is dropped from the block table (-1), as a block manager that frees them would."""
+    k_cache, v_cache = case.host(batch.k_cache_dev), case.host(batch.v_cache_dev)
+    meta = batch.host_meta
+    for b in range(meta.num_seqs):
+        q_len = int(meta.query_start_loc[b + 1] - meta.query_start_loc[b])
+        first_visible = max(0, int(meta.seq_lens[b]) - q_len - window + 1)
+        for index in range(first_visible // batch.block_size):
+            block = meta.block_tables[b, index]
+            k_cache[block], v_cache[block] = np.nan, np.nan
+            if index % 2:
+                meta.block_tables[b, index] = -1
+    batch.k_cache_dev, batch.v_cache_dev = case.upload(k_cache)[0], case.upload(v_cache)[0]
+    batch.meta = upload_meta(case, meta)
+
+
+@pytest.mark.parametrize("window", [1, 4, 9])
+@pytest.mark.parametrize("scenario", ["mixed", "decode_batch", "prefill"])
+def test_attention_sliding_window(case: Case, scenario: str, window: int) -> None:
+    backend, kv_heads, head_dim, group = case.backend, 2, 16, 2
+    batch = paged_batch(case, scenario, kv_heads, head_dim)
+    q_dev, q = case.upload(case.normal(len(batch.positions), kv_heads * group, head_dim, scale=1.5))
+    want = oracle_attention(q, batch.k_cache, batch.v_cache, batch.host_meta, batch.scale, sliding_window=window)
+    hide_blocks_outside_window(case, batch, window)
+    case.check_out_variants(
+        lambda out: backend.attention(
+            q_dev, batch.k_cache_dev, batch.v_cache_dev, batch.meta, batch.scale, out=out, sliding_window=window
+        ),
+        want,
+        f"attention with sliding_window={window} ({scenario}, {batch.describe()}; blocks before the window are NaN)",
+    )
 
 
 @pytest.mark.parametrize("group", [1, 2, 4], ids=["mha", "gqa2", "gqa4"])
@@ -180,7 +229,7 @@ def test_attention_layer_pipeline(case: Case, group: int) -> None:
     }
     tables = rope_tables(case, rotary_dim)
     positions_dev, positions = case.upload(batch.positions.astype(np.int32))
-    slots_dev, slots = case.upload(batch.meta.slot_mapping)
+    slots_dev, slots = case.upload(batch.host_meta.slot_mapping)
     want = {
         "q": oracle_rope(qkv[:, :q_end].reshape(tokens, q_heads, head_dim), positions, tables.cos, tables.sin),
         "k": oracle_rope(qkv[:, q_end:k_end].reshape(tokens, kv_heads, head_dim), positions, tables.cos, tables.sin),
@@ -196,5 +245,5 @@ def test_attention_layer_pipeline(case: Case, group: int) -> None:
     case.assert_close(batch.k_cache_dev, k_cache, "write_kv from a strided k view")
     case.assert_close(batch.v_cache_dev, v_cache, "write_kv from a strided v view")
     got = case.backend.attention(views["q"], batch.k_cache_dev, batch.v_cache_dev, batch.meta, batch.scale)
-    want_mixed = oracle_attention(want["q"], k_cache, v_cache, batch.meta, batch.scale)
+    want_mixed = oracle_attention(want["q"], k_cache, v_cache, batch.host_meta, batch.scale)
     case.assert_close(got, want_mixed, f"attention on a strided q view ({batch.describe()})")

@@ -37,6 +37,11 @@ def oracle_silu_mul(x: np.ndarray) -> np.ndarray:
     return gate / (1.0 + np.exp(-gate)) * up
 
 
+def oracle_gelu_tanh_mul(x: np.ndarray) -> np.ndarray:
+    gate, up = np.split(x, 2, axis=-1)
+    return 0.5 * gate * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (gate + 0.044715 * gate**3))) * up
+
+
 def oracle_log_softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
@@ -113,6 +118,17 @@ def test_silu_mul(case: Case, tokens: int, inner: int) -> None:
     x_dev, x = case.upload(x_host)
     with case.unchanged("silu_mul", x=x_dev):
         case.check_out_variants(lambda out: case.backend.silu_mul(x_dev, out=out), oracle_silu_mul(x), "silu_mul")
+
+
+@pytest.mark.parametrize(("tokens", "inner"), [(1, 13), (6, 32)])
+def test_gelu_tanh_mul(case: Case, tokens: int, inner: int) -> None:
+    x_host = case.normal(tokens, 2 * inner, scale=2.0)
+    x_host[0, :4] = [-100.0, -20.0, 20.0, 100.0]  # saturated gates must not produce NaN
+    x_dev, x = case.upload(x_host)
+    with case.unchanged("gelu_tanh_mul", x=x_dev):
+        case.check_out_variants(
+            lambda out: case.backend.gelu_tanh_mul(x_dev, out=out), oracle_gelu_tanh_mul(x), "gelu_tanh_mul"
+        )
 
 
 

@@ -178,6 +178,11 @@ class Backend(ABC):
         """SwiGLU activation: ``x[T, 2I]`` = [gate | up] -> ``silu(gate) * up`` ``[T, I]``."""
 
     @abstractmethod
+    def gelu_tanh_mul(self, x: Array, out: Array | None = None) -> Array:
+        """GeGLU activation (Gemma): ``x[T, 2I]`` = [gate | up] -> ``gelu_tanh(gate) * up`` ``[T, I]``,
+        ``gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))``."""
+
+    @abstractmethod
     def rope(self, q: Array, k: Array, positions: Array, cos: Array, sin: Array) -> None:
         """Rotary embedding in place, rotate-half (NeoX) layout, on the first ``2 * cos.shape[1]``
         dims of each head. ``q[T, Hq, D]``, ``k[T, Hk, D]``, ``positions[T]``,
@@ -191,11 +196,15 @@ class Backend(ABC):
     @abstractmethod
     def attention(
         self, q: Array, k_cache: Array, v_cache: Array, meta: AttentionMetadata, scale: float,
-        out: Array | None = None,
+        out: Array | None = None, sliding_window: int | None = None,
     ) -> Array:
         """Causal paged attention with GQA (``Hq`` a multiple of ``Hk``) for a varlen batch mixing
         prefill chunks and decode tokens. ``q[T, Hq, D]`` -> ``[T, Hq, D]``; keys and values are
-        read from the caches (this step's tokens must already be written)."""
+        read from the caches (this step's tokens must already be written).
+
+        ``sliding_window`` W (None: unlimited): a query at position p sees keys ``max(0, p - W + 1) ..= p``
+        (W keys including itself, the Hugging Face convention). Block-table entries of blocks that lie
+        wholly before every query's window may be -1 or point at stale data: they must not be read."""
 
     @abstractmethod
     def log_softmax(self, logits: Array) -> Array:
@@ -228,3 +237,12 @@ class Backend(ABC):
         renormalise and return the token where the cumulative mass first exceeds
         ``uniform * total``.
         """
+
+    # ---- ops with a host fallback ---------------------------------------------------------
+    # Ops used by some model families only (MoE routing, MLA, recurrent mixers, ...). Each is a
+    # concrete method here whose default copies its inputs to the host with `to_numpy`, runs the
+    # NumPy reference function from `atlas_core.backends.reference`, and copies the result back
+    # with `from_numpy` (in-place ops write the result back into their argument). That is correct
+    # on every backend and slow off the CPU; a backend overrides an op with its own kernel, and the
+    # conformance suite checks whichever it runs. The NumPy backend calls the references directly.
+

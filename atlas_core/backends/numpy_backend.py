@@ -51,6 +51,14 @@ class NumpyBackend(Backend):
             result /= 1.0 + np.exp(-gate)
         return result
 
+    def gelu_tanh_mul(self, x: Array, out: Array | None = None) -> Array:
+        half = x.shape[-1] // 2
+        gate, up = x[..., :half], x[..., half:]
+        inner = np.float32(np.sqrt(2.0 / np.pi)) * (gate + np.float32(0.044715) * gate * gate * gate)
+        result = np.multiply(gate, up, out=out)
+        result *= 0.5 * (1.0 + np.tanh(inner))
+        return result
+
     def rope(self, q: Array, k: Array, positions: Array, cos: Array, sin: Array) -> None:
         half = cos.shape[1]
         cos_t = cos[positions][:, None, :]
@@ -70,7 +78,7 @@ class NumpyBackend(Backend):
 
     def attention(
         self, q: Array, k_cache: Array, v_cache: Array, meta: AttentionMetadata, scale: float,
-        out: Array | None = None,
+        out: Array | None = None, sliding_window: int | None = None,
     ) -> Array:
         out = np.empty_like(q) if out is None else out
         block_size, num_kv_heads, head_dim = k_cache.shape[1:]
@@ -80,21 +88,27 @@ class NumpyBackend(Backend):
             q_len, ctx = end - start, int(meta.seq_lens[b])
             if q_len == 0:
                 continue
-            blocks = meta.block_tables[b, : -(-ctx // block_size)]
-            keys = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx]
-            values = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx]
+            # keys before `first` are outside every query's window: skip their blocks entirely
+            first = 0 if sliding_window is None else max(0, ctx - q_len - sliding_window + 1) // block_size * block_size
+            blocks = meta.block_tables[b, first // block_size : -(-ctx // block_size)]
+            keys = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[: ctx - first]
+            values = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[: ctx - first]
             # [q_len, Hq, D] -> [Hk, group * q_len, D]
             grouped = q[start:end].reshape(q_len, num_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
             grouped = grouped.reshape(num_kv_heads, group * q_len, head_dim)
             scores = np.matmul(grouped, keys.transpose(1, 2, 0)) * scale
-            scores = scores.reshape(num_kv_heads, group, q_len, ctx)
-            if q_len > 1:
-                query_pos = np.arange(ctx - q_len, ctx)[:, None]
-                scores = np.where(np.arange(ctx)[None, :] <= query_pos, scores, -np.inf)
+            scores = scores.reshape(num_kv_heads, group, q_len, ctx - first)
+            query_pos = np.arange(ctx - q_len, ctx)[:, None]
+            key_pos = np.arange(first, ctx)[None, :]
+            visible = key_pos <= query_pos
+            if sliding_window is not None:
+                visible &= key_pos > query_pos - sliding_window
+            if not visible.all():
+                scores = np.where(visible, scores, -np.inf)
             scores -= scores.max(axis=-1, keepdims=True)
             probs = np.exp(scores)
             probs /= probs.sum(axis=-1, keepdims=True)
-            mixed = np.matmul(probs.reshape(num_kv_heads, group * q_len, ctx), values.transpose(1, 0, 2))
+            mixed = np.matmul(probs.reshape(num_kv_heads, group * q_len, ctx - first), values.transpose(1, 0, 2))
             out[start:end] = mixed.reshape(num_kv_heads, group, q_len, head_dim).transpose(2, 0, 1, 3).reshape(
                 q_len, num_kv_heads * group, head_dim
             )
