@@ -71,13 +71,12 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from tiny_checkpoint_specs import COMMON, SPECS, WEIGHT_STD, Spec
+from tiny_checkpoint_specs import COMMON, WEIGHT_STD, Spec, all_specs
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "tiny"
 
-PROMPT_LENGTHS = (1, 7, 19, 40)
 NEW_TOKENS = 10
 PERTURB_STD = 0.1  # norms -> 1 + 0.1*randn, biases -> 0.1*randn
 MIN_MARGIN = 1e-3  # smallest acceptable top-1/top-2 gap over every row
@@ -94,10 +93,11 @@ def build_config(spec: Spec):
     return config
 
 
-def reinitialise(model: torch.nn.Module, seed: int) -> None:
+def reinitialise(model: torch.nn.Module, seed: int, spec: Spec) -> None:
     """Overwrite every parameter with well-spread, non-trivial values.
 
-    * 2-D weights (Linear, Embedding): normal(0, WEIGHT_STD)
+    * ``spec.init(name, param, noise)`` first, when the spec has one and it returns a tensor
+    * 2-D and higher weights (Linear, Embedding, stacked experts, conv): normal(0, WEIGHT_STD)
     * RMSNorm weights (any 1-D ``*norm.weight``): 1 + PERTURB_STD * randn
     * biases: PERTURB_STD * randn
 
@@ -107,19 +107,22 @@ def reinitialise(model: torch.nn.Module, seed: int) -> None:
     with torch.no_grad():
         for name, param in model.named_parameters():  # de-duplicates tied params
             noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
-            if name.endswith(".bias"):
+            custom = spec.init(name, param, noise) if spec.init is not None else None
+            if custom is not None:
+                param.copy_(custom)
+            elif name.endswith(".bias"):
                 param.copy_(PERTURB_STD * noise)
             elif param.ndim == 1 and "norm" in name:
                 param.copy_(1.0 + PERTURB_STD * noise)
-            elif param.ndim == 2:
+            elif param.ndim >= 2:
                 param.copy_(WEIGHT_STD * noise)
             else:
                 raise RuntimeError(f"unexpected parameter {name} {tuple(param.shape)}")
 
 
-def make_prompts(seed: int, vocab: int) -> list[np.ndarray]:
+def make_prompts(seed: int, vocab: int, lengths: tuple[int, ...]) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [rng.integers(0, vocab, size=n, dtype=np.int64) for n in PROMPT_LENGTHS]
+    return [rng.integers(0, vocab, size=n, dtype=np.int64) for n in lengths]
 
 
 def log_softmax(logits: torch.Tensor) -> np.ndarray:
@@ -134,10 +137,13 @@ def top2_margin(logits: torch.Tensor) -> float:
 
 
 def check_rope(config, model) -> None:
-    """Make sure a scaled RoPE really changes the frequencies at this head_dim."""
-    rope = config.rope_parameters
+    """Make sure a scaled RoPE really changes the frequencies at this head_dim (llama-like models
+    with one ``model.rotary_emb``; families with per-layer-type or no RoPE are skipped)."""
+    rope = getattr(config, "rope_parameters", None)
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if rotary is None or not rope or "rope_type" not in rope or not hasattr(rotary, "inv_freq"):
+        return
     rope_type = rope.get("rope_type", "default")
-    rotary = model.model.rotary_emb
     dim = config.head_dim
     base = rope["rope_theta"]
     default = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
@@ -234,11 +240,11 @@ def generate_one(spec: Spec, out_dir: Path) -> dict[str, Any]:
         seed = spec.seed + 100_000 * attempt
         config = build_config(spec)
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(
-            config, attn_implementation="eager", dtype=torch.float32
-        )
+        model_cls = spec.model_cls or AutoModelForCausalLM
+        factory = model_cls.from_config if model_cls is AutoModelForCausalLM else model_cls._from_config
+        model = factory(config, attn_implementation="eager", dtype=torch.float32)
         model.eval()
-        reinitialise(model, seed)
+        reinitialise(model, seed, spec)
         if spec.config_kwargs.get("tie_word_embeddings"):
             assert (
                 model.lm_head.weight.data_ptr()
@@ -260,7 +266,7 @@ def generate_one(spec: Spec, out_dir: Path) -> dict[str, Any]:
         del model
 
         # Reload the checkpoint from disk, in float32, and compute references from it.
-        loaded = AutoModelForCausalLM.from_pretrained(
+        loaded = model_cls.from_pretrained(
             dest, dtype=torch.float32, attn_implementation="eager"
         )
         loaded.eval()
@@ -272,7 +278,7 @@ def generate_one(spec: Spec, out_dir: Path) -> dict[str, Any]:
 
         eos = loaded.config.eos_token_id
         eos_ids = set() if eos is None else set(eos if isinstance(eos, list) else [eos])
-        prompts = make_prompts(seed, loaded.config.vocab_size)
+        prompts = make_prompts(seed, loaded.config.vocab_size, spec.prompt_lengths)
         ref = reference_for(loaded, prompts)
         problems = []
         if float(ref["min_top2_margin"]) < MIN_MARGIN:
@@ -283,7 +289,7 @@ def generate_one(spec: Spec, out_dir: Path) -> dict[str, Any]:
             )
         if any(
             int(t) in eos_ids
-            for i in range(len(PROMPT_LENGTHS))
+            for i in range(len(spec.prompt_lengths))
             for t in ref[f"greedy_{i}"]
         ):
             problems.append(f"greedy continuation contains eos {sorted(eos_ids)}")
@@ -311,7 +317,7 @@ def generate_one(spec: Spec, out_dir: Path) -> dict[str, Any]:
         "max_delta": float(ref["max_abs_logprob_cache_vs_nocache"]),
         "margin": float(ref["min_top2_margin"]),
         "greedy_margin": float(ref["min_greedy_top2_margin"]),
-        "greedy": [ref[f"greedy_{i}"].tolist() for i in range(len(PROMPT_LENGTHS))],
+        "greedy": [ref[f"greedy_{i}"].tolist() for i in range(len(spec.prompt_lengths))],
     }
 
 
@@ -333,11 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
 
-    known = {s.name for s in SPECS}
+    specs = all_specs()
+    known = {s.name for s in specs}
     unknown = set(args.only) - known
     if unknown:
         parser.error(f"unknown fixture(s): {sorted(unknown)}; known: {sorted(known)}")
-    specs = [s for s in SPECS if not args.only or s.name in args.only]
+    specs = [s for s in specs if not args.only or s.name in args.only]
 
     args.out.mkdir(parents=True, exist_ok=True)
     for spec in specs:

@@ -23,6 +23,12 @@ from typing import Any
 
 import numpy as np
 
+from atlas_core.backends.ops.gated_delta import GatedDeltaOps
+from atlas_core.backends.ops.gemma import GemmaOps
+from atlas_core.backends.ops.mamba2 import Mamba2Ops
+from atlas_core.backends.ops.mla import MLAOps
+from atlas_core.backends.ops.moe import MoEOps
+
 Array = Any
 """A backend's array type (``numpy.ndarray`` for the reference, ``cupy.ndarray`` on CUDA)."""
 
@@ -117,8 +123,13 @@ class LogitAdjustments:
         return len(self.penalty_rows) == 0 and len(self.bias_rows) == 0
 
 
-class Backend(ABC):
-    """Abstract array backend. Subclasses implement every abstract op with the documented contract."""
+class Backend(MoEOps, MLAOps, GemmaOps, GatedDeltaOps, Mamba2Ops, ABC):
+    """Abstract array backend. Subclasses implement every abstract op with the documented contract.
+
+    The mixins add the ops only some model families use; each defaults to its NumPy reference run on
+    the host (`atlas_core.backends.ops`), so every backend runs every model, and overrides them with
+    kernels of its own.
+    """
 
     name: str = "abstract"
     activation_dtype: np.dtype = np.dtype(np.float32)
@@ -237,12 +248,3 @@ class Backend(ABC):
         renormalise and return the token where the cumulative mass first exceeds
         ``uniform * total``.
         """
-
-    # ---- ops with a host fallback ---------------------------------------------------------
-    # Ops used by some model families only (MoE routing, MLA, recurrent mixers, ...). Each is a
-    # concrete method here whose default copies its inputs to the host with `to_numpy`, runs the
-    # NumPy reference function from `atlas_core.backends.reference`, and copies the result back
-    # with `from_numpy` (in-place ops write the result back into their argument). That is correct
-    # on every backend and slow off the CPU; a backend overrides an op with its own kernel, and the
-    # conformance suite checks whichever it runs. The NumPy backend calls the references directly.
-
