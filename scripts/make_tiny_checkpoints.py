@@ -144,7 +144,7 @@ def check_rope(config, model) -> None:
     if rotary is None or not rope or "rope_type" not in rope or not hasattr(rotary, "inv_freq"):
         return
     rope_type = rope.get("rope_type", "default")
-    dim = config.head_dim
+    dim = int(config.head_dim * rope.get("partial_rotary_factor", 1.0))
     base = rope["rope_theta"]
     default = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
     inv_freq = rotary.inv_freq.float()
@@ -276,9 +276,10 @@ def generate_one(spec: Spec, out_dir: Path) -> dict[str, Any]:
             assert torch.equal(loaded_state[k], v), f"round-trip mismatch in {k}"
         check_rope(loaded.config, loaded)
 
-        eos = loaded.config.eos_token_id
+        text_config = loaded.config.get_text_config()  # vision-language configs nest the text model's settings
+        eos = text_config.eos_token_id
         eos_ids = set() if eos is None else set(eos if isinstance(eos, list) else [eos])
-        prompts = make_prompts(seed, loaded.config.vocab_size, spec.prompt_lengths)
+        prompts = make_prompts(seed, text_config.vocab_size, spec.prompt_lengths)
         ref = reference_for(loaded, prompts)
         problems = []
         if float(ref["min_top2_margin"]) < MIN_MARGIN:

@@ -61,7 +61,8 @@ def test_text_listing_shows_every_installed_plugin(capsys: pytest.CaptureFixture
     start = lines.index(EXAMPLE_BLOCK[0])
     assert lines[start : start + len(EXAMPLE_BLOCK)] == EXAMPLE_BLOCK
     assert not any("error" in line for line in lines[:-1])
-    assert lines[-1] == "4 plugins, no errors"
+    count, summary = lines[-1].split(" ", 1)
+    assert summary == "plugins, no errors" and int(count) >= len(INSTALLED), lines[-1]
 
 
 def test_json_structure(capsys: pytest.CaptureFixture[str]) -> None:
@@ -69,7 +70,7 @@ def test_json_structure(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(report) == {"allowlist", "unmatched_allowlist", "plugins", "conflicts"}
     assert (report["allowlist"], report["unmatched_allowlist"], report["conflicts"]) == (None, [], [])
     plugins = by_distribution(report)
-    assert {d: (p["name"], p["version"]) for d, p in plugins.items()} == INSTALLED
+    assert INSTALLED.items() <= {d: (p["name"], p["version"]) for d, p in plugins.items()}.items()
     example = plugins["atlas-example-plugin"]
     assert (example["module"], example["errors"]) == ("atlas_example_plugin", [])
     assert example["registrations"][0] == {
@@ -96,6 +97,7 @@ def test_check_imports_every_target(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_broken_plugins_are_listed_with_error_lines(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    healthy = int(run_plugins(capsys).splitlines()[-1].split()[0])
     install(site, "atlas-broken", "broken", 'raise RuntimeError("boom at import")\n')
     install(site, "atlas-fork", "fork", """
         from atlas_core.hookspecs import hookimpl
@@ -112,7 +114,7 @@ def test_broken_plugins_are_listed_with_error_lines(site: Path, capsys: pytest.C
     assert lines[start + 1] == "  error: import failed: RuntimeError: boom at import"
     conflict = [line for line in lines if line.startswith("error: model family 'llama' is registered by both")]
     assert len(conflict) == 1 and "atlas-model-llama 0.1.0" in conflict[0] and "atlas-fork 1.0" in conflict[0]
-    assert lines[-1] == "6 plugins, 2 errors (see 'error:' lines above)"
+    assert lines[-1] == f"{healthy + 2} plugins, 2 errors (see 'error:' lines above)"
     assert "example  atlas-example-plugin 0.0.1" in lines
 
     report = json.loads(run_plugins(capsys, "--json"))
@@ -123,6 +125,8 @@ def test_broken_plugins_are_listed_with_error_lines(site: Path, capsys: pytest.C
 
 
 def test_check_reports_targets_that_do_not_load(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = run_plugins(capsys, "--check").splitlines()[-1].split()
+    healthy, errors = int(before[0]), int(before[2]) if before[2] != "no" else 0
     install(site, "atlas-shaky", "shaky", """
         from atlas_core.hookspecs import hookimpl
 
@@ -145,7 +149,7 @@ def test_check_reports_targets_that_do_not_load(site: Path, capsys: pytest.Captu
     assert lines[start + 4] == (
         "  error: model not_a_loader: shaky_plugin:NotALoader is not a subclass of atlas_core.model.loader:ModelWeightLoader"
     )
-    assert lines[-1] == "5 plugins, 2 errors (see 'error:' lines above)"
+    assert lines[-1] == f"{healthy + 1} plugins, {errors + 2} errors (see 'error:' lines above)"
 
 
 def test_allowlist_is_shown(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -170,5 +174,5 @@ def test_python_m_atlas_core_cli_plugins_json() -> None:
     )
     assert result.returncode == 0, result.stderr
     plugins = by_distribution(json.loads(result.stdout))
-    assert {d: (p["name"], p["version"]) for d, p in plugins.items()} == INSTALLED
+    assert INSTALLED.items() <= {d: (p["name"], p["version"]) for d, p in plugins.items()}.items()
     assert all(p["errors"] == [] for p in plugins.values())

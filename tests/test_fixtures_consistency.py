@@ -17,7 +17,7 @@ import pytest
 
 TINY = Path(__file__).parent / "fixtures" / "tiny"
 
-EXPECTED = (
+DENSE = (  # llama-like fixtures whose tensor names and shapes are checked in full below
     "llama",
     "llama3_tied",
     "llama_linear_rope",
@@ -29,7 +29,9 @@ EXPECTED = (
 )
 N_PROMPTS = 4
 NEW_TOKENS = 10
-MAX_TOTAL_BYTES = 6 * 1024 * 1024
+PRESENT = tuple(sorted(p.name for p in TINY.iterdir() if p.is_dir()))
+MAX_FIXTURE_BYTES = 3 * 1024 * 1024
+MAX_TOTAL_BYTES = 48 * 1024 * 1024
 
 SAFETENSORS_DTYPES = {"F32": 4, "BF16": 2, "F16": 2}
 CONFIG_DTYPE_TO_ST = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
@@ -135,9 +137,19 @@ def _expected_shapes(cfg: dict) -> dict[str, list[int]]:
 
 
 def test_fixture_set_is_complete():
-    present = sorted(p.name for p in TINY.iterdir() if p.is_dir())
-    assert present == sorted(EXPECTED)
-    assert (TINY / "README.md").exists()
+    assert set(DENSE) <= set(PRESENT)
+    readme = (TINY / "README.md").read_text()
+    for name in PRESENT:
+        folder = TINY / name
+        assert (folder / "config.json").exists() and (folder / "reference.npz").exists(), name
+        assert list(folder.glob("*.safetensors")), f"{name} has no weights"
+        assert f"`{name}`" in readme, f"{name} is not described in tests/fixtures/tiny/README.md"
+
+
+@pytest.mark.parametrize("name", PRESENT)
+def test_fixture_size_is_small(name):
+    size = sum(p.stat().st_size for p in (TINY / name).rglob("*") if p.is_file())
+    assert size < MAX_FIXTURE_BYTES, size
 
 
 def test_total_size_is_small():
@@ -145,7 +157,7 @@ def test_total_size_is_small():
     assert total < MAX_TOTAL_BYTES, total
 
 
-@pytest.mark.parametrize("name", EXPECTED)
+@pytest.mark.parametrize("name", DENSE)
 def test_config_and_weights(name):
     folder = TINY / name
     cfg = json.loads((folder / "config.json").read_text())
@@ -176,7 +188,7 @@ def test_config_and_weights(name):
         assert info["dtype"] == want_dtype, tname
 
 
-@pytest.mark.parametrize("name", EXPECTED)
+@pytest.mark.parametrize("name", PRESENT)
 def test_reference_npz(name):
     folder = TINY / name
     cfg = json.loads((folder / "config.json").read_text())

@@ -18,7 +18,8 @@ TOLERANCE = 1e-3
 def full_prompt_logprobs(llm: object, prompt: list[int]) -> np.ndarray:
     """``[T, V]`` log-softmax of every prompt position, from one prefill through the engine's runner."""
     engine = llm.engine
-    engine.add_request("score", None, prompt, SamplingParams(max_tokens=1, temperature=0))
+    # prompt_logprobs: no prefix-cache reuse and no chunk cut at a state-snapshot boundary, so one step runs it all
+    engine.add_request("score", None, prompt, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))
     try:
         step = engine.scheduler.schedule()
         batch, _ = engine.runner.build_batch(step.chunks)

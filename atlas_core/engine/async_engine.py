@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -83,6 +84,28 @@ class AsyncEngine:
             self._queues.pop(request_id, None)
             with self._lock:
                 self.engine.abort(request_id)
+
+    def abort_all(self) -> int:
+        """End every request in flight: its consumer receives its output finished with reason
+        ``abort`` (so a stream ends cleanly) and its KV blocks are freed. Returns how many."""
+        ended = []
+        with self._lock:
+            for request_id in list(self._queues):
+                request = self.engine.requests.get(request_id)
+                if request is not None:
+                    self.engine.abort(request_id)
+                    ended.append((request_id, request.output()))
+        for request_id, output in ended:
+            self._deliver(request_id, output)
+        return len(ended)
+
+    async def drain(self, timeout: float) -> int:
+        """Graceful shutdown: wait up to ``timeout`` seconds for the requests in flight to finish,
+        then `abort_all` the rest; returns how many were ended early."""
+        deadline = time.monotonic() + timeout
+        while self._queues and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.abort_all()
 
     def shutdown(self) -> None:
         self._stopping = True

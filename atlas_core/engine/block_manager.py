@@ -7,7 +7,7 @@ copies the caller must apply to the KV cache before the next forward.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 ROOT_HASH = 0x5EED_C0DE_CAFE_F00D
@@ -92,19 +92,26 @@ class BlockManager:
         """How many tables hold ``block``."""
         return self._ref[block]
 
-    def allocate_prompt(self, table: BlockTable, token_ids: Sequence[int], *, use_cache: bool) -> int | None:
+    def allocate_prompt(
+        self, table: BlockTable, token_ids: Sequence[int], *, use_cache: bool, reusable: Callable[[int], bool] | None = None,
+    ) -> int | None:
         """Give an empty ``table`` blocks covering all ``len(token_ids)`` tokens; return how many leading
         tokens already have their KV (a multiple of ``block_size``), or None when free blocks are short.
 
         With ``use_cache`` and prefix caching on, the longest cached run of full blocks among the first
         ``len(token_ids) - 1`` tokens is reused (the last prompt token is always computed, for its logits).
-        Atomic: None changes nothing. On success the query counters grow by ``len(token_ids)`` looked-up
-        and the returned cached tokens (only when a lookup was made).
+        ``reusable(content_id)``, when given, limits the run to the longest one whose last block's content
+        id it accepts (hybrid models: a prefix whose recurrent state was saved). Atomic: None changes
+        nothing. On success the query counters grow by ``len(token_ids)`` looked-up and the returned cached
+        tokens (only when a lookup was made).
         """
         if table.blocks:
             raise ValueError("allocate_prompt needs an empty BlockTable")
         lookup = use_cache and self.enable_prefix_caching
         hits, hashes = self._longest_cached_prefix(token_ids) if lookup else ([], [])
+        while hits and reusable is not None and not reusable(self._content[hits[-1]]):
+            hits.pop()
+            hashes.pop()
         fresh = self.blocks_for(len(token_ids)) - len(hits)
         revived = sum(1 for block in hits if self._ref[block] == 0)
         if fresh > self.num_free_blocks - revived:
@@ -192,6 +199,20 @@ class BlockManager:
             else:
                 return
             table.hashes.append(h)
+
+    def prefix_content(self, table: BlockTable, num_blocks: int) -> tuple[int, int] | None:
+        """``(hash, content id)`` of the table's ``num_blocks``-th block when its first ``num_blocks``
+        blocks are known to the prefix cache (`register_computed`), else None. The content id names the
+        exact token prefix those blocks hold."""
+        if not 0 < num_blocks <= len(table.hashes):
+            return None
+        return table.hashes[num_blocks - 1], self._content[table.blocks[num_blocks - 1]]
+
+    def is_cached(self, block_hash: int, content: int) -> bool:
+        """True while the prefix cache files a block holding ``content`` under ``block_hash`` (so a lookup
+        can still reach that prefix)."""
+        block = self._cache.get(block_hash)
+        return block is not None and self._content[block] == content
 
     def fork(self, table: BlockTable) -> BlockTable:
         """A new table sharing every block of ``table`` (ref counts + 1), with the same hashes."""

@@ -13,15 +13,69 @@ from atlas_core.errors import AtlasError
 @dataclass(frozen=True)
 class KVLayout:
     """One attention layer's KV: ``num_kv_heads`` heads of ``head_dim`` values for K and for V,
-    stored in ``dtype`` (None: the backend's activation dtype; the seam for fp8 and lower)."""
+    stored in ``dtype`` (None: the backend's activation dtype; the seam for fp8 and lower).
+
+    The cache holds a key and a value array per layer, each ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+    """
 
     num_kv_heads: int
     head_dim: int
     dtype: np.dtype | None = None
 
+    @property
+    def token_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Per-token shape of each array of the layer: key, then value."""
+        return (self.num_kv_heads, self.head_dim), (self.num_kv_heads, self.head_dim)
+
+    def describe(self) -> str:
+        return f"K/V {self.num_kv_heads}x{self.head_dim}"
+
     def bytes_per_token(self, default_dtype: np.dtype) -> int:
-        itemsize = np.dtype(self.dtype or default_dtype).itemsize
-        return 2 * self.num_kv_heads * self.head_dim * itemsize
+        return _bytes_per_token(self.token_shapes, self.dtype or default_dtype)
+
+
+@dataclass(frozen=True)
+class LatentKVLayout:
+    """A multi-head latent attention (MLA) layer's KV: per token, the compressed latent
+    (``latent_dim`` values, already normed) followed by the rotated shared key part (``rope_dim``
+    values), in ``dtype`` (None: the backend's activation dtype).
+
+    The cache holds one array per layer, ``[num_blocks, block_size, 1, latent_dim + rope_dim]``, in
+    `KVCache.keys`; the layer has no value array (`KVCache.values` holds None for it): the values
+    are the latent part of the same rows.
+    """
+
+    latent_dim: int
+    rope_dim: int
+    dtype: np.dtype | None = None
+
+    @property
+    def token_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return ((1, self.latent_dim + self.rope_dim),)
+
+    def describe(self) -> str:
+        return f"MLA latent {self.latent_dim}+{self.rope_dim}"
+
+    def bytes_per_token(self, default_dtype: np.dtype) -> int:
+        return _bytes_per_token(self.token_shapes, self.dtype or default_dtype)
+
+
+AnyKVLayout = KVLayout | LatentKVLayout
+"""The KV layout of one attention layer, as listed in ``TransformerModel.kv_layouts``."""
+
+
+def _bytes_per_token(token_shapes: tuple[tuple[int, ...], ...], dtype: np.dtype) -> int:
+    return sum(int(np.prod(shape)) for shape in token_shapes) * np.dtype(dtype).itemsize
+
+
+def describe_layouts(layouts: list[AnyKVLayout]) -> str:
+    """``"4 layers"``, or with several kinds of layer ``"4 layers: 2 x K/V 2x16, 2 x MLA latent 32+8"``."""
+    counts: dict[str, int] = {}
+    for layout in layouts:
+        counts[layout.describe()] = counts.get(layout.describe(), 0) + 1
+    if len(counts) <= 1 and all(isinstance(layout, KVLayout) for layout in layouts):
+        return f"{len(layouts)} layers"
+    return f"{len(layouts)} layers: " + ", ".join(f"{n} x {kind}" for kind, n in counts.items())
 
 
 class KVCacheTooSmallError(AtlasError):
@@ -42,7 +96,7 @@ class KVPlan:
 
 
 def plan_kv_cache(
-    layouts: list[KVLayout], default_dtype: np.dtype, block_size: int, budget_bytes: int, max_seq_len: int,
+    layouts: list[AnyKVLayout], default_dtype: np.dtype, block_size: int, budget_bytes: int, max_seq_len: int,
     budget_source: str,
 ) -> KVPlan:
     """Blocks that fit in ``budget_bytes``; `KVCacheTooSmallError` if not one ``max_seq_len`` sequence.
@@ -58,7 +112,7 @@ def plan_kv_cache(
         raise KVCacheTooSmallError(
             f"the KV cache cannot hold one sequence of max_seq_len={max_seq_len}: {budget_source} gives "
             f"{max(0, budget_bytes) / mib:.1f} MiB, which holds {num_blocks} blocks of {block_size} tokens "
-            f"({bytes_per_token} bytes per token over {len(layouts)} layers), but one sequence needs {needed} blocks "
+            f"({bytes_per_token} bytes per token over {describe_layouts(layouts)}), but one sequence needs {needed} blocks "
             f"({needed * bytes_per_block / mib:.1f} MiB). Lower max_seq_len to at most {num_blocks * block_size}, "
             f"or raise the budget to at least {needed * bytes_per_block / mib:.1f} MiB."
         )
@@ -66,25 +120,31 @@ def plan_kv_cache(
 
 
 class KVCache:
-    """Per-layer K and V arrays ``[num_blocks, block_size, num_kv_heads, head_dim]`` on the backend."""
+    """Per-layer cache arrays on the backend, ``[num_blocks, block_size, *token_shape]`` each.
 
-    def __init__(self, backend: Backend, layouts: list[KVLayout], plan: KVPlan) -> None:
+    ``keys[i]`` / ``values[i]``: layer i's key and value arrays (`KVLayout`:
+    ``[num_blocks, block_size, num_kv_heads, head_dim]``); for a `LatentKVLayout` layer ``keys[i]``
+    is the latent array and ``values[i]`` is None.
+    """
+
+    def __init__(self, backend: Backend, layouts: list[AnyKVLayout], plan: KVPlan) -> None:
         self.block_size = plan.block_size
         self.num_blocks = plan.num_blocks
         self.keys: list[Array] = []
-        self.values: list[Array] = []
+        self.values: list[Array | None] = []
         for layout in layouts:
-            shape = (plan.num_blocks, plan.block_size, layout.num_kv_heads, layout.head_dim)
             dtype = layout.dtype or backend.activation_dtype
-            self.keys.append(backend.zeros(shape, dtype))
-            self.values.append(backend.zeros(shape, dtype))
+            arrays = [backend.zeros((plan.num_blocks, plan.block_size, *shape), dtype) for shape in layout.token_shapes]
+            self.keys.append(arrays[0])
+            self.values.append(arrays[1] if len(arrays) > 1 else None)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy whole blocks ``src -> dst`` in every layer (copy-on-write of shared blocks)."""
         src = np.asarray([s for s, _ in copies])
         dst = np.asarray([d for _, d in copies])
         for cache in (*self.keys, *self.values):
-            cache[dst] = cache[src]
+            if cache is not None:
+                cache[dst] = cache[src]
 
 
 def slots_for(blocks: list[int], block_size: int, start: int, end: int) -> np.ndarray:

@@ -13,7 +13,8 @@ from atlas_core.engine.runner import ModelRunner, ScheduledChunk
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.engine.scheduler import Scheduler, SchedulerConfig
 from atlas_core.engine.sequence import Request
-from atlas_core.engine.state_slots import StateSlotPool
+from atlas_core.engine.state_slots import StateSlotPool, StateSnapshots
+from atlas_core.engine.structured import GuidedDecoding
 from atlas_core.errors import InvalidRequestError
 from atlas_core.model.load import LoadedModel
 
@@ -35,6 +36,13 @@ class LLMEngine:
             )
         self.max_seq_len = min(config.max_seq_len or config.default_max_seq_len, model.max_position_embeddings)
         budget, source = kv_budget(backend, config)
+        # recurrent state: one slot per running sequence, as many again for prefix-cache snapshots
+        num_seq_slots = config.max_num_seqs if model.has_recurrent_state else 0
+        num_snapshots = num_seq_slots if config.enable_prefix_caching else 0
+        state_bytes = (num_seq_slots + num_snapshots) * model.state_bytes_per_slot()
+        if state_bytes:
+            budget -= state_bytes
+            source += f" minus {state_bytes / 2**20:.1f} MiB of recurrent state ({num_seq_slots + num_snapshots} slots)"
         plan = plan_kv_cache(model.kv_layouts, backend.activation_dtype, config.block_size, budget, self.max_seq_len, source)
         self.kv_plan = plan
         full_length_seqs = plan.capacity_tokens // self.max_seq_len
@@ -47,7 +55,13 @@ class LLMEngine:
             )
         self.kv = KVCache(backend, model.kv_layouts, plan)
         self.blocks = BlockManager(plan.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
-        self.state_slots = StateSlotPool(config.max_num_seqs, model.reset_state) if model.has_recurrent_state else None
+        self.state_slots, snapshots = None, None
+        if model.has_recurrent_state:
+            model.allocate_state(num_seq_slots + num_snapshots)
+            self.state_slots = StateSlotPool(num_seq_slots, model.reset_state)
+            if num_snapshots:
+                snapshot_slots = range(num_seq_slots, num_seq_slots + num_snapshots)
+                snapshots = StateSnapshots(snapshot_slots, model.copy_state, self.blocks.is_cached)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -58,9 +72,13 @@ class LLMEngine:
             ),
             self.blocks,
             self.state_slots,
+            snapshots,
         )
-        self.runner = ModelRunner(model, backend, self.kv, loaded.tokenizer, backend.decode_graphs(model, self.kv))
         self.eos_token_ids = list(loaded.tokenizer.eos_token_ids) if loaded.tokenizer else []
+        self.guided = GuidedDecoding(loaded.tokenizer, model.vocab_size, self.eos_token_ids)
+        self.runner = ModelRunner(
+            model, backend, self.kv, loaded.tokenizer, backend.decode_graphs(model, self.kv), self.guided
+        )
         self.requests: dict[str, Request] = {}
 
     @property
@@ -82,11 +100,15 @@ class LLMEngine:
         bad = [t for t in (*params.logit_bias, *params.stop_token_ids) if not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(f"token ids {bad[:5]} in logit_bias / stop_token_ids are outside [0, {vocab})")
-        if params.n > 1 and self.state_slots is not None:
-            raise InvalidRequestError("n > 1 is not supported for models with recurrent layers yet")
+        if self.state_slots is not None and params.n > self.state_slots.num_slots:
+            raise InvalidRequestError(
+                f"n={params.n} exceeds max_num_seqs={self.state_slots.num_slots}: on a model with recurrent layers "
+                "every completion needs its own state slot; lower n or raise max_num_seqs"
+            )
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         request = Request(request_id, prompt, prompt_ids, params, self.loaded.tokenizer, self.eos_token_ids, self.max_seq_len)
+        self.guided.add(request)
         self.requests[request_id] = request
         self.scheduler.add(request.seqs[0])
         return request
@@ -100,6 +122,7 @@ class LLMEngine:
             if not seq.finished:
                 seq.finish("abort")
             self.scheduler.release(seq)
+            self.guided.release(seq)
         request.pending_forks = []
 
     def has_unfinished(self) -> bool:
@@ -115,6 +138,7 @@ class LLMEngine:
         touched = {chunk.seq.request.request_id: chunk.seq.request for chunk in step.chunks}
         try:
             sampled = self.runner.execute(step.chunks, step.block_copies)
+            self._copy_state_to_forks(step.chunks)
         except Exception as exc:  # a failed forward fails the requests in it, never the engine
             log.exception("forward step failed")
             for request in touched.values():
@@ -124,6 +148,7 @@ class LLMEngine:
             for seq in (chunk.seq, *chunk.followers):
                 if not seq.finished:
                     self.blocks.register_computed(seq.table, seq.token_ids, seq.num_computed)
+                    self.scheduler.snapshot_state(seq)
         changed = {seq.request.request_id for seq in sampled} | {r for r, req in touched.items() if req.error}
         outputs = []
         for request_id in changed:
@@ -131,10 +156,20 @@ class LLMEngine:
             for seq in request.seqs:
                 if seq.finished:
                     self.scheduler.release(seq)
+                    self.guided.release(seq)
             if request.finished:
                 self.requests.pop(request_id, None)
             outputs.append(request.output())
         return outputs
+
+    def _copy_state_to_forks(self, chunks: list[ScheduledChunk]) -> None:
+        """Forks (n > 1) start from their parent's recurrent state after the prompt's last chunk."""
+        if self.state_slots is None:
+            return
+        for chunk in chunks:
+            if chunk.followers:
+                followers = [seq.state_slot for seq in chunk.followers]
+                self.loaded.model.copy_state([chunk.seq.state_slot] * len(followers), followers)  # type: ignore[list-item]
 
     def _start_forks(self, chunk: ScheduledChunk) -> None:
         """When a request's first sequence finishes its prompt, its n - 1 siblings fork from it."""

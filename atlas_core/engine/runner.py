@@ -17,6 +17,7 @@ from atlas_core.engine.kv_cache import KVCache, slots_for
 from atlas_core.engine.logprobs import position_logprobs
 from atlas_core.engine.sampling_inputs import logit_adjustments, sampling_tensors
 from atlas_core.engine.sequence import Sequence
+from atlas_core.engine.structured import GuidedDecoding
 from atlas_core.model.transformer import TransformerModel
 from atlas_core.tokenizer import Tokenizer
 
@@ -66,10 +67,11 @@ class ModelRunner:
 
     def __init__(
         self, model: TransformerModel, backend: Backend, kv: KVCache, tokenizer: Tokenizer | None,
-        decode_graphs: DecodeGraphs | None = None,
+        decode_graphs: DecodeGraphs | None = None, guided: GuidedDecoding | None = None,
     ) -> None:
         self.model, self.backend, self.kv, self.tokenizer = model, backend, kv, tokenizer
         self.decode_graphs = decode_graphs
+        self.guided = guided
 
     def build_batch(self, chunks: list[ScheduledChunk]) -> tuple[ForwardBatch, _Rows]:
         ids, positions, slots, logits_rows, state_slots = [], [], [], [], []
@@ -153,12 +155,18 @@ class ModelRunner:
         indices = np.asarray([row for _, row in rows.sample_rows])
         if len(indices) != logits.shape[0] or not np.array_equal(indices, np.arange(len(indices))):
             logits = logits[self.backend.from_numpy(indices)]
-        adjustments = logit_adjustments(seqs)
+        guided = self.guided if self.guided is not None and self.guided.active else None
+        forced = guided.forced_tokens(seqs) if guided else {}
+        adjustments = logit_adjustments(seqs, guided.banned_tokens(seqs, skip=forced) if guided else None)
         if adjustments is not None:  # logprobs above are of the unadjusted distribution
             self.backend.adjust_logits(logits, adjustments)
         tokens = self.backend.to_numpy(self.backend.sample(logits, sampling_tensors(seqs))).tolist()
+        for row, token in forced.items():
+            tokens[row] = token
         for seq, row, token in zip(seqs, indices.tolist(), tokens, strict=True):
             try:
+                if guided:
+                    guided.accept(seq, token)
                 if seq.logprobs is not None:
                     entry = position_logprobs(logprobs[row], token, seq.params.logprobs, self.tokenizer)
                     seq.cumulative_logprob += entry[token].logprob

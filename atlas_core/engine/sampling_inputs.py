@@ -23,11 +23,14 @@ def sampling_tensors(seqs: Seq[Sequence]) -> SamplingTensors:
     )
 
 
-def logit_adjustments(seqs: Seq[Sequence]) -> LogitAdjustments | None:
-    """Penalties, logit bias and min_tokens bans for the rows; None when no row needs any."""
+def logit_adjustments(
+    seqs: Seq[Sequence], bans: tuple[np.ndarray, np.ndarray] | None = None
+) -> LogitAdjustments | None:
+    """Penalties, logit bias, min_tokens bans and ``bans`` (rows, tokens: grammar masks) for the
+    rows; None when no row needs any."""
     penalised = [row for row, seq in enumerate(seqs) if seq.params.penalised]
     biased = [row for row, seq in enumerate(seqs) if seq.params.logit_bias or seq.min_tokens_pending]
-    if not penalised and not biased:
+    if not penalised and not biased and bans is None:
         return None
     rows, tokens, counts, in_prompt = [], [], [], []
     for row in penalised:
@@ -47,6 +50,8 @@ def logit_adjustments(seqs: Seq[Sequence]) -> LogitAdjustments | None:
         bias_rows.extend([row] * len(entries))
         bias_tokens.extend(entries)
         bias_values.extend(entries.values())
+    no_bans = np.zeros(0, dtype=np.int32)
+    ban_rows, ban_tokens = (bans[0].astype(np.int32), bans[1].astype(np.int32)) if bans is not None else (no_bans, no_bans)
     params = [seq.params for seq in seqs]
     return LogitAdjustments(
         repetition_penalty=np.asarray([p.repetition_penalty for p in params], dtype=np.float32),
@@ -56,7 +61,7 @@ def logit_adjustments(seqs: Seq[Sequence]) -> LogitAdjustments | None:
         penalty_tokens=np.asarray(tokens, dtype=np.int32),
         output_counts=np.asarray(counts, dtype=np.int32),
         in_prompt=np.asarray(in_prompt, dtype=bool),
-        bias_rows=np.asarray(bias_rows, dtype=np.int32),
-        bias_tokens=np.asarray(bias_tokens, dtype=np.int32),
-        bias_values=np.asarray(bias_values, dtype=np.float32),
+        bias_rows=np.concatenate([np.asarray(bias_rows, dtype=np.int32), ban_rows]),
+        bias_tokens=np.concatenate([np.asarray(bias_tokens, dtype=np.int32), ban_tokens]),
+        bias_values=np.concatenate([np.asarray(bias_values, dtype=np.float32), np.full(len(ban_rows), -np.inf, np.float32)]),
     )

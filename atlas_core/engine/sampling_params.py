@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from atlas_core.engine.structured import StructuredOutput, ThinkingBudget
 from atlas_core.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
@@ -24,6 +25,9 @@ class SamplingParams:
     ``stop`` strings end generation and are not included in the text (unless
     ``include_stop_str_in_output``). ``logprobs`` / ``prompt_logprobs`` ask for that many top
     alternatives per position (0-20) besides the chosen token.
+    ``structured`` constrains the output to a grammar (JSON Schema, tool-call markup);
+    ``thinking_budget`` caps the reasoning tokens and then forces the block closed
+    (`atlas_core.engine.structured`).
     """
 
     n: int = 1
@@ -46,6 +50,8 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured: StructuredOutput | None = None
+    thinking_budget: ThinkingBudget | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -10,6 +10,12 @@ Each step has a token budget (``max_num_batched_tokens``). The scheduler fills i
 3. new sequences from the queue, while ``max_num_seqs`` and free KV blocks allow (a prompt's
    blocks are all allocated on admission, reusing prefix-cached blocks).
 
+Recurrent (hybrid) models: each running sequence holds a state slot; a request's first sequence
+also reserves the slots of its n - 1 forks on admission. With state snapshots (`StateSnapshots`), a
+prefill chunk is cut at the last block boundary before the sequence's last known token, the state
+there is saved after the forward (`snapshot_state`), and a cached prefix is reused only up to a
+boundary whose state was saved; the snapshot is restored into the new sequence's slot on admission.
+
 Policies: ``fifo`` admits in arrival order. ``slo`` admits the shortest prompt first and, when a
 decoding sequence has waited longer than ``0.8 * tbt_slo_s`` since its last token, runs a
 decode-only step so that no prefill chunk delays it further.
@@ -24,7 +30,7 @@ from dataclasses import dataclass, field
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.runner import ScheduledChunk
 from atlas_core.engine.sequence import Sequence, SequenceStatus
-from atlas_core.engine.state_slots import StateSlotPool
+from atlas_core.engine.state_slots import StateSlotPool, StateSnapshots
 from atlas_core.errors import InvalidRequestError
 
 POLICIES = ("fifo", "slo")
@@ -55,10 +61,15 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager, state_slots: StateSlotPool | None) -> None:
+    def __init__(
+        self, config: SchedulerConfig, blocks: BlockManager, state_slots: StateSlotPool | None,
+        snapshots: StateSnapshots | None = None,
+    ) -> None:
         self.config = config
         self.blocks = blocks
         self.state_slots = state_slots
+        self.snapshots = snapshots
+        self._decode_snapshots: dict[Sequence, int] = {}  # content id of each sequence's latest snapshot past its prompt
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -85,7 +96,7 @@ class Scheduler:
         for seq in [s for s in self.running if not s.is_decoding]:
             if budget == 0:
                 break
-            count = min(seq.num_uncomputed, self.config.max_prefill_tokens, budget)
+            count = self._prefill_chunk(seq, budget)
             if self._reserve(seq, count, step, copies):
                 step.chunks.append(ScheduledChunk(seq, count))
                 budget -= count
@@ -93,7 +104,7 @@ class Scheduler:
             seq = self._next_waiting()
             if not self._admit(seq):
                 break
-            count = min(seq.num_uncomputed, self.config.max_prefill_tokens, budget)
+            count = self._prefill_chunk(seq, budget)
             step.chunks.append(ScheduledChunk(seq, count))
             budget -= count
         step.block_copies = [pair for pairs in copies.values() for pair in pairs]
@@ -120,6 +131,39 @@ class Scheduler:
             if victim is seq:
                 return False
 
+    def _prefill_chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens of ``seq``'s prefill to run now; a chunk never runs past the sequence's snapshot boundary."""
+        count = min(seq.num_uncomputed, self.config.max_prefill_tokens, budget)
+        boundary = self._snapshot_boundary(seq)
+        if boundary is not None and seq.num_computed < boundary < seq.num_computed + count:
+            count = boundary - seq.num_computed
+        return count
+
+    def _snapshot_boundary(self, seq: Sequence) -> int | None:
+        """Where ``seq``'s recurrent state is saved: the last block boundary before its last known token
+        (None: no snapshots for it)."""
+        if self.snapshots is None or seq.request.prompt_logprobs is not None:
+            return None
+        size = self.blocks.block_size
+        return (len(seq.token_ids) - 1) // size * size
+
+    def snapshot_state(self, seq: Sequence) -> None:
+        """After a forward (and `BlockManager.register_computed`): save ``seq``'s recurrent state if it
+        stands at its snapshot boundary. Past the prompt (decode), a sequence keeps only its latest one."""
+        boundary = self._snapshot_boundary(seq)
+        if not boundary or seq.num_computed != boundary or seq.state_slot is None or self.snapshots is None:
+            return
+        key = self.blocks.prefix_content(seq.table, boundary // self.blocks.block_size)
+        if key is None:
+            return
+        block_hash, content = key
+        self.snapshots.save(content, block_hash, seq.state_slot)
+        if boundary >= seq.num_prompt_tokens:
+            previous = self._decode_snapshots.get(seq)
+            if previous is not None and previous != content:
+                self.snapshots.discard(previous)
+            self._decode_snapshots[seq] = content
+
     def _decode_only(self) -> bool:
         if self.config.policy != "slo":
             return False
@@ -132,16 +176,27 @@ class Scheduler:
         return self.waiting[0]
 
     def _admit(self, seq: Sequence) -> bool:
-        """Allocate blocks (and a state slot) for a waiting sequence; False if there is no room."""
-        use_cache = seq.request.prompt_logprobs is None and self.state_slots is None
-        cached = self.blocks.allocate_prompt(seq.table, seq.token_ids, use_cache=use_cache)
+        """Allocate blocks (and state slots) for a waiting sequence; False if there is no room.
+
+        Recurrent models: the first sequence of a request also reserves its pending forks' slots, and a
+        cached prefix is reused only up to a boundary with a state snapshot, restored into the new slot."""
+        slots = self.state_slots
+        needs_slot = [seq, *(f for f in seq.request.pending_forks if f.state_slot is None)] if slots is not None else []
+        if slots is not None and slots.num_free < len(needs_slot):
+            return False
+        snapshots = self.snapshots if slots is not None else None
+        use_cache = seq.request.prompt_logprobs is None and (slots is None or snapshots is not None)
+        reusable = snapshots.__contains__ if snapshots is not None else None
+        cached = self.blocks.allocate_prompt(seq.table, seq.token_ids, use_cache=use_cache, reusable=reusable)
         if cached is None:
             return False
-        if self.state_slots is not None:
-            seq.state_slot = self.state_slots.allocate()
-            if seq.state_slot is None:
-                self.blocks.free(seq.table)
-                return False
+        if slots is not None:
+            for owner in needs_slot:
+                owner.state_slot = slots.allocate()
+            if cached and snapshots is not None:
+                key = self.blocks.prefix_content(seq.table, cached // self.blocks.block_size)
+                assert key is not None  # allocate_prompt files every reused block's hash in the table
+                snapshots.restore(key[1], seq.state_slot)  # type: ignore[arg-type]
         self.waiting.remove(seq)
         if seq.index == 0 and len(seq.token_ids) == seq.num_prompt_tokens:
             seq.request.num_cached_tokens = cached
@@ -175,6 +230,7 @@ class Scheduler:
         self._release_resources(seq)
 
     def _release_resources(self, seq: Sequence) -> None:
+        self._decode_snapshots.pop(seq, None)
         self.blocks.free(seq.table)
         if seq.state_slot is not None and self.state_slots is not None:
             self.state_slots.free(seq.state_slot)

@@ -9,6 +9,7 @@ and upload weights with ``backend.from_numpy(..., weight=True)``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -66,9 +67,22 @@ class DenseDecoderLoader(ModelWeightLoader):
     def spec(self) -> DecoderSpec:
         return DecoderSpec.from_config(self.source.config, origin=f"{self.origin}/config.json", **self.spec_overrides)
 
+    def feed_forward(self, spec: DecoderSpec, layer: int) -> Callable[[Array], Array]:
+        """Layer ``layer``'s feed-forward block (``ffn(x[T, H]) -> [T, H]``): the dense SwiGLU MLP of
+        ``model.layers.{layer}.mlp``. Families with other blocks (e.g. Mixture-of-Experts) override it."""
+        m = f"model.layers.{layer}.mlp."
+        bias = spec.mlp_bias
+        return self.layer_type("swiglu_mlp")(
+            self.backend,
+            self.upload(m + "gate_proj.weight", m + "up_proj.weight"),
+            self.upload(m + "down_proj.weight"),
+            self.upload(m + "gate_proj.bias", m + "up_proj.bias") if bias else None,
+            self.upload(m + "down_proj.bias") if bias else None,
+        )
+
     def build(self) -> TransformerModel:
         spec = self.spec()
-        norm_type, attention_type, mlp_type = (self.layer_type(n) for n in ("rms_norm", "attention", "swiglu_mlp"))
+        norm_type, attention_type = self.layer_type("rms_norm"), self.layer_type("attention")
         tables = rotary_tables(spec.rope, spec.max_position_embeddings)
         cos, sin = (self.backend.from_numpy(t, dtype=np.dtype(np.float32)) for t in tables)
 
@@ -81,7 +95,7 @@ class DenseDecoderLoader(ModelWeightLoader):
         layers = []
         for i in tqdm(range(spec.num_layers), desc="loading layers", unit="layer", disable=spec.num_layers < 16, leave=False):
             p = f"model.layers.{i}."
-            a, m = p + "self_attn.", p + "mlp."
+            a = p + "self_attn."
             weights = AttentionWeights(
                 qkv=self.upload(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
                 o=self.upload(a + "o_proj.weight"),
@@ -94,13 +108,7 @@ class DenseDecoderLoader(ModelWeightLoader):
                 self.backend, weights, layer_index=i, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                 head_dim=spec.head_dim, rope_cos=cos, rope_sin=sin,
             )
-            mlp = mlp_type(
-                self.backend,
-                self.upload(m + "gate_proj.weight", m + "up_proj.weight"),
-                self.upload(m + "down_proj.weight"),
-                optional(spec.mlp_bias, m + "gate_proj.bias", m + "up_proj.bias"),
-                optional(spec.mlp_bias, m + "down_proj.bias"),
-            )
+            mlp = self.feed_forward(spec, i)
             layers.append(PreNormDecoderLayer(norm(p + "input_layernorm.weight"), attention, norm(p + "post_attention_layernorm.weight"), mlp))
 
         embed = self.upload("model.embed_tokens.weight")

@@ -1,7 +1,8 @@
 """Rotary position embedding frequencies for the RoPE variants of Hugging Face configs.
 
 Supported ``rope_type`` values: ``default``, ``linear``, ``llama3``, ``yarn`` (with mscale /
-attention factor), plus partial rotary through ``partial_rotary_factor``. Math follows
+attention factor), ``proportional`` (Gemma 4's global layers), plus partial rotary through
+``partial_rotary_factor``. Math follows
 ``transformers.modeling_rope_utils`` so tables match the reference checkpoints.
 """
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from atlas_core.errors import ModelLoadError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,8 @@ class RopeSpec:
         partial = float(merged.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
         return cls(
             theta=theta,
-            rotary_dim=int(head_dim * partial),
+            # proportional RoPE spans the whole head: its unrotated pairs get zero frequencies instead
+            rotary_dim=head_dim if rope_type == "proportional" else int(head_dim * partial),
             rope_type=rope_type,
             scaling=merged,
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
@@ -61,7 +63,21 @@ def inverse_frequencies(spec: RopeSpec) -> tuple[np.ndarray, float]:
         return _llama3(inv_freq, spec.scaling), 1.0
     if spec.rope_type == "yarn":
         return _yarn(spec)
+    if spec.rope_type == "proportional":
+        return _proportional(spec), 1.0
     return inv_freq, 1.0
+
+
+def _proportional(spec: RopeSpec) -> np.ndarray:
+    """Gemma 4's proportional RoPE: the first ``partial_rotary_factor * head_dim / 2`` frequencies
+    are the default ones of the full head dim, the remaining ones are 0 (those pairs are not rotated),
+    all divided by ``factor``."""
+    head_dim = spec.rotary_dim
+    rotated = int(float(spec.scaling.get("partial_rotary_factor", 1.0)) * head_dim // 2)
+    exponents = np.arange(0, 2 * rotated, 2, dtype=np.int64).astype(np.float32) / head_dim
+    inv_freq = np.zeros(head_dim // 2, dtype=np.float32)
+    inv_freq[:rotated] = 1.0 / (spec.theta**exponents)
+    return inv_freq / float(spec.scaling.get("factor", 1.0))
 
 
 def _llama3(inv_freq: np.ndarray, scaling: dict[str, Any]) -> np.ndarray:
@@ -111,6 +127,16 @@ def _yarn(spec: RopeSpec) -> tuple[np.ndarray, float]:
     pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim)
     inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (1.0 / pos_freqs) * extrapolation_weight
     return inv_freq, float(attention_factor)
+
+
+def mscale_softmax_factor(spec: RopeSpec) -> float:
+    """DeepSeek's softmax-scale correction for scaled RoPE: ``(0.1 * mscale_all_dim * ln(factor) + 1) ** 2``
+    when the rope type is not ``default`` and ``mscale_all_dim`` is set (non-zero), else 1. The
+    attention layer multiplies its ``head_dim ** -0.5`` by it (transformers' ``yarn_apply_mscale``)."""
+    mscale_all_dim = spec.scaling.get("mscale_all_dim")
+    if spec.rope_type == "default" or not mscale_all_dim:
+        return 1.0
+    return _yarn_mscale(float(spec.scaling["factor"]), float(mscale_all_dim)) ** 2
 
 
 def rotary_tables(spec: RopeSpec, max_positions: int) -> tuple[np.ndarray, np.ndarray]:

@@ -10,6 +10,7 @@ from atlas_core.backends.base import Array, Backend
 from atlas_core.engine.forward_batch import ForwardBatch
 from atlas_core.engine.kv_cache import KVCache, KVLayout
 from atlas_core.model.layers.norm import RMSNorm
+from atlas_core.model.recurrent_state import RecurrentState
 
 
 class Mixer(Protocol):
@@ -38,15 +39,15 @@ class TransformerModel:
     """A decoder-only language model built from backend arrays and composed layers.
 
     ``kv_layouts`` lists one KV layout per attention layer (the engine sizes and allocates the
-    paged cache from it). Models with recurrent layers override `has_recurrent_state` and
-    `reset_state`: the engine then gives each sequence a state slot and disables prefix reuse.
+    paged cache from it). Models with recurrent layers pass their `RecurrentState`: the engine then
+    sizes it (`allocate_state`), gives each sequence a state slot, and zeroes (`reset_state`) or
+    copies (`copy_state`) slots.
     """
-
-    has_recurrent_state = False
 
     def __init__(
         self, backend: Backend, *, embed_tokens: Array, layers: Sequence[PreNormDecoderLayer], final_norm: RMSNorm,
         lm_head: Array, kv_layouts: list[KVLayout], vocab_size: int, max_position_embeddings: int,
+        recurrent_state: RecurrentState | None = None,
     ) -> None:
         self.backend = backend
         self.embed_tokens = embed_tokens
@@ -56,6 +57,7 @@ class TransformerModel:
         self.kv_layouts = kv_layouts
         self.vocab_size = vocab_size
         self.max_position_embeddings = max_position_embeddings
+        self.recurrent_state = recurrent_state
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> Array:
         """Final hidden states ``[T, H]`` (already normed) for every token of the batch."""
@@ -65,8 +67,30 @@ class TransformerModel:
             hidden, residual = layer(hidden, residual, batch, kv)
         return self.final_norm(hidden, residual)[0]
 
+    @property
+    def has_recurrent_state(self) -> bool:
+        """True when some layer keeps per-sequence recurrent state (hybrid and recurrent models)."""
+        return self.recurrent_state is not None
+
+    def state_bytes_per_slot(self) -> int:
+        """Bytes of recurrent state one state slot takes (0 without recurrent layers)."""
+        state = self.recurrent_state
+        return 0 if state is None else state.bytes_per_slot(self.backend.activation_dtype)
+
+    def allocate_state(self, num_slots: int) -> None:
+        """Create the recurrent state arrays with ``num_slots`` zeroed slots (no-op without recurrent layers)."""
+        if self.recurrent_state is not None:
+            self.recurrent_state.allocate(self.backend, num_slots)
+
     def reset_state(self, slot: int) -> None:
-        """Zero the recurrent state of ``slot`` before a new sequence uses it (no state here)."""
+        """Zero the recurrent state of ``slot`` before a new sequence uses it."""
+        if self.recurrent_state is not None:
+            self.recurrent_state.reset(slot)
+
+    def copy_state(self, sources: Sequence[int], destinations: Sequence[int]) -> None:
+        """Copy recurrent state slots ``sources[i] -> destinations[i]`` (forks, prefix-cache snapshots)."""
+        if self.recurrent_state is not None:
+            self.recurrent_state.copy(sources, destinations)
 
     def compute_logits(self, hidden: Array) -> Array:
         """``[S, H]`` hidden rows -> ``[S, V]`` logits in the activation dtype."""

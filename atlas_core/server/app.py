@@ -1,154 +1,80 @@
-"""The Litestar application: OpenAI chat/completions endpoints over an `AsyncEngine`."""
+"""The Litestar application: OpenAI and Anthropic routes over one `ServerState`.
+
+`create_app` wires the routes, API-key guard, CORS, body-size limit, error shapes, request
+metrics and the OpenAPI document (``/openapi.json``; Litestar's viewers under ``/schema``). The
+caller owns the engine; on application shutdown the state drains it (see `ServerState.drain`).
+"""
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
-import msgspec
-from litestar import Litestar, Request, Response, get, post
-from litestar.exceptions import HTTPException
-from litestar.params import JSONBody
-from litestar.response import Stream
+from litestar import Litestar, Router
+from litestar.config.cors import CORSConfig
+from litestar.di import Provide
+from litestar.middleware import DefineMiddleware
+from litestar.openapi import OpenAPIConfig
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from atlas_core.engine.async_engine import AsyncEngine
-from atlas_core.engine.outputs import RequestOutput
-from atlas_core.engine.sampling_params import SamplingParams
-from atlas_core.errors import AtlasError, InvalidRequestError
-from atlas_core.server.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ErrorBody,
-    ErrorResponse,
-    SamplingFields,
-    Usage,
-)
-from atlas_core.tokenizer import Tokenizer
+from atlas_core import __version__
+from atlas_core.server import routes_anthropic, routes_misc, routes_openai
+from atlas_core.server.auth import api_key_guard
+from atlas_core.server.errors import handle_exception
+from atlas_core.server.metrics import ServerMetrics, route_label
+from atlas_core.server.state import ServerState
 
 
-def _error(status: int, message: str, kind: str) -> Response[ErrorResponse]:
-    return Response(ErrorResponse(ErrorBody(message, kind, status)), status_code=status)
+def _count_requests(app: ASGIApp, metrics: ServerMetrics) -> ASGIApp:
+    """ASGI middleware: ``atlas_http_requests_total{route, method, status}``."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        status = {"code": 500}
+
+        async def recording_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await app(scope, receive, recording_send)
+        finally:
+            metrics.http_requests.labels(route_label(scope), scope.get("method", ""), str(status["code"])).inc()  # type: ignore[arg-type]
+
+    return middleware
 
 
-def _handle_atlas_error(_: Request[Any, Any, Any], exc: AtlasError) -> Response[ErrorResponse]:
-    if isinstance(exc, InvalidRequestError):
-        return _error(400, str(exc), "invalid_request_error")
-    return _error(500, str(exc), "server_error")
+def create_app(state: ServerState) -> Litestar:
+    """The HTTP application serving ``state`` (whose model may still be loading)."""
+    config = state.config
+    guards = [api_key_guard(config.api_keys)] if config.api_keys else []
+    model_routes = Router(
+        path="/", route_handlers=[*routes_openai.ROUTES, *routes_anthropic.ROUTES, *routes_misc.PROTECTED_ROUTES], guards=guards
+    )
+    cors = (
+        CORSConfig(allow_origins=config.cors_allow_origins, allow_methods=["*"], allow_headers=["*"])
+        if config.cors_allow_origins
+        else None
+    )
 
+    async def drain() -> None:
+        await state.drain()
 
-def _handle_http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[ErrorResponse]:
-    detail = exc.detail if not getattr(exc, "extra", None) else f"{exc.detail}: {exc.extra}"
-    return _error(exc.status_code, str(detail), "invalid_request_error")
-
-
-def _sse(payload: Any) -> bytes:
-    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
-
-
-def create_app(engine: AsyncEngine, tokenizer: Tokenizer, model_name: str) -> Litestar:
-    """Build the app serving ``model_name``; the caller owns the engine's lifetime."""
-
-    def params_of(body: SamplingFields, max_tokens: int | None) -> SamplingParams:
-        return SamplingParams(
-            n=body.n, max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-            min_p=body.min_p, seed=body.seed, stop=body.stop,
-        )
-
-    async def final(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
-        last = None
-        async for last in stream:
-            pass
-        assert last is not None
-        return last
-
-    async def started(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
-        """Wait for the first output so request errors become a 4xx before the stream starts."""
-        first = await anext(stream)
-
-        async def chained() -> AsyncIterator[RequestOutput]:
-            yield first
-            async for item in stream:
-                yield item
-
-        return chained()
-
-    def usage(output: RequestOutput) -> Usage:
-        prompt, completion = len(output.prompt_token_ids), len(output.outputs[0].token_ids)
-        return Usage(prompt, completion, prompt + completion)
-
-    async def streamed(stream: AsyncIterator[RequestOutput], chunk: Any) -> AsyncIterator[bytes]:
-        sent = 0
-        async for output in stream:
-            completion = output.outputs[0]
-            delta, sent = completion.text[sent:], len(completion.text)
-            if delta or completion.finish_reason:
-                yield _sse(chunk(delta, completion.finish_reason))
-        yield b"data: [DONE]\n\n"
-
-    @post("/v1/chat/completions")
-    async def chat_completions(data: JSONBody[ChatCompletionRequest]) -> Any:
-        messages = [msgspec.to_builtins(m) for m in data.messages]
-        prompt = tokenizer.apply_chat_template(messages, tools=data.tools, chat_template_kwargs=data.chat_template_kwargs)
-        ids = tokenizer.encode(prompt, add_special_tokens=False)
-        stream = engine.generate(prompt, ids, params_of(data, data.max_completion_tokens or data.max_tokens))
-        response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        if data.stream:
-            stream = await started(stream)
-
-            def chunk(delta: str, finish: str | None) -> dict[str, Any]:
-                return {
-                    "id": response_id, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": delta}, "finish_reason": finish}],
-                }
-
-            return Stream(streamed(stream, chunk), media_type="text/event-stream")
-        output = await final(stream)
-        completion = output.outputs[0]
-        return {
-            "id": response_id, "object": "chat.completion", "created": created, "model": model_name,
-            "choices": [{
-                "index": 0, "message": {"role": "assistant", "content": completion.text},
-                "finish_reason": completion.finish_reason,
-            }],
-            "usage": msgspec.to_builtins(usage(output)),
-        }
-
-    @post("/v1/completions")
-    async def completions(data: JSONBody[CompletionRequest]) -> Any:
-        text = data.prompt if isinstance(data.prompt, str) else None
-        ids = tokenizer.encode(data.prompt) if isinstance(data.prompt, str) else list(data.prompt)
-        stream = engine.generate(text, ids, params_of(data, data.max_tokens))
-        response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        if data.stream:
-            stream = await started(stream)
-
-            def chunk(delta: str, finish: str | None) -> dict[str, Any]:
-                return {
-                    "id": response_id, "object": "text_completion", "created": created, "model": model_name,
-                    "choices": [{"index": 0, "text": delta, "finish_reason": finish}],
-                }
-
-            return Stream(streamed(stream, chunk), media_type="text/event-stream")
-        output = await final(stream)
-        completion = output.outputs[0]
-        return {
-            "id": response_id, "object": "text_completion", "created": created, "model": model_name,
-            "choices": [{"index": 0, "text": completion.text, "finish_reason": completion.finish_reason}],
-            "usage": msgspec.to_builtins(usage(output)),
-        }
-
-    @get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "atlas"}]}
-
-    @get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    def provide_state() -> ServerState:
+        return state
 
     return Litestar(
-        route_handlers=[chat_completions, completions, models, health],
-        exception_handlers={AtlasError: _handle_atlas_error, HTTPException: _handle_http_error},
-        on_shutdown=[engine.shutdown],
+        route_handlers=[model_routes, *routes_misc.OPEN_ROUTES],
+        dependencies={"server": Provide(provide_state, sync_to_thread=False)},
+        exception_handlers={Exception: handle_exception},
+        middleware=[DefineMiddleware(_count_requests, metrics=state.metrics)],
+        request_max_body_size=config.max_body_bytes,
+        cors_config=cors,
+        openapi_config=OpenAPIConfig(
+            title="Atlas", version=__version__, description="OpenAI- and Anthropic-compatible LLM inference server",
+        ),
+        on_shutdown=[drain],
+        signature_namespace={"ServerState": ServerState, "Any": Any},
     )

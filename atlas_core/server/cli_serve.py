@@ -1,44 +1,155 @@
-"""``atlas serve``: load the model, start the engine thread, serve HTTP with uvicorn."""
+"""``atlas serve``: start HTTP at once (``/health`` answers 503 while loading), load the model in
+a background thread, then print the ready line and serve until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+import threading
+import time
 from typing import Any
 
-from atlas_core.cli import add_engine_args, engine_kwargs
+from atlas_core.cli import add_engine_args
+from atlas_core.server.settings import ENV_PARSERS, Settings, env_name, json_object
 
 log = logging.getLogger("atlas.serve")
 
+ENGINE_OPTIONS = (
+    "max_seq_len", "max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens", "enable_prefix_caching",
+    "scheduling_policy", "gpu_memory_utilization", "kv_cache_memory_gib",
+)
+SERVE_DEFAULTS: dict[str, Any] = {
+    "host": "127.0.0.1", "port": 8888, "served_model_name": None, "tool_call_parser": None, "reasoning_parser": None,
+    "chat_template": None, "default_chat_template_kwargs": {}, "api_key": [], "api_keys_file": None,
+    "request_timeout": None, "max_body_bytes": 16 * 2**20, "cors_allow_origins": [], "shutdown_timeout": 30.0,
+}
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
-def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from atlas_core.engine.async_engine import AsyncEngine
-    from atlas_core.engine.llm import LLM
-    from atlas_core.server.app import create_app
-
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"WARNING: serving on {args.host} exposes the model to the network without authentication", file=sys.stderr)
-    llm = LLM(args.model, **engine_kwargs(args))
-    name = args.served_model_name or llm.loaded.name
-    app = create_app(AsyncEngine(llm.engine), llm.require_tokenizer(), name)
-    engine = llm.engine
-    print(
-        f"atlas ready: http://{args.host}:{args.port}/v1 model={name} backend={llm.backend.name} "
-        f"kv_capacity={engine.kv_capacity_tokens} tokens max_seq_len={engine.max_seq_len} "
-        f"max_num_seqs={engine.config.max_num_seqs}",
-        flush=True,
-    )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    return 0
+EPILOG = (
+    "Every option can also be set in the environment: ATLAS_ + the option in capitals with _ for -\n"
+    "(e.g. ATLAS_PORT=9000, ATLAS_API_KEY=secret, ATLAS_MODEL=Qwen/Qwen3-8B). Precedence: flag >\n"
+    "environment > the model family's defaults (e.g. its tool-call and reasoning parsers) > the\n"
+    "defaults shown here. Lists in the environment are comma-separated.\n\nVariables: "
+    + ", ".join(env_name(option) for option in ENV_PARSERS)
+)
 
 
 def add_serve_parser(commands: Any) -> None:
-    parser = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    parser = commands.add_parser(
+        "serve", help="serve a model over OpenAI- and Anthropic-compatible HTTP APIs", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve a model: /v1/chat/completions, /v1/completions, /v1/models, /v1/messages, "
+        "/tokenize, /detokenize, /health, /metrics, /openapi.json.",
+    )
     add_engine_args(parser)
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8888, help="port (default: 8888)")
-    parser.add_argument("--served-model-name", default=None, help="model name reported by the API (default: the model's)")
-    parser.set_defaults(handler=run_serve)
+    engine_defaults = {option: parser.get_default(option) for option in (*ENGINE_OPTIONS, "model", "backend")}
+    parser.set_defaults(**{option: None for option in engine_defaults})  # so that an unset flag can be told apart
+    parser.add_argument("--host", help="interface to listen on; anything but loopback needs --api-key (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default: 8888)")
+    parser.add_argument("--served-model-name", nargs="+", metavar="NAME", help="names clients may use as `model`; the first is reported (default: the model's name)")
+    parser.add_argument("--tool-call-parser", metavar="NAME", help="tool-call format of the model's output, or 'none' (default: the family's, else none)")
+    parser.add_argument("--reasoning-parser", metavar="NAME", help="reasoning format of the model's output, or 'none' (default: the family's, else none)")
+    parser.add_argument("--chat-template", metavar="FILE_OR_JINJA", help="replace the model's chat template (default: the model's)")
+    parser.add_argument("--default-chat-template-kwargs", type=json_object, metavar="JSON", help='chat template variables for every request, e.g. \'{"enable_thinking": false}\' (default: {})')
+    parser.add_argument("--api-key", action="append", metavar="KEY", help="require this key on /v1/* and tokenize (repeatable; default: no auth)")
+    parser.add_argument("--api-keys-file", metavar="FILE", help="file of accepted keys, one per line (default: none)")
+    parser.add_argument("--request-timeout", type=float, metavar="SECONDS", help="end requests running longer than this (default: no limit)")
+    parser.add_argument("--max-body-bytes", type=int, metavar="BYTES", help="largest request body accepted (default: 16777216)")
+    parser.add_argument("--cors-allow-origins", nargs="+", metavar="ORIGIN", help="origins allowed by CORS, or '*' (default: none, CORS off)")
+    parser.add_argument("--shutdown-timeout", type=float, metavar="SECONDS", help="on shutdown, how long in-flight requests may continue before they are ended (default: 30)")
+    parser.set_defaults(handler=run_serve, builtin_defaults={**engine_defaults, **SERVE_DEFAULTS})
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from atlas_core.server.auth import read_keys_file
+    from atlas_core.server.state import ServerConfig, ServerState
+    from atlas_core.server.uvicorn_server import make_server
+
+    settings = Settings(vars(args), args.builtin_defaults)
+    keys = list(settings["api_key"] or []) + (read_keys_file(settings["api_keys_file"]) if settings["api_keys_file"] else [])
+    host, port = settings["host"], settings["port"]
+    if host not in LOOPBACK and not keys:
+        print(
+            f"\n{'!' * 78}\nWARNING: listening on {host} WITHOUT authentication: anyone who can reach this machine can\n"
+            f"use the model. Pass --api-key KEY (or ATLAS_API_KEY) to require a key.\n{'!' * 78}\n",
+            file=sys.stderr, flush=True,
+        )
+    state = ServerState(
+        ServerConfig(
+            model_names=list(settings["served_model_name"] or []), api_keys=keys,
+            request_timeout=settings["request_timeout"], max_body_bytes=settings["max_body_bytes"],
+            cors_allow_origins=list(settings["cors_allow_origins"] or []), shutdown_timeout=settings["shutdown_timeout"],
+        )
+    )
+    server = make_server(state, host, port)
+    failures: list[BaseException] = []
+    loader = threading.Thread(target=_load, args=(settings, state, server, failures), name="atlas-load", daemon=True)
+    loader.start()
+    server.run()
+    if failures:
+        raise failures[0]
+    return 0
+
+
+def _load(settings: Settings, state: Any, server: Any, failures: list[BaseException]) -> None:
+    """Load the model into ``state`` (the server answers 503 meanwhile); on failure stop the server."""
+    try:
+        description = _attach_model(settings, state)
+    except BaseException as exc:  # reported by run_serve once the server has stopped
+        failures.append(exc)
+        server.should_exit = True
+        return
+    while not server.started and not server.should_exit:
+        time.sleep(0.05)
+    if server.started:
+        print(f"atlas ready: http://{settings['host']}:{server.bound_port} {description}", flush=True)
+
+
+def _attach_model(settings: Settings, state: Any) -> str:
+    """Load, configure and attach the model; returns the ready line's description of it."""
+    from atlas_core.backends.select import select_backend
+    from atlas_core.engine.async_engine import AsyncEngine
+    from atlas_core.engine.config import EngineConfig
+    from atlas_core.engine.llm_engine import LLMEngine
+    from atlas_core.errors import AtlasError
+    from atlas_core.model.load import load_model
+    from atlas_core.parsing.registry import reasoning_format, tool_format
+    from atlas_core.plugins import get_registry
+    from atlas_core.server.settings import chat_template_text, parser_name
+    from atlas_core.server.state import ModelRuntime
+    from atlas_core.tokenizer.chat_template import ChatTemplate
+
+    registry = get_registry()
+    backend = select_backend(registry, settings["backend"])
+    loaded = load_model(settings["model"], backend, registry)
+    unknown = settings.apply_family_defaults(loaded.family_defaults)
+    if unknown:
+        log.warning("the %s family defaults name no serve option: %s", loaded.name, ", ".join(unknown))
+    tokenizer = loaded.tokenizer
+    if tokenizer is None:
+        raise AtlasError(f"{loaded.resolved.path} has no tokenizer (tokenizer.json); atlas serve needs one")
+    if settings["chat_template"]:
+        text = chat_template_text(settings["chat_template"])
+        ChatTemplate(text, origin="--chat-template")  # a syntax error stops the server now, not per request
+        tokenizer.chat_template, tokenizer.tool_chat_template = text, None
+    config = state.config
+    config.tool_call_parser = parser_name(settings["tool_call_parser"])
+    config.reasoning_parser = parser_name(settings["reasoning_parser"])
+    if config.tool_call_parser:
+        tool_format(config.tool_call_parser)
+    if config.reasoning_parser:
+        reasoning_format(config.reasoning_parser)
+    config.default_chat_template_kwargs = dict(settings["default_chat_template_kwargs"] or {})
+    if not config.model_names:
+        config.model_names = [loaded.name]
+    engine = LLMEngine(loaded, backend, EngineConfig(**{option: settings[option] for option in ENGINE_OPTIONS if settings[option] is not None}))
+    state.attach(ModelRuntime(AsyncEngine(engine), tokenizer))
+    from_family = ", ".join(f"{k}={settings[k]}" for k, source in settings.sources.items() if source == "family")
+    capacity, max_len = engine.kv_capacity_tokens, engine.max_seq_len
+    return (
+        f"model={config.model_names[0]} backend={backend.name} "
+        f"kv_capacity={capacity} tokens ({capacity // max_len} sequences of max_seq_len={max_len}) "
+        f"max_num_seqs={engine.config.max_num_seqs} tool_call_parser={config.tool_call_parser} "
+        f"reasoning_parser={config.reasoning_parser}" + (f" (family defaults: {from_family})" if from_family else "")
+    )

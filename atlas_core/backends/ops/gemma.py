@@ -1,7 +1,69 @@
-"""Ops of the gemma group with a host fallback (see `atlas_core.backends.ops`)."""
+"""Ops of the gemma group with a host fallback (see `atlas_core.backends.ops`).
+
+Elementwise ops the Gemma families need beyond the core: logit soft-capping, scaling by a constant
+(embedding scale, per-layer-input scales, layer scalars), a scaled residual sum, and a GELU-tanh
+gate whose two operands live in separate arrays (Gemma 4's per-layer inputs). Every op computes in
+float32 and returns a new array in the dtype of its first argument; none works in place.
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from atlas_core.backends.ops import on_host
+
+if TYPE_CHECKING:
+    from atlas_core.backends.base import Array
+
+_SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
+
+
+def soft_cap_reference(x: np.ndarray, cap: float) -> np.ndarray:
+    """``cap * tanh(x / cap)``."""
+    wide = x.astype(np.float32)
+    return (np.tanh(wide / np.float32(cap)) * np.float32(cap)).astype(x.dtype)
+
+
+def scale_reference(x: np.ndarray, factor: float) -> np.ndarray:
+    """``x * factor`` (``factor`` as float32)."""
+    return (x.astype(np.float32) * np.float32(factor)).astype(x.dtype)
+
+
+def add_scaled_reference(x: np.ndarray, y: np.ndarray, factor: float) -> np.ndarray:
+    """``(x + y) * factor``."""
+    return ((x.astype(np.float32) + y.astype(np.float32)) * np.float32(factor)).astype(x.dtype)
+
+
+def gelu_tanh_gate_reference(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """``gelu_tanh(gate) * up``."""
+    g = gate.astype(np.float32)
+    gelu = 0.5 * g * (1.0 + np.tanh(_SQRT_2_OVER_PI * (g + np.float32(0.044715) * g * g * g)))
+    return (gelu * up.astype(np.float32)).astype(gate.dtype)
 
 
 class GemmaOps:
     """Mixin of `Backend`: the gemma ops, each defaulting to its NumPy reference on the host."""
+
+    def soft_cap(self, x: Array, cap: float) -> Array:
+        """Tanh soft-capping (Gemma's final logits): ``cap * tanh(x / cap)`` elementwise, any shape;
+        ``cap > 0``. Float32 math; a new array in ``x``'s dtype."""
+        return on_host(self, soft_cap_reference, x, cap)
+
+    def scale(self, x: Array, factor: float) -> Array:
+        """``x * factor`` elementwise, any shape, with ``factor`` taken as float32 (a caller that wants
+        it rounded to the activation dtype first, as Gemma's embedding scale is, rounds it itself).
+        A new array in ``x``'s dtype."""
+        return on_host(self, scale_reference, x, factor)
+
+    def add_scaled(self, x: Array, y: Array, factor: float = 1.0) -> Array:
+        """``(x + y) * factor`` elementwise; ``x`` and ``y`` of one shape (either may be a strided view).
+        Float32 math; a new array in ``x``'s dtype."""
+        return on_host(self, add_scaled_reference, x, y, factor)
+
+    def gelu_tanh_gate(self, gate: Array, up: Array) -> Array:
+        """``gelu_tanh(gate) * up`` elementwise for two arrays of one shape (``gelu_tanh`` as in
+        `Backend.gelu_tanh_mul`, which takes both halves in one array). Float32 math; a new array in
+        ``gate``'s dtype."""
+        return on_host(self, gelu_tanh_gate_reference, gate, up)

@@ -1,4 +1,5 @@
-"""Grouped-query attention over the paged KV cache: fused QKV, optional q/k norm, RoPE, output projection."""
+"""Grouped-query attention over the paged KV cache: fused QKV, optional q/k/v norms, RoPE, optional
+sliding window, output projection."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from atlas_core.model.layers.norm import RMSNorm
 
 @dataclass
 class AttentionWeights:
-    """``qkv`` is ``[(Hq + 2 Hk) * D, H]`` (q rows, then k, then v); ``o`` is ``[H, Hq * D]``."""
+    """``qkv`` is ``[(Hq + 2 Hk) * D, H]`` (q rows, then k, then v), or ``[(Hq + Hk) * D, H]`` with
+    ``values_from_keys`` (the values are the key projection's output, before ``k_norm`` and RoPE:
+    Gemma 4's k = v attention); ``o`` is ``[H, Hq * D]``. ``v_norm`` normalises each value head
+    (Gemma 4 uses one without a learned scale: weight of ones)."""
 
     qkv: Array
     o: Array
@@ -20,21 +24,33 @@ class AttentionWeights:
     o_bias: Array | None = None
     q_norm: RMSNorm | None = None
     k_norm: RMSNorm | None = None
+    v_norm: RMSNorm | None = None
+    values_from_keys: bool = False
 
 
 class Attention:
-    """Self-attention of one layer; covers MHA and GQA, with RoPE from shared cos/sin tables."""
+    """Self-attention of one layer; covers MHA and GQA, with RoPE from shared cos/sin tables.
+
+    ``layer_index`` is the layer's slot in the `KVCache` (``kv.keys[layer_index]``). ``sliding_window``
+    W limits each query to the W most recent keys, itself included (None: the whole context).
+    """
 
     def __init__(
         self, backend: Backend, weights: AttentionWeights, *, layer_index: int, num_heads: int,
         num_kv_heads: int, head_dim: int, rope_cos: Array, rope_sin: Array, scale: float | None = None,
+        sliding_window: int | None = None,
     ) -> None:
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be at least 1 (or None for none), got {sliding_window}")
+        if weights.values_from_keys and weights.k_norm is None and weights.v_norm is None:
+            raise ValueError("values_from_keys needs a k_norm or a v_norm (the values must not alias the rotated keys)")
         self.backend = backend
         self.weights = weights
         self.layer_index = layer_index
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.rope_cos, self.rope_sin = rope_cos, rope_sin
         self.scale = head_dim**-0.5 if scale is None else scale
+        self.sliding_window = sliding_window
 
     def __call__(self, x: Array, batch: ForwardBatch, kv: KVCache) -> Array:
         backend, w = self.backend, self.weights
@@ -43,7 +59,9 @@ class Attention:
         qkv = backend.linear(x, w.qkv, w.qkv_bias)
         q = qkv[:, :q_width].reshape(tokens, self.num_heads, self.head_dim)
         k = qkv[:, q_width : q_width + kv_width].reshape(tokens, self.num_kv_heads, self.head_dim)
-        v = qkv[:, q_width + kv_width :].reshape(tokens, self.num_kv_heads, self.head_dim)
+        v = k if w.values_from_keys else qkv[:, q_width + kv_width :].reshape(tokens, self.num_kv_heads, self.head_dim)
+        if w.v_norm is not None:
+            v = w.v_norm(v)[0]
         if w.q_norm is not None:
             q = w.q_norm(q)[0]
         if w.k_norm is not None:
@@ -51,5 +69,27 @@ class Attention:
         backend.rope(q, k, batch.positions, self.rope_cos, self.rope_sin)
         k_cache, v_cache = kv.keys[self.layer_index], kv.values[self.layer_index]
         backend.write_kv(k_cache, v_cache, k, v, batch.attention.slot_mapping)
-        mixed = backend.attention(q, k_cache, v_cache, batch.attention, self.scale)
-        return backend.linear(mixed.reshape(tokens, q_width), w.o, w.o_bias)
+        return self.attend(q, batch, kv)
+
+    def attend(self, q: Array, batch: ForwardBatch, kv: KVCache) -> Array:
+        """Attention of rotated queries ``q[T, Hq, D]`` over the layer's cache slot, then the output
+        projection -> ``[T, H]``."""
+        backend, w = self.backend, self.weights
+        k_cache, v_cache = kv.keys[self.layer_index], kv.values[self.layer_index]
+        mixed = backend.attention(q, k_cache, v_cache, batch.attention, self.scale, sliding_window=self.sliding_window)
+        return backend.linear(mixed.reshape(q.shape[0], self.num_heads * self.head_dim), w.o, w.o_bias)
+
+
+class SharedKVAttention(Attention):
+    """Attention that reuses the keys and values an earlier layer wrote this step (Gemma 4's KV-shared
+    layers): it projects only queries (``weights.qkv`` is ``[Hq * D, H]``), writes nothing, and attends
+    over cache slot ``layer_index``, the producing layer's."""
+
+    def __call__(self, x: Array, batch: ForwardBatch, kv: KVCache) -> Array:
+        backend, w = self.backend, self.weights
+        q = backend.linear(x, w.qkv, w.qkv_bias).reshape(x.shape[0], self.num_heads, self.head_dim)
+        if w.q_norm is not None:
+            q = w.q_norm(q)[0]
+        # rope rotates its q and k arguments alike: with no keys here, the query heads go in as both
+        backend.rope(q[:, :1], q[:, 1:], batch.positions, self.rope_cos, self.rope_sin)
+        return self.attend(q, batch, kv)

@@ -1,0 +1,253 @@
+"""Constrained decoding and thinking budgets: what a request asks for (`StructuredOutput`,
+`ThinkingBudget`, both `SamplingParams` fields) and the per-sequence state that enforces it
+(`GuidedDecoding`, owned by the engine and consulted by the runner at every sampling step).
+
+A `StructuredOutput` is an llguidance Lark grammar (JSON Schemas inline as ``%json {...}``),
+checked when it is constructed and compiled once per request into an ``llguidance.LLMatcher``;
+each of the request's ``n`` sequences gets its own copy. Before sampling, a constrained row's
+logits get -inf for every token the grammar does not allow next (EOS only where the grammar can
+end); after sampling, the matcher consumes the token. Rows without constraints cost nothing.
+Preemption by recompute keeps a sequence's tokens, so its matcher stays valid.
+
+A `ThinkingBudget` counts reasoning tokens and, once ``max_tokens`` are spent inside the block,
+forces ``end_token_ids`` one per step (the sampled token is replaced).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import jsonschema
+import llguidance
+import numpy as np
+from jsonschema.validators import validator_for
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+from atlas_core.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from atlas_core.engine.sequence import Request, Sequence
+    from atlas_core.tokenizer import Tokenizer
+
+StructuredKind = Literal["json_object", "json_schema", "tool_call", "grammar"]
+_KINDS = ("json_object", "json_schema", "tool_call", "grammar")
+
+
+class StructuredOutputError(InvalidRequestError, ValueError):
+    """A response format, schema or grammar that cannot be enforced; the message says why."""
+
+
+def check_json_schema(schema: Any, what: str = "the JSON schema") -> dict[str, Any]:
+    """``schema`` if it is a valid JSON Schema object, else `StructuredOutputError`."""
+    if not isinstance(schema, dict):
+        raise StructuredOutputError(f"{what} must be a JSON object, got {type(schema).__name__}")
+    try:
+        validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        path = "/".join(str(p) for p in e.absolute_path) or "the top level"
+        raise StructuredOutputError(f"{what} is not a valid JSON Schema at {path}: {e.message}") from None
+    return schema
+
+
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""How generated JSON is laid out: one line, separated like Python's ``json.dumps`` (and the
+``tojson`` of chat templates), so no tokens go to indentation."""
+
+
+def json_schema_rule(schema: dict[str, Any], what: str = "the JSON schema", *, lenient: bool = False) -> str:
+    """A Lark item generating JSON that matches ``schema`` (checked first). ``lenient``: keywords
+    llguidance cannot enforce are ignored instead of being an error."""
+    options = {**JSON_LAYOUT, "lenient": lenient, **check_json_schema(schema, what).get("x-guidance", {})}
+    return "%json " + json.dumps({**schema, "x-guidance": options}, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """Output constrained to an llguidance Lark ``grammar``; ``kind`` says what it came from.
+    Construction validates the grammar (`StructuredOutputError` with llguidance's message)."""
+
+    kind: StructuredKind
+    grammar: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise StructuredOutputError(f"structured output kind must be one of {', '.join(_KINDS)}, got {self.kind!r}")
+        message = llguidance.LLMatcher.validate_grammar(self.llguidance_grammar)
+        if message:
+            raise StructuredOutputError(f"the {self.kind.replace('_', ' ')} constraint cannot be compiled: {message.strip()}")
+
+    @classmethod
+    def json(cls, schema: dict[str, Any] | None = None) -> StructuredOutput:
+        """Any JSON object (``schema`` None: ``json_object``), or JSON matching ``schema``."""
+        if schema is None:
+            return cls("json_object", f"start: {json_schema_rule({'type': 'object'})}")
+        return cls("json_schema", f"start: {json_schema_rule(schema)}")
+
+    @property
+    def llguidance_grammar(self) -> str:
+        return llguidance.LLMatcher.grammar_from_lark(self.grammar)
+
+
+@dataclass(frozen=True)
+class ThinkingBudget:
+    """At most ``max_tokens`` reasoning tokens; then ``end_token_ids`` are forced (e.g. the ids of
+    ``"\\n</think>\\n\\n"``). ``start_token_ids`` open the block (empty: generation starts inside
+    it, the template opened it); ``close_token_ids`` are how the model closes it by itself (empty:
+    the same as ``end_token_ids``)."""
+
+    max_tokens: int
+    end_token_ids: tuple[int, ...]
+    start_token_ids: tuple[int, ...] = ()
+    close_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0:
+            raise InvalidRequestError(f"the thinking budget must be >= 0 tokens, got {self.max_tokens}")
+        if not self.end_token_ids:
+            raise InvalidRequestError("a thinking budget needs the token ids that close the reasoning block")
+        object.__setattr__(self, "end_token_ids", tuple(int(t) for t in self.end_token_ids))
+        object.__setattr__(self, "start_token_ids", tuple(int(t) for t in self.start_token_ids))
+        object.__setattr__(self, "close_token_ids", tuple(int(t) for t in self.close_token_ids or self.end_token_ids))
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return (*self.end_token_ids, *self.start_token_ids, *self.close_token_ids)
+
+
+class _BudgetTracker:
+    """Where one sequence stands in its reasoning block: before it, inside (counting), after."""
+
+    def __init__(self, budget: ThinkingBudget) -> None:
+        self.budget = budget
+        self.inside = not budget.start_token_ids
+        self.done = False
+        self.count = 0
+        self.forced = 0
+        self._recent: list[int] = []
+
+    def next_forced(self) -> int | None:
+        if self.inside and not self.done and self.count >= self.budget.max_tokens:
+            return self.budget.end_token_ids[self.forced]
+        return None
+
+    def accept(self, token: int) -> None:
+        if self.done:
+            return
+        if self.next_forced() is not None:
+            self.forced += 1
+            self.done = self.forced == len(self.budget.end_token_ids)
+            return
+        self._recent = (self._recent + [token])[-max(len(self.budget.start_token_ids), len(self.budget.close_token_ids)) :]
+        if not self.inside:
+            self.inside = _ends_with(self._recent, self.budget.start_token_ids)
+        elif _ends_with(self._recent, self.budget.close_token_ids):
+            self.done = True
+        else:
+            self.count += 1
+
+
+def _ends_with(tokens: list[int], suffix: tuple[int, ...]) -> bool:
+    return bool(suffix) and tuple(tokens[-len(suffix) :]) == suffix
+
+
+@dataclass
+class _SequenceState:
+    matcher: llguidance.LLMatcher | None
+    budget: _BudgetTracker | None
+
+
+class GuidedDecoding:
+    """Grammar matchers and thinking-budget trackers of the live sequences that have them.
+
+    The llguidance tokenizer (built from the model's tokenizer over the logits width
+    ``vocab_size``, about a second for a large vocabulary) is made on first use.
+    """
+
+    def __init__(self, tokenizer: Tokenizer | None, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+        self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self._states: dict[Sequence, _SequenceState] = {}
+
+    @property
+    def active(self) -> bool:
+        return bool(self._states)
+
+    def add(self, request: Request) -> None:
+        """Compile the request's constraint once and give each of its sequences its own state."""
+        params = request.params
+        if params.structured is None and params.thinking_budget is None:
+            return
+        bad = [t for t in params.thinking_budget.token_ids if not 0 <= t < self.vocab_size] if params.thinking_budget else []
+        if bad:
+            raise InvalidRequestError(f"thinking budget token ids {bad[:5]} are outside [0, {self.vocab_size})")
+        matcher = self._compile(params.structured) if params.structured is not None else None
+        for i, seq in enumerate(request.seqs):
+            own = matcher.deep_copy() if matcher is not None and i > 0 else matcher
+            budget = _BudgetTracker(params.thinking_budget) if params.thinking_budget is not None else None
+            self._states[seq] = _SequenceState(own, budget)
+
+    def release(self, seq: Sequence) -> None:
+        self._states.pop(seq, None)
+
+    def forced_tokens(self, seqs: list[Sequence]) -> dict[int, int]:
+        """row -> the token a thinking budget forces there."""
+        forced = {}
+        for row, seq in enumerate(seqs):
+            state = self._states.get(seq)
+            token = state.budget.next_forced() if state is not None and state.budget is not None else None
+            if token is not None:
+                forced[row] = token
+        return forced
+
+    def banned_tokens(self, seqs: list[Sequence], skip: dict[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """(rows, tokens) the grammars forbid next, for the rows not in ``skip``; None if none."""
+        constrained = [
+            (row, state.matcher)
+            for row, seq in enumerate(seqs)
+            if row not in skip and (state := self._states.get(seq)) is not None and state.matcher is not None
+        ]
+        if not constrained:
+            return None
+        bitmask = allocate_token_bitmask(len(constrained), self._tokenizer().vocab_size)
+        rows, tokens = [], []
+        for i, (row, matcher) in enumerate(constrained):
+            fill_next_token_bitmask(matcher, bitmask, i)
+            allowed = np.unpackbits(bitmask[i].view(np.uint8), bitorder="little")[: self.vocab_size]
+            banned = np.flatnonzero(allowed == 0)
+            if len(allowed) < self.vocab_size:  # ids the tokenizer does not know
+                banned = np.concatenate([banned, np.arange(len(allowed), self.vocab_size)])
+            rows.append(np.full(len(banned), row, dtype=np.int32))
+            tokens.append(banned.astype(np.int32))
+        return np.concatenate(rows), np.concatenate(tokens)
+
+    def accept(self, seq: Sequence, token: int) -> None:
+        """Advance ``seq``'s state by its new token; `StructuredOutputError` if the grammar rejects it."""
+        state = self._states.get(seq)
+        if state is None:
+            return
+        if state.budget is not None:
+            state.budget.accept(token)
+        if state.matcher is not None and token not in seq.stop_token_ids:
+            if not state.matcher.consume_token(token):
+                raise StructuredOutputError(f"the output constraint rejected token {token}: {state.matcher.get_error()}")
+
+    def _tokenizer(self) -> llguidance.LLTokenizer:
+        if self._ll_tokenizer is None:
+            if self.tokenizer is None:
+                raise InvalidRequestError("structured output needs the model's tokenizer, and this model has none")
+            self._ll_tokenizer = llguidance.LLTokenizer(
+                self.tokenizer.backend.to_str(),
+                n_vocab=max(self.vocab_size, self.tokenizer.vocab_size),
+                eos_token=self.eos_token_ids or None,
+            )
+        return self._ll_tokenizer
+
+    def _compile(self, structured: StructuredOutput) -> llguidance.LLMatcher:
+        matcher = llguidance.LLMatcher(self._tokenizer(), structured.llguidance_grammar, log_level=0)
+        if matcher.is_error():
+            raise StructuredOutputError(f"the {structured.kind.replace('_', ' ')} constraint cannot be used: {matcher.get_error()}")
+        return matcher

@@ -1,0 +1,221 @@
+"""Mixture-of-Experts feed-forward: a top-k router over routed experts, plus optional shared experts.
+
+One design covers the MoE families (qwen3_moe, minimax_m2, deepseek_v3, mistral4, gemma4,
+qwen3_next / qwen3_5_moe, nemotron_h):
+
+    weights, ids = moe_route(router_input @ router_weight.T, spec, correction_bias)   # [T, k] each
+    out = moe_experts(x, w_in, w_out, weights, ids, activation)                      # [T, H]
+    out += shared_expert(x) [* sigmoid(x @ shared_expert_gate.T)]                    # optional
+
+``router_input`` is ``x`` unless the caller passes another tensor (Gemma-4 routes on a differently
+normed copy of the residual). Family quirks that are a fixed rescaling fold into the weights at load
+time, exactly: Gemma-4's router-input scale ``scale * hidden_size**-0.5`` multiplies the columns of
+the router weight, and its ``per_expert_scale[e]`` multiplies ``w_out[e]`` (the expert output is
+linear in ``w_out``). Nemotron-H's latent projections wrap the expert call: the family calls
+`MoEFeedForward.route` on ``x`` and `RoutedExperts` on the projected tokens itself.
+
+Checkpoints store experts per expert (``{prefix}{e}.gate_proj.weight`` ..., ``w1/w3/w2`` in
+MiniMax) or fused (``{prefix}gate_up_proj`` ``[E, 2I, H]``, ``{prefix}down_proj`` ``[E, H, I]``,
+transformers 5's in-memory layout); `read_experts` accepts both, and `load_moe` builds the whole block
+from a checkpoint prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from atlas_core.backends.base import Array, Backend
+from atlas_core.backends.ops.moe import GATED_ACTIVATIONS, ExpertActivation, RouterSpec, Scoring, check_expert_shapes
+from atlas_core.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from atlas_core.model.loader import ModelWeightLoader
+
+__all__ = [
+    "MINIMAX_EXPERT_NAMES", "NON_GATED_EXPERT_NAMES", "ExpertNames", "MoEFeedForward", "RoutedExperts", "RouterSpec",
+    "config_num_experts", "load_moe", "read_experts", "router_spec_from_config",
+]
+
+NUM_EXPERTS_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+"""Config keys naming the routed-expert count: checkpoints use their family's own key, and
+transformers 5 saves ``num_local_experts`` for all of them (an ``attribute_map`` alias)."""
+
+
+def config_num_experts(config: dict[str, Any], origin: str = "config.json") -> int:
+    """The number of routed experts from the first of `NUM_EXPERTS_KEYS` that ``config`` sets (0 if none)."""
+    for key in NUM_EXPERTS_KEYS:
+        if config.get(key) is not None:
+            value = config[key]
+            if not isinstance(value, int) or value < 0:
+                raise ModelLoadError(f"{origin}: {key} must be a non-negative integer, got {value!r}")
+            return value
+    return 0
+
+
+def router_spec_from_config(
+    config: dict[str, Any], origin: str = "config.json", *, scoring: Scoring, normalize_top_k: bool,
+    num_groups: int = 1, top_k_groups: int = 1, routed_scaling_factor: float = 1.0,
+) -> RouterSpec:
+    """A `RouterSpec` with the expert count (`config_num_experts`) and ``num_experts_per_tok`` read from
+    ``config`` and the rest as given; impossible settings raise `ModelLoadError` naming ``origin``."""
+    top_k = config.get("num_experts_per_tok")
+    if not isinstance(top_k, int):
+        raise ModelLoadError(f"{origin}: num_experts_per_tok must be an integer, got {top_k!r}")
+    try:
+        return RouterSpec(
+            num_experts=config_num_experts(config, origin), top_k=top_k, scoring=scoring,
+            normalize_top_k=normalize_top_k, num_groups=num_groups, top_k_groups=top_k_groups,
+            routed_scaling_factor=routed_scaling_factor,
+        )
+    except ValueError as exc:
+        raise ModelLoadError(f"{origin}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class ExpertNames:
+    """Per-expert projection names under ``{prefix}{e}.``: ``gate`` (None for non-gated experts),
+    ``up`` and ``down``. Hugging Face default: gate_proj / up_proj / down_proj; MiniMax: w1 / w3 / w2."""
+
+    gate: str | None = "gate_proj"
+    up: str = "up_proj"
+    down: str = "down_proj"
+
+
+MINIMAX_EXPERT_NAMES = ExpertNames(gate="w1", up="w3", down="w2")
+NON_GATED_EXPERT_NAMES = ExpertNames(gate=None)
+
+
+def read_experts(
+    loader: ModelWeightLoader, prefix: str, num_experts: int, names: ExpertNames = ExpertNames()
+) -> tuple[np.ndarray, np.ndarray]:
+    """Host arrays ``(w_in[E, 2I or I, H], w_out[E, H, I])`` of the experts under ``prefix``
+    (e.g. ``"model.layers.3.mlp.experts."``), per-expert or fused (see the module docstring).
+
+    Gated experts (``names.gate`` set) give ``w_in`` = [gate rows | up rows] per expert. A missing
+    tensor raises `ModelLoadError` naming it; fused tensors of the wrong shape too.
+    """
+    gated = names.gate is not None
+    fused_in = prefix + ("gate_up_proj" if gated else names.up)
+    fused_out = prefix + "down_proj"
+    if fused_in in loader.source and fused_out in loader.source:
+        w_in, w_out = loader.tensor(fused_in), loader.tensor(fused_out)
+        if w_in.ndim != 3 or w_in.shape[0] != num_experts or w_out.ndim != 3 or w_out.shape[0] != num_experts:
+            raise ModelLoadError(
+                f"{loader.origin}: fused expert tensors {fused_in!r} {w_in.shape} / {fused_out!r} {w_out.shape} "
+                f"must be [num_experts={num_experts}, out, in]"
+            )
+        return w_in, w_out
+    projections = [names.gate, names.up] if gated else [names.up]
+    w_in = np.stack([
+        np.concatenate([loader.tensor(f"{prefix}{e}.{p}.weight") for p in projections]) for e in range(num_experts)
+    ])
+    w_out = np.stack([loader.tensor(f"{prefix}{e}.{names.down}.weight") for e in range(num_experts)])
+    return w_in, w_out
+
+
+class RoutedExperts:
+    """The routed experts of one layer, uploaded: ``w_in[E, 2I or I, H]``, ``w_out[E, H, I]`` and the
+    activation (``"silu"`` / ``"gelu_tanh"`` gated, ``"relu2"`` non-gated). Called as
+    ``experts(x[T, H], weights[T, k], ids[T, k]) -> [T, H]`` (`MoEOps.moe_experts`)."""
+
+    def __init__(self, backend: Backend, w_in: Array, w_out: Array, activation: ExpertActivation) -> None:
+        check_expert_shapes(tuple(w_in.shape), tuple(w_out.shape), activation)
+        self.backend = backend
+        self.w_in, self.w_out, self.activation = w_in, w_out, activation
+
+    @classmethod
+    def upload(cls, backend: Backend, w_in: np.ndarray, w_out: np.ndarray, activation: ExpertActivation) -> RoutedExperts:
+        """Upload host arrays (e.g. from `read_experts`) as weights."""
+        check_expert_shapes(w_in.shape, w_out.shape, activation)
+        return cls(backend, backend.from_numpy(w_in, weight=True), backend.from_numpy(w_out, weight=True), activation)
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.w_in.shape[0])
+
+    @property
+    def gated(self) -> bool:
+        return self.activation in GATED_ACTIVATIONS
+
+    def __call__(self, x: Array, weights: Array, ids: Array) -> Array:
+        return self.backend.moe_experts(x, self.w_in, self.w_out, weights, ids, self.activation)
+
+
+class MoEFeedForward:
+    """A sparse MoE feed-forward block, called as ``moe(x[T, H], router_input=None) -> [T, H]``.
+
+    ``router_weight[E, H]``: the router's linear layer (logits = ``router_input @ router_weight.T``).
+    ``correction_bias[E]`` float32: selection-only bias (`RouterSpec` step 2), None for none.
+    ``shared_expert``: a dense feed-forward applied to every token (e.g. a `SwiGLUMLP`; DeepSeek-V3's
+    ``n_shared_experts`` experts are one MLP of ``n_shared_experts * moe_intermediate_size``), added to
+    the routed output. ``shared_expert_gate[1, H]``: the shared output is first multiplied by
+    ``sigmoid(x @ shared_expert_gate.T)`` (Qwen3-Next / Qwen3.5-MoE); needs ``shared_expert``.
+    """
+
+    def __init__(
+        self, backend: Backend, router_weight: Array, experts: RoutedExperts, spec: RouterSpec, *,
+        correction_bias: Array | None = None, shared_expert: Callable[[Array], Array] | None = None,
+        shared_expert_gate: Array | None = None,
+    ) -> None:
+        if tuple(router_weight.shape)[:1] != (spec.num_experts,) or experts.num_experts != spec.num_experts:
+            raise ValueError(
+                f"MoEFeedForward: router weight {tuple(router_weight.shape)} and {experts.num_experts} experts "
+                f"must both match RouterSpec.num_experts ({spec.num_experts})"
+            )
+        if correction_bias is not None and tuple(correction_bias.shape) != (spec.num_experts,):
+            raise ValueError(
+                f"MoEFeedForward: correction bias has shape {tuple(correction_bias.shape)}, expected ({spec.num_experts},)"
+            )
+        if shared_expert_gate is not None and shared_expert is None:
+            raise ValueError("MoEFeedForward: shared_expert_gate was given without a shared_expert")
+        self.backend = backend
+        self.router_weight = router_weight
+        self.experts = experts
+        self.spec = spec
+        self.correction_bias = correction_bias
+        self.shared_expert = shared_expert
+        self.shared_expert_gate = shared_expert_gate
+
+    def route(self, router_input: Array) -> tuple[Array, Array]:
+        """``(weights[T, k] float32, ids[T, k] int32)`` for ``router_input[T, H]``."""
+        logits = self.backend.linear(router_input, self.router_weight)
+        return self.backend.moe_route(logits, self.spec, self.correction_bias)
+
+    def __call__(self, x: Array, router_input: Array | None = None) -> Array:
+        weights, ids = self.route(x if router_input is None else router_input)
+        out = self.experts(x, weights, ids)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x)
+            if self.shared_expert_gate is not None:
+                shared = self.backend.sigmoid_gate(shared, self.backend.linear(x, self.shared_expert_gate))
+            out += shared
+        return out
+
+
+def load_moe(
+    loader: ModelWeightLoader, prefix: str, spec: RouterSpec, *, activation: ExpertActivation = "silu",
+    names: ExpertNames = ExpertNames(), router: str = "gate.weight", experts: str = "experts.",
+    correction_bias: str | None = None, shared_expert: Callable[[Array], Array] | None = None,
+    shared_expert_gate: str | None = None,
+) -> MoEFeedForward:
+    """A `MoEFeedForward` from the checkpoint tensors under ``prefix`` (e.g. ``"model.layers.3.mlp."``):
+    the router ``{prefix}{router}``, the experts under ``{prefix}{experts}`` (`read_experts`), the
+    optional ``{prefix}{correction_bias}`` (kept in float32) and ``{prefix}{shared_expert_gate}``.
+    ``shared_expert`` is built by the caller (its form differs between families)."""
+    backend = loader.backend
+    w_in, w_out = read_experts(loader, prefix + experts, spec.num_experts, names)
+    return MoEFeedForward(
+        backend,
+        loader.upload(prefix + router),
+        RoutedExperts.upload(backend, w_in, w_out, activation),
+        spec,
+        correction_bias=None if correction_bias is None else backend.from_numpy(
+            loader.tensor(prefix + correction_bias), dtype=np.dtype(np.float32)
+        ),
+        shared_expert=shared_expert,
+        shared_expert_gate=None if shared_expert_gate is None else loader.upload(prefix + shared_expert_gate),
+    )

@@ -1,0 +1,117 @@
+"""An Anthropic Messages request -> `ChatSetup` (template messages, tools, tool choice, thinking)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atlas_core.parsing.types import ToolDefinition
+from atlas_core.server.chat_prompt import ChatSetup, ToolChoice, check_tool_choice, template_kwargs
+from atlas_core.server.errors import invalid
+from atlas_core.server.schemas_anthropic import (
+    CountTokensRequest,
+    DocumentBlock,
+    ImageBlock,
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ThinkingEnabled,
+    ToolChoiceAny,
+    ToolChoiceAuto,
+    ToolChoiceNone,
+    ToolChoiceTool,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from atlas_core.server.state import ServerState
+
+
+def anthropic_setup(state: ServerState, request: CountTokensRequest) -> ChatSetup:
+    """`ChatSetup` of a ``/v1/messages`` (or ``count_tokens``) request."""
+    messages: list[dict[str, Any]] = []
+    if request.system:
+        system = request.system if isinstance(request.system, str) else "\n".join(b.text for b in request.system)
+        messages.append({"role": "system", "content": system})
+    for i, message in enumerate(request.messages):
+        messages.extend(_convert(message, i))
+    tools = []
+    for i, tool in enumerate(request.tools or []):
+        if tool.type not in (None, "custom"):
+            raise invalid(f"tool {tool.name!r} has type {tool.type!r}: server tools are not supported", param=f"tools[{i}]")
+        tools.append(ToolDefinition(tool.name, tool.description, tool.input_schema or {"type": "object", "properties": {}}))
+    choice, parallel = _tool_choice(request, bool(tools))
+    check_tool_choice(tools, choice)
+    thinking = request.thinking
+    enable_thinking = None if thinking is None else isinstance(thinking, ThinkingEnabled)
+    return ChatSetup(
+        messages=messages, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
+        template_kwargs=template_kwargs(state, None, enable_thinking=enable_thinking),
+    )
+
+
+def _tool_choice(request: CountTokensRequest, has_tools: bool) -> tuple[ToolChoice, bool]:
+    choice = request.tool_choice
+    if choice is None:
+        return ("auto" if has_tools else "none"), True
+    if isinstance(choice, ToolChoiceNone):
+        return "none", True
+    parallel = not choice.disable_parallel_tool_use
+    if isinstance(choice, ToolChoiceAuto):
+        return "auto", parallel
+    if isinstance(choice, ToolChoiceAny):
+        return "required", parallel
+    assert isinstance(choice, ToolChoiceTool)
+    return {"name": choice.name}, parallel
+
+
+def _convert(message: Message, index: int) -> list[dict[str, Any]]:
+    """One Anthropic message -> template messages (tool results become ``tool`` messages first)."""
+    where = f"messages[{index}].content"
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, (ImageBlock, DocumentBlock)):
+            raise invalid("image and document content is not supported: the served model reads text only", param=where)
+        elif isinstance(block, ThinkingBlock):
+            reasoning.append(block.thinking)
+        elif isinstance(block, RedactedThinkingBlock):
+            continue
+        elif isinstance(block, ToolUseBlock):
+            if message.role != "assistant":
+                raise invalid("tool_use blocks belong in assistant messages", param=where)
+            calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input}})
+        elif isinstance(block, ToolResultBlock):
+            if message.role != "user":
+                raise invalid("tool_result blocks belong in user messages", param=where)
+            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block, where)})
+    out = list(results)
+    if message.role == "assistant":
+        turn: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+        if reasoning:
+            turn["reasoning_content"] = "\n".join(reasoning)
+        if calls:
+            turn["tool_calls"] = calls
+        out.append(turn)
+    elif texts or not results:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _result_text(block: ToolResultBlock, where: str) -> str:
+    content = block.content
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    else:
+        if any(not isinstance(part, TextBlock) for part in content):
+            raise invalid("tool results may hold text only: the served model reads text only", param=where)
+        text = "\n".join(part.text for part in content)
+    return f"Error: {text}" if block.is_error else text
+

@@ -1,0 +1,134 @@
+"""A chat request -> the prompt the model sees, through the model's own chat template.
+
+Both APIs convert their messages into the Hugging Face template shape (``role``/``content``,
+``tool_calls`` with ``function.arguments``, ``tool`` messages with ``tool_call_id``,
+``reasoning_content`` for earlier thinking) and pass tools in OpenAI's function format, which is
+what published templates expect. `ChatSetup` carries what the output parser needs as well.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from atlas_core.parsing.types import ToolDefinition
+from atlas_core.server.errors import invalid
+from atlas_core.server.sampling import check_prompt_length
+from atlas_core.server.schemas_openai import ChatCompletionRequest, ChatMessage, ImagePart, NamedToolChoice
+from atlas_core.server.state import ModelRuntime, ServerState
+
+ToolChoice = str | dict[str, str]
+"""``"auto"``, ``"none"``, ``"required"`` or ``{"name": tool}``."""
+
+
+@dataclass
+class ChatSetup:
+    """A conversation ready to render: template messages, tools, tool choice and template kwargs."""
+
+    messages: list[dict[str, Any]]
+    tools: list[ToolDefinition] = field(default_factory=list)
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        if not self.tools:
+            return None
+        return [
+            {"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.parameters}}
+            for t in self.tools
+        ]
+
+
+@dataclass
+class RenderedPrompt:
+    text: str
+    ids: list[int]
+
+
+def render_text(runtime: ModelRuntime, setup: ChatSetup) -> str:
+    """The prompt text; 400 when there are no messages or the template rejects them."""
+    if not setup.messages:
+        raise invalid("messages must not be empty", param="messages")
+    return runtime.tokenizer.apply_chat_template(
+        setup.messages, tools=setup.template_tools(), add_generation_prompt=setup.add_generation_prompt,
+        chat_template_kwargs=setup.template_kwargs,
+    )
+
+
+def render(runtime: ModelRuntime, setup: ChatSetup) -> RenderedPrompt:
+    """Render and tokenize; 400 as `render_text`, or when the prompt leaves no room to answer."""
+    text = render_text(runtime, setup)
+    ids = runtime.tokenizer.encode(text, add_special_tokens=False)
+    check_prompt_length(len(ids), runtime.max_seq_len)
+    return RenderedPrompt(text, ids)
+
+
+def check_tool_choice(tools: list[ToolDefinition], choice: ToolChoice) -> None:
+    """400 when ``choice`` asks for a tool call that ``tools`` cannot satisfy."""
+    if choice == "required" and not tools:
+        raise invalid("tool_choice 'required' needs at least one tool in tools", param="tool_choice")
+    if isinstance(choice, dict):
+        names = [t.name for t in tools]
+        if choice["name"] not in names:
+            raise invalid(f"tool_choice names {choice['name']!r}, which is not among the tools {names}", param="tool_choice")
+
+
+def template_kwargs(state: ServerState, request_kwargs: dict[str, Any] | None, **overrides: Any) -> dict[str, Any]:
+    """The server's default chat-template kwargs, then the request's, then ``overrides`` (non-None)."""
+    merged = {**state.config.default_chat_template_kwargs, **(request_kwargs or {})}
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    return merged
+
+
+REASONING_EFFORT_THINKS = {"none": False, "minimal": False, "low": True, "medium": True, "high": True}
+"""OpenAI ``reasoning_effort`` -> the templates' ``enable_thinking``."""
+
+
+def openai_setup(state: ServerState, request: ChatCompletionRequest) -> ChatSetup:
+    """`ChatSetup` of an OpenAI chat completion request."""
+    tools = [
+        ToolDefinition(t.function.name, t.function.description, t.function.parameters or {"type": "object", "properties": {}})
+        for t in request.tools or []
+    ]
+    choice: ToolChoice
+    if isinstance(request.tool_choice, NamedToolChoice):
+        choice = {"name": request.tool_choice.function.name}
+    else:
+        choice = request.tool_choice or ("auto" if tools else "none")
+    check_tool_choice(tools, choice)
+    thinks = REASONING_EFFORT_THINKS.get(request.reasoning_effort) if request.reasoning_effort else None
+    return ChatSetup(
+        messages=[_openai_message(m, i) for i, m in enumerate(request.messages)],
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=request.parallel_tool_calls,
+        template_kwargs=template_kwargs(state, request.chat_template_kwargs, enable_thinking=thinks),
+        add_generation_prompt=request.add_generation_prompt,
+    )
+
+
+def _openai_message(message: ChatMessage, index: int) -> dict[str, Any]:
+    role = "system" if message.role == "developer" else message.role
+    out: dict[str, Any] = {"role": role}
+    content = message.content
+    if isinstance(content, list):
+        if any(isinstance(part, ImagePart) for part in content):
+            raise invalid("image content is not supported: the served model reads text only", param=f"messages[{index}].content")
+        content = "\n".join(part.text for part in content)
+    out["content"] = content if content is not None else ""
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.reasoning_content is not None:
+        out["reasoning_content"] = message.reasoning_content
+    if role == "tool" and message.tool_call_id is None:
+        raise invalid("a tool message needs tool_call_id", param=f"messages[{index}].tool_call_id")
+    return out

@@ -1,0 +1,121 @@
+"""Running engine requests for the routes: timeouts, metrics, failures as `APIError`, and merging.
+
+`generate` yields a request's `RequestOutput` after every engine step that changed it. Closing
+the iterator (a client that went away, a timeout) aborts the engine request, which frees its KV
+blocks. `start` waits for the first output so that a request the engine rejects becomes an HTTP
+error before any response byte is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import nullcontext
+
+from atlas_core.engine.outputs import RequestOutput
+from atlas_core.engine.sampling_params import SamplingParams
+from atlas_core.server.errors import APIError
+from atlas_core.server.state import ServerState
+
+
+async def generate(
+    state: ServerState, prompt: str | None, prompt_ids: list[int], params: SamplingParams
+) -> AsyncIterator[RequestOutput]:
+    """The outputs of one engine request; raises `APIError` on timeout, failure or shutdown."""
+    runtime = state.require_runtime()
+    timeout = state.config.request_timeout
+    deadline = None if timeout is None else time.monotonic() + timeout
+    loop = asyncio.get_running_loop()
+    stream = runtime.engine.generate(prompt, prompt_ids, params)
+    tracker = state.metrics.track(len(prompt_ids))
+    try:
+        while True:
+            limit = None if deadline is None else loop.time() + (deadline - time.monotonic())
+            try:
+                async with asyncio.timeout_at(limit) if limit is not None else nullcontext():
+                    output = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise APIError(
+                    504, f"the request did not finish within the server's request timeout ({timeout:g} s); ask for "
+                    "fewer tokens or raise --request-timeout",
+                ) from None
+            tracker.observe(output)
+            _raise_if_failed(state, output)
+            yield output
+            if output.finished:
+                return
+    finally:
+        await stream.aclose()
+        tracker.done()
+
+
+def _raise_if_failed(state: ServerState, output: RequestOutput) -> None:
+    if output.error:
+        raise APIError(500, f"generation failed: {output.error}")
+    if output.finished and any(c.finish_reason == "abort" for c in output.outputs):
+        reason = "the server is shutting down" if state.shutting_down else "the request was cancelled"
+        raise APIError(503, f"{reason}; it was ended after {max(len(c.token_ids) for c in output.outputs)} tokens")
+
+
+async def start(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    """``stream`` with its first output already awaited (errors surface here, before streaming)."""
+    try:
+        first = await anext(stream)
+    except StopAsyncIteration:
+        first = None
+
+    async def resumed() -> AsyncIterator[RequestOutput]:
+        try:
+            if first is not None:
+                yield first
+            async for item in stream:
+                yield item
+        finally:
+            await stream.aclose()
+
+    return resumed()
+
+
+async def final(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+    """The finished output of ``stream``."""
+    last = None
+    async for last in stream:
+        pass
+    if last is None:
+        raise APIError(500, "the engine returned no output for the request")
+    return last
+
+
+async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several streams as ``(stream index, output)`` in arrival order; the first error
+    is raised and every stream is closed (so its engine request is aborted) when iteration stops."""
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for item in stream:
+                await queue.put((index, item))
+            await queue.put((index, None))
+        except Exception as exc:
+            await queue.put((index, exc))
+        finally:
+            await stream.aclose()
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

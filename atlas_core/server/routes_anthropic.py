@@ -1,0 +1,60 @@
+"""Anthropic routes: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
+
+``max_tokens`` is required by the API and clients send their own ceiling (Claude Code asks for
+tens of thousands), so a value beyond what the context leaves is served up to the context's end
+(``stop_reason`` ``max_tokens``) instead of being refused.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from litestar import post
+from litestar.response import Stream
+
+from atlas_core.server.anthropic_messages import MessageContext, message_response, message_stream
+from atlas_core.server.anthropic_prompt import anthropic_setup
+from atlas_core.server.chat_prompt import render, render_text
+from atlas_core.server.constraints import constraint_fields
+from atlas_core.server.errors import invalid
+from atlas_core.server.generation import final, generate, start
+from atlas_core.server.output_parsing import ParserSpec
+from atlas_core.server.sampling import sampling_params
+from atlas_core.server.schemas_anthropic import CountTokensRequest, MessageResponse, MessagesRequest, ThinkingEnabled, TokenCount
+from atlas_core.server.schemas_openai import SamplerFields
+from atlas_core.server.state import ServerState
+from atlas_core.server.streaming import anthropic_error_event, event_stream
+
+TAGS = ["Anthropic"]
+
+
+@post("/v1/messages", status_code=200, tags=TAGS, summary="Create a message (streamed when stream is true)")
+async def create_message(data: MessagesRequest, server: ServerState) -> MessageResponse | Stream:
+    server.check_model(data.model)
+    runtime = server.require_runtime()
+    if data.max_tokens < 1:
+        raise invalid(f"max_tokens must be at least 1, got {data.max_tokens}", param="max_tokens")
+    setup = anthropic_setup(server, data)
+    prompt = render(runtime, setup)
+    fields = SamplerFields(temperature=data.temperature, top_p=data.top_p, top_k=data.top_k, stop=data.stop_sequences)
+    max_tokens = min(data.max_tokens, runtime.max_seq_len - len(prompt.ids))
+    parsers = ParserSpec(server, setup, prompt.text)
+    budget = data.thinking.budget_tokens if isinstance(data.thinking, ThinkingEnabled) else None
+    params = sampling_params(fields, max_tokens=max_tokens, **constraint_fields(parsers, runtime.tokenizer, thinking_tokens=budget))
+    ctx = MessageContext(message_id=f"msg_{uuid.uuid4().hex}", model=server.model_name, parsers=parsers)
+    stream = generate(server, prompt.text, prompt.ids, params)
+    if data.stream:
+        return event_stream(message_stream(await start(stream), ctx, len(prompt.ids)), anthropic_error_event)
+    return message_response(await final(stream), ctx)
+
+
+@post("/v1/messages/count_tokens", status_code=200, tags=TAGS, summary="Count the prompt tokens of a message request")
+async def count_tokens(data: CountTokensRequest, server: ServerState) -> TokenCount:
+    server.check_model(data.model)
+    runtime = server.require_runtime()
+    setup = anthropic_setup(server, data)
+    text = render_text(runtime, setup)
+    return TokenCount(len(runtime.tokenizer.encode(text, add_special_tokens=False)))
+
+
+ROUTES = [create_message, count_tokens]

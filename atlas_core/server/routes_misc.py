@@ -1,0 +1,74 @@
+"""Tokenizer, health, metrics and OpenAPI routes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response, get, post
+
+from atlas_core.server.chat_prompt import openai_setup, render_text
+from atlas_core.server.errors import invalid
+from atlas_core.server.schemas_openai import (
+    ChatCompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    HealthStatus,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from atlas_core.server.state import ServerState
+
+TAGS = ["Tokenizer"]
+
+
+@post("/tokenize", status_code=200, tags=TAGS, summary="Token ids of a prompt or of a rendered conversation")
+async def tokenize(data: TokenizeRequest, server: ServerState) -> TokenizeResponse:
+    server.check_model(data.model)
+    runtime = server.require_runtime()
+    if (data.prompt is None) == (data.messages is None):
+        raise invalid("send exactly one of prompt and messages", param="prompt")
+    if data.messages is not None:
+        chat = ChatCompletionRequest(
+            messages=data.messages, tools=data.tools, chat_template_kwargs=data.chat_template_kwargs,
+            add_generation_prompt=data.add_generation_prompt,
+        )
+        text = render_text(runtime, openai_setup(server, chat))
+        ids = runtime.tokenizer.encode(text, add_special_tokens=False)
+    else:
+        ids = runtime.tokenizer.encode(data.prompt or "", add_special_tokens=data.add_special_tokens)
+    return TokenizeResponse(count=len(ids), max_model_len=runtime.max_seq_len, tokens=ids)
+
+
+@post("/detokenize", status_code=200, tags=TAGS, summary="Text of token ids")
+async def detokenize(data: DetokenizeRequest, server: ServerState) -> DetokenizeResponse:
+    server.check_model(data.model)
+    runtime = server.require_runtime()
+    vocab = runtime.engine.engine.loaded.model.vocab_size
+    bad = [t for t in data.tokens if not 0 <= t < vocab]
+    if bad:
+        raise invalid(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="tokens")
+    return DetokenizeResponse(prompt=runtime.tokenizer.decode(data.tokens))
+
+
+@get("/health", tags=["Server"], summary="200 when serving; 503 while the model loads or the server shuts down")
+async def health(server: ServerState) -> Response[HealthStatus]:
+    if server.shutting_down:
+        return Response(HealthStatus("shutting_down"), status_code=503)
+    if server.runtime is None:
+        return Response(HealthStatus("loading"), status_code=503)
+    return Response(HealthStatus("ok"), status_code=200)
+
+
+@get("/metrics", tags=["Server"], summary="Prometheus metrics")
+async def metrics(server: ServerState) -> Response[bytes]:
+    return Response(server.metrics.render(), media_type=server.metrics.content_type)
+
+
+@get("/openapi.json", include_in_schema=False)
+async def openapi_document(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """The OpenAPI document (also at Litestar's ``/schema/openapi.json``)."""
+    return request.app.openapi_schema.to_schema()
+
+
+PROTECTED_ROUTES = [tokenize, detokenize]
+OPEN_ROUTES = [health, metrics, openapi_document]

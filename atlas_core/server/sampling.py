@@ -1,0 +1,70 @@
+"""Request fields -> `SamplingParams`, with the length checks every endpoint shares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atlas_core.engine.sampling_params import SamplingParams
+from atlas_core.errors import InvalidRequestError
+from atlas_core.server.errors import APIError, invalid
+from atlas_core.server.schemas_openai import SamplerFields
+
+
+def check_prompt_length(num_tokens: int, max_seq_len: int) -> None:
+    """400 unless at least one token of room remains after the prompt."""
+    if num_tokens == 0:
+        raise invalid("the prompt is empty")
+    if num_tokens >= max_seq_len:
+        raise invalid(
+            f"prompt too long: {num_tokens} tokens > {max_seq_len - 1} (max_seq_len {max_seq_len} minus one token "
+            "for the answer); shorten the prompt or start the server with a larger --max-seq-len",
+            param="messages",
+        )
+
+
+def check_max_tokens(max_tokens: int | None, max_seq_len: int, *, param: str = "max_tokens") -> None:
+    """400 for a ``max_tokens`` below 1 or beyond the whole context (no prompt could leave that room)."""
+    if max_tokens is None:
+        return
+    if max_tokens < 1:
+        raise invalid(f"{param} must be at least 1, got {max_tokens}", param=param)
+    if max_tokens > max_seq_len:
+        raise invalid(
+            f"{param}={max_tokens} is more than the model's context (max_seq_len {max_seq_len}); ask for at most "
+            f"{max_seq_len} minus the prompt's tokens", param=param,
+        )
+
+
+def logit_bias_of(bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's ``logit_bias`` (token ids as JSON object keys) with integer keys."""
+    out = {}
+    for key, value in (bias or {}).items():
+        try:
+            out[int(key)] = value
+        except ValueError:
+            raise invalid(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+    return out
+
+
+def sampling_params(fields: SamplerFields, *, max_tokens: int | None, **extra: Any) -> SamplingParams:
+    """`SamplingParams` from the shared sampler fields; ``extra`` adds or overrides fields
+    (``logprobs``, ``prompt_logprobs``, structured-output settings). Out-of-range values: 400."""
+    kwargs: dict[str, Any] = {
+        name: getattr(fields, name)
+        for name in (
+            "temperature", "top_p", "top_k", "min_p", "top_n_sigma", "repetition_penalty", "presence_penalty",
+            "frequency_penalty",
+        )
+        if getattr(fields, name) is not None
+    }
+    kwargs.update(
+        n=fields.n, max_tokens=max_tokens, min_tokens=fields.min_tokens, seed=fields.seed, stop=fields.stop,
+        stop_token_ids=list(fields.stop_token_ids or []), logit_bias=logit_bias_of(fields.logit_bias),
+        ignore_eos=fields.ignore_eos, include_stop_str_in_output=fields.include_stop_str_in_output,
+        skip_special_tokens=fields.skip_special_tokens,
+    )
+    kwargs.update(extra)
+    try:
+        return SamplingParams(**kwargs)
+    except InvalidRequestError as exc:
+        raise APIError(400, str(exc)) from None

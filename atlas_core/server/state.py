@@ -1,0 +1,102 @@
+"""What every route needs: the server's settings and, once loaded, the model it serves."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from atlas_core.engine.async_engine import AsyncEngine
+from atlas_core.server.errors import APIError
+from atlas_core.server.metrics import ServerMetrics
+from atlas_core.tokenizer import Tokenizer
+
+
+@dataclass
+class ServerConfig:
+    """HTTP-level settings (the `atlas serve` flags that are not engine settings).
+
+    ``model_names``: names clients may use in ``model``; the first is reported back (empty until
+    the model is loaded when the names come from the model).
+    ``tool_call_parser`` / ``reasoning_parser``: parser names, None for none.
+    ``default_chat_template_kwargs``: passed to the chat template, a request's own
+    ``chat_template_kwargs`` override them key by key. ``api_keys``: when non-empty, `/v1/*` and
+    tokenize need one of them. ``request_timeout``: seconds from arrival to the last token (None:
+    no limit). ``shutdown_timeout``: seconds in-flight requests may keep running after a shutdown
+    signal before they are ended.
+    """
+
+    model_names: list[str] = field(default_factory=list)
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    api_keys: list[str] = field(default_factory=list)
+    request_timeout: float | None = None
+    max_body_bytes: int = 16 * 2**20
+    cors_allow_origins: list[str] = field(default_factory=list)
+    shutdown_timeout: float = 30.0
+
+
+@dataclass
+class ModelRuntime:
+    """A loaded model behind the HTTP API."""
+
+    engine: AsyncEngine
+    tokenizer: Tokenizer
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.engine.engine.max_seq_len
+
+
+class ServerState:
+    """Shared by all routes. ``runtime`` is None while the model loads (routes answer 503)."""
+
+    def __init__(self, config: ServerConfig, runtime: ModelRuntime | None = None) -> None:
+        self.config = config
+        self.runtime: ModelRuntime | None = None
+        self.metrics = ServerMetrics()
+        self.created = int(time.time())
+        self.shutting_down = False
+        self._drained: asyncio.Future[None] | None = None
+        if runtime is not None:
+            self.attach(runtime)
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model_names[0] if self.config.model_names else ""
+
+    def attach(self, runtime: ModelRuntime) -> None:
+        """The model finished loading: start serving it."""
+        self.runtime = runtime
+        self.metrics.watch_engine(runtime.engine.engine)
+
+    def require_runtime(self) -> ModelRuntime:
+        if self.shutting_down:
+            raise APIError(503, "the server is shutting down")
+        if self.runtime is None:
+            raise APIError(503, "the model is still loading; retry when GET /health answers 200")
+        return self.runtime
+
+    def check_model(self, name: str | None) -> None:
+        """Accept a request for ``name`` (None or "" means the served model); 404 for any other."""
+        if name and name not in self.config.model_names:
+            raise APIError(
+                404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                param="model", code="model_not_found",
+            )
+
+    async def drain(self) -> None:
+        """Shut down gracefully (idempotent): refuse new requests (503), give those in flight up to
+        ``shutdown_timeout`` seconds, end the rest (a stream then closes with an error event, a
+        waiting client gets a 503), and stop the engine thread."""
+        if self._drained is None:
+            self._drained = asyncio.ensure_future(self._drain())
+        await asyncio.shield(self._drained)
+
+    async def _drain(self) -> None:
+        self.shutting_down = True
+        if self.runtime is not None:
+            await self.runtime.engine.drain(self.config.shutdown_timeout)
+            await asyncio.to_thread(self.runtime.engine.shutdown)

@@ -1,0 +1,347 @@
+// Causal paged attention with GQA and an optional sliding window, for varlen batches that mix prefill
+// chunks and decode tokens; FlashAttention-2 style online softmax over key tiles, with split-K
+// ("flash-decoding") over the context for long decodes.
+//
+// A block handles one work item (sequence b, its query tokens tile_tok .., a split or all of them) for
+// one KV head; its rows are (query token, query head of the group) pairs, so a decode token brings its
+// whole GQA group. Keys are processed in tiles of ATT_TILE_N aligned to key 0, grouped in splits of
+// ATT_SPLIT keys. For every row the arithmetic is fixed by the row alone: each split is an online
+// softmax over its tiles in order (a score is one thread's sequential dot product; a row's sum and each
+// output element are accumulated in key order), and splits are merged in order with `merge_split`.
+// Direct mode (split < 0) merges the splits in the block and writes the output; split mode writes the
+// split's (max, sum, accumulator) to a workspace and `attention_combine` merges them. Both give the
+// same bits, so a token's attention does not depend on what else is in the batch or how it is split.
+#include "common.cuh"
+
+#ifndef ATT_TILE_N
+#define ATT_TILE_N 64
+#endif
+#ifndef ATT_SPLIT
+#define ATT_SPLIT 128
+#endif
+#define ATT_THREADS 128
+
+// Fold one split's (m, l, acc) into the running (M, L, O). Empty splits (m = -inf) must be skipped by
+// the caller. Explicit roundings: the same bits wherever it is inlined.
+__device__ __forceinline__ void merge_factors(float M, float m, float* a, float* b, float* M_new) {
+    const float mn = fmaxf(M, m);
+    *a = (M == NEG_INF) ? 0.0f : expf(__fsub_rn(M, mn));
+    *b = expf(__fsub_rn(m, mn));
+    *M_new = mn;
+}
+
+__device__ __forceinline__ float merge_value(float running, float a, float value, float b) {
+    return __fadd_rn(__fmul_rn(running, a), __fmul_rn(value, b));
+}
+
+template <int DPT>
+__device__ __forceinline__ void load_v(const bf16_t* row, int d0, float* v) {
+    if (DPT == 8) {
+        const uint4 w = *reinterpret_cast<const uint4*>(row + d0);
+        v[0] = bf16_lo(w.x); v[1] = bf16_hi(w.x); v[2] = bf16_lo(w.y); v[3] = bf16_hi(w.y);
+        v[4] = bf16_lo(w.z); v[5] = bf16_hi(w.z); v[6] = bf16_lo(w.w); v[7] = bf16_hi(w.w);
+    } else if (DPT == 4) {
+        const uint2 w = *reinterpret_cast<const uint2*>(row + d0);
+        v[0] = bf16_lo(w.x); v[1] = bf16_hi(w.x); v[2] = bf16_lo(w.y); v[3] = bf16_hi(w.y);
+    } else if (DPT == 2) {
+        const unsigned w = *reinterpret_cast<const unsigned*>(row + d0);
+        v[0] = bf16_lo(w); v[1] = bf16_hi(w);
+    } else {
+        v[0] = bf16_to_float(row[d0]);
+    }
+}
+
+template <int TM, int DPT>
+__device__ __forceinline__ void attention_body(
+    const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const bf16_t* __restrict__ k_cache,
+    const bf16_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,
+    const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work, bf16_t* __restrict__ out,
+    long long o_s0, long long o_s1, float* __restrict__ ws_acc, float2* __restrict__ ws_ml, int splits, int q_heads,
+    int kv_heads, int d, int block_size, float scale, int window) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int d_pad = (d + 7) & ~7;
+    const int stride = d_pad + 8;  // padded rows: conflict-free 16-byte reads across rows
+    bf16_t* Qs = reinterpret_cast<bf16_t*>(smem);
+    bf16_t* Ks = Qs + TM * stride;
+    bf16_t* Vs = Ks + ATT_TILE_N * stride;
+    float* Ps = reinterpret_cast<float*>(Vs + ATT_TILE_N * stride);
+    float* Ot = Ps + TM * (ATT_TILE_N + 1);
+    float* m_split = Ot + TM * 32 * DPT;
+    float* l_split = m_split + TM;
+    float* alpha = l_split + TM;
+    float* M_tot = alpha + TM;
+    float* L_tot = M_tot + TM;
+    int* qpos = reinterpret_cast<int*>(L_tot + TM);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int4 item = work[blockIdx.x];
+    const int b = item.x, tile_tok = item.y, only_split = item.z;
+    const int hk = blockIdx.y;
+    const int group = q_heads / kv_heads;
+    const int q_begin = query_start[b], q_len = query_start[b + 1] - q_begin, ctx = seq_lens[b];
+    const int tokens = min(TM / group, q_len - tile_tok);
+    const int rows = tokens * group;  // rows 0 .. rows-1 exist
+    if (rows <= 0) return;
+    const int first_pos = ctx - q_len + tile_tok;
+    const int last_pos = first_pos + tokens - 1;
+    const int key_end = last_pos + 1;
+    const int key_start = window > 0 ? max(0, first_pos - window + 1) : 0;
+    const int* table = block_tables + (long long)b * table_width;
+
+    for (int r = tid; r < TM; r += ATT_THREADS) {
+        qpos[r] = r < rows ? first_pos + r / group : -1;
+        M_tot[r] = NEG_INF;
+        L_tot[r] = 0.0f;
+    }
+    for (int i = tid; i < TM * 32 * DPT; i += ATT_THREADS) Ot[i] = 0.0f;
+    for (int i = tid; i < TM * d_pad; i += ATT_THREADS) {
+        const int r = i / d_pad, j = i - r * d_pad;
+        bf16_t v = 0;
+        if (r < rows && j < d) {
+            const long long t = q_begin + tile_tok + r / group;
+            const int h = hk * group + r % group;
+            v = q[t * q_s0 + h * q_s1 + j];
+        }
+        Qs[r * stride + j] = v;
+    }
+
+    int s_lo, s_hi;
+    if (only_split >= 0) {
+        s_lo = s_hi = only_split;
+    } else {
+        s_lo = key_start / ATT_SPLIT;
+        s_hi = key_end > 0 ? (key_end - 1) / ATT_SPLIT : -1;
+    }
+
+    constexpr int ROW_GROUPS = ATT_THREADS / ATT_TILE_N;  // score layout: column c = tid % TILE_N
+    constexpr int SROWS = TM / ROW_GROUPS;
+    const int c_own = tid % ATT_TILE_N, rg = tid / ATT_TILE_N;
+    constexpr int PROWS = TM / 4;  // PV layout: rows warp + 4i, dims lane * DPT + e
+    const int d_own = lane * DPT;
+
+    for (int s = s_lo; s <= s_hi; ++s) {
+        __syncthreads();  // the previous split's merge has read its statistics
+        float acc[PROWS][DPT];
+#pragma unroll
+        for (int i = 0; i < PROWS; ++i)
+#pragma unroll
+            for (int e = 0; e < DPT; ++e) acc[i][e] = 0.0f;
+        for (int r = tid; r < TM; r += ATT_THREADS) {
+            m_split[r] = NEG_INF;
+            l_split[r] = 0.0f;
+        }
+        const int tile_lo = max(s * ATT_SPLIT, key_start / ATT_TILE_N * ATT_TILE_N);
+        const int tile_hi = min((s + 1) * ATT_SPLIT, key_end);
+        for (int t0 = tile_lo; t0 < tile_hi; t0 += ATT_TILE_N) {
+            __syncthreads();  // previous tile's K/V/P fully consumed; Q and stats written
+            // ---- K/V tile: keys t0 .. t0+TILE_N-1 that lie in [key_start, key_end); zeros elsewhere
+            const int chunks = d_pad / 8;
+            for (int i = tid; i < ATT_TILE_N * chunks; i += ATT_THREADS) {
+                const int c = i / chunks, j = (i - c * chunks) * 8;
+                const int kpos = t0 + c;
+                uint4 kv4 = {0u, 0u, 0u, 0u}, vv4 = {0u, 0u, 0u, 0u};
+                if (kpos >= key_start && kpos < key_end) {
+                    const long long slot = (long long)table[kpos / block_size] * block_size + kpos % block_size;
+                    const long long base = (slot * kv_heads + hk) * d + j;
+                    if ((d & 7) == 0) {
+                        kv4 = __ldg(reinterpret_cast<const uint4*>(k_cache + base));
+                        vv4 = __ldg(reinterpret_cast<const uint4*>(v_cache + base));
+                    } else {
+                        unsigned kw[4], vw[4];
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const bool in0 = j + 2 * e < d, in1 = j + 2 * e + 1 < d;
+                            kw[e] = (in0 ? (unsigned)k_cache[base + 2 * e] : 0u) | ((in1 ? (unsigned)k_cache[base + 2 * e + 1] : 0u) << 16);
+                            vw[e] = (in0 ? (unsigned)v_cache[base + 2 * e] : 0u) | ((in1 ? (unsigned)v_cache[base + 2 * e + 1] : 0u) << 16);
+                        }
+                        kv4 = {kw[0], kw[1], kw[2], kw[3]};
+                        vv4 = {vw[0], vw[1], vw[2], vw[3]};
+                    }
+                }
+                *reinterpret_cast<uint4*>(Ks + c * stride + j) = kv4;
+                *reinterpret_cast<uint4*>(Vs + c * stride + j) = vv4;
+            }
+            __syncthreads();
+            // ---- scores: one thread per (row, key), sequential over the head dims
+            {
+                const int kpos = t0 + c_own;
+                float sc[SROWS];
+#pragma unroll
+                for (int i = 0; i < SROWS; ++i) sc[i] = 0.0f;
+                const bf16_t* krow = Ks + c_own * stride;
+                for (int j = 0; j < d_pad; j += 8) {
+                    const uint4 kw = *reinterpret_cast<const uint4*>(krow + j);
+                    const float kf[8] = {bf16_lo(kw.x), bf16_hi(kw.x), bf16_lo(kw.y), bf16_hi(kw.y),
+                                         bf16_lo(kw.z), bf16_hi(kw.z), bf16_lo(kw.w), bf16_hi(kw.w)};
+#pragma unroll
+                    for (int i = 0; i < SROWS; ++i) {
+                        const int r = rg + ROW_GROUPS * i;
+                        if (r < rows) {
+                            const uint4 qw = *reinterpret_cast<const uint4*>(Qs + r * stride + j);
+                            float acc_s = sc[i];
+                            acc_s = __fmaf_rn(bf16_lo(qw.x), kf[0], acc_s);
+                            acc_s = __fmaf_rn(bf16_hi(qw.x), kf[1], acc_s);
+                            acc_s = __fmaf_rn(bf16_lo(qw.y), kf[2], acc_s);
+                            acc_s = __fmaf_rn(bf16_hi(qw.y), kf[3], acc_s);
+                            acc_s = __fmaf_rn(bf16_lo(qw.z), kf[4], acc_s);
+                            acc_s = __fmaf_rn(bf16_hi(qw.z), kf[5], acc_s);
+                            acc_s = __fmaf_rn(bf16_lo(qw.w), kf[6], acc_s);
+                            acc_s = __fmaf_rn(bf16_hi(qw.w), kf[7], acc_s);
+                            sc[i] = acc_s;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < SROWS; ++i) {
+                    const int r = rg + ROW_GROUPS * i;
+                    if (r < rows) {
+                        const int p = qpos[r];
+                        const bool visible = kpos <= p && kpos >= key_start && (window <= 0 || kpos > p - window);
+                        Ps[r * (ATT_TILE_N + 1) + c_own] = visible ? __fmul_rn(sc[i], scale) : NEG_INF;
+                    }
+                }
+            }
+            __syncthreads();
+            // ---- online softmax statistics: one thread per row, keys in order
+            for (int r = tid; r < rows; r += ATT_THREADS) {
+                float* pr = Ps + r * (ATT_TILE_N + 1);
+                float mt = NEG_INF;
+                for (int c = 0; c < ATT_TILE_N; ++c) mt = fmaxf(mt, pr[c]);
+                if (mt == NEG_INF) {  // every key of this tile is masked for this row: state unchanged
+                    for (int c = 0; c < ATT_TILE_N; ++c) pr[c] = 0.0f;
+                    alpha[r] = 1.0f;
+                    continue;
+                }
+                const float m_old = m_split[r];
+                const float m_new = fmaxf(m_old, mt);
+                const float a = (m_old == NEG_INF) ? 0.0f : expf(__fsub_rn(m_old, m_new));
+                float sum = 0.0f;
+                for (int c = 0; c < ATT_TILE_N; ++c) {
+                    const float p = expf(__fsub_rn(pr[c], m_new));
+                    pr[c] = p;
+                    sum = __fadd_rn(sum, p);
+                }
+                l_split[r] = __fadd_rn(__fmul_rn(l_split[r], a), sum);
+                m_split[r] = m_new;
+                alpha[r] = a;
+            }
+            __syncthreads();
+            // ---- acc = acc * alpha + P V, keys in order
+#pragma unroll
+            for (int i = 0; i < PROWS; ++i) {
+                const int r = warp + 4 * i;
+                if (r < rows && d_own < d) {
+                    const float a = alpha[r];
+                    const float* pr = Ps + r * (ATT_TILE_N + 1);
+                    float o[DPT];
+#pragma unroll
+                    for (int e = 0; e < DPT; ++e) o[e] = __fmul_rn(acc[i][e], a);
+                    for (int c = 0; c < ATT_TILE_N; ++c) {
+                        float v[DPT];
+                        load_v<DPT>(Vs + c * stride, d_own, v);
+                        const float p = pr[c];
+#pragma unroll
+                        for (int e = 0; e < DPT; ++e) o[e] = __fmaf_rn(p, v[e], o[e]);
+                    }
+#pragma unroll
+                    for (int e = 0; e < DPT; ++e) acc[i][e] = o[e];
+                }
+            }
+        }
+        __syncthreads();  // m_split / l_split final for this split
+        if (only_split >= 0) {
+#pragma unroll
+            for (int i = 0; i < PROWS; ++i) {
+                const int r = warp + 4 * i;
+                if (r < rows) {
+                    const long long t = q_begin + tile_tok + r / group;
+                    const long long row = t * q_heads + hk * group + r % group;
+                    const long long at = row * splits + s;
+                    if (lane == 0) {
+                        float2 ml;
+                        ml.x = m_split[r];
+                        ml.y = l_split[r];
+                        ws_ml[at] = ml;
+                    }
+#pragma unroll
+                    for (int e = 0; e < DPT; ++e)
+                        if (d_own + e < d) ws_acc[at * d + d_own + e] = acc[i][e];
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < PROWS; ++i) {
+                const int r = warp + 4 * i;
+                if (r < rows && m_split[r] != NEG_INF) {
+                    float a, bb, M_new;
+                    merge_factors(M_tot[r], m_split[r], &a, &bb, &M_new);
+#pragma unroll
+                    for (int e = 0; e < DPT; ++e)
+                        Ot[r * 32 * DPT + d_own + e] = merge_value(Ot[r * 32 * DPT + d_own + e], a, acc[i][e], bb);
+                    __syncwarp();
+                    if (lane == 0) {
+                        L_tot[r] = merge_value(L_tot[r], a, l_split[r], bb);
+                        M_tot[r] = M_new;
+                    }
+                }
+            }
+        }
+    }
+    if (only_split < 0) {
+        __syncthreads();
+        for (int i = tid; i < rows * d; i += ATT_THREADS) {
+            const int r = i / d, j = i - r * d;
+            const long long t = q_begin + tile_tok + r / group;
+            const int h = hk * group + r % group;
+            const float L = L_tot[r];
+            out[t * o_s0 + h * o_s1 + j] = float_to_bf16(L > 0.0f ? __fdiv_rn(Ot[r * 32 * DPT + j], L) : 0.0f);
+        }
+    }
+}
+
+#define ATTENTION_KERNEL(TM, DPT)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_m##TM##_d##DPT(                                \
+        const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const bf16_t* __restrict__ k_cache,             \
+        const bf16_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,    \
+        const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work,                         \
+        bf16_t* __restrict__ out, long long o_s0, long long o_s1, float* __restrict__ ws_acc,                         \
+        float2* __restrict__ ws_ml, int splits, int q_heads, int kv_heads, int d, int block_size, float scale,        \
+        int window) {                                                                                                 \
+        attention_body<TM, DPT>(q, q_s0, q_s1, k_cache, v_cache, query_start, seq_lens, block_tables, table_width,     \
+                                work, out, o_s0, o_s1, ws_acc, ws_ml, splits, q_heads, kv_heads, d, block_size,       \
+                                scale, window);                                                                       \
+    }
+
+ATTENTION_KERNEL(16, 1)
+ATTENTION_KERNEL(16, 2)
+ATTENTION_KERNEL(16, 4)
+ATTENTION_KERNEL(16, 8)
+ATTENTION_KERNEL(64, 1)
+ATTENTION_KERNEL(64, 2)
+ATTENTION_KERNEL(64, 4)
+ATTENTION_KERNEL(64, 8)
+
+// Merge the split partials of every (token, head) row in split order and write the output.
+// One warp per row; rows = tokens * q_heads.
+extern "C" __global__ void attention_combine(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml,
+                                             int splits, bf16_t* __restrict__ out, long long o_s0, long long o_s1,
+                                             int q_heads, int d, long long rows) {
+    const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= rows) return;
+    const int lane = threadIdx.x & 31;
+    const long long t = row / q_heads;
+    const int h = (int)(row - t * q_heads);
+    for (int j = lane; j < d; j += 32) {
+        float M = NEG_INF, L = 0.0f, O = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+            const float2 ml = ws_ml[row * splits + s];
+            if (ml.x == NEG_INF) continue;
+            float a, b, M_new;
+            merge_factors(M, ml.x, &a, &b, &M_new);
+            O = merge_value(O, a, ws_acc[(row * splits + s) * d + j], b);
+            L = merge_value(L, a, ml.y, b);
+            M = M_new;
+        }
+        out[t * o_s0 + h * o_s1 + j] = float_to_bf16(L > 0.0f ? __fdiv_rn(O, L) : 0.0f);
+    }
+}

@@ -1,0 +1,13 @@
+"""Entry point of the ``atlas-gb10`` distribution (group ``atlas``): registers the ``cuda`` backend.
+
+Importing this module imports nothing heavy: CuPy is imported only when the backend is selected.
+"""
+
+from __future__ import annotations
+
+from atlas_core.hookspecs import Register, hookimpl
+
+
+@hookimpl
+def register_gpu_backends(register: Register) -> None:
+    register("cuda", "atlas_gb10.backend:CudaBackend", priority=100)

@@ -1,0 +1,57 @@
+"""The kernel registry: (hardware target, op, dtype/quant) -> which CUDA source and compile-time
+constants implement it, with ``generic`` fallbacks (the Python form of ``kernels/<hw>/<op>/<quant>/``).
+
+Every source lives in ``atlas_gb10/kernels/`` and compiles for every target (Hopper sm_90a and GB10
+sm_121 are checked by ``scripts/compile_check.py``); a target entry exists only where it differs: other
+tile sizes for a smaller shared memory, say. Constants that change results (attention's split size)
+must be the same for all entries of one target, so that results never depend on the path taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KERNEL_DIR = Path(__file__).parent / "kernels"
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    """A CUDA source file and the ``-D`` constants it is compiled with."""
+
+    source: str
+    defines: tuple[tuple[str, int], ...] = field(default_factory=tuple)
+
+    def define(self, name: str, default: int) -> int:
+        return dict(self.defines).get(name, default)
+
+
+GENERIC = "generic"
+
+REGISTRY: dict[tuple[str, str, str], KernelVariant] = {
+    (GENERIC, "elementwise", "bf16"): KernelVariant("elementwise.cu"),
+    (GENERIC, "gemm", "bf16"): KernelVariant("gemm.cu", (("GEMM_KSPLIT", 8),)),
+    (GENERIC, "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 64), ("ATT_SPLIT", 128))),
+    (GENERIC, "logits", "bf16"): KernelVariant("logits.cu"),
+    # GB10: 99 KiB of shared memory per block, so attention uses half-size key tiles.
+    ("gb10", "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 32), ("ATT_SPLIT", 128))),
+}
+"""(target, op, dtype) -> variant. Lookups fall back to the ``generic`` target."""
+
+
+class KernelNotFoundError(LookupError):
+    """No kernel is registered for an op and dtype, neither for the target nor generically."""
+
+
+def lookup(target: str, op: str, dtype: str) -> KernelVariant:
+    """The variant for ``target``, else the generic one."""
+    for key in ((target, op, dtype), (GENERIC, op, dtype)):
+        if key in REGISTRY:
+            return REGISTRY[key]
+    known = sorted({f"{o}/{d}" for _, o, d in REGISTRY})
+    raise KernelNotFoundError(f"no kernel for op {op!r} with dtype {dtype!r} (registered: {', '.join(known)})")
+
+
+def all_variants() -> list[tuple[tuple[str, str, str], KernelVariant]]:
+    """Every registry entry (for the compile checks)."""
+    return sorted(REGISTRY.items())

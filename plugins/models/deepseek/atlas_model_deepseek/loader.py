@@ -1,0 +1,196 @@
+"""Loaders for DeepSeek-V3 (``deepseek_v3``) and Mistral Small 4 (``mistral4``, and its multimodal
+``mistral3`` checkpoints, of which the text stack is loaded).
+
+Each decoder layer is pre-norm MLA attention (`MultiHeadLatentAttention` over a `LatentKVLayout`
+cache) followed by a dense SwiGLU MLP (the first ``first_k_dense_replace`` layers) or a
+Mixture-of-Experts block (`MoEFeedForward`: routed experts plus the shared experts as one SwiGLU MLP).
+Weight preparation at load time:
+
+* ``q_a_proj`` (or ``q_proj``) and ``kv_a_proj_with_mqa`` are fused into one input GEMM;
+* with ``rope_interleave`` (the default) the rotary rows of the query and of the shared key are
+  reordered from interleaved pairs to rotate-half order (`deinterleave_rope_rows`);
+* ``kv_b_proj`` is split per head into the absorbed key and value factors (`split_kv_b`);
+* experts are read per expert (``experts.{e}.gate_proj`` ...) or fused (``experts.gate_up_proj``,
+  Mistral 4) by `read_experts`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from atlas_core.backends.base import Array
+from atlas_core.engine.kv_cache import LatentKVLayout
+from atlas_core.errors import ModelLoadError, UnsupportedArchitectureError
+from atlas_core.model.layers.mla import MLAWeights, MultiHeadLatentAttention, deinterleave_rope_rows, split_kv_b
+from atlas_core.model.layers.moe import MoEFeedForward, RoutedExperts, read_experts
+from atlas_core.model.loader import ModelWeightLoader
+from atlas_core.model.rope import rotary_tables
+from atlas_core.model.transformer import PreNormDecoderLayer, TransformerModel
+
+from atlas_model_deepseek.spec import DeepseekSpec, Family
+
+# (prefix of the decoder's tensors, name of the LM head) in the layouts checkpoints use
+TEXT_LAYOUTS = (
+    ("model.", "lm_head.weight"),  # causal LM checkpoints
+    ("model.language_model.", "lm_head.weight"),  # vision-language checkpoints saved by transformers 5
+    ("language_model.model.", "language_model.lm_head.weight"),  # original (llava-style) vision-language layout
+)
+
+
+class DeepseekV3Loader(ModelWeightLoader):
+    """DeepSeek-V3 / R1 (and other ``deepseek_v3`` checkpoints such as Kimi K2): sigmoid router with
+    ``e_score_correction_bias``. Multi-token-prediction layers past ``num_hidden_layers`` are ignored."""
+
+    family: ClassVar[Family] = "deepseek_v3"
+
+    def text_config(self) -> dict[str, Any]:
+        """The config of the language model (the whole config for a causal LM checkpoint)."""
+        return self.source.config
+
+    def build(self) -> TransformerModel:
+        spec = DeepseekSpec.from_config(self.text_config(), self.family, origin=f"{self.origin}/config.json")
+        self.prefix, lm_head_name = self._text_layout()
+        backend = self.backend
+        cos, sin = (backend.from_numpy(t, dtype=np.dtype(np.float32)) for t in rotary_tables(spec.rope, spec.max_position_embeddings))
+        table = spec.position_scale_table()
+        position_scale = None if table is None else backend.from_numpy(table, dtype=np.dtype(np.float32))
+
+        layers = []
+        for i in tqdm(range(spec.num_layers), desc="loading layers", unit="layer", disable=spec.num_layers < 16, leave=False):
+            p = f"{self.prefix}layers.{i}."
+            attention = MultiHeadLatentAttention(
+                backend, self._mla_weights(spec, p + "self_attn."), layer_index=i, shape=spec.mla, rope_cos=cos,
+                rope_sin=sin, scale=spec.softmax_scale, position_scale=position_scale,
+            )
+            ffn = self._moe(spec, p + "mlp.") if spec.is_moe_layer(i) else self._mlp(p + "mlp.")
+            layers.append(
+                PreNormDecoderLayer(
+                    self._norm(p + "input_layernorm.weight", spec), attention,
+                    self._norm(p + "post_attention_layernorm.weight", spec), ffn,
+                )
+            )
+        embed = self.upload(self.prefix + "embed_tokens.weight")
+        return TransformerModel(
+            backend,
+            embed_tokens=embed,
+            layers=layers,
+            final_norm=self._norm(self.prefix + "norm.weight", spec),
+            lm_head=embed if self.ties_embeddings(spec) else self.upload(lm_head_name),
+            kv_layouts=[LatentKVLayout(spec.mla.latent_dim, spec.mla.rope_dim)] * spec.num_layers,
+            vocab_size=spec.vocab_size,
+            max_position_embeddings=spec.max_position_embeddings,
+        )
+
+    def ties_embeddings(self, spec: DeepseekSpec) -> bool:
+        """Whether the LM head is the embedding table (no LM head tensor in the checkpoint)."""
+        return spec.tie_word_embeddings
+
+    # ---- pieces -------------------------------------------------------------------------------
+    def _text_layout(self) -> tuple[str, str]:
+        for prefix, lm_head in TEXT_LAYOUTS:
+            if prefix + "embed_tokens.weight" in self.source:
+                return prefix, lm_head
+        expected = " or ".join(repr(prefix + "embed_tokens.weight") for prefix, _ in TEXT_LAYOUTS)
+        raise ModelLoadError(f"{self.origin}: no embedding table found (looked for {expected})")
+
+    def _norm(self, name: str, spec: DeepseekSpec) -> Any:
+        return self.layer_type("rms_norm")(self.backend, self.upload(name), spec.rms_norm_eps)
+
+    def _mla_weights(self, spec: DeepseekSpec, a: str) -> MLAWeights:
+        shape = spec.mla
+        q_name = a + ("q_proj.weight" if shape.q_lora_rank is None else "q_a_proj.weight")
+        q_in, kv_in = self.tensor(q_name), self.tensor(a + "kv_a_proj_with_mqa.weight")
+        q_b = None if shape.q_lora_rank is None else self.tensor(a + "q_b_proj.weight")
+        q_bias = kv_bias = None
+        if spec.attention_bias:  # on q_a_proj and kv_a_proj_with_mqa (q_proj never has one) and o_proj
+            kv_bias = self.tensor(a + "kv_a_proj_with_mqa.bias")
+            q_bias = np.zeros(q_in.shape[0], kv_bias.dtype) if q_b is None else self.tensor(a + "q_a_proj.bias")
+        if spec.rope_interleave:
+            head = shape.nope_dim + shape.rope_dim
+            if q_b is None:
+                q_in = deinterleave_rope_rows(q_in, group=head, start=shape.nope_dim, rope_dim=shape.rope_dim)
+            else:
+                q_b = deinterleave_rope_rows(q_b, group=head, start=shape.nope_dim, rope_dim=shape.rope_dim)
+            kv_width = shape.latent_dim + shape.rope_dim
+            kv_in = deinterleave_rope_rows(kv_in, group=kv_width, start=shape.latent_dim, rope_dim=shape.rope_dim)
+            if kv_bias is not None:
+                kv_bias = deinterleave_rope_rows(kv_bias, group=kv_width, start=shape.latent_dim, rope_dim=shape.rope_dim)
+        expected_in = (shape.fused_q_width + shape.latent_dim + shape.rope_dim, spec.hidden_size)
+        fused_in = np.concatenate([q_in, kv_in])
+        if fused_in.shape != expected_in:
+            raise ModelLoadError(
+                f"{self.origin}: {q_name} {q_in.shape} and kv_a_proj_with_mqa {kv_in.shape} do not fit the config "
+                f"(together {expected_in})"
+            )
+        try:
+            uk, uv = split_kv_b(self.tensor(a + "kv_b_proj.weight"), shape)
+        except ValueError as exc:
+            raise ModelLoadError(f"{self.origin}: {a}{exc}") from exc
+        weight = self._weight
+        return MLAWeights(
+            fused_in=weight(fused_in),
+            fused_in_bias=None if kv_bias is None else weight(np.concatenate([q_bias, kv_bias])),
+            kv_a_norm=self._norm(a + "kv_a_layernorm.weight", spec),
+            q_b=None if q_b is None else weight(q_b),
+            q_a_norm=None if q_b is None else self._norm(a + "q_a_layernorm.weight", spec),
+            uk=weight(uk),
+            uv=weight(uv),
+            o=self.upload(a + "o_proj.weight"),
+            o_bias=self.upload(a + "o_proj.bias") if spec.attention_bias else None,
+        )
+
+    def _weight(self, array: np.ndarray) -> Array:
+        return self.backend.from_numpy(array, weight=True)
+
+    def _mlp(self, m: str) -> Any:
+        """A SwiGLU MLP with Hugging Face names under ``m`` (dense layers and the shared experts)."""
+        return self.layer_type("swiglu_mlp")(
+            self.backend, self.upload(m + "gate_proj.weight", m + "up_proj.weight"), self.upload(m + "down_proj.weight")
+        )
+
+    def _moe(self, spec: DeepseekSpec, m: str) -> MoEFeedForward:
+        w_in, w_out = read_experts(self, m + "experts.", spec.router.num_experts)
+        try:
+            experts = RoutedExperts.upload(self.backend, w_in, w_out, "silu")
+        except ValueError as exc:
+            raise ModelLoadError(f"{self.origin}: {m}experts: {exc}") from exc
+        return MoEFeedForward(
+            self.backend, self.upload(m + "gate.weight"), experts, spec.router,
+            correction_bias=self._correction_bias(m + "gate."),
+            shared_expert=self._mlp(m + "shared_experts.") if spec.num_shared_experts else None,
+        )
+
+    def _correction_bias(self, gate: str) -> Array | None:
+        """DeepSeek-V3's selection-only ``e_score_correction_bias`` (float32)."""
+        return self.backend.from_numpy(self.tensor(gate + "e_score_correction_bias"), dtype=np.dtype(np.float32))
+
+
+class Mistral4Loader(DeepseekV3Loader):
+    """Mistral Small 4's text stack: softmax router without correction bias, fused expert tensors,
+    and Llama-4 style position-dependent query scaling."""
+
+    family: ClassVar[Family] = "mistral4"
+
+    def _correction_bias(self, gate: str) -> Array | None:
+        return None
+
+
+class Mistral3Loader(Mistral4Loader):
+    """A ``mistral3`` vision-language checkpoint: its language model, when that is Mistral 4 (the
+    vision tower and projector are not loaded; text input only)."""
+
+    def text_config(self) -> dict[str, Any]:
+        text = self.source.config.get("text_config") or {}
+        if text.get("model_type") != "mistral4":
+            raise UnsupportedArchitectureError(
+                f"{self.origin}/config.json: a mistral3 checkpoint whose text_config.model_type is "
+                f"{text.get('model_type')!r}; atlas-model-deepseek loads only Mistral 4 text stacks (model_type 'mistral4')"
+            )
+        return text
+
+    def ties_embeddings(self, spec: DeepseekSpec) -> bool:
+        """transformers ties a vision-language model's LM head by the top-level config key (default True)."""
+        return bool(self.source.config.get("tie_word_embeddings", True))

@@ -1,0 +1,52 @@
+"""Gemma models: `TransformerModel` with scaled input embeddings, optional final logit soft-capping,
+and (Gemma 4) per-layer inputs handed to every decoder layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atlas_core.backends.base import Array
+from atlas_core.engine.forward_batch import ForwardBatch
+from atlas_core.engine.kv_cache import KVCache
+from atlas_core.model.layers.per_layer_inputs import PerLayerInputs, in_activation_dtype
+from atlas_core.model.transformer import TransformerModel
+
+
+class GemmaModel(TransformerModel):
+    """Embeddings are multiplied by ``sqrt(hidden_size)`` rounded to the activation dtype; logits are
+    soft-capped, ``cap * tanh(logits / cap)``, when ``final_logit_softcapping`` is set."""
+
+    def __init__(self, backend: Any, *, hidden_size: int, final_logit_softcapping: float | None, **kwargs: Any) -> None:
+        super().__init__(backend, **kwargs)
+        self.embed_scale = in_activation_dtype(backend, hidden_size**0.5)
+        self.final_logit_softcapping = final_logit_softcapping
+
+    def embed(self, input_ids: Array) -> Array:
+        """``[T]`` token ids -> scaled ``[T, H]`` input embeddings."""
+        return self.backend.scale(self.backend.embedding(self.embed_tokens, input_ids), self.embed_scale)
+
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> Array:
+        hidden, residual = self.embed(batch.input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, batch, kv)
+        return self.final_norm(hidden, residual)[0]
+
+    def compute_logits(self, hidden: Array) -> Array:
+        logits = super().compute_logits(hidden)
+        cap = self.final_logit_softcapping
+        return logits if cap is None else self.backend.soft_cap(logits, cap)
+
+
+class Gemma4Model(GemmaModel):
+    """Gemma 4: layers are `Gemma4DecoderLayer`s, each given its slice of the per-layer inputs."""
+
+    def __init__(self, backend: Any, *, per_layer_inputs: PerLayerInputs | None, **kwargs: Any) -> None:
+        super().__init__(backend, **kwargs)
+        self.per_layer_inputs = per_layer_inputs
+
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> Array:
+        hidden, residual = self.embed(batch.input_ids), None
+        inputs = None if self.per_layer_inputs is None else self.per_layer_inputs(batch.input_ids, hidden)
+        for i, layer in enumerate(self.layers):
+            hidden, residual = layer(hidden, residual, batch, kv, None if inputs is None else inputs[:, i])
+        return self.final_norm(hidden, residual)[0]

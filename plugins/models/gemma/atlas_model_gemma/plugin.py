@@ -1,0 +1,26 @@
+"""Entry point of the ``atlas-model-gemma`` distribution (group ``atlas``).
+
+Serving defaults: Gemma 3 has no reasoning mode and no tool-call tokens (tools are prompted and
+answered as JSON: the generic ``json`` parser); Gemma 4 thinks inside ``<|channel>thought ...<channel|>``
+and calls tools as ``<|tool_call>call:name{...}<tool_call|>``: parsers named ``gemma4``.
+"""
+
+from __future__ import annotations
+
+from atlas_core.hookspecs import Register, hookimpl
+
+GEMMA3_DEFAULTS = {"reasoning_parser": None, "tool_call_parser": "json"}
+GEMMA4_DEFAULTS = {"reasoning_parser": "gemma4", "tool_call_parser": "gemma4"}
+
+
+@hookimpl
+def register_model_loaders(register: Register) -> None:
+    loaders = "atlas_model_gemma.loader:"
+    register("gemma3_text", loaders + "Gemma3Loader", architectures=["Gemma3ForCausalLM"], defaults=GEMMA3_DEFAULTS)
+    register(
+        "gemma3", loaders + "Gemma3Loader", architectures=["Gemma3ForConditionalGeneration"], defaults=GEMMA3_DEFAULTS
+    )
+    register("gemma4_text", loaders + "Gemma4Loader", architectures=["Gemma4ForCausalLM"], defaults=GEMMA4_DEFAULTS)
+    register(
+        "gemma4", loaders + "Gemma4Loader", architectures=["Gemma4ForConditionalGeneration"], defaults=GEMMA4_DEFAULTS
+    )

@@ -1,0 +1,93 @@
+"""MiniMax-M2: attention with RMSNorm over all heads' q (and k) at once, partial rotary, and a sparse
+MoE feed-forward in every layer (sigmoid routing with a selection-only ``e_score_correction_bias``,
+renormalised top-k weights, experts named ``w1`` (gate) / ``w3`` (up) / ``w2`` (down))."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from atlas_core.backends.base import Array
+from atlas_core.errors import ModelLoadError
+from atlas_core.model.layers.moe import MINIMAX_EXPERT_NAMES, RouterSpec, load_moe, router_spec_from_config
+from atlas_core.model.layers.norm import RMSNorm
+from atlas_core.model.loader import DenseDecoderLoader
+from atlas_core.model.rope import RopeSpec
+from atlas_core.model.spec import DecoderSpec
+from atlas_core.model.transformer import TransformerModel
+
+MOE_PREFIX = "model.layers.{layer}.block_sparse_moe."
+CORRECTION_BIAS = "e_score_correction_bias"
+
+
+class AllHeadsRMSNorm:
+    """RMSNorm over every head of a token together: ``x[T, heads, D]`` is normed as ``[T, heads * D]``
+    with a ``[heads * D]`` weight, then given back per head (MiniMax-M2's ``q_norm`` / ``k_norm``)."""
+
+    def __init__(self, norm: RMSNorm) -> None:
+        self.norm = norm
+
+    def __call__(self, x: Array, residual: Array | None = None) -> tuple[Array, Array]:
+        if residual is not None:
+            raise ValueError("AllHeadsRMSNorm normalises q or k alone; it takes no residual")
+        normed, _ = self.norm(x.reshape(x.shape[0], -1))
+        return normed.reshape(x.shape), x
+
+
+class MiniMaxM2Loader(DenseDecoderLoader):
+    spec_overrides = {"qk_norm": True}
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.source.config
+
+    def spec(self) -> DecoderSpec:
+        origin = f"{self.origin}/config.json"
+        config = self.config
+        unsupported = {
+            "scoring_func": (config.get("scoring_func", "sigmoid"), "sigmoid"),
+            "use_qk_norm": (config.get("use_qk_norm", True), True),
+            "qk_norm_type": (config.get("qk_norm_type", "per_layer"), "per_layer"),
+            "shared_intermediate_size": (config.get("shared_intermediate_size") or 0, 0),
+        }
+        for key, (value, supported) in unsupported.items():
+            if value != supported:
+                raise ModelLoadError(f"{origin}: {key} = {value!r} is not supported for minimax_m2 (only {supported!r})")
+        spec = super().spec()
+        return dataclasses.replace(spec, rope=self.rope(spec.head_dim))
+
+    def rope(self, head_dim: int) -> RopeSpec:
+        """RoPE over ``rotary_dim`` of each head: released MiniMax-M2 configs give the legacy
+        ``rotary_dim`` key instead of ``partial_rotary_factor`` (which wins when both are present)."""
+        config = dict(self.config)
+        params = config.get("rope_parameters") or {}
+        rotary_dim = config.get("rotary_dim")
+        if rotary_dim is not None and "partial_rotary_factor" not in params and "partial_rotary_factor" not in config:
+            config["partial_rotary_factor"] = int(rotary_dim) / head_dim
+        return RopeSpec.from_config(config, head_dim)
+
+    def router_spec(self) -> RouterSpec:
+        return router_spec_from_config(
+            self.config, f"{self.origin}/config.json", scoring="sigmoid", normalize_top_k=True
+        )
+
+    def feed_forward(self, spec: DecoderSpec, layer: int) -> Callable[[Array], Array]:
+        prefix = MOE_PREFIX.format(layer=layer)
+        has_bias = prefix + CORRECTION_BIAS in self.source
+        if not has_bias and self.config.get("use_routing_bias", True):
+            raise ModelLoadError(
+                f"{self.origin}: weight {prefix + CORRECTION_BIAS!r} is missing from the checkpoint "
+                "(set use_routing_bias to false in config.json if the model routes without one)"
+            )
+        return load_moe(
+            self, prefix, self.router_spec(), names=MINIMAX_EXPERT_NAMES,
+            correction_bias=CORRECTION_BIAS if has_bias else None,
+        )
+
+    def build(self) -> TransformerModel:
+        model = super().build()
+        for layer in model.layers:
+            weights = layer.mixer.weights
+            weights.q_norm, weights.k_norm = AllHeadsRMSNorm(weights.q_norm), AllHeadsRMSNorm(weights.k_norm)
+        return model

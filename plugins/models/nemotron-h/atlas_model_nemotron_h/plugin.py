@@ -1,0 +1,15 @@
+"""Entry point of the ``atlas-model-nemotron-h`` distribution (group ``atlas``)."""
+
+from __future__ import annotations
+
+from atlas_core.hookspecs import Register, hookimpl
+
+
+@hookimpl
+def register_model_loaders(register: Register) -> None:
+    # Nemotron Nano 2 chat models think inside <think> ... </think> (qwen3-style markers) and call tools
+    # as <TOOLCALL>[{"name": ..., "arguments": {...}}, ...]</TOOLCALL> (the "nemotron" tool parser).
+    register(
+        "nemotron_h", "atlas_model_nemotron_h.loader:NemotronHLoader", architectures=["NemotronHForCausalLM"],
+        defaults={"reasoning_parser": "qwen3", "tool_call_parser": "nemotron"},
+    )

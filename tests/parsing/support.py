@@ -1,0 +1,88 @@
+"""Helpers for the parser tests: tools, streaming a text in given pieces, and comparing event streams."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from atlas_core.parsing import (
+    ContentDelta,
+    OutputParser,
+    ParsedMessage,
+    ReasoningDelta,
+    StreamEvent,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+    ToolDefinition,
+)
+
+WEATHER = ToolDefinition(
+    "get_weather",
+    "Current weather for a city",
+    {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "integer"},
+            "metric": {"type": "boolean"},
+            "options": {"type": "object", "properties": {"hourly": {"type": "boolean"}}},
+        },
+        "required": ["city"],
+    },
+)
+TIME = ToolDefinition(
+    "get_time", "Current time", {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}
+)
+TOOLS = [WEATHER, TIME]
+
+
+def stream(text_pieces: Iterable[str], **parser_args: Any) -> tuple[list[StreamEvent], ParsedMessage]:
+    """Feed the pieces one by one; all events and the final message."""
+    parser = OutputParser(**parser_args)
+    events: list[StreamEvent] = []
+    for piece in text_pieces:
+        events += parser.feed(piece)
+    tail, message = parser.finish()
+    return events + tail, message
+
+
+def summary(events: list[StreamEvent]) -> list[tuple[str, Any, ...]]:
+    """Events with adjacent text deltas and argument fragments merged and call ids dropped."""
+    merged: list[list[Any]] = []
+    for event in events:
+        if isinstance(event, ContentDelta | ReasoningDelta):
+            kind = type(event).__name__
+            if merged and merged[-1][0] == kind:
+                merged[-1][1] += event.text
+            else:
+                merged.append([kind, event.text])
+        elif isinstance(event, ToolCallStart):
+            merged.append(["start", event.index, event.name])
+        elif isinstance(event, ToolCallArgumentsDelta):
+            if merged and merged[-1][0] == "args" and merged[-1][1] == event.index:
+                merged[-1][2] += event.fragment
+            else:
+                merged.append(["args", event.index, event.fragment])
+    return [tuple(m) for m in merged]
+
+
+def without_ids(message: ParsedMessage) -> tuple[Any, ...]:
+    return (
+        message.content,
+        message.reasoning,
+        [(c.name, c.arguments) for c in message.tool_calls],
+        message.problems,
+    )
+
+
+def check_consistent(events: list[StreamEvent], message: ParsedMessage) -> None:
+    """The streamed events add up to the message: content, reasoning, calls in order, arguments."""
+    assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == message.content
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    assert reasoning == (message.reasoning or "")
+    starts = [e for e in events if isinstance(e, ToolCallStart)]
+    assert [(s.index, s.id, s.name) for s in starts] == [(i, c.id, c.name) for i, c in enumerate(message.tool_calls)]
+    for i, call in enumerate(message.tool_calls):
+        fragments = [e.fragment for e in events if isinstance(e, ToolCallArgumentsDelta) and e.index == i]
+        assert "".join(fragments) == call.arguments
+    assert all(not isinstance(e, ContentDelta) or e.text for e in events), "no empty deltas"

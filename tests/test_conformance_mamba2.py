@@ -1,0 +1,225 @@
+"""Backend conformance: the Mamba-2 ops (causal_conv1d, mamba2_scan, mamba2_decode, gated_rms_norm,
+relu_squared) against float64 oracles written from ``docs/ops.md``, and the chunked scan against
+the recurrent step.
+
+Inputs are strided views of one wider array, the way `Mamba2Mixer` slices them out of its input
+projection. States start random (a sequence continuing from earlier chunks) in shuffled slots; slots
+no sequence of the batch owns must come back bit for bit. Fixtures, tolerances and the seed handling
+(``ATLAS_CONFORMANCE_SEED``) are in ``tests/conformance_support.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atlas_core.backends.base import Array
+from tests.conformance_support import Case, backend, case  # noqa: F401 (fixtures)
+
+F32 = np.dtype(np.float32)
+
+
+# ---- float64 oracles (token by token, head by head) ----------------------------------------------
+def silu(v: np.ndarray) -> np.ndarray:
+    return v / (1.0 + np.exp(-v))
+
+
+def oracle_conv(
+    x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, state: np.ndarray, starts: list[int], slots: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    kernel = weight.shape[1]
+    out, state = np.zeros_like(x), state.copy()
+    for b, slot in enumerate(slots):
+        history = [state[slot][:, j] for j in range(kernel - 1)]  # oldest first
+        for t in range(starts[b], starts[b + 1]):
+            history.append(x[t])
+            acc = np.zeros(x.shape[1]) if bias is None else bias.copy()
+            for k in range(kernel):
+                acc += history[len(history) - kernel + k] * weight[:, k]
+            out[t] = silu(acc)
+        state[slot] = np.stack(history[-(kernel - 1) :], axis=1)
+    return out, state
+
+
+def oracle_scan(
+    x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.ndarray, C: np.ndarray, D: np.ndarray, dt_bias: np.ndarray,
+    state: np.ndarray, starts: list[int], slots: list[int], dt_min: float, dt_max: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    heads, groups = x.shape[1], B.shape[1]
+    y, state = np.zeros_like(x), state.copy()
+    for b, slot in enumerate(slots):
+        s = state[slot]
+        for t in range(starts[b], starts[b + 1]):
+            for h in range(heads):
+                g = h // (heads // groups)
+                delta = min(max(np.log1p(np.exp(dt[t, h] + dt_bias[h])), dt_min), dt_max)
+                s[h] = np.exp(delta * A[h]) * s[h] + delta * np.outer(x[t, h], B[t, g])
+                y[t, h] = s[h] @ C[t, g] + D[h] * x[t, h]
+    return y, state
+
+
+def oracle_gated_rms_norm(x: np.ndarray, gate: np.ndarray, weight: np.ndarray, eps: float, group_size: int) -> np.ndarray:
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        for g0 in range(0, x.shape[1], group_size):
+            h = x[t, g0 : g0 + group_size] * silu(gate[t, g0 : g0 + group_size])
+            out[t, g0 : g0 + group_size] = h / np.sqrt(np.mean(h * h) + eps) * weight[g0 : g0 + group_size]
+    return out
+
+
+# ---- inputs ----------------------------------------------------------------------------------------
+def views(case: Case, *parts: np.ndarray) -> list[tuple[Array, np.ndarray]]:
+    """Each ``[T, ...]`` part as a strided view of consecutive column ranges of one ``[T, W]`` backend
+    array (after 5 leading columns), as the mixer slices z, x/B/C and dt out of its projection."""
+    tokens = parts[0].shape[0]
+    widths = [int(np.prod(p.shape[1:])) for p in parts]
+    wide = case.normal(tokens, 5 + sum(widths) + 3)
+    offsets = np.cumsum([5, *widths])
+    for part, start, width in zip(parts, offsets, widths, strict=False):
+        wide[:, start : start + width] = part.reshape(tokens, width)
+    wide_dev = case.backend.from_numpy(wide)
+    result = []
+    for part, start, width in zip(parts, offsets, widths, strict=False):
+        view = wide_dev[:, start : start + width].reshape(part.shape)
+        result.append((view, case.host(view)))
+    return result
+
+
+def batch_layout(case: Case, lengths: list[int], num_slots: int) -> tuple[Array, list[int], Array, list[int]]:
+    """``query_start_loc`` and shuffled distinct ``state_slots`` (device and host) for ``lengths``."""
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    slots = case.rng.permutation(num_slots)[: len(lengths)].astype(np.int32)
+    return case.backend.from_numpy(starts), starts.tolist(), case.backend.from_numpy(slots), slots.tolist()
+
+
+def ssm_inputs(case: Case, tokens: int, heads: int, head_dim: int, groups: int, state: int) -> dict[str, np.ndarray]:
+    return {
+        "x": case.normal(tokens, heads, head_dim),
+        "dt": case.normal(tokens, heads),
+        "B": case.normal(tokens, groups, state),
+        "C": case.normal(tokens, groups, state),
+        "A": -np.exp(case.normal(heads, scale=0.5) - 0.5).astype(np.float32),
+        "D": case.normal(heads),
+        "dt_bias": case.normal(heads, scale=0.5),
+    }
+
+
+def assert_state(case: Case, got: Array, want: np.ndarray, before: np.ndarray, slots: list[int], what: str) -> None:
+    """Owned slots match the oracle; every other slot is bit for bit what it was."""
+    values = case.host(got)
+    others = [s for s in range(len(before)) if s not in slots]
+    case.assert_values(values[slots], want[slots], f"{what}: state rows of the batch's slots")
+    case.assert_equal(values[others], before[others], f"{what}: state rows of other slots must not change")
+
+
+# ---- causal_conv1d ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(("lengths", "kernel", "bias"), [([1], 4, True), ([5, 1, 12], 4, True), ([3, 9], 2, False)])
+def test_causal_conv1d(case: Case, lengths: list[int], kernel: int, bias: bool) -> None:
+    channels, num_slots = 11, 6
+    tokens = sum(lengths)
+    (x_dev, x), = views(case, case.normal(tokens, channels, scale=2.0))
+    w_dev, w = case.upload(case.normal(channels, kernel), weight=True)
+    b_dev, b = case.upload(case.normal(channels), weight=True) if bias else (None, None)
+    state_dev, state = case.upload(case.normal(num_slots, channels, kernel - 1))
+    starts_dev, starts, slots_dev, slots = batch_layout(case, lengths, num_slots)
+    want, want_state = oracle_conv(x, w, b, state, starts, slots)
+    inputs = {"x": x_dev, "weight": w_dev} | ({"bias": b_dev} if bias else {})
+    with case.unchanged("causal_conv1d", **inputs):
+        got = case.backend.causal_conv1d(x_dev, w_dev, b_dev, state_dev, starts_dev, slots_dev)
+    case.assert_close(got, want, "causal_conv1d output")
+    assert case.raw(state_dev).dtype == case.dtype, f"causal_conv1d: conv state dtype changed {case.tag}"
+    assert_state(case, state_dev, want_state, state, slots, "causal_conv1d")
+
+
+# ---- the selective scan ----------------------------------------------------------------------------
+SCAN_CASES = {  # id -> (sequence lengths, heads, groups, chunk size, dt limits)
+    "prefill-chunk16": ([33], 4, 2, 16, (0.0, np.inf)),
+    "mixed-chunk3": ([7, 1, 20], 4, 1, 3, (0.0, np.inf)),
+    "chunk1-groups-per-head": ([6, 2], 3, 3, 1, (0.0, np.inf)),
+    "one-chunk-limits": ([17, 5], 4, 2, 64, (0.3, 0.9)),
+}
+
+
+@pytest.mark.parametrize("name", list(SCAN_CASES))
+def test_mamba2_scan(case: Case, name: str) -> None:
+    lengths, heads, groups, chunk, (dt_min, dt_max) = SCAN_CASES[name]
+    head_dim, state_size, num_slots = 5, 8, 5
+    host = ssm_inputs(case, sum(lengths), heads, head_dim, groups, state_size)
+    (x_dev, x), (b_dev, b), (c_dev, c), (dt_dev, dt) = views(case, host["x"], host["B"], host["C"], host["dt"])
+    (a_dev, a), (d_dev, d), (bias_dev, bias) = (case.upload(host[k], weight=True) for k in ("A", "D", "dt_bias"))
+    state_dev = case.backend.from_numpy(case.normal(num_slots, heads, head_dim, state_size), dtype=F32)
+    state = case.host(state_dev)
+    starts_dev, starts, slots_dev, slots = batch_layout(case, lengths, num_slots)
+    want, want_state = oracle_scan(x, dt, a, b, c, d, bias, state, starts, slots, dt_min, dt_max)
+    with case.unchanged("mamba2_scan", x=x_dev, dt=dt_dev, B=b_dev, C=c_dev, A=a_dev, D=d_dev, dt_bias=bias_dev):
+        got = case.backend.mamba2_scan(
+            x_dev, dt_dev, a_dev, b_dev, c_dev, d_dev, bias_dev, state_dev, starts_dev, slots_dev, chunk, dt_min, dt_max
+        )
+    case.assert_close(got, want, f"mamba2_scan output ({name})")
+    assert case.raw(state_dev).dtype == F32, f"mamba2_scan: the SSM state must stay float32 {case.tag}"
+    assert_state(case, state_dev, want_state, state, slots, f"mamba2_scan ({name})")
+
+
+@pytest.mark.parametrize(("batch", "groups"), [(1, 1), (4, 2)])
+def test_mamba2_decode(case: Case, batch: int, groups: int) -> None:
+    heads, head_dim, state_size, num_slots = 4, 6, 8, 7
+    host = ssm_inputs(case, batch, heads, head_dim, groups, state_size)
+    (x_dev, x), (b_dev, b), (c_dev, c), (dt_dev, dt) = views(case, host["x"], host["B"], host["C"], host["dt"])
+    (a_dev, a), (d_dev, d), (bias_dev, bias) = (case.upload(host[k], weight=True) for k in ("A", "D", "dt_bias"))
+    state_dev = case.backend.from_numpy(case.normal(num_slots, heads, head_dim, state_size), dtype=F32)
+    state = case.host(state_dev)
+    _, starts, slots_dev, slots = batch_layout(case, [1] * batch, num_slots)
+    want, want_state = oracle_scan(x, dt, a, b, c, d, bias, state, starts, slots, 0.0, np.inf)
+    with case.unchanged("mamba2_decode", x=x_dev, dt=dt_dev, B=b_dev, C=c_dev, A=a_dev, D=d_dev, dt_bias=bias_dev):
+        got = case.backend.mamba2_decode(x_dev, dt_dev, a_dev, b_dev, c_dev, d_dev, bias_dev, state_dev, slots_dev)
+    case.assert_close(got, want, "mamba2_decode output")
+    assert_state(case, state_dev, want_state, state, slots, "mamba2_decode")
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 16])
+def test_chunked_scan_equals_recurrent_steps(case: Case, chunk: int) -> None:
+    """One 29-token sequence through `mamba2_scan` (in two pieces, the state carried between them)
+    gives the outputs and final state of 29 `mamba2_decode` steps."""
+    tokens, heads, head_dim, groups, state_size = 29, 4, 4, 2, 8
+    host = ssm_inputs(case, tokens, heads, head_dim, groups, state_size)
+    up = {k: case.backend.from_numpy(v) for k, v in host.items()}
+    initial = case.normal(2, heads, head_dim, state_size)
+    chunked, stepped = (case.backend.from_numpy(initial.copy(), dtype=F32) for _ in range(2))
+    slot = case.backend.from_numpy(np.array([1], dtype=np.int32))
+    pieces = []
+    for lo, hi in ((0, 11), (11, tokens)):
+        starts = case.backend.from_numpy(np.array([0, hi - lo], dtype=np.int32))
+        pieces.append(case.host(case.backend.mamba2_scan(
+            up["x"][lo:hi], up["dt"][lo:hi], up["A"], up["B"][lo:hi], up["C"][lo:hi], up["D"], up["dt_bias"], chunked,
+            starts, slot, chunk,
+        )))
+    steps = [
+        case.host(case.backend.mamba2_decode(
+            up["x"][t : t + 1], up["dt"][t : t + 1], up["A"], up["B"][t : t + 1], up["C"][t : t + 1], up["D"],
+            up["dt_bias"], stepped, slot,
+        ))
+        for t in range(tokens)
+    ]
+    case.assert_values(np.concatenate(pieces), np.concatenate(steps), f"chunked (chunk {chunk}) vs recurrent outputs")
+    case.assert_values(case.host(chunked)[1], case.host(stepped)[1], f"chunked (chunk {chunk}) vs recurrent final state")
+    case.assert_equal(case.host(chunked)[0], initial[0].astype(np.float64), "the other slot must not change")
+
+
+# ---- elementwise -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("tokens", "width", "group_size"), [(1, 16, 16), (5, 24, 8), (3, 12, 3)])
+def test_gated_rms_norm(case: Case, tokens: int, width: int, group_size: int) -> None:
+    eps = float(case.rng.choice([1e-6, 1e-5]))
+    x_host, gate_host = case.normal(tokens, width, scale=2.0), case.normal(tokens, width, scale=2.0)
+    gate_host[0, :2] = [-100.0, 100.0]  # saturated gates must not produce NaN
+    (gate_dev, gate), (x_dev, x) = views(case, gate_host, x_host)
+    w_dev, w = case.upload(case.normal(width) + 1.0, weight=True)
+    with case.unchanged("gated_rms_norm", x=x_dev, gate=gate_dev, weight=w_dev):
+        got = case.backend.gated_rms_norm(x_dev, gate_dev, w_dev, eps, group_size)
+    case.assert_close(got, oracle_gated_rms_norm(x, gate, w, eps, group_size), f"gated_rms_norm (groups of {group_size})")
+
+
+@pytest.mark.parametrize(("tokens", "width"), [(1, 13), (6, 32)])
+def test_relu_squared(case: Case, tokens: int, width: int) -> None:
+    x_dev, x = case.upload(case.normal(tokens, width, scale=3.0))
+    with case.unchanged("relu_squared", x=x_dev):
+        case.check_out_variants(lambda out: case.backend.relu_squared(x_dev, out=out), np.maximum(x, 0.0) ** 2, "relu_squared")
