@@ -152,7 +152,8 @@ def test_chunked_form_equals_recurrent_form(length: int, chunk_size: int) -> Non
     args = [
         (rng.standard_normal((length, heads, dk)) * dk**-0.5).astype(np.float32), k.astype(np.float32),
         rng.standard_normal((length, heads, dv)).astype(np.float32),
-        -rng.uniform(0.0, 2.0, (length, heads)).astype(np.float32), rng.uniform(0.0, 1.0, (length, heads)).astype(np.float32),
+        -rng.uniform(0.0, 2.0, (length, heads)).astype(np.float32),
+        rng.uniform(0.0, 1.0, (length, heads)).astype(np.float32),
         rng.standard_normal((heads, dk, dv)).astype(np.float32),
     ]
     out_recurrent, state_recurrent = gated_delta_recurrent(*args)

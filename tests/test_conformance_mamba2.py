@@ -1,6 +1,6 @@
 """Backend conformance: the Mamba-2 ops (causal_conv1d, mamba2_scan, mamba2_decode, gated_rms_norm,
-relu_squared) against float64 oracles written from ``docs/ops.md``, and the chunked scan against
-the recurrent step.
+relu_squared) against float64 oracles written from ``docs/ops.md``, the chunked scan against the
+recurrent step, and `rope` with zero-width tables (the Mamba-2 hybrids' attention has no RoPE).
 
 Inputs are strided views of one wider array, the way `Mamba2Mixer` slices them out of its input
 projection. States start random (a sequence continuing from earlier chunks) in shuffled slots; slots
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from atlas_core.backends.base import Array
+from atlas_core.backends.numpy_backend import NumpyBackend
 from tests.conformance_support import Case, backend, case  # noqa: F401 (fixtures)
 
 F32 = np.dtype(np.float32)
@@ -104,6 +105,12 @@ def ssm_inputs(case: Case, tokens: int, heads: int, head_dim: int, groups: int, 
     }
 
 
+def float32(case: Case, host: np.ndarray) -> tuple[Array, np.ndarray]:
+    """A float32 backend array (the per-head parameters and the SSM state are float32 on every backend)."""
+    device = case.backend.from_numpy(host, dtype=F32)
+    return device, case.host(device)
+
+
 def assert_state(case: Case, got: Array, want: np.ndarray, before: np.ndarray, slots: list[int], what: str) -> None:
     """Owned slots match the oracle; every other slot is bit for bit what it was."""
     values = case.host(got)
@@ -146,9 +153,8 @@ def test_mamba2_scan(case: Case, name: str) -> None:
     head_dim, state_size, num_slots = 5, 8, 5
     host = ssm_inputs(case, sum(lengths), heads, head_dim, groups, state_size)
     (x_dev, x), (b_dev, b), (c_dev, c), (dt_dev, dt) = views(case, host["x"], host["B"], host["C"], host["dt"])
-    (a_dev, a), (d_dev, d), (bias_dev, bias) = (case.upload(host[k], weight=True) for k in ("A", "D", "dt_bias"))
-    state_dev = case.backend.from_numpy(case.normal(num_slots, heads, head_dim, state_size), dtype=F32)
-    state = case.host(state_dev)
+    (a_dev, a), (d_dev, d), (bias_dev, bias) = (float32(case, host[k]) for k in ("A", "D", "dt_bias"))
+    state_dev, state = float32(case, case.normal(num_slots, heads, head_dim, state_size))
     starts_dev, starts, slots_dev, slots = batch_layout(case, lengths, num_slots)
     want, want_state = oracle_scan(x, dt, a, b, c, d, bias, state, starts, slots, dt_min, dt_max)
     with case.unchanged("mamba2_scan", x=x_dev, dt=dt_dev, B=b_dev, C=c_dev, A=a_dev, D=d_dev, dt_bias=bias_dev):
@@ -165,9 +171,8 @@ def test_mamba2_decode(case: Case, batch: int, groups: int) -> None:
     heads, head_dim, state_size, num_slots = 4, 6, 8, 7
     host = ssm_inputs(case, batch, heads, head_dim, groups, state_size)
     (x_dev, x), (b_dev, b), (c_dev, c), (dt_dev, dt) = views(case, host["x"], host["B"], host["C"], host["dt"])
-    (a_dev, a), (d_dev, d), (bias_dev, bias) = (case.upload(host[k], weight=True) for k in ("A", "D", "dt_bias"))
-    state_dev = case.backend.from_numpy(case.normal(num_slots, heads, head_dim, state_size), dtype=F32)
-    state = case.host(state_dev)
+    (a_dev, a), (d_dev, d), (bias_dev, bias) = (float32(case, host[k]) for k in ("A", "D", "dt_bias"))
+    state_dev, state = float32(case, case.normal(num_slots, heads, head_dim, state_size))
     _, starts, slots_dev, slots = batch_layout(case, [1] * batch, num_slots)
     want, want_state = oracle_scan(x, dt, a, b, c, d, bias, state, starts, slots, 0.0, np.inf)
     with case.unchanged("mamba2_decode", x=x_dev, dt=dt_dev, B=b_dev, C=c_dev, A=a_dev, D=d_dev, dt_bias=bias_dev):
@@ -182,7 +187,7 @@ def test_chunked_scan_equals_recurrent_steps(case: Case, chunk: int) -> None:
     gives the outputs and final state of 29 `mamba2_decode` steps."""
     tokens, heads, head_dim, groups, state_size = 29, 4, 4, 2, 8
     host = ssm_inputs(case, tokens, heads, head_dim, groups, state_size)
-    up = {k: case.backend.from_numpy(v) for k, v in host.items()}
+    up = {k: case.backend.from_numpy(v, dtype=F32 if k in ("A", "D", "dt_bias") else None) for k, v in host.items()}
     initial = case.normal(2, heads, head_dim, state_size)
     chunked, stepped = (case.backend.from_numpy(initial.copy(), dtype=F32) for _ in range(2))
     slot = case.backend.from_numpy(np.array([1], dtype=np.int32))
@@ -223,3 +228,49 @@ def test_relu_squared(case: Case, tokens: int, width: int) -> None:
     x_dev, x = case.upload(case.normal(tokens, width, scale=3.0))
     with case.unchanged("relu_squared", x=x_dev):
         case.check_out_variants(lambda out: case.backend.relu_squared(x_dev, out=out), np.maximum(x, 0.0) ** 2, "relu_squared")
+
+
+def test_rope_with_zero_width_tables_rotates_nothing(case: Case) -> None:
+    """Nemotron-H's attention has no position embedding: its loader passes rotary tables of width 0
+    (partial rotary with R = 0), and `rope` must leave q and k exactly as they were."""
+    tokens, heads, head_dim = 5, 4, 16
+    positions = case.backend.from_numpy(case.rng.integers(0, 64, size=tokens).astype(np.int32))
+    empty = case.backend.from_numpy(np.zeros((64, 0), dtype=np.float32), dtype=F32)
+    q_dev, q = case.upload(case.normal(tokens, heads, head_dim))
+    k_dev, k = case.upload(case.normal(tokens, heads // 2, head_dim))
+    assert case.backend.rope(q_dev, k_dev, positions, empty, empty) is None, f"rope returns None {case.tag}"
+    case.assert_equal(case.host(q_dev), q, "rope with zero-width tables: q")
+    case.assert_equal(case.host(k_dev), k, "rope with zero-width tables: k")
+
+
+class CopyingBackend(NumpyBackend):
+    """Host arrays that behave like device memory: `to_numpy` and `from_numpy` always copy, so the host
+    fallback's in-place ops only work if they write their result back."""
+
+    name = "copying-numpy"
+
+    def to_numpy(self, x: Array) -> np.ndarray:
+        return np.array(x, copy=True)
+
+    def from_numpy(self, array: np.ndarray, *, weight: bool = False, dtype: np.dtype | None = None) -> Array:
+        return np.array(super().from_numpy(array, weight=weight, dtype=dtype), copy=True)
+
+
+def test_host_fallback_writes_the_state_back() -> None:
+    """On a backend without its own kernels, the in-place state updates reach the backend's arrays."""
+    backend, rng = CopyingBackend(), np.random.default_rng(0)
+    starts, slots = backend.from_numpy(np.array([0, 3], dtype=np.int32)), backend.from_numpy(np.array([1], dtype=np.int32))
+    conv_state = backend.zeros((2, 6, 3), np.float32)
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    backend.causal_conv1d(x, rng.standard_normal((6, 4)).astype(np.float32), None, conv_state, starts, slots)
+    np.testing.assert_array_equal(conv_state[1], x.T)
+    np.testing.assert_array_equal(conv_state[0], 0)
+    ssm_state = backend.zeros((2, 2, 3, 4), np.float32)
+    ones = np.ones(2, dtype=np.float32)
+    args = (rng.standard_normal((3, 2, 3)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32), -ones,
+            rng.standard_normal((3, 1, 4)).astype(np.float32), rng.standard_normal((3, 1, 4)).astype(np.float32), ones, ones)
+    backend.mamba2_scan(*args, ssm_state, starts, slots, 2)
+    assert np.abs(ssm_state[1]).max() > 0 and not ssm_state[0].any()
+    before = ssm_state[1].copy()
+    backend.mamba2_decode(*(a[:1] if a.ndim > 1 else a for a in args), ssm_state, slots)
+    assert not np.array_equal(ssm_state[1], before)

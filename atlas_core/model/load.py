@@ -18,7 +18,8 @@ from atlas_core.weights.source import WeightSource
 KNOWN_FAMILY_PACKAGES = {
     "llama": "atlas-model-llama", "mistral": "atlas-model-llama", "qwen2": "atlas-model-llama",
     "qwen3": "atlas-model-qwen3", "qwen3_moe": "atlas-model-qwen3-moe",
-    "gemma3_text": "atlas-model-gemma", "gemma4_text": "atlas-model-gemma",
+    "gemma3_text": "atlas-model-gemma", "gemma4_text": "atlas-model-gemma", "gemma3": "atlas-model-gemma",
+    "gemma4": "atlas-model-gemma",
     "deepseek_v3": "atlas-model-deepseek", "mistral4": "atlas-model-deepseek", "minimax_m2": "atlas-model-minimax",
     "qwen3_next": "atlas-model-qwen3-next", "qwen3_5": "atlas-model-qwen3-next", "qwen3_5_moe": "atlas-model-qwen3-next",
     "nemotron_h": "atlas-model-nemotron-h",
@@ -55,8 +56,14 @@ def load_tokenizer(resolved: ResolvedModel, source: WeightSource) -> Tokenizer |
     return Tokenizer.from_folder(resolved.path)
 
 
-def load_model(reference: str | os.PathLike[str] | None, backend: Backend, registry: PluginRegistry) -> LoadedModel:
-    """Load ``reference`` (see `resolve_model`) onto ``backend`` with the family registered for it."""
+def load_model(
+    reference: str | os.PathLike[str] | None, backend: Backend, registry: PluginRegistry, *,
+    max_positions: int | None = None,
+) -> LoadedModel:
+    """Load ``reference`` (see `resolve_model`) onto ``backend`` with the family registered for it.
+
+    ``max_positions``: the longest sequence the engine will run (None: the model's whole context);
+    per-position tables such as RoPE's are built only that long."""
     resolved = resolve_model(reference)
     source = open_source(resolved)
     model_type = source.config.get("model_type")
@@ -72,7 +79,7 @@ def load_model(reference: str | os.PathLike[str] | None, backend: Backend, regis
             f"installed family plugin ({hint}); installed families: {installed}"
         )
     loader_class = registration.load()
-    model = loader_class(source, backend, registry, str(resolved.path)).build()
+    model = loader_class(source, backend, registry, str(resolved.path), max_positions).build()
     return LoadedModel(
         name=resolved.name,
         resolved=resolved,

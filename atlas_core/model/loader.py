@@ -19,7 +19,7 @@ from atlas_core.backends.base import Array, Backend
 from atlas_core.engine.kv_cache import KVLayout
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.attention import AttentionWeights
-from atlas_core.model.rope import rotary_tables
+from atlas_core.model.rope import RopeSpec, rotary_tables
 from atlas_core.model.spec import DecoderSpec
 from atlas_core.model.transformer import PreNormDecoderLayer, TransformerModel
 from atlas_core.plugins import PluginRegistry
@@ -29,12 +29,29 @@ from atlas_core.weights.source import WeightSource
 class ModelWeightLoader(ABC):
     """Builds a model from one checkpoint. Constructed per load; ``build`` is called once."""
 
-    def __init__(self, source: WeightSource, backend: Backend, registry: PluginRegistry, origin: str) -> None:
+    def __init__(
+        self, source: WeightSource, backend: Backend, registry: PluginRegistry, origin: str,
+        max_positions: int | None = None,
+    ) -> None:
         self.source = source
         self.backend = backend
         self.registry = registry
         self.origin = origin
         """Where the checkpoint came from (folder or file), for error messages."""
+        self.max_positions = max_positions
+        """The most positions the engine will run (its ``max_seq_len``), or None for the model's whole
+        context: position tables are built only this long (a 1M-token context would cost ~1 GB of tables)."""
+
+    def table_length(self, context_length: int) -> int:
+        """How many positions a per-position table needs: the model's ``context_length``, capped at `max_positions`."""
+        return context_length if self.max_positions is None else min(context_length, self.max_positions)
+
+    def rope_tables(self, rope: RopeSpec, context_length: int) -> tuple[Array, Array]:
+        """RoPE cos/sin tables (float32, on the backend) for positions ``0 .. table_length(context_length) - 1``."""
+        return tuple(  # type: ignore[return-value]
+            self.backend.from_numpy(t, dtype=np.dtype(np.float32))
+            for t in rotary_tables(rope, self.table_length(context_length))
+        )
 
     @abstractmethod
     def build(self) -> TransformerModel:
@@ -83,8 +100,7 @@ class DenseDecoderLoader(ModelWeightLoader):
     def build(self) -> TransformerModel:
         spec = self.spec()
         norm_type, attention_type = self.layer_type("rms_norm"), self.layer_type("attention")
-        tables = rotary_tables(spec.rope, spec.max_position_embeddings)
-        cos, sin = (self.backend.from_numpy(t, dtype=np.dtype(np.float32)) for t in tables)
+        cos, sin = self.rope_tables(spec.rope, spec.max_position_embeddings)
 
         def norm(name: str) -> Any:
             return norm_type(self.backend, self.upload(name), spec.rms_norm_eps)

@@ -15,7 +15,7 @@ from atlas_core.server.schemas_anthropic import (
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
-    ThinkingEnabled,
+    ThinkingDisabled,
     ToolChoiceAny,
     ToolChoiceAuto,
     ToolChoiceNone,
@@ -42,7 +42,7 @@ def anthropic_setup(state: ServerState, request: CountTokensRequest) -> ChatSetu
     choice, parallel = _tool_choice(request, bool(tools))
     check_tool_choice(tools, choice)
     thinking = request.thinking
-    enable_thinking = None if thinking is None else isinstance(thinking, ThinkingEnabled)
+    enable_thinking = None if thinking is None else not isinstance(thinking, ThinkingDisabled)
     return ChatSetup(
         messages=messages, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
         template_kwargs=template_kwargs(state, None, enable_thinking=enable_thinking),

@@ -82,8 +82,8 @@ async def start(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOu
 async def final(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
     """The finished output of ``stream``."""
     last = None
-    async for last in stream:
-        pass
+    async for output in stream:
+        last = output
     if last is None:
         raise APIError(500, "the engine returned no output for the request")
     return last

@@ -88,7 +88,8 @@ def chat_completion(output: RequestOutput, ctx: ChatContext) -> ChatCompletion:
 
 
 def deltas_of(events: list[StreamEvent]) -> list[ChatDelta]:
-    """Parser events -> chat deltas, merging runs of the same kind (content, reasoning, one call's arguments)."""
+    """Parser events -> chat deltas, merging runs of the same kind (content, reasoning, one call's
+    argument fragments); a call's id-and-name delta always stands alone, before its arguments."""
     deltas: list[ChatDelta] = []
     for event in events:
         last = deltas[-1] if deltas else None
@@ -107,7 +108,7 @@ def deltas_of(events: list[StreamEvent]) -> list[ChatDelta]:
             deltas.append(ChatDelta(tool_calls=[ToolCallDelta(index=event.index, id=event.id, type="function", function=function)]))
         elif isinstance(event, ToolCallArgumentsDelta):
             call = last.tool_calls[-1] if last is not None and last.tool_calls else None
-            if call is not None and call.index == event.index and call.function is not None:
+            if call is not None and call.index == event.index and call.id is None and call.function is not None:
                 call.function.arguments = (call.function.arguments or "") + event.fragment
             else:
                 fragment = ToolCallFunctionDelta(arguments=event.fragment)

@@ -8,28 +8,39 @@ tens of thousands), so a value beyond what the context leaves is served up to th
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from litestar import post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
 from litestar.response import Stream
 
 from atlas_core.server.anthropic_messages import MessageContext, message_response, message_stream
 from atlas_core.server.anthropic_prompt import anthropic_setup
 from atlas_core.server.chat_prompt import render, render_text
-from atlas_core.server.constraints import constraint_fields
+from atlas_core.server.constraints import REASONING_EFFORT_BUDGET, constraint_fields
 from atlas_core.server.errors import invalid
 from atlas_core.server.generation import final, generate, start
 from atlas_core.server.output_parsing import ParserSpec
 from atlas_core.server.sampling import sampling_params
-from atlas_core.server.schemas_anthropic import CountTokensRequest, MessageResponse, MessagesRequest, ThinkingEnabled, TokenCount
-from atlas_core.server.schemas_openai import SamplerFields
-from atlas_core.server.state import ServerState
+from atlas_core.server.schemas_anthropic import (
+    CountTokensRequest,
+    MessageResponse,
+    MessagesRequest,
+    OutputConfig,
+    ThinkingDisabled,
+    ThinkingEnabled,
+    TokenCount,
+)
+from atlas_core.server.schemas_openai import JSONSchemaFormat, JSONSchemaSpec, SamplerFields
+from atlas_core.server.state import ModelRuntime, ServerState
 from atlas_core.server.streaming import anthropic_error_event, event_stream
 
 TAGS = ["Anthropic"]
 
 
 @post("/v1/messages", status_code=200, tags=TAGS, summary="Create a message (streamed when stream is true)")
-async def create_message(data: MessagesRequest, server: ServerState) -> MessageResponse | Stream:
+async def create_message(data: JSONBody[MessagesRequest], server: NamedDependency[ServerState]) -> MessageResponse | Stream:
     server.check_model(data.model)
     runtime = server.require_runtime()
     if data.max_tokens < 1:
@@ -39,8 +50,7 @@ async def create_message(data: MessagesRequest, server: ServerState) -> MessageR
     fields = SamplerFields(temperature=data.temperature, top_p=data.top_p, top_k=data.top_k, stop=data.stop_sequences)
     max_tokens = min(data.max_tokens, runtime.max_seq_len - len(prompt.ids))
     parsers = ParserSpec(server, setup, prompt.text)
-    budget = data.thinking.budget_tokens if isinstance(data.thinking, ThinkingEnabled) else None
-    params = sampling_params(fields, max_tokens=max_tokens, **constraint_fields(parsers, runtime.tokenizer, thinking_tokens=budget))
+    params = sampling_params(fields, max_tokens=max_tokens, **_constraints(data, parsers, runtime))
     ctx = MessageContext(message_id=f"msg_{uuid.uuid4().hex}", model=server.model_name, parsers=parsers)
     stream = generate(server, prompt.text, prompt.ids, params)
     if data.stream:
@@ -48,8 +58,19 @@ async def create_message(data: MessagesRequest, server: ServerState) -> MessageR
     return message_response(await final(stream), ctx)
 
 
+def _constraints(data: MessagesRequest, parsers: ParserSpec, runtime: ModelRuntime) -> dict[str, Any]:
+    """Thinking budget (``thinking.budget_tokens``, else ``output_config.effort``) and JSON output."""
+    output = data.output_config or OutputConfig()
+    if isinstance(data.thinking, ThinkingEnabled):
+        budget = data.thinking.budget_tokens
+    else:
+        budget = REASONING_EFFORT_BUDGET.get(output.effort or "") if not isinstance(data.thinking, ThinkingDisabled) else None
+    response_format = JSONSchemaFormat(JSONSchemaSpec(schema=output.format.schema)) if output.format else None
+    return constraint_fields(parsers, runtime.tokenizer, response_format=response_format, thinking_tokens=budget)
+
+
 @post("/v1/messages/count_tokens", status_code=200, tags=TAGS, summary="Count the prompt tokens of a message request")
-async def count_tokens(data: CountTokensRequest, server: ServerState) -> TokenCount:
+async def count_tokens(data: JSONBody[CountTokensRequest], server: NamedDependency[ServerState]) -> TokenCount:
     server.check_model(data.model)
     runtime = server.require_runtime()
     setup = anthropic_setup(server, data)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, Response, get, post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
 
 from atlas_core.server.chat_prompt import openai_setup, render_text
 from atlas_core.server.errors import invalid
@@ -22,7 +24,7 @@ TAGS = ["Tokenizer"]
 
 
 @post("/tokenize", status_code=200, tags=TAGS, summary="Token ids of a prompt or of a rendered conversation")
-async def tokenize(data: TokenizeRequest, server: ServerState) -> TokenizeResponse:
+async def tokenize(data: JSONBody[TokenizeRequest], server: NamedDependency[ServerState]) -> TokenizeResponse:
     server.check_model(data.model)
     runtime = server.require_runtime()
     if (data.prompt is None) == (data.messages is None):
@@ -40,7 +42,7 @@ async def tokenize(data: TokenizeRequest, server: ServerState) -> TokenizeRespon
 
 
 @post("/detokenize", status_code=200, tags=TAGS, summary="Text of token ids")
-async def detokenize(data: DetokenizeRequest, server: ServerState) -> DetokenizeResponse:
+async def detokenize(data: JSONBody[DetokenizeRequest], server: NamedDependency[ServerState]) -> DetokenizeResponse:
     server.check_model(data.model)
     runtime = server.require_runtime()
     vocab = runtime.engine.engine.loaded.model.vocab_size
@@ -51,7 +53,7 @@ async def detokenize(data: DetokenizeRequest, server: ServerState) -> Detokenize
 
 
 @get("/health", tags=["Server"], summary="200 when serving; 503 while the model loads or the server shuts down")
-async def health(server: ServerState) -> Response[HealthStatus]:
+async def health(server: NamedDependency[ServerState]) -> Response[HealthStatus]:
     if server.shutting_down:
         return Response(HealthStatus("shutting_down"), status_code=503)
     if server.runtime is None:
@@ -60,7 +62,7 @@ async def health(server: ServerState) -> Response[HealthStatus]:
 
 
 @get("/metrics", tags=["Server"], summary="Prometheus metrics")
-async def metrics(server: ServerState) -> Response[bytes]:
+async def metrics(server: NamedDependency[ServerState]) -> Response[bytes]:
     return Response(server.metrics.render(), media_type=server.metrics.content_type)
 
 

@@ -8,6 +8,8 @@ import uuid
 from collections.abc import AsyncIterator
 
 from litestar import get, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
 
 from atlas_core.engine.outputs import RequestOutput
@@ -35,7 +37,7 @@ TAGS = ["OpenAI"]
 
 
 @post("/v1/chat/completions", status_code=200, tags=TAGS, summary="Create a chat completion (streamed when stream is true)")
-async def chat_completions(data: ChatCompletionRequest, server: ServerState) -> ChatCompletion | Stream:
+async def chat_completions(data: JSONBody[ChatCompletionRequest], server: NamedDependency[ServerState]) -> ChatCompletion | Stream:
     server.check_model(data.model)
     runtime = server.require_runtime()
     setup = openai_setup(server, data)
@@ -63,7 +65,7 @@ async def chat_completions(data: ChatCompletionRequest, server: ServerState) -> 
 
 
 @post("/v1/completions", status_code=200, tags=TAGS, summary="Create a text completion (streamed when stream is true)")
-async def completions(data: CompletionRequest, server: ServerState) -> Completion | Stream:
+async def completions(data: JSONBody[CompletionRequest], server: NamedDependency[ServerState]) -> Completion | Stream:
     server.check_model(data.model)
     runtime = server.require_runtime()
     if data.suffix:
@@ -113,13 +115,13 @@ def _card(server: ServerState, name: str) -> ModelCard:
 
 
 @get("/v1/models", tags=TAGS, summary="List the served model")
-async def list_models(server: ServerState) -> ModelList:
+async def list_models(server: NamedDependency[ServerState]) -> ModelList:
     server.require_runtime()
     return ModelList(data=[_card(server, server.model_name)])
 
 
 @get("/v1/models/{model_id:path}", tags=TAGS, summary="Describe the served model")
-async def retrieve_model(model_id: str, server: ServerState) -> ModelCard:
+async def retrieve_model(model_id: FromPath[str], server: NamedDependency[ServerState]) -> ModelCard:
     server.require_runtime()
     name = model_id.lstrip("/")
     if name not in server.config.model_names:

@@ -91,7 +91,26 @@ class ThinkingDisabled(msgspec.Struct, tag_field="type", tag="disabled", kw_only
     pass
 
 
-ThinkingConfig = ThinkingEnabled | ThinkingDisabled
+class ThinkingAdaptive(msgspec.Struct, tag_field="type", tag="adaptive", kw_only=True):
+    """The model decides how much to think (no budget)."""
+
+
+class ThinkingBetweenTools(msgspec.Struct, tag_field="type", tag="between_tools", kw_only=True):
+    """Thinking between tool calls; served like ``adaptive``."""
+
+
+ThinkingConfig = ThinkingEnabled | ThinkingDisabled | ThinkingAdaptive | ThinkingBetweenTools
+
+
+class JSONOutputFormat(msgspec.Struct, tag_field="type", tag="json_schema", kw_only=True):
+    schema: dict[str, Any]
+
+
+class OutputConfig(msgspec.Struct, kw_only=True):
+    """``effort`` caps thinking like OpenAI's ``reasoning_effort``; ``format`` constrains the text to JSON."""
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: JSONOutputFormat | None = None
 
 
 class CountTokensRequest(msgspec.Struct, kw_only=True):
@@ -101,6 +120,7 @@ class CountTokensRequest(msgspec.Struct, kw_only=True):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):

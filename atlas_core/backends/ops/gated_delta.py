@@ -152,7 +152,8 @@ def gated_delta_rule_reference(
         qs = np.repeat(qs * np.float32(scale), group, axis=1)
         ks = np.repeat(ks, group, axis=1)
         form = gated_delta_recurrent if end - start == 1 else gated_delta_chunked
-        out[start:end], state[slot] = form(qs, ks, v[start:end].astype(np.float32), g[start:end], beta[start:end], state[slot])
+        vs = v[start:end].astype(np.float32)
+        out[start:end], state[slot] = form(qs, ks, vs, g[start:end], beta[start:end], state[slot])
     return out
 
 

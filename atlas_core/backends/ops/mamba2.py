@@ -25,11 +25,14 @@ activation of the Mamba-2 hybrids' (Nemotron-H) MLPs. ``docs/ops.md`` has the co
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from atlas_core.backends.ops import on_host
+
+if TYPE_CHECKING:
+    from atlas_core.backends.base import Array
 
 F32 = np.float32
 
@@ -106,7 +109,8 @@ def _ssd_chunks(
     initial ``state [Hm, P, N]`` -> ``(y without the D skip [L, Hm, P], final state)``."""
     y = np.empty(x.shape, dtype=F32)
     for c0 in range(0, len(x), chunk_size):
-        xs, ds, bs, cs = x[c0 : c0 + chunk_size], delta[c0 : c0 + chunk_size], B[c0 : c0 + chunk_size], C[c0 : c0 + chunk_size]
+        chunk = slice(c0, c0 + chunk_size)
+        xs, ds, bs, cs = x[chunk], delta[chunk], B[chunk], C[chunk]
         length = len(xs)
         decay = np.cumsum(ds * A, axis=0)  # [l, Hm]: log of the decay from the chunk start to each token
         causal = np.tril(np.ones((length, length), dtype=bool))[:, :, None]
@@ -171,7 +175,9 @@ def mamba2_decode_reference(
     return y.astype(x.dtype)
 
 
-def gated_rms_norm_reference(x: np.ndarray, gate: np.ndarray, weight: np.ndarray, eps: float, group_size: int) -> np.ndarray:
+def gated_rms_norm_reference(
+    x: np.ndarray, gate: np.ndarray, weight: np.ndarray, eps: float, group_size: int
+) -> np.ndarray:
     """Mamba-2's output norm: ``h = x * silu(gate)``, RMS-normalised over consecutive groups of
     ``group_size`` channels (eps inside the square root), times ``weight``.
     ``x``/``gate [T, I]``, ``weight [I]``, ``I`` a multiple of ``group_size`` -> ``[T, I]`` in ``x``'s dtype."""
@@ -207,16 +213,17 @@ class Mamba2Ops:
     """Mixin of `Backend`: the mamba2 ops, each defaulting to its NumPy reference on the host."""
 
     def causal_conv1d(
-        self, x: Any, weight: Any, bias: Any | None, conv_state: Any, query_start_loc: Any, state_slots: Any,
-    ) -> Any:
+        self, x: Array, weight: Array, bias: Array | None, conv_state: Array, query_start_loc: Array,
+        state_slots: Array,
+    ) -> Array:
         """Depthwise causal conv1d + SiLU per sequence, continuing from ``conv_state [S, C, K-1]`` and
         updating it in place (`causal_conv1d_reference`). ``x [T, C]`` activations -> new ``[T, C]``."""
         return _in_place(self, conv_state, causal_conv1d_reference, x, weight, bias, _STATE, query_start_loc, state_slots)
 
     def mamba2_scan(
-        self, x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any, dt_bias: Any, ssm_state: Any, query_start_loc: Any,
-        state_slots: Any, chunk_size: int, dt_min: float = 0.0, dt_max: float = float("inf"),
-    ) -> Any:
+        self, x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array, dt_bias: Array, ssm_state: Array,
+        query_start_loc: Array, state_slots: Array, chunk_size: int, dt_min: float = 0.0, dt_max: float = float("inf"),
+    ) -> Array:
         """Selective scan over a varlen batch from and into ``ssm_state [S, Hm, P, N]`` (float32, in
         place) -> new ``y [T, Hm, P]`` (`mamba2_scan_reference`). ``chunk_size`` is the block length of
         the chunked form; the values do not depend on it beyond rounding."""
@@ -226,14 +233,16 @@ class Mamba2Ops:
         )
 
     def mamba2_decode(
-        self, x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any, dt_bias: Any, ssm_state: Any, state_slots: Any,
-        dt_min: float = 0.0, dt_max: float = float("inf"),
-    ) -> Any:
+        self, x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array, dt_bias: Array, ssm_state: Array,
+        state_slots: Array, dt_min: float = 0.0, dt_max: float = float("inf"),
+    ) -> Array:
         """One scan step per sequence (decode), in place on ``ssm_state`` -> new ``y [B, Hm, P]``
         (`mamba2_decode_reference`); equal to `mamba2_scan` over one-token sequences."""
-        return _in_place(self, ssm_state, mamba2_decode_reference, x, dt, A, B, C, D, dt_bias, _STATE, state_slots, dt_min, dt_max)
+        return _in_place(
+            self, ssm_state, mamba2_decode_reference, x, dt, A, B, C, D, dt_bias, _STATE, state_slots, dt_min, dt_max
+        )
 
-    def relu_squared(self, x: Any, out: Any | None = None) -> Any:
+    def relu_squared(self, x: Array, out: Array | None = None) -> Array:
         """Squared ReLU ``max(x, 0) ** 2``, the activation of the Mamba-2 hybrids' (Nemotron-H) MLPs:
         ``x [T, I]`` -> ``[T, I]``; ``out`` (optional) receives the result and is returned."""
         result = on_host(self, relu_squared_reference, x)
@@ -242,6 +251,6 @@ class Mamba2Ops:
         out[...] = result
         return out
 
-    def gated_rms_norm(self, x: Any, gate: Any, weight: Any, eps: float, group_size: int) -> Any:
+    def gated_rms_norm(self, x: Array, gate: Array, weight: Array, eps: float, group_size: int) -> Array:
         """``rms_norm_per_group(x * silu(gate)) * weight`` (`gated_rms_norm_reference`) -> new ``[T, I]``."""
         return on_host(self, gated_rms_norm_reference, x, gate, weight, eps, group_size)

@@ -79,7 +79,7 @@ class MLAOps:
         MLA uses it to fold ``kv_b_proj`` into the queries (``K = qk_nope_head_dim``, ``N = L``) and
         into the output (``K = L``, ``N = v_head_dim``). ``out`` optional; inputs unchanged.
         """
-        return _with_out(self, on_host(self, head_linear_reference, x, weight), out)
+        return _with_out(on_host(self, head_linear_reference, x, weight), out)
 
     def mla_write_latent(self, cache: Array, latent: Array, k_rope: Array, slot_mapping: Array) -> None:
         """Store each token's latent and rotated key part into the latent cache, in place.
@@ -115,7 +115,7 @@ class MLAOps:
             self, functools.partial(latent_attention_reference, meta=host_meta), q_latent, q_rope, cache,
             scale=float(scale), row_scale=row_scale,
         )
-        return _with_out(self, result, out)
+        return _with_out(result, out)
 
 
 def _host_metadata(backend: Any, meta: AttentionMetadata) -> AttentionMetadata:
@@ -125,7 +125,7 @@ def _host_metadata(backend: Any, meta: AttentionMetadata) -> AttentionMetadata:
     )
 
 
-def _with_out(backend: Any, result: Array, out: Array | None) -> Array:
+def _with_out(result: Array, out: Array | None) -> Array:
     """``result``, or ``out`` filled with it (the ``out=`` convention of every op)."""
     if out is None:
         return result

@@ -60,7 +60,8 @@ def xml_parameter_rules(
 ) -> tuple[str, list[str]]:
     """Rules for the parameters of ``tool`` in an XML-style format: each parameter is
     ``open_parameter.format(name=...)`` VALUE ``close_parameter``; values of string parameters are
-    free text, numbers and booleans as written in JSON, anything else a JSON value of its schema.
+    free text (one of the raw values for an enum or const), numbers and booleans as written in
+    JSON, anything else a JSON value of its schema.
     Returns (the sequence of parameter items, required ones mandatory, in schema order; the rules)."""
     schema = parameters(tool)
     properties = schema.get("properties") or {}
@@ -69,7 +70,11 @@ def xml_parameter_rules(
     for i, (name, subschema) in enumerate(properties.items()):
         rule = f"{prefix}_p{i}"
         types = schema_types(subschema) if isinstance(subschema, dict) else set()
-        if types == {"string"} and not ({"enum", "const", "pattern"} & set(subschema)):
+        choices = subschema.get("enum", [subschema["const"]] if "const" in subschema else None) if types == {"string"} else None
+        if choices is not None:  # raw text, as string values are written in these formats
+            alternatives = " | ".join(quoted(str(c)) for c in choices)
+            rules.append(f"{rule}: {lit(open_parameter.format(name=name))} ({alternatives}) {lit(close_parameter)}")
+        elif types == {"string"}:
             value = f"{rule}_v"
             rules.append(f"{value}[suffix={quoted(close_parameter)}]: /(?s:.*)/")
             rules.append(f"{rule}: {lit(open_parameter.format(name=name))} {value}")

@@ -27,9 +27,7 @@ from atlas_core.errors import ModelLoadError, UnsupportedArchitectureError
 from atlas_core.model.layers.mla import MLAWeights, MultiHeadLatentAttention, deinterleave_rope_rows, split_kv_b
 from atlas_core.model.layers.moe import MoEFeedForward, RoutedExperts, read_experts
 from atlas_core.model.loader import ModelWeightLoader
-from atlas_core.model.rope import rotary_tables
 from atlas_core.model.transformer import PreNormDecoderLayer, TransformerModel
-
 from atlas_model_deepseek.spec import DeepseekSpec, Family
 
 # (prefix of the decoder's tensors, name of the LM head) in the layouts checkpoints use
@@ -41,7 +39,7 @@ TEXT_LAYOUTS = (
 
 
 class DeepseekV3Loader(ModelWeightLoader):
-    """DeepSeek-V3 / R1 (and other ``deepseek_v3`` checkpoints such as Kimi K2): sigmoid router with
+    """DeepSeek-V3 / R1 (``deepseek_v3`` checkpoints): sigmoid router with
     ``e_score_correction_bias``. Multi-token-prediction layers past ``num_hidden_layers`` are ignored."""
 
     family: ClassVar[Family] = "deepseek_v3"
@@ -52,15 +50,15 @@ class DeepseekV3Loader(ModelWeightLoader):
 
     def build(self) -> TransformerModel:
         spec = DeepseekSpec.from_config(self.text_config(), self.family, origin=f"{self.origin}/config.json")
-        self.prefix, lm_head_name = self._text_layout()
+        prefix, lm_head_name = self._text_layout()
         backend = self.backend
-        cos, sin = (backend.from_numpy(t, dtype=np.dtype(np.float32)) for t in rotary_tables(spec.rope, spec.max_position_embeddings))
-        table = spec.position_scale_table()
+        cos, sin = self.rope_tables(spec.rope, spec.max_position_embeddings)
+        table = spec.position_scale_table(self.table_length(spec.max_position_embeddings))
         position_scale = None if table is None else backend.from_numpy(table, dtype=np.dtype(np.float32))
 
         layers = []
         for i in tqdm(range(spec.num_layers), desc="loading layers", unit="layer", disable=spec.num_layers < 16, leave=False):
-            p = f"{self.prefix}layers.{i}."
+            p = f"{prefix}layers.{i}."
             attention = MultiHeadLatentAttention(
                 backend, self._mla_weights(spec, p + "self_attn."), layer_index=i, shape=spec.mla, rope_cos=cos,
                 rope_sin=sin, scale=spec.softmax_scale, position_scale=position_scale,
@@ -72,12 +70,12 @@ class DeepseekV3Loader(ModelWeightLoader):
                     self._norm(p + "post_attention_layernorm.weight", spec), ffn,
                 )
             )
-        embed = self.upload(self.prefix + "embed_tokens.weight")
+        embed = self.upload(prefix + "embed_tokens.weight")
         return TransformerModel(
             backend,
             embed_tokens=embed,
             layers=layers,
-            final_norm=self._norm(self.prefix + "norm.weight", spec),
+            final_norm=self._norm(prefix + "norm.weight", spec),
             lm_head=embed if self.ties_embeddings(spec) else self.upload(lm_head_name),
             kv_layouts=[LatentKVLayout(spec.mla.latent_dim, spec.mla.rope_dim)] * spec.num_layers,
             vocab_size=spec.vocab_size,

@@ -25,5 +25,5 @@ def register_model_loaders(register: Register) -> None:
     )
     register(
         "mistral3", "atlas_model_deepseek.loader:Mistral3Loader",
-        architectures=["Mistral3ForConditionalGeneration (text_config mistral4)"], defaults=MISTRAL_DEFAULTS,
+        architectures=["Mistral3ForConditionalGeneration"], defaults=MISTRAL_DEFAULTS,
     )

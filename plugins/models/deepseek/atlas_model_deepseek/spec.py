@@ -103,12 +103,12 @@ class DeepseekSpec:
         """DeepSeek-V3's rule: the first ``first_k_dense_replace`` layers are dense, every later one MoE."""
         return layer >= self.first_k_dense_replace
 
-    def position_scale_table(self) -> np.ndarray | None:
+    def position_scale_table(self, length: int) -> np.ndarray | None:
         """Mistral 4's per-position query scale ``1 + beta * ln(1 + floor(p / original_context))`` as a
-        float32 ``[max_position_embeddings]`` table, or None when the config has no such scaling."""
+        float32 ``[length]`` table, or None when the config has no such scaling."""
         if self.llama4_scaling_beta is None:
             return None
-        positions = np.arange(self.max_position_embeddings, dtype=np.float64)
+        positions = np.arange(length, dtype=np.float64)
         table = 1.0 + self.llama4_scaling_beta * np.log1p(np.floor(positions / self.llama4_original_context))
         return table.astype(np.float32)
 

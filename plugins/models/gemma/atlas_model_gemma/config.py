@@ -88,7 +88,10 @@ def parse(config: dict[str, Any], family: Family, origin: str) -> GemmaSpec:
     """`GemmaSpec` of a Gemma 3 or Gemma 4 config (text-only or vision-language)."""
     text = DEFAULTS[family] | {k: v for k, v in text_config(config).items() if v is not None}
     if text.get("hidden_activation") not in GELU_TANH:
-        raise ModelLoadError(f"{origin}: hidden_activation {text.get('hidden_activation')!r} is not supported (Gemma uses 'gelu_pytorch_tanh')")
+        raise ModelLoadError(
+            f"{origin}: hidden_activation {text.get('hidden_activation')!r} is not supported "
+            "(Gemma uses 'gelu_pytorch_tanh')"
+        )
     bidirectional = text.get("use_bidirectional_attention")
     if bidirectional is True or bidirectional == "all":
         raise ModelLoadError(
@@ -175,12 +178,16 @@ def _kv_sources(text: dict[str, Any], types: list[str], origin: str) -> list[int
     ``num_kv_shared_layers`` layers) the last earlier non-shared layer of its type."""
     first_shared = len(types) - int(text["num_kv_shared_layers"])
     if not 0 < first_shared <= len(types):
-        raise ModelLoadError(f"{origin}: num_kv_shared_layers={text['num_kv_shared_layers']} must be below num_hidden_layers")
+        raise ModelLoadError(
+            f"{origin}: num_kv_shared_layers={text['num_kv_shared_layers']} must be below num_hidden_layers"
+        )
     sources = list(range(len(types)))
     for i in range(first_shared, len(types)):
         producers = [j for j in range(first_shared) if types[j] == types[i]]
         if not producers:
-            raise ModelLoadError(f"{origin}: KV-shared layer {i} ({types[i]}) has no earlier {types[i]} layer to share with")
+            raise ModelLoadError(
+                f"{origin}: KV-shared layer {i} ({types[i]}) has no earlier {types[i]} layer to share with"
+            )
         sources[i] = producers[-1]
     return sources
 
@@ -194,7 +201,8 @@ def _gemma4_layers(text: dict[str, Any], types: list[str], origin: str) -> tuple
     sources = _kv_sources(text, types, origin)
     layers = []
     for i, t in enumerate(types):
-        shape = {"head_dim": text["head_dim"], "num_key_value_heads": text["num_key_value_heads"]} | overrides.get(i, {})
+        shape = {"head_dim": text["head_dim"], "num_key_value_heads": text["num_key_value_heads"]}
+        shape |= overrides.get(i, {})
         head_dim = int(shape["head_dim"])
         layers.append(GemmaLayerSpec(
             t, window if t == SLIDING else None, head_dim, int(shape["num_key_value_heads"]),
@@ -205,7 +213,8 @@ def _gemma4_layers(text: dict[str, Any], types: list[str], origin: str) -> tuple
         if (layer.head_dim, layer.num_kv_heads) != (source.head_dim, source.num_kv_heads):
             raise ModelLoadError(
                 f"{origin}: layer {i} shares the KV of layer {layer.kv_source} but their heads differ "
-                f"(head_dim {layer.head_dim} vs {source.head_dim}, kv heads {layer.num_kv_heads} vs {source.num_kv_heads})"
+                f"(head_dim {layer.head_dim} vs {source.head_dim}, "
+                f"kv heads {layer.num_kv_heads} vs {source.num_kv_heads})"
             )
     return tuple(layers)
 

@@ -21,7 +21,6 @@ from atlas_core.model.layers.norm import RMSNorm
 from atlas_core.model.layers.per_layer_inputs import PerLayerInputGate, PerLayerInputs
 from atlas_core.model.layers.sandwich import SandwichDecoderLayer
 from atlas_core.model.loader import ModelWeightLoader
-from atlas_core.model.rope import rotary_tables
 from atlas_model_gemma.config import FULL, Family, GemmaLayerSpec, GemmaSpec, parse
 from atlas_model_gemma.layers import Gemma4DecoderLayer, ParallelMoEDecoderLayer
 from atlas_model_gemma.model import Gemma4Model, GemmaModel
@@ -45,13 +44,14 @@ class GemmaLoader(ModelWeightLoader):
             if layer.kv_source == i:
                 self.cache_slots[i] = len(self.cache_slots)
         embed = self.upload(self.prefix + "embed_tokens.weight")
+        owners = [self.spec.layers[i] for i in self.cache_slots]
         return self.model_class()(
             self.backend,
             embed_tokens=embed,
             layers=[self.decoder_layer(i, layer) for i, layer in enumerate(self.spec.layers)],
             final_norm=self.norm(self.prefix + "norm.weight"),
             lm_head=embed if self.spec.tie_word_embeddings else self.upload(self._lm_head_name()),
-            kv_layouts=[KVLayout(self.spec.layers[i].num_kv_heads, self.spec.layers[i].head_dim) for i in self.cache_slots],
+            kv_layouts=[KVLayout(layer.num_kv_heads, layer.head_dim) for layer in owners],
             vocab_size=int(self.spec["vocab_size"]),
             max_position_embeddings=int(self.spec["max_position_embeddings"]),
             hidden_size=int(self.spec["hidden_size"]),
@@ -85,7 +85,10 @@ class GemmaLoader(ModelWeightLoader):
         weight = self.backend.from_numpy(np.ones(width, dtype=np.float32), weight=True)
         return self.layer_type("rms_norm")(self.backend, weight, float(self.spec["rms_norm_eps"]))
 
-    def sandwich_layer(self, i: int, layer: GemmaLayerSpec, layer_class: type = SandwichDecoderLayer, **extra: Any) -> Any:
+    def sandwich_layer(
+        self, i: int, layer: GemmaLayerSpec, layer_class: type = SandwichDecoderLayer, **extra: Any
+    ) -> Any:
+        """Layer ``i`` as ``layer_class`` (a `SandwichDecoderLayer`), with ``extra`` constructor arguments."""
         p = f"{self.prefix}layers.{i}."
         return layer_class(
             input_norm=self.norm(p + "input_layernorm.weight"),
@@ -124,16 +127,15 @@ class GemmaLoader(ModelWeightLoader):
         cos, sin = self._rope_tables(layer)
         attention_class = SharedKVAttention if shared else self.layer_type("attention")
         return attention_class(
-            self.backend, weights, layer_index=self.cache_slots[layer.kv_source], num_heads=int(self.spec["num_attention_heads"]),
-            num_kv_heads=layer.num_kv_heads, head_dim=layer.head_dim, rope_cos=cos, rope_sin=sin,
-            scale=self.spec.attention_scale, sliding_window=layer.sliding_window,
+            self.backend, weights, layer_index=self.cache_slots[layer.kv_source],
+            num_heads=int(self.spec["num_attention_heads"]), num_kv_heads=layer.num_kv_heads, head_dim=layer.head_dim,
+            rope_cos=cos, rope_sin=sin, scale=self.spec.attention_scale, sliding_window=layer.sliding_window,
         )
 
     def _rope_tables(self, layer: GemmaLayerSpec) -> tuple[Array, Array]:
         key = (layer.layer_type, layer.head_dim)
         if key not in self._rope_cache:
-            tables = rotary_tables(layer.rope, int(self.spec["max_position_embeddings"]))
-            self._rope_cache[key] = tuple(self.backend.from_numpy(t, dtype=np.dtype(np.float32)) for t in tables)
+            self._rope_cache[key] = self.rope_tables(layer.rope, int(self.spec["max_position_embeddings"]))
         return self._rope_cache[key]
 
     def _text_prefix(self) -> str:
@@ -198,8 +200,8 @@ class Gemma4Loader(GemmaLoader):
         gate = None
         if self.spec.per_layer_input_size:
             gate = PerLayerInputGate(
-                self.backend, self.upload(p + "per_layer_input_gate.weight"), self.upload(p + "per_layer_projection.weight"),
-                self.norm(p + "post_per_layer_input_norm.weight"),
+                self.backend, self.upload(p + "per_layer_input_gate.weight"),
+                self.upload(p + "per_layer_projection.weight"), self.norm(p + "post_per_layer_input_norm.weight"),
             )
         # transformers initialises a layer_scalar missing from a checkpoint to 1
         scalar = float(self.tensor(p + "layer_scalar").reshape(-1)[0]) if p + "layer_scalar" in self.source else 1.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atlas_core.backends.base import Array
+from atlas_core.backends.base import Array, Backend
 from atlas_core.engine.forward_batch import ForwardBatch
 from atlas_core.engine.kv_cache import KVCache
 from atlas_core.model.layers.per_layer_inputs import PerLayerInputs, in_activation_dtype
@@ -16,7 +16,9 @@ class GemmaModel(TransformerModel):
     """Embeddings are multiplied by ``sqrt(hidden_size)`` rounded to the activation dtype; logits are
     soft-capped, ``cap * tanh(logits / cap)``, when ``final_logit_softcapping`` is set."""
 
-    def __init__(self, backend: Any, *, hidden_size: int, final_logit_softcapping: float | None, **kwargs: Any) -> None:
+    def __init__(
+        self, backend: Backend, *, hidden_size: int, final_logit_softcapping: float | None, **kwargs: Any
+    ) -> None:
         super().__init__(backend, **kwargs)
         self.embed_scale = in_activation_dtype(backend, hidden_size**0.5)
         self.final_logit_softcapping = final_logit_softcapping
@@ -40,7 +42,7 @@ class GemmaModel(TransformerModel):
 class Gemma4Model(GemmaModel):
     """Gemma 4: layers are `Gemma4DecoderLayer`s, each given its slice of the per-layer inputs."""
 
-    def __init__(self, backend: Any, *, per_layer_inputs: PerLayerInputs | None, **kwargs: Any) -> None:
+    def __init__(self, backend: Backend, *, per_layer_inputs: PerLayerInputs | None, **kwargs: Any) -> None:
         super().__init__(backend, **kwargs)
         self.per_layer_inputs = per_layer_inputs
 

@@ -11,13 +11,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from atlas_model_gemma.config import parse
 from safetensors.numpy import load_file, save_file
 
 from atlas_core import LLM
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.attention import SharedKVAttention
 from atlas_core.plugins import load_plugins
-from atlas_model_gemma.config import parse
+from tests.test_cli_plugins import by_distribution, run_plugins
 from tests.test_model_parity import TOLERANCE, full_prompt_logprobs
 
 TINY = Path(__file__).parents[4] / "tests" / "fixtures" / "tiny"
@@ -28,7 +29,8 @@ def assert_matches_reference(folder: Path, fixture: str) -> None:
     with np.load(TINY / fixture / "reference.npz") as ref:
         for i in range(4):
             got = full_prompt_logprobs(llm, ref[f"prompt_{i}"].tolist())
-            np.testing.assert_allclose(got, ref[f"logprobs_{i}"], atol=TOLERANCE, rtol=0, err_msg=f"{folder.name} prompt {i}")
+            want = ref[f"logprobs_{i}"]
+            np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0, err_msg=f"{folder.name} prompt {i}")
 
 
 def rewrite(fixture: str, folder: Path, config: dict[str, Any], rename: Any = None) -> Path:
@@ -58,6 +60,14 @@ def test_registers_every_gemma_model_type_with_serving_defaults() -> None:
         registration = registry.get("model", model_type)
         assert registration.plugin.distribution == "atlas-model-gemma"
         assert registration.metadata["defaults"] == defaults
+
+
+def test_atlas_plugins_lists_the_family_and_imports_its_loaders(capsys: pytest.CaptureFixture[str]) -> None:
+    plugin = by_distribution(json.loads(run_plugins(capsys, "--check", "--json")))["atlas-model-gemma"]
+    assert plugin["errors"] == []
+    registrations = {r["name"]: r for r in plugin["registrations"]}
+    assert sorted(registrations) == ["gemma3", "gemma3_text", "gemma4", "gemma4_text"]
+    assert {r["check"]["status"] for r in registrations.values()} == {"ok"}
 
 
 # ---- layer composition ----------------------------------------------------------------------------
@@ -100,7 +110,9 @@ def test_gemma4_vision_language_checkpoint_loads_its_text_stack(tmp_path: Path) 
     text = config_of("gemma4")
     config = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "text_config": text,
               "vision_config": {"model_type": "gemma4_vision", "hidden_size": 16}, "tie_word_embeddings": True}
-    folder = rewrite("gemma4", tmp_path / "multimodal", config, lambda name: "model.language_model." + name[len("model."):])
+    folder = rewrite(
+        "gemma4", tmp_path / "multimodal", config, lambda name: "model.language_model." + name.removeprefix("model.")
+    )
     vision = {"model.vision_tower.patch_embedder.input_proj.weight": np.ones((16, 12), dtype=np.float32)}
     save_file(load_file(folder / "model.safetensors") | vision, folder / "model.safetensors")
     assert_matches_reference(folder, "gemma4")

@@ -86,7 +86,9 @@ class NemotronHLoader(ModelWeightLoader):
         shape = spec.mamba
         in_proj = self.tensor(m + "in_proj.weight")
         conv = self.tensor(m + "conv1d.weight")
-        expected = {"in_proj.weight": (shape.in_proj_size, spec.hidden_size), "conv1d.weight": (shape.conv_dim, 1, shape.conv_kernel)}
+        expected = {
+            "in_proj.weight": (shape.in_proj_size, spec.hidden_size), "conv1d.weight": (shape.conv_dim, 1, shape.conv_kernel),
+        }
         for name, array in (("in_proj.weight", in_proj), ("conv1d.weight", conv)):
             if tuple(array.shape) != expected[name]:
                 raise ModelLoadError(

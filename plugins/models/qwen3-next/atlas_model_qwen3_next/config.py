@@ -44,17 +44,22 @@ class HybridSpec:
         text = config.get("text_config") or config
         if text is not config:
             origin = f"{origin} (text_config)"
+            if "tie_word_embeddings" not in text:  # vision-language configs may keep it at the top level only
+                text = {**text, "tie_word_embeddings": config.get("tie_word_embeddings", False)}
         moe_only = "intermediate_size" not in text  # qwen3_5_moe: every layer is MoE, no dense MLP size
         decoder = DecoderSpec.from_config({"intermediate_size": 0, **text} if moe_only else text, origin)
         layer_types = cls._layer_types(text, decoder.num_layers, origin)
-        gdn = GatedDeltaNetShape(
-            num_key_heads=int(require(text, "linear_num_key_heads", origin)),
-            num_value_heads=int(require(text, "linear_num_value_heads", origin)),
-            key_head_dim=int(require(text, "linear_key_head_dim", origin)),
-            value_head_dim=int(require(text, "linear_value_head_dim", origin)),
-            conv_kernel=int(text.get("linear_conv_kernel_dim", 4)),
-            norm_eps=decoder.rms_norm_eps,
-        )
+        try:
+            gdn = GatedDeltaNetShape(
+                num_key_heads=int(require(text, "linear_num_key_heads", origin)),
+                num_value_heads=int(require(text, "linear_num_value_heads", origin)),
+                key_head_dim=int(require(text, "linear_key_head_dim", origin)),
+                value_head_dim=int(require(text, "linear_value_head_dim", origin)),
+                conv_kernel=int(text.get("linear_conv_kernel_dim", 4)),
+                norm_eps=decoder.rms_norm_eps,
+            )
+        except ValueError as exc:
+            raise ModelLoadError(f"{origin}: {exc}") from exc
         moe, moe_layers = cls._moe(text, decoder.num_layers, origin)
         if moe_only and len(moe_layers) != decoder.num_layers:
             raise ModelLoadError(f"{origin}: 'intermediate_size' is missing but not every layer is a MoE layer")

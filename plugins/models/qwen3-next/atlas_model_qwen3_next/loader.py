@@ -8,9 +8,11 @@ dense SwiGLU MLP or sparse MoE with a sigmoid-gated shared expert. The text stac
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from atlas_core.backends.base import Array
 from atlas_core.engine.kv_cache import KVLayout
@@ -42,7 +44,9 @@ class Qwen3NextLoader(ModelWeightLoader):
         state = RecurrentState()
         kv_layouts: list[KVLayout] = []
         layers = []
-        for i, kind in enumerate(spec.layer_types):
+        num_layers = len(spec.layer_types)
+        for i, kind in tqdm(enumerate(spec.layer_types), total=num_layers, desc="loading layers", unit="layer",
+                            disable=num_layers < 16, leave=False):
             p = f"{self.prefix}layers.{i}."
             if kind == LINEAR_ATTENTION:
                 weights = self._gdn_weights(p + "linear_attn.", spec)
@@ -101,12 +105,14 @@ class Qwen3NextLoader(ModelWeightLoader):
 
     def _attention(self, prefix: str, spec: HybridSpec, kv_index: int) -> GatedAttention:
         decoder = spec.decoder
-        q, gate = split_gated_query(self.tensor(prefix + "q_proj.weight"), decoder.num_heads, decoder.head_dim)
+        q, gate = self._checked(split_gated_query, prefix + "q_proj.weight", decoder.num_heads, decoder.head_dim)
         rows = [q, self.tensor(prefix + "k_proj.weight"), self.tensor(prefix + "v_proj.weight"), gate]
         qkv_bias = None
         if decoder.qkv_bias:
-            q_bias, gate_bias = split_gated_query(self.tensor(prefix + "q_proj.bias"), decoder.num_heads, decoder.head_dim)
-            qkv_bias = self._weight(q_bias, self.tensor(prefix + "k_proj.bias"), self.tensor(prefix + "v_proj.bias"), gate_bias)
+            heads, dim = decoder.num_heads, decoder.head_dim
+            q_bias, gate_bias = self._checked(split_gated_query, prefix + "q_proj.bias", heads, dim)
+            k_bias, v_bias = self.tensor(prefix + "k_proj.bias"), self.tensor(prefix + "v_proj.bias")
+            qkv_bias = self._weight(q_bias, k_bias, v_bias, gate_bias)
         weights = AttentionWeights(
             qkv=self._weight(*rows),
             o=self.upload(prefix + "o_proj.weight"),
@@ -123,9 +129,8 @@ class Qwen3NextLoader(ModelWeightLoader):
     def _gdn_weights(self, prefix: str, spec: HybridSpec) -> GatedDeltaNetWeights:
         shape = spec.gdn
         if prefix + "in_proj_qkvz.weight" in self.source:  # Qwen3-Next: fused, grouped by key head
-            in_proj = gdn_in_proj_from_fused(
-                self.tensor(prefix + "in_proj_qkvz.weight"), self.tensor(prefix + "in_proj_ba.weight"), shape
-            )
+            ba = self.tensor(prefix + "in_proj_ba.weight")
+            in_proj = self._checked(gdn_in_proj_from_fused, prefix + "in_proj_qkvz.weight", ba, shape)
         else:  # Qwen3.5: one projection each
             in_proj = np.concatenate([self.tensor(prefix + f"in_proj_{part}.weight") for part in ("qkv", "z", "b", "a")])
         conv = self.tensor(prefix + "conv1d.weight")
@@ -134,7 +139,8 @@ class Qwen3NextLoader(ModelWeightLoader):
         for what, got in (("input projections", in_proj.shape), ("conv1d.weight", conv.shape)):
             if tuple(got) != expected[what]:
                 raise ModelLoadError(
-                    f"{self.origin}: {prefix} {what}: shape {tuple(got)}, but config.json implies {expected[what]}"
+                    f"{self.origin}: {prefix.rstrip('.')} {what}: shape {tuple(got)}, "
+                    f"but config.json implies {expected[what]}"
                 )
         f32 = np.dtype(np.float32)
         return GatedDeltaNetWeights(
@@ -145,6 +151,13 @@ class Qwen3NextLoader(ModelWeightLoader):
             norm=self.upload(prefix + "norm.weight"),
             out_proj=self.upload(prefix + "out_proj.weight"),
         )
+
+    def _checked(self, rearrange: Callable[..., Any], name: str, *args: Any) -> Any:
+        """``rearrange(tensor(name), *args)``, its `ValueError` turned into a `ModelLoadError` naming the tensor."""
+        try:
+            return rearrange(self.tensor(name), *args)
+        except ValueError as exc:
+            raise ModelLoadError(f"{self.origin}: {name}: {exc}") from exc
 
     def _weight(self, *arrays: np.ndarray) -> Array:
         """Host arrays concatenated along the output axis, uploaded as one weight."""

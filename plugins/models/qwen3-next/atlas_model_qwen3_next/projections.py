@@ -1,10 +1,10 @@
-"""Host-side rearrangements of Qwen3-Next / Qwen3.5 projection weights into the layouts the core layers use."""
+"""Host-side rearrangements of Qwen3-Next / Qwen3.5 projection weights into the layouts the core layers use
+(a `ValueError` when shapes do not fit; the loader names the checkpoint and tensor)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.gated_delta_net import GatedDeltaNetShape
 
 
@@ -12,7 +12,7 @@ def split_gated_query(q_proj: np.ndarray, num_heads: int, head_dim: int) -> tupl
     """Gated attention's ``q_proj`` (weight ``[Hq * 2D, H]`` or bias ``[Hq * 2D]``) holds, per head, D query
     rows then D gate rows; return ``(query rows [Hq * D, ...], gate rows [Hq * D, ...])``, head-major."""
     if q_proj.shape[0] != num_heads * 2 * head_dim:
-        raise ModelLoadError(
+        raise ValueError(
             f"gated attention q_proj has {q_proj.shape[0]} rows, expected num_attention_heads * 2 * head_dim = "
             f"{num_heads * 2 * head_dim}"
         )
@@ -33,7 +33,7 @@ def gdn_in_proj_from_fused(qkvz: np.ndarray, ba: np.ndarray, shape: GatedDeltaNe
     heads, ratio = shape.num_key_heads, shape.num_value_heads // shape.num_key_heads
     group = 2 * shape.key_head_dim + 2 * ratio * shape.value_head_dim
     if qkvz.shape[0] != heads * group or ba.shape[0] != heads * 2 * ratio:
-        raise ModelLoadError(
+        raise ValueError(
             f"in_proj_qkvz {qkvz.shape} / in_proj_ba {ba.shape} do not fit {heads} key heads of "
             f"{group} rows / {2 * ratio} rows (linear_* sizes in config.json)"
         )

@@ -1,0 +1,148 @@
+"""Host side of paged attention: the work list, the kernel variant, split-K or direct, the launch.
+
+Eager forwards read the batch's query starts and context lengths back once per forward (the result is
+kept for the other layers of that forward) and build the work list: one item per (sequence, tile of
+query tokens). When those items would leave most SMs idle and contexts span several splits, every item
+is cut into its splits (flash-decoding) and `attention_combine` merges them. Captured decode graphs
+install a `StaticAttentionPlan` instead, so nothing reads back or allocates on the host side.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from atlas_core.backends.base import AttentionMetadata
+
+THREADS = 128
+HEAD_DIM_VARIANTS = (1, 2, 4, 8)
+"""Dims per lane of the attention kernels: head dims up to 32, 64, 128 and 256."""
+
+
+@dataclass
+class StaticAttentionPlan:
+    """A fixed work list for graph capture: every sequence of the bucket is one decode token, cut into
+    ``splits`` splits of the context (rows whose context is shorter get empty splits)."""
+
+    work: Any
+    """Device int32 ``[num_seqs * splits, 4]``: (sequence, 0, split, 0)."""
+    splits: int
+
+
+@dataclass
+class _Plan:
+    work: Any
+    items: int
+    splits: int  # 0: direct mode
+    tile_rows: int
+
+
+class AttentionRunner:
+    """Plans and launches `Backend.attention` for one backend."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.cp = backend.cp
+        variant = backend.kernels.variant("attention")
+        self.tile_n = variant.define("ATT_TILE_N", 64)
+        self.split = variant.define("ATT_SPLIT", 128)
+        self.static: StaticAttentionPlan | None = None
+        self.split_policy = "auto"
+        """Eager forwards: "auto" (split-K when blocks would leave SMs idle), "always" or "never"; results are identical."""
+        self._host_meta: tuple[AttentionMetadata, np.ndarray, np.ndarray] | None = None
+
+    def splits_for(self, context: int) -> int:
+        return max(1, math.ceil(context / self.split))
+
+    def static_work(self, num_seqs: int, splits: int) -> StaticAttentionPlan:
+        work = np.zeros((num_seqs * splits, 4), dtype=np.int32)
+        work[:, 0] = np.repeat(np.arange(num_seqs), splits)
+        work[:, 2] = np.tile(np.arange(splits), num_seqs)
+        return StaticAttentionPlan(self.cp.asarray(work), splits)
+
+    def __call__(
+        self, q: Any, k_cache: Any, v_cache: Any, meta: AttentionMetadata, scale: float, out: Any,
+        sliding_window: int | None,
+    ) -> Any:
+        cp = self.cp
+        tokens, q_heads, d = q.shape
+        _, block_size, kv_heads, _ = k_cache.shape
+        if q.strides[-1] != q.itemsize:
+            q = cp.ascontiguousarray(q)
+        if q_heads % kv_heads:
+            raise ValueError(f"attention: {q_heads} query heads are not a multiple of {kv_heads} KV heads")
+        group = q_heads // kv_heads
+        dpt = next((v for v in HEAD_DIM_VARIANTS if 32 * v >= d), None)
+        if dpt is None or group > 64:
+            raise ValueError(f"attention: head_dim {d} (at most 256) or GQA group {group} (at most 64) not supported")
+        if out is None:
+            out = cp.empty(q.shape, dtype=q.dtype)
+        if tokens == 0:
+            return out
+        plan = self._plan(meta, group, tokens, kv_heads)
+        tile_rows = plan.tile_rows
+        kernel = self.backend.kernels.function("attention", f"attention_m{tile_rows}_d{dpt}")
+        smem = self.shared_bytes(tile_rows, dpt, d)
+        if smem > 48 * 1024:
+            kernel.max_dynamic_shared_size_bytes = smem
+        splits = max(plan.splits, 1)
+        if plan.splits:
+            ws_acc = cp.empty((tokens * q_heads * splits * d,), dtype=np.float32)
+            ws_ml = cp.empty((tokens * q_heads * splits * 2,), dtype=np.float32)
+        else:
+            ws_acc = ws_ml = np.uint64(0)
+        qs = [s // q.itemsize for s in q.strides]
+        os_ = [s // out.itemsize for s in out.strides]
+        tables = meta.block_tables
+        kernel(
+            (plan.items, kv_heads), (THREADS,),
+            (q, np.int64(qs[0]), np.int64(qs[1]), k_cache, v_cache, meta.query_start_loc, meta.seq_lens, tables,
+             np.int32(tables.shape[1]), plan.work, out, np.int64(os_[0]), np.int64(os_[1]), ws_acc, ws_ml,
+             np.int32(splits), np.int32(q_heads), np.int32(kv_heads), np.int32(d), np.int32(block_size),
+             np.float32(scale), np.int32(sliding_window or 0)),
+            shared_mem=smem,
+        )
+        if plan.splits:
+            rows = tokens * q_heads
+            self.backend.kernels.function("attention", "attention_combine")(
+                (math.ceil(rows / 4),), (128,),
+                (ws_acc, ws_ml, np.int32(splits), out, np.int64(os_[0]), np.int64(os_[1]), np.int32(q_heads),
+                 np.int32(d), np.int64(rows)),
+            )
+        return out
+
+    def shared_bytes(self, tile_rows: int, dpt: int, d: int) -> int:
+        stride = ((d + 7) & ~7) + 8
+        return ((tile_rows + 2 * self.tile_n) * stride * 2 + tile_rows * (self.tile_n + 1) * 4
+                + tile_rows * 32 * dpt * 4 + 6 * tile_rows * 4)
+
+    def _plan(self, meta: AttentionMetadata, group: int, tokens: int, kv_heads: int) -> _Plan:
+        if self.static is not None:
+            return _Plan(self.static.work, int(self.static.work.shape[0]), self.static.splits, 16 if group <= 16 else 64)
+        starts, lengths = self._read_meta(meta)
+        q_lens = np.diff(starts)
+        tile_rows = 16 if int(q_lens.max(initial=0)) * group <= 16 else 64
+        per_tile = tile_rows // group
+        seqs = np.repeat(np.arange(len(q_lens)), -(-q_lens // per_tile))
+        first = np.concatenate([np.arange(0, n, per_tile) for n in q_lens]) if len(q_lens) else np.zeros(0, np.int64)
+        splits = self.splits_for(int(lengths.max(initial=1)))
+        idle = len(seqs) * kv_heads < self.backend.profile.sm_count
+        if self.split_policy == "always" or (self.split_policy == "auto" and splits > 1 and idle):
+            work = np.zeros((len(seqs) * splits, 4), dtype=np.int32)
+            work[:, 0] = np.repeat(seqs, splits)
+            work[:, 1] = np.repeat(first, splits)
+            work[:, 2] = np.tile(np.arange(splits), len(seqs))
+        else:
+            splits = 0
+            work = np.zeros((len(seqs), 4), dtype=np.int32)
+            work[:, 0], work[:, 1], work[:, 2] = seqs, first, -1
+        return _Plan(self.cp.asarray(work), len(work), splits, tile_rows)
+
+    def _read_meta(self, meta: AttentionMetadata) -> tuple[np.ndarray, np.ndarray]:
+        """Query starts and context lengths on the host, read once per forward (per metadata object)."""
+        if self._host_meta is None or self._host_meta[0] is not meta:
+            self._host_meta = (meta, self.cp.asnumpy(meta.query_start_loc), self.cp.asnumpy(meta.seq_lens))
+        return self._host_meta[1], self._host_meta[2]

@@ -1,0 +1,253 @@
+"""The ``cuda`` backend: CuPy arrays in bfloat16, every core op a CUDA kernel from the registry.
+
+Importing this module does not import CuPy; `CudaBackend.availability` and the constructor do.
+Activations and weights are bf16 (``ml_dtypes.bfloat16``); accumulation is fp32. Every op computes a
+row the same way whatever the batch (see the kernel sources), so greedy outputs are batch invariant
+and captured decode graphs reproduce the eager forward bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from atlas_core.backends.base import Array, AttentionMetadata, Backend, LogitAdjustments, SamplingTensors
+from atlas_gb10.attention import AttentionRunner
+from atlas_gb10.sampling import LogitsOps
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+GEMM_TILES = ((2, 4), (1, 4), (1, 2), (1, 1))
+"""(m-tiles of 16 rows, n-tiles of 8 columns) per GEMM block, largest first."""
+
+
+def null_or(array: Any) -> Any:
+    """A kernel pointer argument: the array, or a null pointer for None."""
+    return np.uint64(0) if array is None else array
+
+
+def element_strides(array: Any) -> tuple[int, ...]:
+    return tuple(s // array.itemsize for s in array.strides)
+
+
+class CudaBackend(Backend):
+    """CUDA through CuPy; kernels compiled at run time for the detected hardware target."""
+
+    name = "cuda"
+    activation_dtype = BF16
+
+    @classmethod
+    def availability(cls) -> str | None:
+        try:
+            import cupy
+        except Exception as exc:  # noqa: BLE001 - any import failure means "cannot run here"
+            return f"CuPy cannot be imported ({type(exc).__name__}: {exc}); install cupy-cuda13x"
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception as exc:  # noqa: BLE001
+            return f"no CUDA driver or device is usable ({type(exc).__name__}: {exc})"
+        if count == 0:
+            return "no CUDA device is visible"
+        capability = int(cupy.cuda.Device(0).compute_capability)
+        if capability < 80:
+            return f"the GPU has compute capability {capability // 10}.{capability % 10}; bf16 tensor-core kernels need 8.0 or newer"
+        try:
+            from cupy_backends.cuda.libs import nvrtc
+
+            nvrtc.getVersion()
+        except Exception as exc:  # noqa: BLE001
+            return f"NVRTC, the CUDA run-time compiler, cannot be loaded ({exc}); install nvidia-cuda-nvrtc or a CUDA toolkit"
+        return None
+
+    def __init__(self) -> None:
+        import cupy
+
+        from atlas_gb10.compiler import KernelLibrary
+        from atlas_gb10.hardware import detect
+        from atlas_gb10.upload import PinnedUploader
+
+        self.cp = cupy
+        self.profile = detect(cupy)
+        self.kernels = KernelLibrary(cupy, self.profile)
+        self.uploader = PinnedUploader(cupy)
+        self.device_name = f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()} ({self.profile.name}, {self.profile.arch})"
+        self.attention_runner = AttentionRunner(self)
+        self.logits_ops = LogitsOps(self)
+
+    # ---- memory -------------------------------------------------------------------------
+    def from_numpy(self, array: np.ndarray, *, weight: bool = False, dtype: np.dtype | None = None) -> Array:
+        array = np.asarray(array)
+        if dtype is not None:
+            target = np.dtype(dtype)
+        elif array.dtype.kind in "iub":
+            target = np.dtype(np.int32)
+        else:
+            target = BF16
+        return self.uploader.upload(array, target)
+
+    def to_numpy(self, x: Array) -> np.ndarray:
+        return self.cp.asnumpy(x)
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype | type) -> Array:
+        return self.cp.zeros(shape, dtype=np.dtype(dtype))
+
+    def device_memory(self) -> tuple[int, int] | None:
+        self.cp.get_default_memory_pool().free_all_blocks()
+        free, total = self.cp.cuda.runtime.memGetInfo()
+        return int(free), int(total)
+
+    def decode_graphs(self, model: Any, kv: Any) -> Any:
+        from atlas_gb10.graphs import CudaDecodeGraphs, graphs_enabled
+
+        if model.has_recurrent_state or not graphs_enabled():
+            return None
+        return CudaDecodeGraphs(self, model, kv)
+
+    # ---- helpers ------------------------------------------------------------------------
+    def _kernel(self, op: str, name: str) -> Any:
+        return self.kernels.function(op, name)
+
+    def _contiguous_rows(self, x: Array) -> Array:
+        """``x`` with a contiguous last axis (a copy only when it is not)."""
+        return x if x.strides[-1] == x.itemsize else self.cp.ascontiguousarray(x)
+
+    def _require_bf16(self, op: str, *arrays: Array) -> None:
+        for a in arrays:
+            if a is not None and a.dtype != BF16:
+                raise TypeError(f"cuda backend: {op} takes bfloat16 arrays, got {a.dtype}")
+
+    # ---- dense ops ----------------------------------------------------------------------
+    def embedding(self, weight: Array, ids: Array) -> Array:
+        self._require_bf16("embedding", weight)
+        hidden = weight.shape[1]
+        out = self.cp.empty((ids.shape[0], hidden), dtype=BF16)
+        if ids.shape[0]:
+            self._kernel("elementwise", "embedding_bf16")((ids.shape[0],), (128,), (weight, ids, out, np.int32(hidden)))
+        return out
+
+    def linear(self, x: Array, weight: Array, bias: Array | None = None, out: Array | None = None) -> Array:
+        self._require_bf16("linear", x, weight, bias)
+        x = self._contiguous_rows(x)
+        m, k = x.shape
+        n = weight.shape[0]
+        if out is None:
+            out = self.cp.empty((m, n), dtype=BF16)
+        if m == 0:
+            return out
+        ldx, ldo = element_strides(x)[0], element_strides(out)[0]
+        vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight.data.ptr % 16 == 0
+        mt, nt = self.gemm_tile(m, n)
+        kernel = self._kernel("gemm", f"gemm_bf16_m{mt}_n{nt}_{'vec' if vec else 'any'}")
+        grid = (math.ceil(n / (8 * nt)), math.ceil(m / (16 * mt)))
+        kernel(grid, (256,), (x, np.int64(ldx), weight, null_or(bias), out, np.int64(ldo), np.int32(m), np.int32(n), np.int32(k)))
+        return out
+
+    def gemm_tile(self, m: int, n: int) -> tuple[int, int]:
+        """The largest block tile that still gives every SM a block (results do not depend on it)."""
+        candidates = [(mt, nt) for mt, nt in GEMM_TILES if mt == 1 or m > 16]
+        for mt, nt in candidates:
+            if math.ceil(n / (8 * nt)) * math.ceil(m / (16 * mt)) >= self.profile.sm_count:
+                return mt, nt
+        return candidates[-1]
+
+    def rms_norm(self, x: Array, weight: Array, eps: float, residual: Array | None = None) -> tuple[Array, Array]:
+        self._require_bf16("rms_norm", x, weight, residual)
+        shape, d = x.shape, x.shape[-1]
+        if x.ndim > 3 or x.strides[-1] != x.itemsize:
+            x = self.cp.ascontiguousarray(x)
+        if residual is not None and (residual.ndim > 3 or residual.strides[-1] != residual.itemsize):
+            residual = self.cp.ascontiguousarray(residual)
+        rows = math.prod(shape[:-1])
+        normed = self.cp.empty(shape, dtype=BF16)
+        summed = self.cp.empty(shape, dtype=BF16) if residual is not None else None
+        if rows:
+            inner = shape[1] if x.ndim == 3 else 1
+            xs, rs = self._row_layout(x), self._row_layout(residual) if residual is not None else (0, 0)
+            args = (x, np.int64(xs[0]), np.int64(xs[1]), null_or(residual), np.int64(rs[0]), np.int64(rs[1]),
+                    np.int32(inner), weight, normed, null_or(summed), np.float32(eps), np.int32(d), np.int64(rows))
+            if d <= 1024:
+                self._kernel("elementwise", "rms_norm_warp_bf16")((math.ceil(rows / 4),), (128,), args)
+            else:
+                self._kernel("elementwise", "rms_norm_block_bf16")((rows,), (256,), args)
+        return normed, (summed if residual is not None else x)
+
+    @staticmethod
+    def _row_layout(x: Array) -> tuple[int, int]:
+        """(stride of the outer axis, stride of the per-head axis) in elements, for 1-3 dims."""
+        strides = element_strides(x)
+        if x.ndim == 3:
+            return strides[0], strides[1]
+        if x.ndim == 2:
+            return strides[0], 0
+        return 0, 0
+
+    def _gated(self, kernel_name: str, x: Array, out: Array | None) -> Array:
+        self._require_bf16(kernel_name, x, out)
+        x = self._contiguous_rows(x)
+        rows, inner = x.shape[0], x.shape[1] // 2
+        if out is None:
+            out = self.cp.empty((rows, inner), dtype=BF16)
+        total = rows * inner
+        if total:
+            blocks = min(math.ceil(total / 256), 8 * max(1, self.profile.sm_count))
+            self._kernel("elementwise", kernel_name)(
+                (blocks,), (256,), (x, np.int64(element_strides(x)[0]), out, np.int64(element_strides(out)[0]), np.int32(inner), np.int64(rows))
+            )
+        return out
+
+    def silu_mul(self, x: Array, out: Array | None = None) -> Array:
+        return self._gated("silu_mul_bf16", x, out)
+
+    def gelu_tanh_mul(self, x: Array, out: Array | None = None) -> Array:
+        return self._gated("gelu_tanh_mul_bf16", x, out)
+
+    def rope(self, q: Array, k: Array, positions: Array, cos: Array, sin: Array) -> None:
+        self._require_bf16("rope", q, k)
+        if q.strides[-1] != q.itemsize or k.strides[-1] != k.itemsize:
+            raise ValueError("cuda backend: rope needs q and k with contiguous head dims")
+        tokens, half = q.shape[0], cos.shape[1]
+        if tokens == 0 or half == 0:
+            return
+        qs, ks = element_strides(q), element_strides(k)
+        threads = min(1024, 32 * math.ceil((q.shape[1] + k.shape[1]) * half / 32))
+        self._kernel("elementwise", "rope_bf16")(
+            (tokens,), (threads,),
+            (q, np.int64(qs[0]), np.int64(qs[1]), np.int32(q.shape[1]), k, np.int64(ks[0]), np.int64(ks[1]),
+             np.int32(k.shape[1]), positions, cos, sin, np.int32(half)),
+        )
+
+    def write_kv(self, k_cache: Array, v_cache: Array, k: Array, v: Array, slot_mapping: Array) -> None:
+        self._require_bf16("write_kv", k_cache, v_cache, k, v)
+        k, v = self._contiguous_rows(k), self._contiguous_rows(v)
+        tokens, heads, d = k.shape
+        if tokens == 0:
+            return
+        ks, vs = element_strides(k), element_strides(v)
+        threads = min(1024, 32 * math.ceil(heads * d / 32))
+        self._kernel("elementwise", "write_kv_bf16")(
+            (tokens,), (threads,),
+            (k_cache, v_cache, k, np.int64(ks[0]), np.int64(ks[1]), v, np.int64(vs[0]), np.int64(vs[1]), slot_mapping,
+             np.int32(heads), np.int32(d)),
+        )
+
+    def attention(
+        self, q: Array, k_cache: Array, v_cache: Array, meta: AttentionMetadata, scale: float,
+        out: Array | None = None, sliding_window: int | None = None,
+    ) -> Array:
+        self._require_bf16("attention", q, k_cache, v_cache, out)
+        return self.attention_runner(q, k_cache, v_cache, meta, scale, out, sliding_window)
+
+    # ---- logits ops ---------------------------------------------------------------------
+    def log_softmax(self, logits: Array) -> Array:
+        return self.logits_ops.log_softmax(logits)
+
+    def argmax(self, logits: Array) -> Array:
+        return self.logits_ops.argmax(logits)
+
+    def adjust_logits(self, logits: Array, adj: LogitAdjustments) -> None:
+        self.logits_ops.adjust(logits, adj)
+
+    def sample(self, logits: Array, params: SamplingTensors) -> Array:
+        return self.logits_ops.sample(logits, params)

@@ -1,0 +1,135 @@
+"""CUDA-graph decode: one captured forward per (batch-size bucket, context-split bucket).
+
+Inputs live in fixed device buffers sized for `MAX_BATCH` sequences; a step copies the batch into
+them, pads the bucket (context 0, KV slot -1: pad rows read and write nothing) and replays. Graphs
+are captured lazily, the first time a bucket is needed: an eager warm-up on the capture stream fills a
+private memory pool with every buffer the forward allocates, then the same forward is captured with
+that pool, so nothing is allocated from the shared pool and the buffers stay owned by the graphs.
+Replays are ordered on the caller's stream, so the graphs may share the pool's scratch memory.
+A model whose forward cannot be captured (a host fallback op, say) runs eagerly, with one log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from atlas_core.backends.base import AttentionMetadata
+from atlas_core.engine.forward_batch import ForwardBatch
+
+log = logging.getLogger("atlas.gb10")
+
+MAX_BATCH_ENV = "ATLAS_CUDA_GRAPH_MAX_BATCH"
+ENABLE_ENV = "ATLAS_CUDA_GRAPHS"
+
+
+def graphs_enabled() -> bool:
+    return os.environ.get(ENABLE_ENV, "1") != "0"
+
+
+def bucket(n: int) -> int:
+    """The smallest power of two >= n."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class CudaDecodeGraphs:
+    """`atlas_core.engine.runner.DecodeGraphs` on CUDA graphs."""
+
+    def __init__(self, backend: Any, model: Any, kv: Any) -> None:
+        cp = backend.cp
+        self.backend, self.model, self.kv, self.cp = backend, model, kv, cp
+        self.max_batch = int(os.environ.get(MAX_BATCH_ENV, "256"))
+        self.table_width = min(kv.num_blocks, math.ceil(model.max_position_embeddings / kv.block_size))
+        n = self.max_batch
+        self.input_ids = cp.zeros((n,), dtype=np.int32)
+        self.positions = cp.zeros((n,), dtype=np.int32)
+        self.query_start = cp.arange(n + 1, dtype=np.int32)
+        self.seq_lens = cp.zeros((n,), dtype=np.int32)
+        self.block_tables = cp.zeros((n, self.table_width), dtype=np.int32)
+        self.slot_mapping = cp.full((n,), -1, dtype=np.int32)
+        self.state_slots = cp.full((n,), -1, dtype=np.int32)
+        self.pool = cp.cuda.MemoryPool()
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.graphs: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
+        self.failed = False
+        self.replays = 0
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        num_seqs = batch.attention.seq_lens.shape[0]
+        return (
+            not self.failed and num_seqs <= self.max_batch and batch.num_tokens == num_seqs
+            and batch.attention.block_tables.shape[1] <= self.table_width
+        )
+
+    def run(self, batch: ForwardBatch) -> Any:
+        meta = batch.attention
+        b = meta.seq_lens.shape[0]
+        size = bucket(b)
+        context = int(self.cp.asnumpy(meta.seq_lens).max())
+        splits = bucket(self.backend.attention_runner.splits_for(context))
+        key = (size, splits)
+        if key not in self.graphs:
+            captured = self._capture(size, splits)
+            if captured is None:
+                hidden = self.model.forward(batch, self.kv)
+                return self.model.compute_logits(hidden)
+            self.graphs[key] = captured
+        graph, logits, _plan = self.graphs[key]
+        self.input_ids[:b] = batch.input_ids
+        self.positions[:b] = batch.positions
+        self.seq_lens[:b] = meta.seq_lens
+        self.seq_lens[b:size] = 0
+        self.slot_mapping[:b] = meta.slot_mapping
+        self.slot_mapping[b:size] = -1
+        self.block_tables[:b, : meta.block_tables.shape[1]] = meta.block_tables
+        graph.launch(stream=self.cp.cuda.get_current_stream())
+        self.replays += 1
+        return logits[:b]
+
+    def _batch(self, size: int) -> ForwardBatch:
+        return ForwardBatch(
+            input_ids=self.input_ids[:size],
+            positions=self.positions[:size],
+            attention=AttentionMetadata(
+                query_start_loc=self.query_start[: size + 1], seq_lens=self.seq_lens[:size],
+                block_tables=self.block_tables[:size], slot_mapping=self.slot_mapping[:size],
+            ),
+            logits_rows=np.arange(size),
+            state_slots=self.state_slots[:size],
+            is_pure_decode=True,
+        )
+
+    def _capture(self, size: int, splits: int) -> tuple[Any, Any, Any] | None:
+        """(graph, its logits buffer, its attention work list): the graph reads both on every replay."""
+        cp, backend = self.cp, self.backend
+        batch = self._batch(size)
+        runner = backend.attention_runner
+        cp.cuda.Device().synchronize()
+        self.seq_lens[:size] = 0  # the warm-up reads no KV and writes none
+        self.slot_mapping[:size] = -1
+        cp.cuda.Device().synchronize()
+        graph = None
+        try:
+            with cp.cuda.using_allocator(self.pool.malloc), self.stream:
+                plan = runner.static = runner.static_work(size, splits)
+                self.model.compute_logits(self.model.forward(batch, self.kv))  # warm-up: kernels, pool blocks
+                self.stream.synchronize()
+                self.stream.begin_capture()
+                try:
+                    logits = self.model.compute_logits(self.model.forward(batch, self.kv))
+                finally:
+                    graph = self.stream.end_capture()
+                graph.upload(self.stream)
+                self.stream.synchronize()
+        except Exception as exc:  # noqa: BLE001 - a forward that cannot be captured runs eagerly
+            self.failed = True
+            log.warning("decode graphs disabled for this model, decode runs eagerly: capture failed (%s: %s)", type(exc).__name__, exc)
+            return None
+        finally:
+            runner.static = None
+        log.info("captured decode graph: batch bucket %d, %d context splits", size, splits)
+        return graph, logits, plan

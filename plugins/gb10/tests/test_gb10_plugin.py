@@ -1,0 +1,76 @@
+"""atlas-gb10 without a GPU: registration, availability reasons, the kernel registry, and the
+compile-only check of every kernel for Hopper (sm_90a) and GB10 (sm_121) where nvcc is installed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from atlas_core.plugins import load_plugins
+from atlas_gb10.hardware import GB10, HOPPER, PROFILES
+from atlas_gb10.registry import KERNEL_DIR, KernelNotFoundError, all_variants, lookup
+
+SCRIPTS = Path(__file__).parents[1] / "scripts"
+
+
+def test_registers_cuda_backend_with_priority_over_numpy() -> None:
+    registration = load_plugins().get("backend", "cuda")
+    assert registration.plugin.distribution == "atlas-gb10"
+    assert registration.target == "atlas_gb10.backend:CudaBackend"
+    assert int(registration.metadata["priority"]) > 0
+
+
+def test_availability_is_none_or_a_reason() -> None:
+    backend_class = load_plugins().get("backend", "cuda").load()
+    reason = backend_class.availability()
+    assert reason is None or (isinstance(reason, str) and reason)
+
+
+def test_atlas_plugins_check_lists_cuda_with_its_status() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "atlas_core.cli", "plugins", "--check"], capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "atlas-gb10" in result.stdout and "cuda" in result.stdout
+    from atlas_gb10.backend import CudaBackend
+
+    reason = CudaBackend.availability()
+    if reason is not None:
+        assert "unavailable" in result.stdout
+
+
+def test_profiles_describe_gb10_and_hopper() -> None:
+    assert PROFILES[(12, 1)] is GB10 and GB10.arch == "sm_121" and GB10.cpu == "aarch64"
+    assert "no wgmma" in GB10.matrix_instructions
+    assert PROFILES[(9, 0)] is HOPPER and HOPPER.arch == "sm_90a"
+    for profile in (GB10, HOPPER):
+        assert profile.sm_count > 0 and profile.memory_bandwidth_gbs > 0 and profile.shared_memory_per_block > 0
+
+
+def test_registry_falls_back_to_generic_and_names_what_exists() -> None:
+    assert lookup("gb10", "attention", "bf16").define("ATT_TILE_N", 0) == 32
+    assert lookup("hopper", "attention", "bf16") == lookup("generic", "attention", "bf16")
+    assert lookup("some-future-gpu", "gemm", "bf16").source == "gemm.cu"
+    with pytest.raises(KernelNotFoundError, match="gemm/bf16"):
+        lookup("hopper", "gemm", "fp8")
+    for _, variant in all_variants():
+        assert (KERNEL_DIR / variant.source).is_file()
+
+
+def test_split_size_is_the_same_for_every_attention_variant_of_a_target() -> None:
+    """Results must not depend on the path taken: attention's split size is one number per target."""
+    splits = {v.define("ATT_SPLIT", 0) for (t, op, _), v in all_variants() if op == "attention"}
+    assert len(splits) == 1
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the compile-only check needs it")
+def test_every_kernel_compiles_for_hopper_and_gb10() -> None:
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "compile_check.py")], capture_output=True, text=True, timeout=1200,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "sm_90a" in result.stdout and "sm_121" in result.stdout
