@@ -76,7 +76,9 @@ class StructuredOutput:
             raise StructuredOutputError(f"structured output kind must be one of {', '.join(_KINDS)}, got {self.kind!r}")
         message = llguidance.LLMatcher.validate_grammar(self.llguidance_grammar)
         if message:
-            raise StructuredOutputError(f"the {self.kind.replace('_', ' ')} constraint cannot be compiled: {message.strip()}")
+            raise StructuredOutputError(
+                f"the {self.kind.replace('_', ' ')} constraint cannot be compiled: {message.strip()}"
+            )
 
     @classmethod
     def json(cls, schema: dict[str, Any] | None = None) -> StructuredOutput:
@@ -126,6 +128,7 @@ class _BudgetTracker:
         self.count = 0
         self.forced = 0
         self._recent: list[int] = []
+        self._window = max(len(budget.start_token_ids), len(budget.close_token_ids))
 
     def next_forced(self) -> int | None:
         if self.inside and not self.done and self.count >= self.budget.max_tokens:
@@ -139,7 +142,7 @@ class _BudgetTracker:
             self.forced += 1
             self.done = self.forced == len(self.budget.end_token_ids)
             return
-        self._recent = (self._recent + [token])[-max(len(self.budget.start_token_ids), len(self.budget.close_token_ids)) :]
+        self._recent = [*self._recent, token][-self._window :]
         if not self.inside:
             self.inside = _ends_with(self._recent, self.budget.start_token_ids)
         elif _ends_with(self._recent, self.budget.close_token_ids):
@@ -181,7 +184,11 @@ class GuidedDecoding:
         params = request.params
         if params.structured is None and params.thinking_budget is None:
             return
-        bad = [t for t in params.thinking_budget.token_ids if not 0 <= t < self.vocab_size] if params.thinking_budget else []
+        bad = (
+            [t for t in params.thinking_budget.token_ids if not 0 <= t < self.vocab_size]
+            if params.thinking_budget
+            else []
+        )
         if bad:
             raise InvalidRequestError(f"thinking budget token ids {bad[:5]} are outside [0, {self.vocab_size})")
         matcher = self._compile(params.structured) if params.structured is not None else None
@@ -231,9 +238,9 @@ class GuidedDecoding:
             return
         if state.budget is not None:
             state.budget.accept(token)
-        if state.matcher is not None and token not in seq.stop_token_ids:
-            if not state.matcher.consume_token(token):
-                raise StructuredOutputError(f"the output constraint rejected token {token}: {state.matcher.get_error()}")
+        ends = token in seq.stop_token_ids  # the sequence finishes; the matcher is released with it
+        if state.matcher is not None and not ends and not state.matcher.consume_token(token):
+            raise StructuredOutputError(f"the output constraint rejected token {token}: {state.matcher.get_error()}")
 
     def _tokenizer(self) -> llguidance.LLTokenizer:
         if self._ll_tokenizer is None:
@@ -249,5 +256,7 @@ class GuidedDecoding:
     def _compile(self, structured: StructuredOutput) -> llguidance.LLMatcher:
         matcher = llguidance.LLMatcher(self._tokenizer(), structured.llguidance_grammar, log_level=0)
         if matcher.is_error():
-            raise StructuredOutputError(f"the {structured.kind.replace('_', ' ')} constraint cannot be used: {matcher.get_error()}")
+            raise StructuredOutputError(
+                f"the {structured.kind.replace('_', ' ')} constraint cannot be used: {matcher.get_error()}"
+            )
         return matcher

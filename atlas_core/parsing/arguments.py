@@ -10,7 +10,6 @@ import json
 import re
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 import jsonschema
 from jsonschema.exceptions import best_match

@@ -93,7 +93,11 @@ def tool_call_constraint(
     for tool in chosen:
         json_schema_rule(tool.parameters or {"type": "object"}, f"the parameters of tool {tool.name!r}")
     lit = _literal(tokenizer)
-    lines = [*_start_rule(reasoning_parser, prompt_text, lit), "answer: calls", fmt.grammar(chosen, lit, parallel_tool_calls)]
+    lines = [
+        *_start_rule(reasoning_parser, prompt_text, lit),
+        "answer: calls",
+        fmt.grammar(chosen, lit, parallel_tool_calls),
+    ]
     return StructuredOutput("tool_call", "\n".join(lines))
 
 
@@ -118,15 +122,21 @@ def response_format_constraint(
     elif kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, Mapping) or "schema" not in spec:
-            raise StructuredOutputError("response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}")
+            raise StructuredOutputError(
+                "response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}"
+            )
         answer = json_schema_rule(spec["schema"], "response_format.json_schema.schema")
     else:
-        raise StructuredOutputError(f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+        raise StructuredOutputError(
+            f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}"
+        )
     lines = [*_start_rule(reasoning_parser, prompt_text, _literal(tokenizer)), f"answer: {answer}"]
     return StructuredOutput(kind, "\n".join(lines))
 
 
-def thinking_budget(reasoning_parser: str, tokenizer: Tokenizer, prompt_text: str, budget_tokens: int) -> ThinkingBudget:
+def thinking_budget(
+    reasoning_parser: str, tokenizer: Tokenizer, prompt_text: str, budget_tokens: int
+) -> ThinkingBudget:
     """A budget of ``budget_tokens`` reasoning tokens for ``reasoning_parser``'s markers: once spent,
     the engine forces ``"\\n" + end marker + "\\n\\n"``. Counting starts at once when the prompt
     opened the block (or the format starts inside it), else at the opening marker."""

@@ -22,7 +22,9 @@ def tool_choice_name(tool_choice: ToolChoice) -> str | None:
     Raises `ToolSchemaError` for a value that is neither."""
     if isinstance(tool_choice, str):
         if tool_choice not in ("auto", "none", "required"):
-            raise ToolSchemaError(f"tool_choice must be 'auto', 'none', 'required' or a named function, got {tool_choice!r}")
+            raise ToolSchemaError(
+                f"tool_choice must be 'auto', 'none', 'required' or a named function, got {tool_choice!r}"
+            )
         return None
     function = tool_choice.get("function", tool_choice)
     name = function.get("name") if isinstance(function, Mapping) else None
@@ -61,7 +63,9 @@ class OutputParser:
     ) -> None:
         forced = tool_choice_name(tool_choice)
         self.tool_choice = tool_choice
-        self._splitter = ReasoningSplitter(reasoning_format(reasoning_parser), prompt_text) if reasoning_parser else None
+        self._splitter = (
+            ReasoningSplitter(reasoning_format(reasoning_parser), prompt_text) if reasoning_parser else None
+        )
         fmt = tool_format(tool_parser) if tool_parser else None
         self._scanner: ToolCallScanner | None = None
         if fmt is not None and tools and tool_choice != "none":

@@ -55,7 +55,9 @@ class ToolCallScanner:
         while True:
             if self._state is _State.LEAD:
                 stripped = self._buffer.lstrip()
-                marker = next((m for m in sorted(self.fmt.starts, key=len, reverse=True) if stripped.startswith(m)), None)
+                marker = next(
+                    (m for m in sorted(self.fmt.starts, key=len, reverse=True) if stripped.startswith(m)), None
+                )
                 if marker is not None:
                     self._open(marker, stripped[len(marker) :])
                 elif not final and any(m.startswith(stripped) for m in self.fmt.starts):
@@ -100,7 +102,9 @@ class ToolCallScanner:
         for raw_call in raw_calls:
             call = self.arguments.resolve(raw_call)
             if isinstance(call, str) or (self.allowed is not None and not self.allowed(call.name)):
-                self.problems.append(call if isinstance(call, str) else f"tool_choice does not allow calling {call.name!r}")
+                self.problems.append(
+                    call if isinstance(call, str) else f"tool_choice does not allow calling {call.name!r}"
+                )
                 events += self._content(raw_call.raw if honoured or len(raw_calls) > 1 else raw)
                 continue
             if not honoured:

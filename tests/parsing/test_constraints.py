@@ -7,9 +7,9 @@ import json
 import random
 
 import llguidance
+import numpy as np
 import pytest
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
-import numpy as np
 
 from atlas_core.errors import InvalidRequestError
 from atlas_core.parsing import (
@@ -47,7 +47,13 @@ BOUNDED = [  # parameters with no free text, so random walks end quickly
         },
     ),
     ToolDefinition(
-        "reset", parameters={"type": "object", "properties": {"hard": {"type": "boolean"}}, "required": ["hard"], "additionalProperties": False}
+        "reset",
+        parameters={
+            "type": "object",
+            "properties": {"hard": {"type": "boolean"}},
+            "required": ["hard"],
+            "additionalProperties": False,
+        },
     ),
 ]
 
@@ -101,7 +107,8 @@ CANONICAL = {
     "mistral": '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]',
     "json": '[{"name": "get_time", "arguments": {"zone": "UTC"}}]',
     "qwen3_coder": "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>",
-    "minimax_m2": '<minimax:tool_call>\n<invoke name="get_time">\n<parameter name="zone">UTC</parameter>\n</invoke>\n</minimax:tool_call>',
+    "minimax_m2": '<minimax:tool_call>\n<invoke name="get_time">\n<parameter name="zone">UTC</parameter>\n</invoke>\n'
+    "</minimax:tool_call>",
     "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n"
     '{"zone": "UTC"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
 }
@@ -131,7 +138,9 @@ CALL = CANONICAL["hermes"]
     ],
 )
 def test_reasoning_before_the_constrained_answer(reasoning, prompt, good, bad) -> None:
-    structured = tool_call_constraint("hermes", TOOLS, "required", tokenizer=TOKENIZER, reasoning_parser=reasoning, prompt_text=prompt)
+    structured = tool_call_constraint(
+        "hermes", TOOLS, "required", tokenizer=TOKENIZER, reasoning_parser=reasoning, prompt_text=prompt
+    )
     assert all(accepts(structured, text) for text in good)
     assert not any(accepts(structured, text) for text in bad)
 
@@ -142,8 +151,15 @@ def test_response_formats() -> None:
     any_object = response_format_constraint({"type": "json_object"}, tokenizer=TOKENIZER)
     assert any_object.kind == "json_object"
     assert accepts(any_object, '{"a": [1, 2]}') and not accepts(any_object, "[1]")
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
-    typed = response_format_constraint({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    typed = response_format_constraint(
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
+    )
     assert typed.kind == "json_schema"
     assert accepts(typed, '{"n": 3}') and not accepts(typed, '{"n": "3"}') and not accepts(typed, '{"n":3}')
     assert accepts(StructuredOutput.json(schema), '{"n": 3}')
@@ -156,7 +172,10 @@ def test_response_formats() -> None:
     [
         ({"type": "xml"}, "must be 'text', 'json_object' or 'json_schema'"),
         ({"type": "json_schema"}, "needs {'json_schema'"),
-        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}, "not a valid JSON Schema"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}},
+            "not a valid JSON Schema",
+        ),
         ({"type": "json_schema", "json_schema": {"name": "x", "schema": []}}, "must be a JSON object"),
     ],
 )
@@ -196,4 +215,8 @@ def test_special_token_markers_and_thinking_budgets() -> None:
     assert (budget.end_token_ids, budget.close_token_ids) == (encode("\n</think>\n\n"), encode("</think>"))
     assert thinking_budget("qwen3", TOKENIZER, "<|im_start|>assistant\n<think>\n", 5).start_token_ids == ()
     assert thinking_budget("deepseek_r1", TOKENIZER, "", 5).start_token_ids == ()
-    assert thinking_budget("mistral", TOKENIZER, "", 5).close_token_ids == encode("[/THINK]") == (TOKENIZER.backend.token_to_id("[/THINK]"),)
+    assert (
+        thinking_budget("mistral", TOKENIZER, "", 5).close_token_ids
+        == encode("[/THINK]")
+        == (TOKENIZER.backend.token_to_id("[/THINK]"),)
+    )

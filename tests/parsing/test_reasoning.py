@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from atlas_core.parsing import OutputParser, ReasoningDelta, UnknownParserError, reasoning_parser_names, tool_parser_names
+from atlas_core.parsing import (
+    OutputParser,
+    ReasoningDelta,
+    UnknownParserError,
+    reasoning_parser_names,
+    tool_parser_names,
+)
 
 from .support import TOOLS, check_consistent, stream, summary, without_ids
 
@@ -13,11 +19,32 @@ QWEN_PROMPT_CLOSED = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 CASES = [
     # (id, parser, prompt, output, reasoning, content)
-    ("qwen3-block", "qwen3", "", "<think>\nLet me think.\nOK.\n</think>\n\nThe answer is 4.", "Let me think.\nOK.", "The answer is 4."),
+    (
+        "qwen3-block",
+        "qwen3",
+        "",
+        "<think>\nLet me think.\nOK.\n</think>\n\nThe answer is 4.",
+        "Let me think.\nOK.",
+        "The answer is 4.",
+    ),
     ("qwen3-no-block", "qwen3", "", "The answer is 4.", None, "The answer is 4."),
     ("qwen3-prompt-opened", "qwen3", QWEN_PROMPT_OPEN, "Two plus two.\n</think>\n\n4", "Two plus two.", "4"),
-    ("qwen3-prompt-closed", "qwen3", QWEN_PROMPT_CLOSED, "4, and <think> is text here", None, "4, and <think> is text here"),
-    ("qwen3-unterminated", "qwen3", "", "<think>\nStill thinking when the budget ran out", "Still thinking when the budget ran out", ""),
+    (
+        "qwen3-prompt-closed",
+        "qwen3",
+        QWEN_PROMPT_CLOSED,
+        "4, and <think> is text here",
+        None,
+        "4, and <think> is text here",
+    ),
+    (
+        "qwen3-unterminated",
+        "qwen3",
+        "",
+        "<think>\nStill thinking when the budget ran out",
+        "Still thinking when the budget ran out",
+        "",
+    ),
     ("qwen3-empty-block", "qwen3", "", "<think>\n\n</think>\n\nHello", "", "Hello"),
     ("qwen3-leading-space-content", "qwen3", "", "  Hello <think>", None, "  Hello <think>"),
     ("deepseek_r1-no-open-tag", "deepseek_r1", "", "Hmm, 2+2.\n</think>\n\n4", "Hmm, 2+2.", "4"),

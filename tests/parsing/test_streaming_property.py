@@ -3,6 +3,8 @@ thing as parsing it whole."""
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +17,7 @@ MARKUP = ["<think>", "</think>", "<tool_call>", "</tool_call>", '{"name": "get_t
 
 def split(text: str, cuts: list[int]) -> list[str]:
     points = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
-    return [text[a:b] for a, b in zip(points, points[1:], strict=False)]
+    return [text[a:b] for a, b in itertools.pairwise(points)]
 
 
 @settings(max_examples=300, deadline=None)

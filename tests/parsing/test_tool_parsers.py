@@ -41,6 +41,8 @@ def test_every_parser_has_cases() -> None:
 
 def test_arguments_are_canonical_json_of_the_coerced_values() -> None:
     message = OutputParser.parse(
-        '<tool_call>{"name":"get_weather","arguments":{"city":"Rome","days":"3"}}</tool_call>', tool_parser="hermes", tools=TOOLS
+        '<tool_call>{"name":"get_weather","arguments":{"city":"Rome","days":"3"}}</tool_call>',
+        tool_parser="hermes",
+        tools=TOOLS,
     )
     assert message.tool_calls[0].arguments == '{"city": "Rome", "days": 3}'

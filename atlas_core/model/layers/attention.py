@@ -37,7 +37,7 @@ class Attention:
 
     def __init__(
         self, backend: Backend, weights: AttentionWeights, *, layer_index: int, num_heads: int,
-        num_kv_heads: int, head_dim: int, rope_cos: Array, rope_sin: Array, scale: float | None = None,
+        num_kv_heads: int, head_dim: int, rope_cos: Array | None, rope_sin: Array | None, scale: float | None = None,
         sliding_window: int | None = None,
     ) -> None:
         if sliding_window is not None and sliding_window < 1:
@@ -66,7 +66,8 @@ class Attention:
             q = w.q_norm(q)[0]
         if w.k_norm is not None:
             k = w.k_norm(k)[0]
-        backend.rope(q, k, batch.positions, self.rope_cos, self.rope_sin)
+        if self.rope_cos is not None:  # None: a layer without positional rotation (Nemotron-H attention)
+            backend.rope(q, k, batch.positions, self.rope_cos, self.rope_sin)
         k_cache, v_cache = kv.keys[self.layer_index], kv.values[self.layer_index]
         backend.write_kv(k_cache, v_cache, k, v, batch.attention.slot_mapping)
         return self.attend(q, batch, kv)

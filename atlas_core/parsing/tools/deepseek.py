@@ -1,9 +1,9 @@
 """The DeepSeek-V3 tool-call format (and the V3.1 variant without the type and code fence)::
 
-    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
-    ```json
-    {"arg": 1}
-    ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+```json
+{"arg": 1}
+```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 """
 
 from __future__ import annotations
@@ -54,10 +54,13 @@ class DeepSeekV3Format(ToolFormat):
                 f'f{i}: {quoted(tool.name + chr(10) + "```json" + chr(10))} {json_rule(parameters(tool))} "\\n```"'
             )
         repeat = "+" if parallel else ""
-        return "\n".join(
-            [
-                f"calls: {lit(CALLS_BEGIN)} call{repeat} {lit(CALLS_END)}",
-                f'call: {lit(CALL_BEGIN)} "function" {lit(SEP)} ({" | ".join(alternatives)}) {lit(CALL_END)}',
-                *rules,
-            ]
-        ) + "\n"
+        return (
+            "\n".join(
+                [
+                    f"calls: {lit(CALLS_BEGIN)} call{repeat} {lit(CALLS_END)}",
+                    f'call: {lit(CALL_BEGIN)} "function" {lit(SEP)} ({" | ".join(alternatives)}) {lit(CALL_END)}',
+                    *rules,
+                ]
+            )
+            + "\n"
+        )

@@ -70,7 +70,11 @@ def xml_parameter_rules(
     for i, (name, subschema) in enumerate(properties.items()):
         rule = f"{prefix}_p{i}"
         types = schema_types(subschema) if isinstance(subschema, dict) else set()
-        choices = subschema.get("enum", [subschema["const"]] if "const" in subschema else None) if types == {"string"} else None
+        choices = (
+            subschema.get("enum", [subschema["const"]] if "const" in subschema else None)
+            if types == {"string"}
+            else None
+        )
         if choices is not None:  # raw text, as string values are written in these formats
             alternatives = " | ".join(quoted(str(c)) for c in choices)
             rules.append(f"{rule}: {lit(open_parameter.format(name=name))} ({alternatives}) {lit(close_parameter)}")

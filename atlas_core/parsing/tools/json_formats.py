@@ -49,7 +49,7 @@ class NemotronFormat(ToolFormat):
         return calls_from_json(decode_json(body, "the <TOOLCALL> body"), "the <TOOLCALL> body")
 
     def grammar(self, tools: Sequence[ToolDefinition], lit: Literal, parallel: bool) -> str:
-        return f'calls: {lit("<TOOLCALL>")} {json_rule(call_list_schema(tools, parallel))} {lit("</TOOLCALL>")}\n'
+        return f"calls: {lit('<TOOLCALL>')} {json_rule(call_list_schema(tools, parallel))} {lit('</TOOLCALL>')}\n"
 
 
 _MISTRAL_NAMED = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*(?:\[CALL_ID\]\s*[A-Za-z0-9]+\s*)?\[ARGS\]", re.S)

@@ -65,9 +65,16 @@ class Qwen3CoderFormat(ToolFormat):
             rules.append(f'f{i}: {quoted(f"<function={tool.name}>" + chr(10))} {params} "</function>\\n"')
             rules.extend(param_rules)
         more = ' ("\\n" call)*' if parallel else ""
-        return "\n".join(
-            [f"calls: call{more}", f'call: {lit("<tool_call>")} "\\n" ({" | ".join(functions)}) {lit("</tool_call>")}', *rules]
-        ) + "\n"
+        return (
+            "\n".join(
+                [
+                    f"calls: call{more}",
+                    f'call: {lit("<tool_call>")} "\\n" ({" | ".join(functions)}) {lit("</tool_call>")}',
+                    *rules,
+                ]
+            )
+            + "\n"
+        )
 
 
 _MINIMAX_INVOKE = re.compile(r"<invoke\s+name=\"([^\"]+)\"\s*>(.*?)</invoke>", re.S)
@@ -75,8 +82,8 @@ _MINIMAX_PARAMETER = re.compile(r"<parameter\s+name=\"([^\"]+)\"\s*>(.*?)</param
 
 
 class MiniMaxM2Format(ToolFormat):
-    """``<minimax:tool_call>\\n<invoke name="NAME">\\n<parameter name="P">value</parameter>\\n</invoke>\\n</minimax:tool_call>``,
-    several ``<invoke>`` elements per region for parallel calls."""
+    """``<minimax:tool_call>\\n<invoke name="NAME">\\n<parameter name="P">value</parameter>\\n</invoke>\\n``
+    ``</minimax:tool_call>``, several ``<invoke>`` elements per region for parallel calls."""
 
     name = "minimax_m2"
     starts = ("<minimax:tool_call>",)
@@ -91,23 +98,28 @@ class MiniMaxM2Format(ToolFormat):
             arguments = _parameters(match.group(2), _MINIMAX_PARAMETER, name)
             calls.append(RawCall(name, arguments, start + match.group(0) + (self.end or ""), text_values=True))
         if not calls or _leftover(body, _MINIMAX_INVOKE):
-            raise MarkupError('a <minimax:tool_call> must hold <invoke name="...">...</invoke> elements and nothing else')
+            raise MarkupError(
+                'a <minimax:tool_call> must hold <invoke name="...">...</invoke> elements and nothing else'
+            )
         return calls
 
     def grammar(self, tools: Sequence[ToolDefinition], lit: Literal, parallel: bool) -> str:
         rules, invokes = [], []
         for i, tool in enumerate(tools):
-            params, param_rules = xml_parameter_rules(
-                f"t{i}", tool, '<parameter name="{name}">', "</parameter>\n", lit
-            )
+            params, param_rules = xml_parameter_rules(f"t{i}", tool, '<parameter name="{name}">', "</parameter>\n", lit)
             invokes.append(f"f{i}")
-            rules.append(f'f{i}: {quoted(f"<invoke name={chr(34)}{tool.name}{chr(34)}>" + chr(10))} {params} "</invoke>\\n"')
+            rules.append(
+                f'f{i}: {quoted(f"<invoke name={chr(34)}{tool.name}{chr(34)}>" + chr(10))} {params} "</invoke>\\n"'
+            )
             rules.extend(param_rules)
         repeat = "+" if parallel else ""
-        return "\n".join(
-            [
-                f'calls: {lit("<minimax:tool_call>")} "\\n" invoke{repeat} {lit("</minimax:tool_call>")}',
-                f"invoke: {' | '.join(invokes)}",
-                *rules,
-            ]
-        ) + "\n"
+        return (
+            "\n".join(
+                [
+                    f'calls: {lit("<minimax:tool_call>")} "\\n" invoke{repeat} {lit("</minimax:tool_call>")}',
+                    f"invoke: {' | '.join(invokes)}",
+                    *rules,
+                ]
+            )
+            + "\n"
+        )

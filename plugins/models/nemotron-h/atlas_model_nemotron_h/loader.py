@@ -112,15 +112,13 @@ class NemotronHLoader(ModelWeightLoader):
         return Mamba2Mixer(self.backend, weights, shape, layer_index=layer, state=state)
 
     def _attention(self, spec: NemotronHSpec, a: str, cache_index: int) -> Any:
-        # No RoPE: zero-width rotary tables make `rope` rotate no dimension (partial rotary with R = 0).
-        no_rope = self.backend.from_numpy(np.zeros((spec.max_position_embeddings, 0), dtype=F32), dtype=F32)
         weights = AttentionWeights(
             qkv=self.upload(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
             o=self.upload(a + "o_proj.weight"),
         )
         return self.layer_type("attention")(
             self.backend, weights, layer_index=cache_index, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim, rope_cos=no_rope, rope_sin=no_rope,
+            head_dim=spec.head_dim, rope_cos=None, rope_sin=None,  # no RoPE in Nemotron-H
         )
 
     def _mlp(self, m: str, bias: bool) -> SquaredReLUMLP:

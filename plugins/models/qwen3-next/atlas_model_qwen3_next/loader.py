@@ -23,7 +23,6 @@ from atlas_core.model.layers.gated_delta_net import GatedDeltaNet, GatedDeltaNet
 from atlas_core.model.layers.moe import MoEFeedForward, RoutedExperts, RouterSpec, read_experts
 from atlas_core.model.loader import ModelWeightLoader
 from atlas_core.model.recurrent_state import RecurrentState
-from atlas_core.model.rope import rotary_tables
 from atlas_core.model.transformer import PreNormDecoderLayer, TransformerModel
 from atlas_model_qwen3_next.config import LINEAR_ATTENTION, HybridSpec
 from atlas_model_qwen3_next.projections import gdn_in_proj_from_fused, split_gated_query
@@ -39,8 +38,7 @@ class Qwen3NextLoader(ModelWeightLoader):
         spec = self.spec = HybridSpec.from_config(self.source.config, f"{self.origin}/config.json")
         self.prefix = self._text_prefix()
         decoder = spec.decoder
-        tables = rotary_tables(decoder.rope, decoder.max_position_embeddings)
-        self.rope_cos, self.rope_sin = (self.backend.from_numpy(t, dtype=np.dtype(np.float32)) for t in tables)
+        self.rope_cos, self.rope_sin = self.rope_tables(decoder.rope, decoder.max_position_embeddings)
         state = RecurrentState()
         kv_layouts: list[KVLayout] = []
         layers = []
