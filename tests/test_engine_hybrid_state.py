@@ -12,7 +12,7 @@ from atlas_core.errors import InvalidRequestError
 from tests.conftest import TINY, reference
 from tests.test_engine_batching import GREEDY, mixed_prompts
 
-HYBRIDS = ["qwen3_next", "qwen3_5"]
+HYBRIDS = ["qwen3_next", "qwen3_5", "nemotron_h"]
 TOP = 20  # logprobs compared per position: the chosen token and the 20 most likely
 
 

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from atlas_core.cli import add_engine_args
+from atlas_core.errors import InvalidRequestError
 
 DESCRIPTION = """\
 Measure the engine against its ceilings. Both subcommands print a header (device, BLAS, model,
@@ -19,6 +20,29 @@ weight and activation dtypes, engine settings, date) and each figure beside its 
 `atlas bench` without a subcommand prints this help. Ceilings are measured on the backend (array
 copy bandwidth, matrix-product FLOP/s) unless given with --bandwidth-gbps / --peak-gflops.
 """
+
+
+def add_random_weights_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--random-weights", action="store_true",
+        help="MODEL is a preset (llama-3-8b, qwen3-0.6b) or a config.json path: build that shape with random bf16 "
+        "weights instead of loading a checkpoint (no download, no tokenizer)",
+    )
+
+
+def make_llm(args: argparse.Namespace) -> Any:
+    """The `LLM` a benchmark runs: the checkpoint ``args.model``, or a random-weights model of its shape."""
+    from atlas_core.cli import engine_kwargs
+
+    if args.random_weights:
+        from atlas_core.bench.random_weights import random_weights_llm
+
+        if args.model is None:
+            raise InvalidRequestError("--random-weights needs MODEL: a preset (llama-3-8b, qwen3-0.6b) or a config.json path")
+        return random_weights_llm(args.model, **engine_kwargs(args))
+    from atlas_core.engine.llm import LLM
+
+    return LLM(args.model, **engine_kwargs(args))
 
 
 def add_ceiling_args(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +68,7 @@ def add_bench_parser(commands: Any) -> None:
     )
     add_engine_args(latency)
     add_ceiling_args(latency)
+    add_random_weights_arg(latency)
     latency.add_argument("--tokens", type=int, default=128, help="tokens generated per sequence (default: 128)")
     latency.add_argument("--prompt-len", type=int, default=32, help="prompt length in tokens (default: 32)")
     latency.add_argument("--batch-size", type=int, default=1, help="sequences decoded together (default: 1)")
@@ -57,6 +82,7 @@ def add_bench_parser(commands: Any) -> None:
     )
     add_engine_args(throughput)
     add_ceiling_args(throughput)
+    add_random_weights_arg(throughput)
     throughput.add_argument("--num-requests", type=int, default=256, help="requests (default: 256)")
     throughput.add_argument("--min-len", type=int, default=100, help="shortest input and output length (default: 100)")
     throughput.add_argument("--max-len", type=int, default=1024, help="longest input and output length (default: 1024)")

@@ -51,6 +51,8 @@ def device_line(backend: Any) -> str:
 def checkpoint_dtypes(loaded: Any) -> str:
     """What the checkpoint stores, e.g. ``GGUF Q4_1 69%, Q8_0 31%`` or ``safetensors bfloat16``."""
     resolved = loaded.resolved
+    if resolved.kind == "random":
+        return "none: random bf16 weights (--random-weights)"
     if resolved.kind == "gguf":
         try:
             from atlas_core.weights.gguf_index import open_gguf
@@ -99,7 +101,7 @@ def ceilings(args: argparse.Namespace, backend: Any) -> tuple[float, float]:
     if args.bandwidth_gbps is not None:
         bandwidth, how = args.bandwidth_gbps * 1e9, "given with --bandwidth-gbps"
     else:
-        bandwidth, how = measure_copy_bandwidth(backend), "measured: 512 MiB array copy, read + write, best of 5"
+        bandwidth, how = measure_copy_bandwidth(backend), "measured: array copy (512 MiB on host, 2 GiB on a device), read + write, best of 5"
     print(f"bandwidth     {bandwidth / 1e9:.2f} GB/s ({how})")
     if args.peak_gflops is not None:
         peak, how = args.peak_gflops * 1e9, "given with --peak-gflops"

@@ -11,7 +11,6 @@ import numpy as np
 
 from atlas_core.bench.header import ceilings, print_header
 from atlas_core.bench.roofline import decode_compute_bound, decode_roofline, weight_traffic
-from atlas_core.cli import engine_kwargs
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.errors import InvalidRequestError
 
@@ -50,9 +49,9 @@ def check_fits(llm: Any, batch: int, prompt_len: int, tokens: int) -> None:
 
 
 def run_latency(args: argparse.Namespace) -> int:
-    from atlas_core.engine.llm import LLM
+    from atlas_core.bench.cli import make_llm
 
-    llm = LLM(args.model, **engine_kwargs(args))
+    llm = make_llm(args)
     batch, prompt_len, tokens = args.batch_size, args.prompt_len, args.tokens
     check_fits(llm, batch, prompt_len, tokens)
     traffic = weight_traffic(llm.loaded.model)

@@ -106,9 +106,12 @@ def decode_compute_bound(peak_flops: float, traffic: WeightTraffic) -> float:
     return peak_flops / traffic.flops(1, 1)
 
 
-def measure_copy_bandwidth(backend: Any, megabytes: int = 512, repeats: int = 5) -> float:
-    """Bytes per second of ``dst[...] = src`` for a ``megabytes`` array (best of ``repeats``)."""
-    src = backend.from_numpy(np.ones(megabytes * 2**20 // 4, dtype=np.float32))
+def measure_copy_bandwidth(backend: Any, megabytes: int | None = None, repeats: int = 5) -> float:
+    """Bytes per second of ``dst[...] = src`` for a ``megabytes`` float32 array (best of ``repeats``);
+    512 MiB on host backends, 2 GiB on device backends (so the launch and the sync are a small share)."""
+    if megabytes is None:
+        megabytes = 512 if backend.device_memory() is None else 2048
+    src = backend.from_numpy(np.ones(megabytes * 2**20 // 4, dtype=np.float32), dtype=np.dtype(np.float32))
     dst = backend.zeros(src.shape, src.dtype)
     best = float("inf")
     for _ in range(repeats):

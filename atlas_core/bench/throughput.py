@@ -17,7 +17,6 @@ import numpy as np
 
 from atlas_core.bench.header import ceilings, print_header
 from atlas_core.bench.roofline import WeightTraffic, weight_traffic
-from atlas_core.cli import engine_kwargs
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.errors import InvalidRequestError
 
@@ -74,9 +73,9 @@ def seconds(value: float) -> str:
 
 
 def run_throughput(args: argparse.Namespace) -> int:
-    from atlas_core.engine.llm import LLM
+    from atlas_core.bench.cli import make_llm
 
-    llm = LLM(args.model, **engine_kwargs(args))
+    llm = make_llm(args)
     engine = llm.engine
     workload = make_workload(args.num_requests, args.min_len, args.max_len, args.seed, llm.loaded.model.vocab_size, engine.max_seq_len)
     traffic = weight_traffic(llm.loaded.model)

@@ -173,6 +173,7 @@ class GuidedDecoding:
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self._known_ids = 0
         self._states: dict[Sequence, _SequenceState] = {}
 
     @property
@@ -224,9 +225,8 @@ class GuidedDecoding:
         for i, (row, matcher) in enumerate(constrained):
             fill_next_token_bitmask(matcher, bitmask, i)
             allowed = np.unpackbits(bitmask[i].view(np.uint8), bitorder="little")[: self.vocab_size]
+            allowed[self._known_ids :] = 0  # padding rows of the embedding: no text, never allowed
             banned = np.flatnonzero(allowed == 0)
-            if len(allowed) < self.vocab_size:  # ids the tokenizer does not know
-                banned = np.concatenate([banned, np.arange(len(allowed), self.vocab_size)])
             rows.append(np.full(len(banned), row, dtype=np.int32))
             tokens.append(banned.astype(np.int32))
         return np.concatenate(rows), np.concatenate(tokens)
@@ -251,6 +251,7 @@ class GuidedDecoding:
                 n_vocab=max(self.vocab_size, self.tokenizer.vocab_size),
                 eos_token=self.eos_token_ids or None,
             )
+            self._known_ids = self.tokenizer.vocab_size
         return self._ll_tokenizer
 
     def _compile(self, structured: StructuredOutput) -> llguidance.LLMatcher:

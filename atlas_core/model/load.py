@@ -22,6 +22,7 @@ KNOWN_FAMILY_PACKAGES = {
     "gemma4": "atlas-model-gemma",
     "deepseek_v3": "atlas-model-deepseek", "mistral4": "atlas-model-deepseek", "minimax_m2": "atlas-model-minimax",
     "qwen3_next": "atlas-model-qwen3-next", "qwen3_5": "atlas-model-qwen3-next", "qwen3_5_moe": "atlas-model-qwen3-next",
+    "qwen3_5_text": "atlas-model-qwen3-next", "qwen3_5_moe_text": "atlas-model-qwen3-next", "mistral3": "atlas-model-deepseek",
     "nemotron_h": "atlas-model-nemotron-h",
 }
 

@@ -49,10 +49,13 @@ def prompts_of(runtime: ModelRuntime, request: CompletionRequest) -> list[Prompt
             "(not empty, not mixed)", param="prompt",
         )
     tokenizer = runtime.tokenizer
+    vocab = runtime.vocab_size
     prompts = []
     for item in items:
         if isinstance(item, str):
             prompts.append(Prompt(item, tokenizer.encode(item), True))
+        elif any(not 0 <= token < vocab for token in item):
+            raise invalid(f"prompt token ids must be in [0, {vocab})", param="prompt")
         else:
             prompts.append(Prompt(tokenizer.decode(item), list(item), False))
     for prompt in prompts:

@@ -25,8 +25,8 @@ TAGS = ["Tokenizer"]
 
 @post("/tokenize", status_code=200, tags=TAGS, summary="Token ids of a prompt or of a rendered conversation")
 async def tokenize(data: JSONBody[TokenizeRequest], server: NamedDependency[ServerState]) -> TokenizeResponse:
-    server.check_model(data.model)
     runtime = server.require_runtime()
+    server.check_model(data.model)
     if (data.prompt is None) == (data.messages is None):
         raise invalid("send exactly one of prompt and messages", param="prompt")
     if data.messages is not None:
@@ -43,9 +43,9 @@ async def tokenize(data: JSONBody[TokenizeRequest], server: NamedDependency[Serv
 
 @post("/detokenize", status_code=200, tags=TAGS, summary="Text of token ids")
 async def detokenize(data: JSONBody[DetokenizeRequest], server: NamedDependency[ServerState]) -> DetokenizeResponse:
-    server.check_model(data.model)
     runtime = server.require_runtime()
-    vocab = runtime.engine.engine.loaded.model.vocab_size
+    server.check_model(data.model)
+    vocab = runtime.vocab_size
     bad = [t for t in data.tokens if not 0 <= t < vocab]
     if bad:
         raise invalid(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="tokens")

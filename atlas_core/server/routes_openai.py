@@ -38,12 +38,12 @@ TAGS = ["OpenAI"]
 
 @post("/v1/chat/completions", status_code=200, tags=TAGS, summary="Create a chat completion (streamed when stream is true)")
 async def chat_completions(data: JSONBody[ChatCompletionRequest], server: NamedDependency[ServerState]) -> ChatCompletion | Stream:
-    server.check_model(data.model)
     runtime = server.require_runtime()
+    server.check_model(data.model)
     setup = openai_setup(server, data)
     prompt = render(runtime, setup)
     max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
-    check_max_tokens(max_tokens, runtime.max_seq_len, param="max_completion_tokens" if data.max_completion_tokens else "max_tokens")
+    check_max_tokens(max_tokens, runtime.max_seq_len, param="max_completion_tokens" if data.max_completion_tokens is not None else "max_tokens")
     if data.top_logprobs is not None and not data.logprobs:
         raise invalid("top_logprobs needs logprobs: true", param="top_logprobs")
     top = (data.top_logprobs or 0) if data.logprobs else None
@@ -66,8 +66,8 @@ async def chat_completions(data: JSONBody[ChatCompletionRequest], server: NamedD
 
 @post("/v1/completions", status_code=200, tags=TAGS, summary="Create a text completion (streamed when stream is true)")
 async def completions(data: JSONBody[CompletionRequest], server: NamedDependency[ServerState]) -> Completion | Stream:
-    server.check_model(data.model)
     runtime = server.require_runtime()
+    server.check_model(data.model)
     if data.suffix:
         raise invalid("suffix is not supported", param="suffix")
     prompts = prompts_of(runtime, data)

@@ -49,6 +49,11 @@ class ModelRuntime:
     def max_seq_len(self) -> int:
         return self.engine.engine.max_seq_len
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model accepts: ``[0, vocab_size)``."""
+        return self.engine.engine.loaded.model.vocab_size
+
 
 class ServerState:
     """Shared by all routes. ``runtime`` is None while the model loads (routes answer 503)."""

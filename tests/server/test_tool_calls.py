@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -131,8 +132,6 @@ def test_tool_choice_none_leaves_markup_as_text(scripted: ScriptedFactory) -> No
 
 def test_tools_reach_the_chat_template(scripted: ScriptedFactory) -> None:
     server = scripted({"[ask]": "ok"}, tool_call_parser="hermes")
-    import httpx
-
     body = {"messages": ASK, "tools": OPENAI_TOOLS}
     tokens = httpx.post(server.url + "/tokenize", json=body).json()["tokens"]
     rendered = server.state.runtime.tokenizer.decode(tokens, skip_special_tokens=False)

@@ -10,7 +10,8 @@ the conformance suite checks whichever runs. On the NumPy backend the copies are
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -29,3 +30,16 @@ def on_host(backend: Any, reference: Callable[..., Any], *args: Any, **kwargs: A
     if isinstance(result, tuple):
         return tuple(backend.from_numpy(r) if isinstance(r, np.ndarray) else r for r in result)
     return backend.from_numpy(result) if isinstance(result, np.ndarray) else result
+
+
+@contextmanager
+def host_state(backend: Any, *arrays: Any) -> Iterator[list[np.ndarray]]:
+    """Writable host copies of backend ``arrays`` that a reference updates in place (caches,
+    recurrent state); on exit each copy is written back into its array. On the NumPy backend the
+    "copies" are the arrays themselves and nothing is copied."""
+    hosts = [backend.to_numpy(a) for a in arrays]
+    hosts = [h if h.flags.writeable else h.copy() for h in hosts]
+    yield hosts
+    for array, host in zip(arrays, hosts, strict=True):
+        if host is not array:
+            array[...] = backend.from_numpy(host, dtype=host.dtype)

@@ -22,11 +22,11 @@ chunked one (the WY / UT-transform form of DeltaNet over chunks of 64 tokens, us
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from atlas_core.backends.ops import on_host
+from atlas_core.backends.ops import host_state, on_host
 
 if TYPE_CHECKING:
     from atlas_core.backends.base import Array
@@ -164,17 +164,6 @@ def rms_norm_silu_gate_reference(x: np.ndarray, gate: np.ndarray, weight: np.nda
     return (x32 * inv_rms * weight.astype(np.float32) * _silu(gate.astype(np.float32))).astype(np.float32)
 
 
-def _host_copy(backend: Any, array: Array) -> np.ndarray:
-    """A writable host copy of ``array`` (on the NumPy backend: ``array`` itself)."""
-    host = backend.to_numpy(array)
-    return host if host.flags.writeable else host.copy()
-
-
-def _write_back(backend: Any, array: Array, host: np.ndarray) -> None:
-    """Store ``host`` (from `_host_copy`, updated in place) back into the backend ``array``."""
-    if host is not array:
-        array[...] = backend.from_numpy(host, dtype=host.dtype)
-
 
 # ---- the mixin -----------------------------------------------------------------------------------
 class GatedDeltaOps:
@@ -205,11 +194,9 @@ class GatedDeltaOps:
         form for prefill and the recurrent form for decode (`gated_delta_chunked`,
         `gated_delta_recurrent`): results agree to rounding.
         """
-        host_state = _host_copy(self, state)
         reference = functools.partial(gated_delta_rule_reference, scale=scale, l2norm_qk=l2norm_qk)
-        out = on_host(self, reference, q, k, v, g, beta, host_state, query_start_loc, state_slots)
-        _write_back(self, state, host_state)
-        return out
+        with host_state(self, state) as (state_on_host,):
+            return on_host(self, reference, q, k, v, g, beta, state_on_host, query_start_loc, state_slots)
 
     def rms_norm_silu_gate(self, x: Array, gate: Array, weight: Array, eps: float) -> Array:
         """``x / sqrt(mean(x**2) + eps) * weight * silu(gate)`` over the last axis -> a new array of ``x``'s

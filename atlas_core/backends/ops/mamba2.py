@@ -25,11 +25,11 @@ activation of the Mamba-2 hybrids' (Nemotron-H) MLPs. ``docs/ops.md`` has the co
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from atlas_core.backends.ops import on_host
+from atlas_core.backends.ops import host_state, on_host
 
 if TYPE_CHECKING:
     from atlas_core.backends.base import Array
@@ -195,18 +195,6 @@ def relu_squared_reference(x: np.ndarray) -> np.ndarray:
 
 
 # ---- the mixin -----------------------------------------------------------------------------------
-_STATE = object()
-"""Placeholder for the in-place state argument in `_in_place`'s argument list."""
-
-
-def _in_place(backend: Any, target: Any, reference: Any, *args: Any) -> Any:
-    """Run ``reference`` on the host with the `_STATE` placeholder in ``args`` replaced by the host
-    copy of ``target`` (the state updated in place), then write that copy back when it is one."""
-    host = backend.to_numpy(target)
-    result = on_host(backend, reference, *[host if a is _STATE else a for a in args])
-    if host is not target:
-        target[...] = backend.from_numpy(host, dtype=host.dtype)
-    return result
 
 
 class Mamba2Ops:
@@ -218,7 +206,8 @@ class Mamba2Ops:
     ) -> Array:
         """Depthwise causal conv1d + SiLU per sequence, continuing from ``conv_state [S, C, K-1]`` and
         updating it in place (`causal_conv1d_reference`). ``x [T, C]`` activations -> new ``[T, C]``."""
-        return _in_place(self, conv_state, causal_conv1d_reference, x, weight, bias, _STATE, query_start_loc, state_slots)
+        with host_state(self, conv_state) as (state,):
+            return on_host(self, causal_conv1d_reference, x, weight, bias, state, query_start_loc, state_slots)
 
     def mamba2_scan(
         self, x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array, dt_bias: Array, ssm_state: Array,
@@ -227,10 +216,11 @@ class Mamba2Ops:
         """Selective scan over a varlen batch from and into ``ssm_state [S, Hm, P, N]`` (float32, in
         place) -> new ``y [T, Hm, P]`` (`mamba2_scan_reference`). ``chunk_size`` is the block length of
         the chunked form; the values do not depend on it beyond rounding."""
-        return _in_place(
-            self, ssm_state, mamba2_scan_reference, x, dt, A, B, C, D, dt_bias, _STATE, query_start_loc, state_slots,
-            chunk_size, dt_min, dt_max,
-        )
+        with host_state(self, ssm_state) as (state,):
+            return on_host(
+                self, mamba2_scan_reference, x, dt, A, B, C, D, dt_bias, state, query_start_loc, state_slots,
+                chunk_size, dt_min, dt_max,
+            )
 
     def mamba2_decode(
         self, x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array, dt_bias: Array, ssm_state: Array,
@@ -238,9 +228,8 @@ class Mamba2Ops:
     ) -> Array:
         """One scan step per sequence (decode), in place on ``ssm_state`` -> new ``y [B, Hm, P]``
         (`mamba2_decode_reference`); equal to `mamba2_scan` over one-token sequences."""
-        return _in_place(
-            self, ssm_state, mamba2_decode_reference, x, dt, A, B, C, D, dt_bias, _STATE, state_slots, dt_min, dt_max
-        )
+        with host_state(self, ssm_state) as (state,):
+            return on_host(self, mamba2_decode_reference, x, dt, A, B, C, D, dt_bias, state, state_slots, dt_min, dt_max)
 
     def relu_squared(self, x: Array, out: Array | None = None) -> Array:
         """Squared ReLU ``max(x, 0) ** 2``, the activation of the Mamba-2 hybrids' (Nemotron-H) MLPs:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from atlas_core.backends.ops import on_host
+from atlas_core.backends.ops import host_state, on_host
 
 if TYPE_CHECKING:
     from atlas_core.backends.base import Array, AttentionMetadata
@@ -90,7 +90,8 @@ class MLAOps:
         concat(latent[t], k_rope[t])``; -1 skips the token. Nothing else changes; copies are exact.
         Returns None.
         """
-        _in_place_on_host(self, write_latent_reference, cache, latent, k_rope, slot_mapping)
+        with host_state(self, cache) as (cache_on_host,):
+            on_host(self, write_latent_reference, cache_on_host, latent, k_rope, slot_mapping)
 
     def mla_attention(
         self, q_latent: Array, q_rope: Array, cache: Array, meta: AttentionMetadata, scale: float,
@@ -132,10 +133,3 @@ def _with_out(result: Array, out: Array | None) -> Array:
     out[...] = result
     return out
 
-
-def _in_place_on_host(backend: Any, reference: Any, target: Array, *args: Array) -> None:
-    """Run an in-place ``reference(target_host, *args_host)`` and write the host result back into ``target``."""
-    host_target = backend.to_numpy(target)
-    on_host(backend, reference, host_target, *args)
-    if host_target is not target:
-        target[...] = backend.from_numpy(host_target, dtype=host_target.dtype)

