@@ -16,16 +16,24 @@ from atlas_core.parsing.scan import WhitespaceGate, partial_marker_suffix
 @dataclass(frozen=True)
 class ReasoningFormat:
     """Markers of one reasoning format. With ``implicit_start`` the output begins inside the
-    reasoning even when the opening marker is missing (the chat template wrote it)."""
+    reasoning even when the opening marker is missing (the chat template wrote it). ``label`` is
+    text after ``start`` that belongs to the opening markup (Gemma 4 names its reasoning channel:
+    ``<|channel>thought``); grammars and thinking budgets key on ``start`` alone."""
 
     name: str
     start: str
     end: str
     implicit_start: bool = False
+    label: str = ""
+
+    @property
+    def opening(self) -> str:
+        """The whole opening markup: ``start`` and ``label``."""
+        return self.start + self.label
 
     def opened_by(self, prompt_text: str) -> bool:
         """True when the rendered prompt ends inside an open reasoning block."""
-        return prompt_text.rstrip().endswith(self.start)
+        return prompt_text.rstrip().endswith(self.opening)
 
 
 REASONING_FORMATS: dict[str, ReasoningFormat] = {
@@ -34,6 +42,7 @@ REASONING_FORMATS: dict[str, ReasoningFormat] = {
         ReasoningFormat("qwen3", "<think>", "</think>"),
         ReasoningFormat("deepseek_r1", "<think>", "</think>", implicit_start=True),
         ReasoningFormat("mistral", "[THINK]", "[/THINK]"),
+        ReasoningFormat("gemma4", "<|channel>", "<channel|>", label="thought"),
     )
 }
 
@@ -74,10 +83,10 @@ class ReasoningSplitter:
         while True:
             if self._state is _State.OPENING:
                 stripped = self._buffer.lstrip()
-                if stripped.startswith(self.fmt.start):
-                    self._buffer = stripped[len(self.fmt.start) :]
+                if stripped.startswith(self.fmt.opening):
+                    self._buffer = stripped[len(self.fmt.opening) :]
                     self._enter_thinking()
-                elif self.fmt.start.startswith(stripped) and not final:
+                elif self.fmt.opening.startswith(stripped) and not final:
                     return pieces
                 elif self.fmt.implicit_start:
                     self._enter_thinking()

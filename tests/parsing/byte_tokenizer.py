@@ -11,10 +11,11 @@ from atlas_core.tokenizer import Tokenizer
 SPECIAL = ["<eos>", "[TOOL_CALLS]", "[THINK]", "[/THINK]"]
 
 
-def byte_tokenizer() -> Tokenizer:
+def byte_tokenizer(special: list[str] = SPECIAL) -> Tokenizer:
+    """One token per byte, plus ``special`` as special tokens (the first one is EOS)."""
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     backend = tokenizers.Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens(SPECIAL)
-    return Tokenizer(backend, bos_token_id=None, eos_token_ids=[backend.token_to_id("<eos>")], chat_template=None)
+    backend.add_special_tokens(special)
+    return Tokenizer(backend, bos_token_id=None, eos_token_ids=[backend.token_to_id(special[0])], chat_template=None)

@@ -22,6 +22,8 @@ ROME3 = ("get_weather", {"city": "Rome", "days": 3})
 UTC = ("get_time", {"zone": "UTC"})
 DS_BEGIN, DS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 DS_CALL, DS_CALL_END, DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+Q = '<|"|>'  # Gemma 4's string delimiter
+G4, G4_END = "<|tool_call>call:", "<tool_call|>"
 
 CASES = [
     # hermes
@@ -276,4 +278,111 @@ CASES = [
         [],
         ("not valid JSON",),
     ),
+    # gemma4
+    Case("gemma4-single", "gemma4", f"{G4}get_weather{{city:{Q}Paris{Q}}}{G4_END}", "", [PARIS]),
+    Case(
+        "gemma4-parallel-after-text",
+        "gemma4",
+        f"I'll check both.\n{G4}get_weather{{city:{Q}Rome{Q},days:3}}{G4_END}{G4}get_time{{zone:{Q}UTC{Q}}}{G4_END}",
+        "I'll check both.",
+        [ROME3, UTC],
+    ),
+    Case(
+        "gemma4-strings-hold-markup-characters",
+        "gemma4",
+        f'{G4}get_weather{{city:{Q}Paris, "TX" {{a:1}} [b], c:d\\n{Q}}}{G4_END} then text',
+        "then text",
+        [("get_weather", {"city": 'Paris, "TX" {a:1} [b], c:d\\n'})],
+    ),
+    Case(
+        "gemma4-nested-values",
+        "gemma4",
+        f"{G4}get_weather{{city:{Q}Oslo{Q},days:-2,metric:false,options:{{hourly:true}},"
+        f"tags:[{Q}a,b{Q},1.5e3,null,{{k:[]}},[0.25,true]]}}{G4_END}",
+        "",
+        [
+            (
+                "get_weather",
+                {
+                    "city": "Oslo",
+                    "days": -2,
+                    "metric": False,
+                    "options": {"hourly": True},
+                    "tags": ["a,b", 1500.0, None, {"k": []}, [0.25, True]],
+                },
+            )
+        ],
+    ),
+    Case(
+        "gemma4-fuzzy-name-and-coercion",
+        "gemma4",
+        f"{G4}Get-Weather{{city:{Q}Rome{Q},days:{Q}3{Q},metric:{Q}true{Q},"
+        f'options:{Q}{{"hourly": "false"}}{Q}}}{G4_END}',
+        "",
+        [("get_weather", {"city": "Rome", "days": 3, "metric": True, "options": {"hourly": False}})],
+    ),
+    Case(
+        "gemma4-bare-string",
+        "gemma4",
+        f"Hi {G4}get_weather{{city:Paris}}{G4_END}",
+        f"Hi {G4}get_weather{{city:Paris}}{G4_END}",
+        [],
+        ("'Paris' is not a number",),
+    ),
+    Case(
+        "gemma4-unclosed-string",
+        "gemma4",
+        f"{G4}get_time{{zone:{Q}UTC}}{G4_END}",
+        f"{G4}get_time{{zone:{Q}UTC}}{G4_END}",
+        [],
+        ("never closed",),
+    ),
+    Case(
+        "gemma4-no-call-prefix",
+        "gemma4",
+        f"<|tool_call>get_time{{zone:{Q}UTC{Q}}}{G4_END}",
+        f"<|tool_call>get_time{{zone:{Q}UTC{Q}}}{G4_END}",
+        [],
+        ("must hold call:NAME",),
+    ),
+    Case(
+        "gemma4-text-after-arguments",
+        "gemma4",
+        f"{G4}get_time{{zone:{Q}UTC{Q}}} and more{G4_END}",
+        f"{G4}get_time{{zone:{Q}UTC{Q}}} and more{G4_END}",
+        [],
+        ("text after the arguments of 'get_time'",),
+    ),
+    Case(
+        "gemma4-schema-mismatch",
+        "gemma4",
+        f"{G4}get_weather{{city:{Q}Rome{Q},days:{Q}many{Q}}}{G4_END}",
+        f"{G4}get_weather{{city:{Q}Rome{Q},days:{Q}many{Q}}}{G4_END}",
+        [],
+        ("do not match its schema",),
+    ),
+    Case(
+        "gemma4-unknown-and-known",
+        "gemma4",
+        f"{G4}launch{{}}{G4_END}\n{G4}get_time{{zone:{Q}UTC{Q}}}{G4_END}",
+        f"{G4}launch{{}}{G4_END}",
+        [UTC],
+        ("unknown tool 'launch'",),
+    ),
+    Case(
+        "gemma4-unclosed-but-complete",
+        "gemma4",
+        f"Sure.\n{G4}get_time{{zone:{Q}UTC{Q}}}",
+        "Sure.",
+        [UTC],
+    ),
+    Case(
+        "gemma4-truncated",
+        "gemma4",
+        f"Sure.\n{G4}get_time{{zone:{Q}UT",
+        f"Sure.\n{G4}get_time{{zone:{Q}UT",
+        [],
+        ("output ended before <tool_call|>",),
+    ),
+    Case("gemma4-plain-text", "gemma4", "a <|tool, <tool_call|> are text", "a <|tool, <tool_call|> are text", []),
 ]

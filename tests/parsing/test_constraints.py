@@ -24,13 +24,12 @@ from atlas_core.parsing import (
     tool_call_constraint,
     tool_parser_names,
 )
+from atlas_core.tokenizer import Tokenizer
 
 from .byte_tokenizer import byte_tokenizer
 from .support import TOOLS
 
 TOKENIZER = byte_tokenizer()
-LL_TOKENIZER = llguidance.LLTokenizer(TOKENIZER.backend.to_str(), eos_token=TOKENIZER.eos_token_ids)
-EOS = TOKENIZER.eos_token_ids[0]
 
 BOUNDED = [  # parameters with no free text, so random walks end quickly
     ToolDefinition(
@@ -58,32 +57,36 @@ BOUNDED = [  # parameters with no free text, so random walks end quickly
 ]
 
 
-def matcher(structured: StructuredOutput) -> llguidance.LLMatcher:
-    m = llguidance.LLMatcher(LL_TOKENIZER, structured.llguidance_grammar, log_level=0)
+def matcher(structured: StructuredOutput, tokenizer: Tokenizer = TOKENIZER) -> llguidance.LLMatcher:
+    ll_tokenizer = llguidance.LLTokenizer(tokenizer.backend.to_str(), eos_token=tokenizer.eos_token_ids)
+    m = llguidance.LLMatcher(ll_tokenizer, structured.llguidance_grammar, log_level=0)
     assert not m.is_error(), m.get_error()
     return m
 
 
-def accepts(structured: StructuredOutput, text: str) -> bool:
-    m = matcher(structured)
-    return m.consume_tokens(TOKENIZER.encode(text, add_special_tokens=False)) and m.is_accepting()
+def accepts(structured: StructuredOutput, text: str, tokenizer: Tokenizer = TOKENIZER) -> bool:
+    m = matcher(structured, tokenizer)
+    return m.consume_tokens(tokenizer.encode(text, add_special_tokens=False)) and m.is_accepting()
 
 
-def random_walk(structured: StructuredOutput, rng: random.Random, limit: int = 4000) -> str:
+def random_walk(
+    structured: StructuredOutput, rng: random.Random, limit: int = 4000, tokenizer: Tokenizer = TOKENIZER
+) -> str:
     """Sample allowed tokens uniformly (EOS, once allowed, half the time) until the grammar ends."""
-    m = matcher(structured)
-    bitmask = allocate_token_bitmask(1, LL_TOKENIZER.vocab_size)
+    eos, vocab_size = tokenizer.eos_token_ids[0], tokenizer.backend.get_vocab_size()
+    m = matcher(structured, tokenizer)
+    bitmask = allocate_token_bitmask(1, vocab_size)
     tokens = []
     for _ in range(limit):
         fill_next_token_bitmask(m, bitmask, 0)
-        allowed = np.flatnonzero(np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")[: LL_TOKENIZER.vocab_size])
+        allowed = np.flatnonzero(np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")[:vocab_size])
         assert len(allowed), "the grammar allowed nothing"
-        if EOS in allowed and (len(allowed) == 1 or rng.random() < 0.5):
-            return TOKENIZER.decode(tokens, skip_special_tokens=False)
-        token = int(rng.choice([t for t in allowed if t != EOS]))
+        if eos in allowed and (len(allowed) == 1 or rng.random() < 0.5):
+            return tokenizer.decode(tokens, skip_special_tokens=False)
+        token = int(rng.choice([t for t in allowed if t != eos]))
         assert m.consume_token(token)
         tokens.append(token)
-    raise AssertionError(f"no end after {limit} tokens: {TOKENIZER.decode(tokens, skip_special_tokens=False)[:200]!r}")
+    raise AssertionError(f"no end after {limit} tokens: {tokenizer.decode(tokens, skip_special_tokens=False)[:200]!r}")
 
 
 @pytest.mark.parametrize("parser", tool_parser_names())
@@ -111,6 +114,7 @@ CANONICAL = {
     "</minimax:tool_call>",
     "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n"
     '{"zone": "UTC"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "gemma4": '<|tool_call>call:get_time{zone:<|"|>UTC<|"|>}<tool_call|>',
 }
 
 

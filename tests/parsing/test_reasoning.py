@@ -16,6 +16,7 @@ from .support import TOOLS, check_consistent, stream, summary, without_ids
 
 QWEN_PROMPT_OPEN = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n"
 QWEN_PROMPT_CLOSED = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+GEMMA_PROMPT = "<|turn>system\n<|think|>\n<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
 
 CASES = [
     # (id, parser, prompt, output, reasoning, content)
@@ -52,6 +53,20 @@ CASES = [
     ("deepseek_r1-never-closed", "deepseek_r1", "", "Hmm, all reasoning", "Hmm, all reasoning", ""),
     ("mistral-block", "mistral", "", "[THINK]Plan: add.[/THINK]4", "Plan: add.", "4"),
     ("mistral-prompt-opened", "mistral", "[INST]Hi[/INST][THINK]", "Plan.[/THINK] 4", "Plan.", "4"),
+    (
+        "gemma4-block",
+        "gemma4",
+        GEMMA_PROMPT,
+        "<|channel>thought\nThe user greets me.\n<channel|>Hello! <|channel> stays text.",
+        "The user greets me.",
+        "Hello! <|channel> stays text.",
+    ),
+    ("gemma4-no-block", "gemma4", GEMMA_PROMPT, "Hello, thought-free.", None, "Hello, thought-free."),
+    ("gemma4-other-channel", "gemma4", GEMMA_PROMPT, "<|channel>final<channel|>", None, "<|channel>final<channel|>"),
+    ("gemma4-empty-block", "gemma4", GEMMA_PROMPT, "<|channel>thought\n<channel|>Hi", "", "Hi"),
+    ("gemma4-prompt-closed", "gemma4", GEMMA_PROMPT + "<|channel>thought\n<channel|>", "Hi", None, "Hi"),
+    ("gemma4-prompt-opened", "gemma4", GEMMA_PROMPT + "<|channel>thought\n", "Plan.<channel|>Hi", "Plan.", "Hi"),
+    ("gemma4-unterminated", "gemma4", GEMMA_PROMPT, "<|channel>thought\nStill going", "Still going", ""),
 ]
 
 
@@ -91,10 +106,10 @@ def test_reasoning_then_tool_call_and_calls_inside_reasoning_are_ignored() -> No
 
 
 def test_unknown_parser_names_list_the_valid_ones() -> None:
-    with pytest.raises(UnknownParserError, match="valid names: deepseek_r1, mistral, qwen3"):
+    with pytest.raises(UnknownParserError, match="valid names: deepseek_r1, gemma4, mistral, qwen3"):
         OutputParser(reasoning_parser="o1")
     with pytest.raises(UnknownParserError) as info:
         OutputParser(tool_parser="llama3_json", tools=TOOLS)
     assert all(name in str(info.value) for name in tool_parser_names())
     assert isinstance(info.value, ValueError)
-    assert reasoning_parser_names() == ["deepseek_r1", "mistral", "qwen3"]
+    assert reasoning_parser_names() == ["deepseek_r1", "gemma4", "mistral", "qwen3"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from atlas_core.parsing.tools.base import MarkupError, RawCall, ToolFormat
 from atlas_core.parsing.tools.deepseek import DeepSeekV3Format
+from atlas_core.parsing.tools.gemma4 import Gemma4Format
 from atlas_core.parsing.tools.json_formats import HermesFormat, JsonFormat, MistralFormat, NemotronFormat
 from atlas_core.parsing.tools.xml_formats import MiniMaxM2Format, Qwen3CoderFormat
 
@@ -17,6 +18,7 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
         DeepSeekV3Format(),
         MiniMaxM2Format(),
         NemotronFormat(),
+        Gemma4Format(),
     )
 }
 
