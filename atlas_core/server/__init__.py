@@ -1,1 +1,1 @@
-"""The HTTP server (`atlas serve`): Litestar app speaking the OpenAI API."""
+"""The HTTP server (`atlas serve`): a Litestar app speaking the OpenAI and Anthropic APIs (docs/server.md)."""

@@ -99,7 +99,7 @@ def _convert(message: Message, index: int) -> list[dict[str, Any]]:
             turn["tool_calls"] = calls
         out.append(turn)
     elif texts or not results:
-        out.append({"role": "user", "content": "\n".join(texts)})
+        out.append({"role": message.role, "content": "\n".join(texts)})
     return out
 
 

@@ -44,7 +44,7 @@ def add_serve_parser(commands: Any) -> None:
     )
     add_engine_args(parser)
     engine_defaults = {option: parser.get_default(option) for option in (*ENGINE_OPTIONS, "model", "backend")}
-    parser.set_defaults(**{option: None for option in engine_defaults})  # so that an unset flag can be told apart
+    parser.set_defaults(**dict.fromkeys(engine_defaults))  # so that an unset flag can be told apart
     parser.add_argument("--host", help="interface to listen on; anything but loopback needs --api-key (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default: 8888)")
     parser.add_argument("--served-model-name", nargs="+", metavar="NAME", help="names clients may use as `model`; the first is reported (default: the model's name)")
@@ -52,7 +52,7 @@ def add_serve_parser(commands: Any) -> None:
     parser.add_argument("--reasoning-parser", metavar="NAME", help="reasoning format of the model's output, or 'none' (default: the family's, else none)")
     parser.add_argument("--chat-template", metavar="FILE_OR_JINJA", help="replace the model's chat template (default: the model's)")
     parser.add_argument("--default-chat-template-kwargs", type=json_object, metavar="JSON", help='chat template variables for every request, e.g. \'{"enable_thinking": false}\' (default: {})')
-    parser.add_argument("--api-key", action="append", metavar="KEY", help="require this key on /v1/* and tokenize (repeatable; default: no auth)")
+    parser.add_argument("--api-key", action="append", metavar="KEY", help="require this key on /v1/* and tokenize; repeatable (default: none, no auth)")
     parser.add_argument("--api-keys-file", metavar="FILE", help="file of accepted keys, one per line (default: none)")
     parser.add_argument("--request-timeout", type=float, metavar="SECONDS", help="end requests running longer than this (default: no limit)")
     parser.add_argument("--max-body-bytes", type=int, metavar="BYTES", help="largest request body accepted (default: 16777216)")

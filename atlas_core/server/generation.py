@@ -9,9 +9,7 @@ error before any response byte is sent.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
-from contextlib import nullcontext
 
 from atlas_core.engine.outputs import RequestOutput
 from atlas_core.engine.sampling_params import SamplingParams
@@ -25,15 +23,13 @@ async def generate(
     """The outputs of one engine request; raises `APIError` on timeout, failure or shutdown."""
     runtime = state.require_runtime()
     timeout = state.config.request_timeout
-    deadline = None if timeout is None else time.monotonic() + timeout
-    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     stream = runtime.engine.generate(prompt, prompt_ids, params)
     tracker = state.metrics.track(len(prompt_ids))
     try:
         while True:
-            limit = None if deadline is None else loop.time() + (deadline - time.monotonic())
             try:
-                async with asyncio.timeout_at(limit) if limit is not None else nullcontext():
+                async with asyncio.timeout_at(deadline):
                     output = await anext(stream)
             except StopAsyncIteration:
                 return

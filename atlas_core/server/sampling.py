@@ -49,6 +49,8 @@ def logit_bias_of(bias: dict[str, float] | None) -> dict[int, float]:
 def sampling_params(fields: SamplerFields, *, max_tokens: int | None, **extra: Any) -> SamplingParams:
     """`SamplingParams` from the shared sampler fields; ``extra`` adds or overrides fields
     (``logprobs``, ``prompt_logprobs``, structured-output settings). Out-of-range values: 400."""
+    if fields.seed is not None and fields.seed < 0:
+        raise invalid(f"seed must be a non-negative integer, got {fields.seed}", param="seed")
     kwargs: dict[str, Any] = {
         name: getattr(fields, name)
         for name in (

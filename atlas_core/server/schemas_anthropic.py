@@ -50,7 +50,10 @@ RequestBlock = TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResul
 
 
 class Message(msgspec.Struct, kw_only=True):
-    role: Literal["user", "assistant"]
+    """A turn. ``system`` turns (which some clients, Claude Code among them, place between the
+    others) are passed to the chat template as system messages."""
+
+    role: Literal["user", "assistant", "system"]
     content: str | list[RequestBlock]
 
 

@@ -37,6 +37,15 @@ def anthropic_error_event(error: APIError) -> bytes:
     return named_sse("error", anthropic_error(error))
 
 
+class EventStream(Stream):
+    """A `Stream` whose own media type wins over the handler's (Litestar prefers the handler's, which
+    is ``application/json`` for handlers that return JSON or a stream)."""
+
+    def to_asgi_response(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["media_type"] = self.media_type
+        return super().to_asgi_response(*args, **kwargs)
+
+
 def event_stream(body: AsyncIterator[bytes], on_error: Callable[[APIError], bytes]) -> Stream:
     """An SSE response of ``body``; an exception inside it ends the stream with ``on_error``'s event."""
 
@@ -49,7 +58,7 @@ def event_stream(body: AsyncIterator[bytes], on_error: Callable[[APIError], byte
         finally:
             await body.aclose()
 
-    return Stream(
+    return EventStream(
         guarded(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
 

@@ -108,3 +108,18 @@ def test_thinking_switch_reaches_the_template(scripted: ScriptedFactory) -> None
     enabled = sdk.messages.count_tokens(model="scripted", messages=QUESTION, thinking={"type": "enabled", "budget_tokens": 1024})
     disabled = sdk.messages.count_tokens(model="scripted", messages=QUESTION, thinking={"type": "disabled"})
     assert disabled.input_tokens > enabled.input_tokens  # the template wrote an empty think block
+
+
+def test_system_turns_inside_messages_and_json_output(scripted: ScriptedFactory) -> None:
+    sdk = client(scripted({"[count]": "one, two", "[json]": '{"n": 2}'}))
+    message = sdk.messages.create(
+        model="scripted", max_tokens=20,
+        messages=[{"role": "system", "content": "Count."}, {"role": "user", "content": "[count]"}],  # type: ignore[list-item]
+    )
+    assert message.content[0].text == "one, two"
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    message = sdk.messages.create(
+        model="scripted", max_tokens=20, messages=[{"role": "user", "content": "[json]"}],
+        output_config={"format": {"type": "json_schema", "schema": schema}, "effort": "low"}, thinking={"type": "adaptive"},
+    )
+    assert message.content[0].text == '{"n": 2}'

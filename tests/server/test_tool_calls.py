@@ -45,13 +45,18 @@ OUTPUTS: dict[str, tuple[str, str, list[tuple[str, dict[str, Any]]]]] = {
         "</invoke>\n</minimax:tool_call>",
         "Okay.", [ROME3, UTC],
     ),
+    "gemma4": (
+        'I\'ll check both.\n<|tool_call>call:get_weather{city:<|"|>Rome<|"|>,days:3}<tool_call|>'
+        '<|tool_call>call:get_time{zone:<|"|>UTC<|"|>}<tool_call|>',
+        "I'll check both.", [ROME3, UTC],
+    ),
     "nemotron": (
         '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Rome", "days": 3}}, '
         '{"name": "get_time", "arguments": {"zone": "UTC"}}]</TOOLCALL>',
         "", [ROME3, UTC],
     ),
 }
-MARKERS = ["<tool_call>", "[TOOL_CALLS]", "<｜tool", "<minimax", "<TOOLCALL>", '"name"', "<function="]
+MARKERS = ["<tool_call>", "<|tool_call>", "call:", "[TOOL_CALLS]", "<｜tool", "<minimax", "<TOOLCALL>", '"name"', "<function="]
 
 FUNCTIONS = [
     {"name": "get_weather", "description": "Weather of a city", "parameters": {
@@ -88,7 +93,7 @@ def test_openai_tool_calls(scripted: ScriptedFactory, parser: str) -> None:
     starts = [tc for d in deltas for tc in d.tool_calls or [] if tc.id]
     assert [(tc.index, tc.function.name) for tc in starts] == [(i, name) for i, (name, _) in enumerate(calls)]
     assert all(tc.function.arguments == "" for tc in starts)  # id and name first, arguments after
-    arguments = {i: "" for i in range(len(calls))}
+    arguments = dict.fromkeys(range(len(calls)), "")
     for d in deltas:
         for tc in d.tool_calls or []:
             arguments[tc.index] += tc.function.arguments or ""
