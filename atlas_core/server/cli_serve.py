@@ -122,7 +122,9 @@ def _attach_model(settings: Settings, state: Any) -> str:
 
     registry = get_registry()
     backend = select_backend(registry, settings["backend"])
-    loaded = load_model(settings["model"], backend, registry)
+    # position tables (RoPE) are built only as long as the engine will run
+    max_positions = settings["max_seq_len"] or EngineConfig.default_max_seq_len
+    loaded = load_model(settings["model"], backend, registry, max_positions=max_positions)
     unknown = settings.apply_family_defaults(loaded.family_defaults)
     if unknown:
         log.warning("the %s family defaults name no serve option: %s", loaded.name, ", ".join(unknown))
