@@ -74,13 +74,15 @@ def register_model_loaders(register: Register) -> None:
 def register_layers(register: Register) -> None:
     """Register per-layer compute types (the TransformerLayer plug point).
 
-    Target: a class that family loaders construct and compose. Core registers ``attention``
-    (called as ``layer(x, batch, kv) -> out``, the `atlas_core.model.transformer.Mixer`
-    contract), ``swiglu_mlp`` (``layer(x) -> out``) and ``rms_norm``
-    (``layer(x, residual) -> (normed, new_residual)``). Loaders look layer types up by name
-    (`ModelWeightLoader.layer_type`), so a new attention variant or mixer ships as a layer
-    plugin that any family can compose; constructor arguments are agreed between the layer and
-    the loaders that use it.
+    Target: a class that family loaders construct and compose. Core registers its layers under
+    the names of ``atlas_core.builtin_plugin.CORE_LAYERS`` (``rms_norm``, ``attention``,
+    ``swiglu_mlp``, ``moe``, ``mla``, ``mamba2``, ...; contracts in docs/plugin-hooks.md): token
+    mixers are called as ``layer(x, batch, kv) -> out`` (`atlas_core.model.transformer.Mixer`),
+    feed-forwards as ``layer(x) -> out``, decoder layers as ``layer(hidden, residual, batch, kv)
+    -> (hidden, residual)`` (`atlas_core.model.transformer.DecoderLayer`). Loaders look layer
+    types up by name (`ModelWeightLoader.layer_type`), so a new attention variant or mixer ships
+    as a layer plugin that any family can compose; constructor arguments are agreed between the
+    layer and the loaders that use it.
     """
 
 

@@ -1,23 +1,29 @@
-"""Checks every model family's tests run on its tiny checkpoints (family plugins call them with their
-own fixture folders):
+"""Engine and reference checks that core's tests and every model family's tests run on the tiny
+checkpoints (family plugins call them with their own fixture folders):
 
 * engine invariants: a sequence's greedy tokens are the same alone or batched, with chunked prefill,
-  or with prefix caching (core's llama / qwen3 run these in `test_engine_batching`);
+  or with prefix caching, and every KV block and state slot is free afterwards;
 * reference sensitivity: how far a (deliberately altered) model's prompt log-probs are from the
-  transformers reference, to show the parity test would catch a missing bias, scale or step.
+  transformers reference, to show the parity test would catch a missing bias, scale or step;
+* edited copies of a fixture, for tests of configs and checkpoints a loader must refuse or accept.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from atlas_core import LLM
-from tests.conftest import reference
-from tests.test_engine_batching import GREEDY, mixed_prompts
+from atlas_core import LLM, SamplingParams
+from tests.conftest import TINY, reference
 from tests.test_model_parity import full_prompt_logprobs
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+"""Twelve greedy tokens, EOS ignored: the completion every invariance check compares."""
 
 INVARIANCE_SETTINGS: dict[str, dict[str, Any]] = {
     "batched": {"enable_prefix_caching": False},
@@ -28,23 +34,63 @@ INVARIANCE_SETTINGS: dict[str, dict[str, Any]] = {
 """Engine settings whose greedy outputs must equal each prompt's output alone (keyed by test id)."""
 
 
-def greedy_alone(model_dir: Path, count: int = 12) -> list[list[int]]:
-    """Each of ``count`` `mixed_prompts` run alone, without prefix caching or chunking."""
-    llm = LLM(model_dir, enable_prefix_caching=False)
-    prompts = mixed_prompts(llm.loaded.model.vocab_size, count=count)
+def mixed_prompts(
+    vocab: int, count: int = 18, seed: int = 7, *, shared_length: int = 40, max_tail_length: int = 89
+) -> list[list[int]]:
+    """``count`` random prompts over ``vocab`` tokens with tails of 1 to ``max_tail_length`` tokens;
+    every third (0, 3, ...) starts with the same ``shared_length`` tokens (prefix-cache hits)."""
+    rng = np.random.default_rng(seed)
+    shared = rng.integers(0, vocab, shared_length).tolist()
+    prompts = []
+    for i in range(count):
+        length = int(rng.integers(1, max_tail_length + 1))
+        tail = rng.integers(0, vocab, length).tolist()
+        prompts.append(shared + tail if i % 3 == 0 else tail)
+    return prompts
+
+
+def assert_no_leaks(llm: LLM) -> None:
+    """Every KV block is free again, and so is every recurrent-state slot of a model that has them."""
+    engine = llm.engine
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    if llm.loaded.model.has_recurrent_state:
+        assert engine.state_slots is not None and engine.state_slots.num_free == engine.state_slots.num_slots
+
+
+def greedy_alone(
+    model_dir: Path, count: int = 12, prompts: list[list[int]] | None = None, **engine_args: Any
+) -> list[list[int]]:
+    """The greedy tokens of each prompt run alone (one after another, without prefix caching):
+    ``prompts``, or ``count`` `mixed_prompts` over the model's vocabulary. ``engine_args`` go to `LLM`."""
+    llm = LLM(model_dir, enable_prefix_caching=False, **engine_args)
+    if prompts is None:
+        prompts = mixed_prompts(llm.loaded.model.vocab_size, count=count)
     return [llm.generate(prompt, GREEDY)[0].outputs[0].token_ids for prompt in prompts]
 
 
-def assert_batch_invariant(model_dir: Path, alone: list[list[int]], settings: dict[str, Any]) -> None:
-    """All prompts of `greedy_alone` together under ``settings`` (twice with prefix caching, the second
-    run hitting the cache) give the same tokens, and every KV block is free afterwards."""
-    llm = LLM(model_dir, **settings)
-    prompts = mixed_prompts(llm.loaded.model.vocab_size, count=len(alone))
-    for _ in range(2 if settings.get("enable_prefix_caching") else 1):
+def assert_batch_invariant(
+    model_dir: Path, alone: list[list[int]], settings: dict[str, Any], *, prompts: list[list[int]] | None = None,
+    expect_cache_hits: bool | None = None, **engine_args: Any,
+) -> None:
+    """All prompts of `greedy_alone` together under ``settings`` (and ``engine_args``) give the same
+    tokens as alone, and leave nothing held (`assert_no_leaks`). With prefix caching they run twice,
+    the second run hitting the cache the first filled; ``expect_cache_hits`` (default: whenever
+    ``settings`` enable prefix caching) also requires that run to report cached tokens.
+    ``prompts``: those given to `greedy_alone` (default: the `mixed_prompts` it made)."""
+    llm = LLM(model_dir, **settings, **engine_args)
+    if prompts is None:
+        prompts = mixed_prompts(llm.loaded.model.vocab_size, count=len(alone))
+    caching = bool(settings.get("enable_prefix_caching"))
+    for _ in range(2 if caching else 1):
         outputs = llm.generate(prompts, GREEDY)
         for i, output in enumerate(outputs):
             assert output.outputs[0].token_ids == alone[i], f"{model_dir.name} prompt {i} ({len(prompts[i])} tokens)"
-        assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
+        assert_no_leaks(llm)
+    if expect_cache_hits is None:
+        expect_cache_hits = caching
+    if expect_cache_hits:
+        assert sum(output.num_cached_tokens for output in outputs) > 0
+        assert llm.engine.blocks.hit_rate > 0
 
 
 def max_prompt_logprob_error(llm: LLM, fixture: str) -> float:
@@ -55,3 +101,17 @@ def max_prompt_logprob_error(llm: LLM, fixture: str) -> float:
         float(np.abs(full_prompt_logprobs(llm, ref[f"prompt_{i}"].tolist()) - ref[f"logprobs_{i}"]).max())
         for i in range(4)
     )
+
+
+def edited_fixture(
+    tmp_path: Path, fixture: str, changes: dict[str, Any] | None = None, *, edit: Callable[[dict[str, Any]], None] | None = None,
+) -> Path:
+    """A copy of tiny checkpoint ``fixture`` in ``tmp_path / fixture`` whose config.json has ``changes``
+    merged in (top-level keys) and then ``edit(config)`` applied in place (nested changes, deletions)."""
+    folder = tmp_path / fixture
+    shutil.copytree(TINY / fixture, folder)
+    config = json.loads((folder / "config.json").read_text()) | (changes or {})
+    if edit is not None:
+        edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

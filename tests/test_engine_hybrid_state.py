@@ -10,16 +10,10 @@ import pytest
 from atlas_core import LLM, SamplingParams
 from atlas_core.errors import InvalidRequestError
 from tests.conftest import TINY, reference
-from tests.test_engine_batching import GREEDY, mixed_prompts
+from tests.family_checks import GREEDY, assert_batch_invariant, assert_no_leaks, greedy_alone, mixed_prompts
 
 HYBRIDS = ["qwen3_next", "qwen3_5", "nemotron_h"]
 TOP = 20  # logprobs compared per position: the chosen token and the 20 most likely
-
-
-def assert_no_leaks(llm: LLM) -> None:
-    engine = llm.engine
-    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
-    assert engine.state_slots is not None and engine.state_slots.num_free == engine.state_slots.num_slots
 
 
 def scored(llm: LLM, prompt: list[int]) -> tuple[list[dict[int, float]], list[int], list[dict[int, float]]]:
@@ -57,11 +51,9 @@ def hybrid(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def alone(hybrid: str) -> dict[int, list[int]]:
-    """Each prompt's greedy tokens when it runs alone, without prefix caching or chunking."""
-    llm = LLM(TINY / hybrid, enable_prefix_caching=False)
-    prompts = mixed_prompts(llm.loaded.model.vocab_size)
-    return {i: llm.generate(prompt, GREEDY)[0].outputs[0].token_ids for i, prompt in enumerate(prompts)}
+def alone(hybrid: str) -> list[list[int]]:
+    """Each of the 18 `mixed_prompts`' greedy tokens when it runs alone, without prefix caching or chunking."""
+    return greedy_alone(TINY / hybrid, count=18)
 
 
 @pytest.mark.parametrize(
@@ -75,24 +67,15 @@ def alone(hybrid: str) -> dict[int, list[int]]:
     ],
     ids=["batched", "prefix-cache", "tiny-budget", "tiny-chunks", "two-slots-small-blocks"],
 )
-def test_state_never_leaks_between_sequences(hybrid: str, alone: dict[int, list[int]], settings: dict) -> None:
+def test_state_never_leaks_between_sequences(hybrid: str, alone: list[list[int]], settings: dict) -> None:
     """Greedy tokens are those of each prompt alone, however prompts are batched and chunked, whatever
     slot a sequence reuses after another finished, and on prefix-cache hits (second run)."""
-    llm = LLM(TINY / hybrid, **settings)
-    prompts = mixed_prompts(llm.loaded.model.vocab_size)
-    runs = 2 if settings["enable_prefix_caching"] else 1
-    for _ in range(runs):
-        outputs = llm.generate(prompts, GREEDY)
-        for i, output in enumerate(outputs):
-            assert output.outputs[0].token_ids == alone[i], f"prompt {i} ({len(prompts[i])} tokens)"
-        assert_no_leaks(llm)
-    if settings["enable_prefix_caching"] and "max_num_seqs" not in settings:
-        # (with 2 sequence slots the snapshot pool has 2 slots too: 18 prompts evict each other's state)
-        assert sum(o.num_cached_tokens for o in outputs) > 0
-        assert llm.engine.blocks.hit_rate > 0
+    # with 2 sequence slots the snapshot pool has 2 slots too: 18 prompts evict each other's state
+    hits = settings["enable_prefix_caching"] and "max_num_seqs" not in settings
+    assert_batch_invariant(TINY / hybrid, alone, settings, expect_cache_hits=hits)
 
 
-def test_preemption_mid_prefill_keeps_outputs(hybrid: str, alone: dict[int, list[int]]) -> None:
+def test_preemption_mid_prefill_keeps_outputs(hybrid: str, alone: list[list[int]]) -> None:
     """A KV cache far too small for the batch preempts sequences (some mid-prefill, with 3-token chunks);
     they restart from a fresh state slot and still produce the tokens they produce alone."""
     probe = LLM(TINY / hybrid, block_size=4, max_seq_len=128)
@@ -136,7 +119,7 @@ def test_prefix_cache_hit_equals_miss(hybrid: str) -> None:
     assert_no_leaks(llm)
 
 
-def test_n_greater_than_one_forks_the_state(hybrid: str, alone: dict[int, list[int]]) -> None:
+def test_n_greater_than_one_forks_the_state(hybrid: str, alone: list[list[int]]) -> None:
     """n > 1 completions fork from the first one's state after the prompt: greedy forks all equal the
     prompt's tokens alone; seeded samples of completion 0 match an n = 1 request with the same seed."""
     llm = LLM(TINY / hybrid, max_num_seqs=4)

@@ -2,14 +2,15 @@
 
 A family plugin subclasses `ModelWeightLoader` (or the ready-made `DenseDecoderLoader` for
 llama-like models) and registers it under its ``model_type``. Loaders read tensors only through
-the `WeightSource` (Hugging Face names), build layers from the registry's TransformerLayer types,
-and upload weights with ``backend.from_numpy(..., weight=True)``.
+the `WeightSource` (Hugging Face names), build layers from the registry's TransformerLayer types
+(`ModelWeightLoader.layer_type`), and upload weights with `ModelWeightLoader.upload` /
+`upload_arrays` (``backend.from_numpy(..., weight=True)``).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -21,9 +22,11 @@ from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.attention import AttentionWeights
 from atlas_core.model.rope import RopeSpec, rotary_tables
 from atlas_core.model.spec import DecoderSpec
-from atlas_core.model.transformer import PreNormDecoderLayer, TransformerModel
+from atlas_core.model.transformer import TransformerModel
 from atlas_core.plugins import PluginRegistry
 from atlas_core.weights.source import WeightSource
+
+FLOAT32 = np.dtype(np.float32)
 
 
 class ModelWeightLoader(ABC):
@@ -48,10 +51,8 @@ class ModelWeightLoader(ABC):
 
     def rope_tables(self, rope: RopeSpec, context_length: int) -> tuple[Array, Array]:
         """RoPE cos/sin tables (float32, on the backend) for positions ``0 .. table_length(context_length) - 1``."""
-        return tuple(  # type: ignore[return-value]
-            self.backend.from_numpy(t, dtype=np.dtype(np.float32))
-            for t in rotary_tables(rope, self.table_length(context_length))
-        )
+        cos, sin = rotary_tables(rope, self.table_length(context_length))
+        return self.upload_float32(cos), self.upload_float32(sin)
 
     @abstractmethod
     def build(self) -> TransformerModel:
@@ -65,12 +66,69 @@ class ModelWeightLoader(ABC):
 
     def upload(self, *names: str) -> Array:
         """Upload one tensor, or several concatenated along the output (first) axis."""
-        arrays = [self.tensor(name) for name in names]
+        return self.upload_arrays(*(self.tensor(name) for name in names))
+
+    def upload_arrays(self, *arrays: np.ndarray) -> Array:
+        """Upload host arrays (e.g. rearranged checkpoint tensors) as one weight, several concatenated
+        along the output (first) axis."""
         return self.backend.from_numpy(arrays[0] if len(arrays) == 1 else np.concatenate(arrays), weight=True)
+
+    def optional_upload(self, present: bool, *names: str) -> Array | None:
+        """``upload(*names)`` when ``present`` (a config flag such as ``attention_bias``), else None."""
+        return self.upload(*names) if present else None
+
+    def upload_float32(self, array: np.ndarray) -> Array:
+        """Upload a host array kept in float32 whatever the weight dtype (routing biases, SSM decay
+        rates and other small parameters whose precision matters)."""
+        return self.backend.from_numpy(np.asarray(array, dtype=FLOAT32), dtype=FLOAT32)
+
+    def find_prefix(self, prefixes: Sequence[str], anchor: str) -> str:
+        """The first of ``prefixes`` under which the checkpoint holds tensor ``anchor`` (e.g. the text
+        stack's ``"embed_tokens.weight"`` under ``"model."`` or ``"model.language_model."``); a
+        `ModelLoadError` listing every name looked for when none is there."""
+        for prefix in prefixes:
+            if prefix + anchor in self.source:
+                return prefix
+        tried = " or ".join(repr(prefix + anchor) for prefix in prefixes)
+        raise ModelLoadError(f"{self.origin}: the checkpoint has no {tried}; is it a checkpoint of this model family?")
+
+    def check_shape(self, what: str, shape: Sequence[int], expected: Sequence[int], implied_by: str = "config.json") -> None:
+        """A `ModelLoadError` when tensor ``what`` has ``shape`` instead of the ``expected`` one that
+        ``implied_by`` (the config keys involved) implies."""
+        if tuple(shape) != tuple(expected):
+            raise ModelLoadError(
+                f"{self.origin}: {what} has shape {tuple(shape)}, but {implied_by} implies {tuple(expected)}"
+            )
+
+    def layer_progress(self, num_layers: int) -> Iterable[int]:
+        """``range(num_layers)``, shown as a progress bar while loading models of 16 layers or more."""
+        return tqdm(range(num_layers), desc="loading layers", unit="layer", disable=num_layers < 16, leave=False)
 
     def layer_type(self, name: str) -> Any:
         """A registered TransformerLayer class by name."""
         return self.registry.load("layer", name)
+
+    def rms_norm(self, name: str, eps: float, *, zero_centred: bool = False) -> Any:
+        """The registered ``rms_norm`` layer with checkpoint weight ``name``. ``zero_centred``: the
+        checkpoint stores ``w`` and the norm scales by ``1 + w`` (the 1 is added here once, in float32)."""
+        if zero_centred:
+            weight = self.backend.from_numpy(self.tensor(name).astype(np.float32) + 1.0, weight=True)
+        else:
+            weight = self.upload(name)
+        return self.layer_type("rms_norm")(self.backend, weight, eps)
+
+    def gated_mlp(self, prefix: str, *, layer: str = "swiglu_mlp", bias: bool = False) -> Any:
+        """The registered gated feed-forward ``layer`` (``swiglu_mlp``, ``geglu_mlp``) from Hugging Face
+        names under ``prefix``: ``gate_proj`` and ``up_proj`` fused into one weight, ``down_proj``;
+        their biases too when ``bias``."""
+        gate_up, down = (prefix + "gate_proj.", prefix + "up_proj."), prefix + "down_proj."
+        return self.layer_type(layer)(
+            self.backend,
+            self.upload(*(p + "weight" for p in gate_up)),
+            self.upload(down + "weight"),
+            self.optional_upload(bias, *(p + "bias" for p in gate_up)),
+            self.optional_upload(bias, down + "bias"),
+        )
 
 
 class DenseDecoderLoader(ModelWeightLoader):
@@ -87,36 +145,25 @@ class DenseDecoderLoader(ModelWeightLoader):
     def feed_forward(self, spec: DecoderSpec, layer: int) -> Callable[[Array], Array]:
         """Layer ``layer``'s feed-forward block (``ffn(x[T, H]) -> [T, H]``): the dense SwiGLU MLP of
         ``model.layers.{layer}.mlp``. Families with other blocks (e.g. Mixture-of-Experts) override it."""
-        m = f"model.layers.{layer}.mlp."
-        bias = spec.mlp_bias
-        return self.layer_type("swiglu_mlp")(
-            self.backend,
-            self.upload(m + "gate_proj.weight", m + "up_proj.weight"),
-            self.upload(m + "down_proj.weight"),
-            self.upload(m + "gate_proj.bias", m + "up_proj.bias") if bias else None,
-            self.upload(m + "down_proj.bias") if bias else None,
-        )
+        return self.gated_mlp(f"model.layers.{layer}.mlp.", bias=spec.mlp_bias)
 
     def build(self) -> TransformerModel:
         spec = self.spec()
-        norm_type, attention_type = self.layer_type("rms_norm"), self.layer_type("attention")
+        attention_type, layer_type = self.layer_type("attention"), self.layer_type("pre_norm_decoder_layer")
         cos, sin = self.rope_tables(spec.rope, spec.max_position_embeddings)
 
         def norm(name: str) -> Any:
-            return norm_type(self.backend, self.upload(name), spec.rms_norm_eps)
-
-        def optional(flag: bool, *names: str) -> Array | None:
-            return self.upload(*names) if flag else None
+            return self.rms_norm(name, spec.rms_norm_eps)
 
         layers = []
-        for i in tqdm(range(spec.num_layers), desc="loading layers", unit="layer", disable=spec.num_layers < 16, leave=False):
+        for i in self.layer_progress(spec.num_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
             weights = AttentionWeights(
                 qkv=self.upload(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
                 o=self.upload(a + "o_proj.weight"),
-                qkv_bias=optional(spec.qkv_bias, a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"),
-                o_bias=optional(spec.o_bias, a + "o_proj.bias"),
+                qkv_bias=self.optional_upload(spec.qkv_bias, a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"),
+                o_bias=self.optional_upload(spec.o_bias, a + "o_proj.bias"),
                 q_norm=norm(a + "q_norm.weight") if spec.qk_norm else None,
                 k_norm=norm(a + "k_norm.weight") if spec.qk_norm else None,
             )
@@ -125,7 +172,7 @@ class DenseDecoderLoader(ModelWeightLoader):
                 head_dim=spec.head_dim, rope_cos=cos, rope_sin=sin,
             )
             mlp = self.feed_forward(spec, i)
-            layers.append(PreNormDecoderLayer(norm(p + "input_layernorm.weight"), attention, norm(p + "post_attention_layernorm.weight"), mlp))
+            layers.append(layer_type(norm(p + "input_layernorm.weight"), attention, norm(p + "post_attention_layernorm.weight"), mlp))
 
         embed = self.upload("model.embed_tokens.weight")
         return TransformerModel(

@@ -57,7 +57,6 @@ class RecurrentState:
         self.specs: dict[int, dict[str, StateArraySpec]] = {}
         self.num_slots = 0
         self._arrays: dict[int, dict[str, Array]] | None = None
-        self._backend: Backend | None = None
 
     def add_layer(self, layer_index: int, **arrays: StateArraySpec) -> None:
         """Declare the named state arrays of layer ``layer_index`` (before `allocate`)."""
@@ -69,10 +68,6 @@ class RecurrentState:
             raise ValueError(f"layer {layer_index} declares no state arrays")
         self.specs[layer_index] = dict(arrays)
 
-    @property
-    def is_allocated(self) -> bool:
-        return self._arrays is not None
-
     def bytes_per_slot(self, default_dtype: np.dtype) -> int:
         """Bytes one slot takes over every layer (``default_dtype``: the backend's activation dtype)."""
         return sum(spec.nbytes(default_dtype) for layer in self.specs.values() for spec in layer.values())
@@ -81,7 +76,7 @@ class RecurrentState:
         """Create every array with ``num_slots`` zeroed rows (again: replaces the arrays, all zeros)."""
         if num_slots < 0:
             raise ValueError(f"num_slots must be >= 0, got {num_slots}")
-        self._backend, self.num_slots = backend, num_slots
+        self.num_slots = num_slots
         self._arrays = {
             layer: {
                 name: backend.zeros((num_slots, *spec.shape), spec.dtype or backend.activation_dtype)

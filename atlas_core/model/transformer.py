@@ -8,15 +8,30 @@ from typing import Protocol
 
 from atlas_core.backends.base import Array, Backend
 from atlas_core.engine.forward_batch import ForwardBatch
-from atlas_core.engine.kv_cache import KVCache, KVLayout
+from atlas_core.engine.kv_cache import AnyKVLayout, KVCache
 from atlas_core.model.layers.norm import RMSNorm
 from atlas_core.model.recurrent_state import RecurrentState
 
 
 class Mixer(Protocol):
-    """The token-mixing half of a decoder layer (attention, or a recurrent mixer in hybrid models)."""
+    """The token-mixing half of a decoder layer (attention, or a recurrent mixer in hybrid models):
+    ``x[T, H] -> [T, H]`` for the batch's tokens, reading and writing its own KV cache slot or state."""
 
     def __call__(self, x: Array, batch: ForwardBatch, kv: KVCache) -> Array: ...
+
+
+class DecoderLayer(Protocol):
+    """One decoder block as `TransformerModel.forward` calls it, over the batch's ``T`` tokens.
+
+    The residual add is deferred into the next block's first norm: a block takes ``(hidden, residual)``
+    standing for the stream ``hidden + residual`` (``residual`` None on the first block: ``hidden``
+    alone) and returns its output stream in the same two-part form (``residual`` None when it
+    materialised the sum itself). Arrays are ``[T, H]``.
+    """
+
+    def __call__(
+        self, hidden: Array, residual: Array | None, batch: ForwardBatch, kv: KVCache
+    ) -> tuple[Array, Array | None]: ...
 
 
 @dataclass
@@ -38,31 +53,35 @@ class PreNormDecoderLayer:
 class TransformerModel:
     """A decoder-only language model built from backend arrays and composed layers.
 
-    ``kv_layouts`` lists one KV layout per attention layer (the engine sizes and allocates the
-    paged cache from it). Models with recurrent layers pass their `RecurrentState`: the engine then
+    ``layers`` are called in order on the embedded tokens (`DecoderLayer`); ``kv_layouts`` lists one
+    KV layout per attention layer (the engine sizes and allocates the paged cache from it). Models with recurrent layers pass their `RecurrentState`: the engine then
     sizes it (`allocate_state`), gives each sequence a state slot, and zeroes (`reset_state`) or
     copies (`copy_state`) slots.
     """
 
     def __init__(
-        self, backend: Backend, *, embed_tokens: Array, layers: Sequence[PreNormDecoderLayer], final_norm: RMSNorm,
-        lm_head: Array, kv_layouts: list[KVLayout], vocab_size: int, max_position_embeddings: int,
+        self, backend: Backend, *, embed_tokens: Array, layers: Sequence[DecoderLayer], final_norm: RMSNorm,
+        lm_head: Array, kv_layouts: Sequence[AnyKVLayout], vocab_size: int, max_position_embeddings: int,
         recurrent_state: RecurrentState | None = None,
     ) -> None:
         self.backend = backend
         self.embed_tokens = embed_tokens
-        self.layers = list(layers)
+        self.layers: list[DecoderLayer] = list(layers)
         self.final_norm = final_norm
         self.lm_head = lm_head
-        self.kv_layouts = kv_layouts
+        self.kv_layouts: list[AnyKVLayout] = list(kv_layouts)
         self.vocab_size = vocab_size
         self.max_position_embeddings = max_position_embeddings
         self.recurrent_state = recurrent_state
 
+    def embed(self, input_ids: Array) -> Array:
+        """``[T]`` token ids -> ``[T, H]`` input embeddings (rows of ``embed_tokens``)."""
+        return self.backend.embedding(self.embed_tokens, input_ids)
+
     def forward(self, batch: ForwardBatch, kv: KVCache) -> Array:
         """Final hidden states ``[T, H]`` (already normed) for every token of the batch."""
-        hidden = self.backend.embedding(self.embed_tokens, batch.input_ids)
-        residual = None
+        hidden: Array = self.embed(batch.input_ids)
+        residual: Array | None = None
         for layer in self.layers:
             hidden, residual = layer(hidden, residual, batch, kv)
         return self.final_norm(hidden, residual)[0]

@@ -42,10 +42,12 @@ class GatedDeltaNetShape:
 
     @property
     def key_dim(self) -> int:
+        """Query / key features per token, ``Hk * Dk``."""
         return self.num_key_heads * self.key_head_dim
 
     @property
     def value_dim(self) -> int:
+        """Value (and output gate) features per token, ``Hv * Dv``."""
         return self.num_value_heads * self.value_head_dim
 
     @property
@@ -85,7 +87,8 @@ class GatedDeltaNetWeights:
 
 class GatedDeltaNet:
     """One GDN layer; a `Mixer` (``layer(x, batch, kv) -> out``) that reads and updates its rows of
-    ``state`` for the batch's state slots (the KV cache is not used)."""
+    ``state`` for the batch's state slots (the KV cache is not used). Constructing it declares its
+    state arrays in ``state`` (`GatedDeltaNetShape.state_arrays`)."""
 
     def __init__(
         self, backend: Backend, weights: GatedDeltaNetWeights, shape: GatedDeltaNetShape, *, layer_index: int,

@@ -61,7 +61,7 @@ class Mamba2Shape:
         """Rows of in_proj: z (I), then x/B/C (conv_dim), then dt (Hm)."""
         return self.inner_size + self.conv_dim + self.num_heads
 
-    def state_specs(self) -> dict[str, StateArraySpec]:
+    def state_arrays(self) -> dict[str, StateArraySpec]:
         """The per-slot state: ``conv [conv_dim, K - 1]`` (activation dtype), ``ssm [Hm, P, N]`` (float32)."""
         return {
             "conv": StateArraySpec((self.conv_dim, self.conv_kernel - 1)),
@@ -89,8 +89,9 @@ class Mamba2Weights:
 class Mamba2Mixer:
     """The Mamba-2 token mixer of one layer, called as ``mixer(x [T, H], batch, kv) -> [T, H]``.
 
-    Its state rows are ``state.arrays(layer_index)`` (declared by `declare_state` at load). Pure
-    decode batches take the single-step update (`mamba2_decode`), every other batch the chunked scan.
+    Constructing it declares its state arrays in ``state`` (`Mamba2Shape.state_arrays`, before the
+    engine allocates the state); its rows are ``state.arrays(layer_index)``. Pure decode batches take
+    the single-step update (`mamba2_decode`), every other batch the chunked scan.
     """
 
     def __init__(
@@ -98,11 +99,7 @@ class Mamba2Mixer:
     ) -> None:
         self.backend, self.weights, self.shape = backend, weights, shape
         self.layer_index, self.state = layer_index, state
-
-    @staticmethod
-    def declare_state(state: RecurrentState, layer_index: int, shape: Mamba2Shape) -> None:
-        """Declare layer ``layer_index``'s conv and SSM state arrays in ``state``."""
-        state.add_layer(layer_index, **shape.state_specs())
+        state.add_layer(layer_index, **shape.state_arrays())
 
     def __call__(self, x: Array, batch: ForwardBatch, kv: KVCache) -> Array:
         backend, w, s = self.backend, self.weights, self.shape

@@ -101,7 +101,7 @@ class MultiHeadLatentAttention:
         tokens = x.shape[0]
         fused = backend.linear(x, w.fused_in, w.fused_in_bias)
         q_part, kv_part = fused[:, : s.fused_q_width], fused[:, s.fused_q_width :]
-        if w.q_b is not None:
+        if w.q_b is not None and w.q_a_norm is not None:  # both or neither (checked in __init__)
             q_part = backend.linear(w.q_a_norm(q_part)[0], w.q_b)
         q = q_part.reshape(tokens, s.heads, s.nope_dim + s.rope_dim)
         q_nope, q_rope = q[:, :, : s.nope_dim], q[:, :, s.nope_dim :]

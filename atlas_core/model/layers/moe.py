@@ -135,10 +135,12 @@ class RoutedExperts:
 
     @property
     def num_experts(self) -> int:
+        """E, the number of routed experts."""
         return int(self.w_in.shape[0])
 
     @property
     def gated(self) -> bool:
+        """Whether ``w_in`` holds gate and up rows (``[E, 2I, H]``) rather than up rows only."""
         return self.activation in GATED_ACTIVATIONS
 
     def __call__(self, x: Array, weights: Array, ids: Array) -> Array:
@@ -204,18 +206,21 @@ def load_moe(
 ) -> MoEFeedForward:
     """A `MoEFeedForward` from the checkpoint tensors under ``prefix`` (e.g. ``"model.layers.3.mlp."``):
     the router ``{prefix}{router}``, the experts under ``{prefix}{experts}`` (`read_experts`), the
-    optional ``{prefix}{correction_bias}`` (kept in float32) and ``{prefix}{shared_expert_gate}``.
-    ``shared_expert`` is built by the caller (its form differs between families)."""
-    backend = loader.backend
+    optional ``{prefix}{correction_bias}`` (kept in float32) and ``{prefix}{shared_expert_gate}``; expert
+    tensors whose shapes do not fit ``activation`` raise `ModelLoadError` naming them.
+    ``shared_expert`` is built by the caller (its form differs between families). The block and its
+    experts are the loader's registered ``moe`` and ``routed_experts`` layer types."""
     w_in, w_out = read_experts(loader, prefix + experts, spec.num_experts, names)
-    return MoEFeedForward(
-        backend,
+    try:
+        routed = loader.layer_type("routed_experts").upload(loader.backend, w_in, w_out, activation)
+    except ValueError as exc:
+        raise ModelLoadError(f"{loader.origin}: {prefix}{experts.rstrip('.')}: {exc}") from exc
+    return loader.layer_type("moe")(
+        loader.backend,
         loader.upload(prefix + router),
-        RoutedExperts.upload(backend, w_in, w_out, activation),
+        routed,
         spec,
-        correction_bias=None if correction_bias is None else backend.from_numpy(
-            loader.tensor(prefix + correction_bias), dtype=np.dtype(np.float32)
-        ),
+        correction_bias=None if correction_bias is None else loader.upload_float32(loader.tensor(prefix + correction_bias)),
         shared_expert=shared_expert,
         shared_expert_gate=None if shared_expert_gate is None else loader.upload(prefix + shared_expert_gate),
     )

@@ -19,23 +19,21 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import numpy as np
-from tqdm.auto import tqdm
 
-from atlas_core.backends.base import Array
 from atlas_core.engine.kv_cache import LatentKVLayout
 from atlas_core.errors import ModelLoadError, UnsupportedArchitectureError
-from atlas_core.model.layers.mla import MLAWeights, MultiHeadLatentAttention, deinterleave_rope_rows, split_kv_b
-from atlas_core.model.layers.moe import MoEFeedForward, RoutedExperts, read_experts
+from atlas_core.model.layers.mla import MLAWeights, deinterleave_rope_rows, split_kv_b
+from atlas_core.model.layers.moe import MoEFeedForward, load_moe
 from atlas_core.model.loader import ModelWeightLoader
-from atlas_core.model.transformer import PreNormDecoderLayer, TransformerModel
+from atlas_core.model.transformer import TransformerModel
 from atlas_model_deepseek.spec import DeepseekSpec, Family
 
-# (prefix of the decoder's tensors, name of the LM head) in the layouts checkpoints use
-TEXT_LAYOUTS = (
-    ("model.", "lm_head.weight"),  # causal LM checkpoints
-    ("model.language_model.", "lm_head.weight"),  # vision-language checkpoints saved by transformers 5
-    ("language_model.model.", "language_model.lm_head.weight"),  # original (llava-style) vision-language layout
-)
+TEXT_LAYOUTS = {
+    "model.": "lm_head.weight",  # causal LM checkpoints
+    "model.language_model.": "lm_head.weight",  # vision-language checkpoints saved by transformers 5
+    "language_model.model.": "language_model.lm_head.weight",  # original (llava-style) vision-language layout
+}
+"""Prefix of the decoder's tensors -> name of the LM head, in the layouts checkpoints use."""
 
 
 class DeepseekV3Loader(ModelWeightLoader):
@@ -43,6 +41,8 @@ class DeepseekV3Loader(ModelWeightLoader):
     ``e_score_correction_bias``. Multi-token-prediction layers past ``num_hidden_layers`` are ignored."""
 
     family: ClassVar[Family] = "deepseek_v3"
+    correction_bias: ClassVar[str | None] = "gate.e_score_correction_bias"
+    """The router's selection-only bias under each MoE layer's ``mlp.`` (None: routed without one)."""
 
     def text_config(self) -> dict[str, Any]:
         """The config of the language model (the whole config for a causal LM checkpoint)."""
@@ -50,22 +50,24 @@ class DeepseekV3Loader(ModelWeightLoader):
 
     def build(self) -> TransformerModel:
         spec = DeepseekSpec.from_config(self.text_config(), self.family, origin=f"{self.origin}/config.json")
-        prefix, lm_head_name = self._text_layout()
+        prefix = self.find_prefix(list(TEXT_LAYOUTS), "embed_tokens.weight")
+        lm_head_name = TEXT_LAYOUTS[prefix]
         backend = self.backend
         cos, sin = self.rope_tables(spec.rope, spec.max_position_embeddings)
         table = spec.position_scale_table(self.table_length(spec.max_position_embeddings))
-        position_scale = None if table is None else backend.from_numpy(table, dtype=np.dtype(np.float32))
+        position_scale = None if table is None else self.upload_float32(table)
 
+        attention_type, layer_type = self.layer_type("mla"), self.layer_type("pre_norm_decoder_layer")
         layers = []
-        for i in tqdm(range(spec.num_layers), desc="loading layers", unit="layer", disable=spec.num_layers < 16, leave=False):
+        for i in self.layer_progress(spec.num_layers):
             p = f"{prefix}layers.{i}."
-            attention = MultiHeadLatentAttention(
+            attention = attention_type(
                 backend, self._mla_weights(spec, p + "self_attn."), layer_index=i, shape=spec.mla, rope_cos=cos,
                 rope_sin=sin, scale=spec.softmax_scale, position_scale=position_scale,
             )
-            ffn = self._moe(spec, p + "mlp.") if spec.is_moe_layer(i) else self._mlp(p + "mlp.")
+            ffn = self._moe(spec, p + "mlp.") if spec.is_moe_layer(i) else self.gated_mlp(p + "mlp.")
             layers.append(
-                PreNormDecoderLayer(
+                layer_type(
                     self._norm(p + "input_layernorm.weight", spec), attention,
                     self._norm(p + "post_attention_layernorm.weight", spec), ffn,
                 )
@@ -87,15 +89,8 @@ class DeepseekV3Loader(ModelWeightLoader):
         return spec.tie_word_embeddings
 
     # ---- pieces -------------------------------------------------------------------------------
-    def _text_layout(self) -> tuple[str, str]:
-        for prefix, lm_head in TEXT_LAYOUTS:
-            if prefix + "embed_tokens.weight" in self.source:
-                return prefix, lm_head
-        expected = " or ".join(repr(prefix + "embed_tokens.weight") for prefix, _ in TEXT_LAYOUTS)
-        raise ModelLoadError(f"{self.origin}: no embedding table found (looked for {expected})")
-
     def _norm(self, name: str, spec: DeepseekSpec) -> Any:
-        return self.layer_type("rms_norm")(self.backend, self.upload(name), spec.rms_norm_eps)
+        return self.rms_norm(name, spec.rms_norm_eps)
 
     def _mla_weights(self, spec: DeepseekSpec, a: str) -> MLAWeights:
         shape = spec.mla
@@ -127,43 +122,24 @@ class DeepseekV3Loader(ModelWeightLoader):
             uk, uv = split_kv_b(self.tensor(a + "kv_b_proj.weight"), shape)
         except ValueError as exc:
             raise ModelLoadError(f"{self.origin}: {a}{exc}") from exc
-        weight = self._weight
+        weight = self.upload_arrays
         return MLAWeights(
             fused_in=weight(fused_in),
-            fused_in_bias=None if kv_bias is None else weight(np.concatenate([q_bias, kv_bias])),
+            fused_in_bias=None if kv_bias is None else weight(q_bias, kv_bias),
             kv_a_norm=self._norm(a + "kv_a_layernorm.weight", spec),
             q_b=None if q_b is None else weight(q_b),
             q_a_norm=None if q_b is None else self._norm(a + "q_a_layernorm.weight", spec),
             uk=weight(uk),
             uv=weight(uv),
             o=self.upload(a + "o_proj.weight"),
-            o_bias=self.upload(a + "o_proj.bias") if spec.attention_bias else None,
-        )
-
-    def _weight(self, array: np.ndarray) -> Array:
-        return self.backend.from_numpy(array, weight=True)
-
-    def _mlp(self, m: str) -> Any:
-        """A SwiGLU MLP with Hugging Face names under ``m`` (dense layers and the shared experts)."""
-        return self.layer_type("swiglu_mlp")(
-            self.backend, self.upload(m + "gate_proj.weight", m + "up_proj.weight"), self.upload(m + "down_proj.weight")
+            o_bias=self.optional_upload(spec.attention_bias, a + "o_proj.bias"),
         )
 
     def _moe(self, spec: DeepseekSpec, m: str) -> MoEFeedForward:
-        w_in, w_out = read_experts(self, m + "experts.", spec.router.num_experts)
-        try:
-            experts = RoutedExperts.upload(self.backend, w_in, w_out, "silu")
-        except ValueError as exc:
-            raise ModelLoadError(f"{self.origin}: {m}experts: {exc}") from exc
-        return MoEFeedForward(
-            self.backend, self.upload(m + "gate.weight"), experts, spec.router,
-            correction_bias=self._correction_bias(m + "gate."),
-            shared_expert=self._mlp(m + "shared_experts.") if spec.num_shared_experts else None,
+        return load_moe(
+            self, m, spec.router, correction_bias=self.correction_bias,
+            shared_expert=self.gated_mlp(m + "shared_experts.") if spec.num_shared_experts else None,
         )
-
-    def _correction_bias(self, gate: str) -> Array | None:
-        """DeepSeek-V3's selection-only ``e_score_correction_bias`` (float32)."""
-        return self.backend.from_numpy(self.tensor(gate + "e_score_correction_bias"), dtype=np.dtype(np.float32))
 
 
 class Mistral4Loader(DeepseekV3Loader):
@@ -171,9 +147,7 @@ class Mistral4Loader(DeepseekV3Loader):
     and Llama-4 style position-dependent query scaling."""
 
     family: ClassVar[Family] = "mistral4"
-
-    def _correction_bias(self, gate: str) -> Array | None:
-        return None
+    correction_bias = None
 
 
 class Mistral3Loader(Mistral4Loader):

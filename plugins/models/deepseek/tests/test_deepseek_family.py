@@ -4,7 +4,6 @@ references to each DeepSeek / Mistral 4 detail, engine invariants and bad config
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,13 +16,13 @@ from atlas_core.model.layers.mla import MultiHeadLatentAttention
 from atlas_core.model.layers.mlp import SwiGLUMLP
 from atlas_core.model.layers.moe import MoEFeedForward
 from atlas_core.plugins import load_plugins
-from tests.conftest import reference
-from tests.family_checks import INVARIANCE_SETTINGS, assert_batch_invariant, greedy_alone, max_prompt_logprob_error
+from tests.conftest import TINY, reference
+from tests.family_checks import (
+    GREEDY, INVARIANCE_SETTINGS, assert_batch_invariant, assert_no_leaks, edited_fixture, greedy_alone,
+    max_prompt_logprob_error, mixed_prompts,
+)
 from tests.test_cli_plugins import run_plugins
-from tests.test_engine_batching import GREEDY, mixed_prompts
 from tests.test_model_parity import TOLERANCE
-
-TINY = Path(__file__).parents[4] / "tests" / "fixtures" / "tiny"
 FIXTURES = ("deepseek_v3", "deepseek_v3_no_q_lora", "mistral4", "mistral4_vl")
 
 
@@ -152,34 +151,25 @@ def test_preemption_and_forks_keep_outputs(family_alone: tuple[str, list[list[in
     outputs = llm.generate(prompts, GREEDY)
     assert llm.engine.scheduler.num_preemptions > 0
     assert [o.outputs[0].token_ids for o in outputs] == alone
-    assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
+    assert_no_leaks(llm)
     forks = llm.generate(prompts[1], SamplingParams(n=3, temperature=0, max_tokens=12, ignore_eos=True))[0].outputs
     assert [completion.token_ids for completion in forks] == [alone[1]] * 3
-    assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
-
-
-def _edited_copy(tmp_path: Path, fixture: str, edit: Callable[[dict], None]) -> Path:
-    folder = tmp_path / fixture
-    shutil.copytree(TINY / fixture, folder)
-    config = json.loads((folder / "config.json").read_text())
-    edit(config)
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
+    assert_no_leaks(llm)
 
 
 def test_mistral3_with_another_text_model_is_refused(tmp_path: Path) -> None:
-    folder = _edited_copy(tmp_path, "mistral4_vl", lambda c: c["text_config"].update(model_type="mistral"))
+    folder = edited_fixture(tmp_path, "mistral4_vl", edit=lambda c: c["text_config"].update(model_type="mistral"))
     with pytest.raises(UnsupportedArchitectureError, match="text_config.model_type is 'mistral'"):
         LLM(folder)
 
 
 def test_quantized_checkpoints_are_refused(tmp_path: Path) -> None:
-    folder = _edited_copy(tmp_path, "deepseek_v3", lambda c: c.update(quantization_config={"quant_method": "fp8"}))
+    folder = edited_fixture(tmp_path, "deepseek_v3", {"quantization_config": {"quant_method": "fp8"}})
     with pytest.raises(ModelLoadError, match="quantized \\('fp8'\\).*dequantized"):
         LLM(folder)
 
 
 def test_rope_dims_that_do_not_fit_are_refused(tmp_path: Path) -> None:
-    folder = _edited_copy(tmp_path, "mistral4", lambda c: c["rope_parameters"].update(partial_rotary_factor=0.5))
+    folder = edited_fixture(tmp_path, "mistral4", edit=lambda c: c["rope_parameters"].update(partial_rotary_factor=0.5))
     with pytest.raises(ModelLoadError, match="rotate 12 dims per head but qk_rope_head_dim is 8"):
         LLM(folder)

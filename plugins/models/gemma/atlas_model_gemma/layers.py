@@ -41,8 +41,9 @@ class ParallelMoEDecoderLayer(SandwichDecoderLayer):
 @dataclass
 class Gemma4DecoderLayer:
     """``out = (h + gate(h, per_layer_input)) * layer_scalar`` with ``h`` the sandwich layer's output
-    (no gate term without per-layer inputs). Called with the layer's per-layer input ``[T, P]`` (or
-    None); returns ``(out, None)``: the residual stream is materialised here."""
+    (no gate term without per-layer inputs). A `DecoderLayer` that also takes the layer's per-layer
+    input ``[T, P]`` (None without per-layer inputs); returns ``(out, None)``: the residual stream is
+    materialised here."""
 
     backend: Backend
     block: SandwichDecoderLayer
@@ -50,7 +51,8 @@ class Gemma4DecoderLayer:
     layer_scalar: float
 
     def __call__(
-        self, hidden: Array, residual: Array | None, batch: ForwardBatch, kv: KVCache, per_layer_input: Array | None,
+        self, hidden: Array, residual: Array | None, batch: ForwardBatch, kv: KVCache,
+        per_layer_input: Array | None = None,
     ) -> tuple[Array, None]:
         out, residual = self.block(hidden, residual, batch, kv)
         if self.per_layer_gate is None:

@@ -13,30 +13,30 @@ import numpy as np
 
 from atlas_core.backends.base import Array
 from atlas_core.engine.kv_cache import KVLayout
-from atlas_core.errors import ModelLoadError
-from atlas_core.model.layers.attention import AttentionWeights, SharedKVAttention
-from atlas_core.model.layers.geglu import GeGLUMLP
-from atlas_core.model.layers.moe import MoEFeedForward, RoutedExperts, read_experts
+from atlas_core.model.layers.attention import AttentionWeights
+from atlas_core.model.layers.moe import MoEFeedForward, read_experts
 from atlas_core.model.layers.norm import RMSNorm
-from atlas_core.model.layers.per_layer_inputs import PerLayerInputGate, PerLayerInputs
-from atlas_core.model.layers.sandwich import SandwichDecoderLayer
 from atlas_core.model.loader import ModelWeightLoader
 from atlas_model_gemma.config import FULL, Family, GemmaLayerSpec, GemmaSpec, parse
 from atlas_model_gemma.layers import Gemma4DecoderLayer, ParallelMoEDecoderLayer
 from atlas_model_gemma.model import Gemma4Model, GemmaModel
 
 TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "model.")
-LM_HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
+"""Where the text stack's weights may sit (see the module docstring)."""
+LM_HEAD_PREFIXES = ("", "language_model.")
+"""Where an untied ``lm_head.weight`` may sit."""
 
 
 class GemmaLoader(ModelWeightLoader):
     """The parts Gemma 3 and Gemma 4 share; subclasses set `family` and build their layers."""
 
     family: ClassVar[Family]
+    zero_centred_norms: ClassVar[bool] = True
+    """Whether the checkpoint's RMSNorm weights are ``w`` of a norm scaling by ``1 + w`` (Gemma 3)."""
 
     def build(self) -> GemmaModel:
         self.spec: GemmaSpec = parse(self.source.config, self.family, f"{self.origin}/config.json")
-        self.prefix = self._text_prefix()
+        self.prefix = self.find_prefix(TEXT_PREFIXES, "embed_tokens.weight")
         self._rope_cache: dict[tuple[str, int], tuple[Array, Array]] = {}
         # one KV cache slot per layer that computes its own keys and values; KV-shared layers read their source's
         self.cache_slots: dict[int, int] = {}
@@ -48,9 +48,9 @@ class GemmaLoader(ModelWeightLoader):
         return self.model_class()(
             self.backend,
             embed_tokens=embed,
-            layers=[self.decoder_layer(i, layer) for i, layer in enumerate(self.spec.layers)],
+            layers=[self.decoder_layer(i, self.spec.layers[i]) for i in self.layer_progress(len(self.spec.layers))],
             final_norm=self.norm(self.prefix + "norm.weight"),
-            lm_head=embed if self.spec.tie_word_embeddings else self.upload(self._lm_head_name()),
+            lm_head=embed if self.spec.tie_word_embeddings else self._lm_head(),
             kv_layouts=[KVLayout(layer.num_kv_heads, layer.head_dim) for layer in owners],
             vocab_size=int(self.spec["vocab_size"]),
             max_position_embeddings=int(self.spec["max_position_embeddings"]),
@@ -61,6 +61,7 @@ class GemmaLoader(ModelWeightLoader):
 
     # ---- hooks -----------------------------------------------------------------------------------
     def model_class(self) -> type[GemmaModel]:
+        """The model class `build` instantiates."""
         return GemmaModel
 
     def model_extras(self) -> dict[str, Any]:
@@ -71,26 +72,21 @@ class GemmaLoader(ModelWeightLoader):
         """Gemma 3's layer: the sandwich layer as is."""
         return self.sandwich_layer(i, layer)
 
-    def norm_weight(self, name: str) -> np.ndarray:
-        """Gemma 3 scales by ``1 + w``: the 1 is added here, once."""
-        return self.tensor(name).astype(np.float32) + 1.0
-
     # ---- shared parts ----------------------------------------------------------------------------
     def norm(self, name: str) -> RMSNorm:
-        weight = self.backend.from_numpy(self.norm_weight(name), weight=True)
-        return self.layer_type("rms_norm")(self.backend, weight, float(self.spec["rms_norm_eps"]))
+        """The RMSNorm with checkpoint weight ``name`` (`zero_centred_norms` says how it scales)."""
+        return self.rms_norm(name, float(self.spec["rms_norm_eps"]), zero_centred=self.zero_centred_norms)
 
     def unit_norm(self, width: int) -> RMSNorm:
         """An RMSNorm without a learned scale."""
         weight = self.backend.from_numpy(np.ones(width, dtype=np.float32), weight=True)
         return self.layer_type("rms_norm")(self.backend, weight, float(self.spec["rms_norm_eps"]))
 
-    def sandwich_layer(
-        self, i: int, layer: GemmaLayerSpec, layer_class: type = SandwichDecoderLayer, **extra: Any
-    ) -> Any:
-        """Layer ``i`` as ``layer_class`` (a `SandwichDecoderLayer`), with ``extra`` constructor arguments."""
+    def sandwich_layer(self, i: int, layer: GemmaLayerSpec, layer_class: type | None = None, **extra: Any) -> Any:
+        """Layer ``i`` as ``layer_class`` (a `SandwichDecoderLayer` subclass; None: the registered
+        ``sandwich_decoder_layer``), with ``extra`` constructor arguments."""
         p = f"{self.prefix}layers.{i}."
-        return layer_class(
+        return (layer_class or self.layer_type("sandwich_decoder_layer"))(
             input_norm=self.norm(p + "input_layernorm.weight"),
             mixer=self.attention(i, layer),
             post_mixer_norm=self.norm(p + "post_attention_layernorm.weight"),
@@ -100,13 +96,13 @@ class GemmaLoader(ModelWeightLoader):
             **extra,
         )
 
-    def mlp(self, prefix: str) -> GeGLUMLP:
-        return GeGLUMLP(
-            self.backend, self.upload(prefix + "gate_proj.weight", prefix + "up_proj.weight"),
-            self.upload(prefix + "down_proj.weight"),
-        )
+    def mlp(self, prefix: str) -> Any:
+        """The dense GeGLU feed-forward under ``prefix``."""
+        return self.gated_mlp(prefix, layer="geglu_mlp")
 
     def attention(self, i: int, layer: GemmaLayerSpec) -> Any:
+        """Layer ``i``'s attention: its own keys and values (``attention``), or, in a KV-shared layer,
+        queries over the cache slot of its ``kv_source`` layer (``shared_kv_attention``)."""
         a = f"{self.prefix}layers.{i}.self_attn."
         bias = bool(self.spec["attention_bias"])
         shared = layer.kv_source != i
@@ -117,15 +113,15 @@ class GemmaLoader(ModelWeightLoader):
         weights = AttentionWeights(
             qkv=self.upload(*(f"{a}{n}_proj.weight" for n in projections)),
             o=self.upload(a + "o_proj.weight"),
-            qkv_bias=self.upload(*(f"{a}{n}_proj.bias" for n in projections)) if bias else None,
-            o_bias=self.upload(a + "o_proj.bias") if bias else None,
+            qkv_bias=self.optional_upload(bias, *(f"{a}{n}_proj.bias" for n in projections)),
+            o_bias=self.optional_upload(bias, a + "o_proj.bias"),
             q_norm=self.norm(a + "q_norm.weight"),
             k_norm=None if shared else self.norm(a + "k_norm.weight"),
             v_norm=self.unit_norm(layer.head_dim) if self.family == "gemma4" and not shared else None,
             values_from_keys=values_from_keys,
         )
         cos, sin = self._rope_tables(layer)
-        attention_class = SharedKVAttention if shared else self.layer_type("attention")
+        attention_class = self.layer_type("shared_kv_attention" if shared else "attention")
         return attention_class(
             self.backend, weights, layer_index=self.cache_slots[layer.kv_source],
             num_heads=int(self.spec["num_attention_heads"]), num_kv_heads=layer.num_kv_heads, head_dim=layer.head_dim,
@@ -138,23 +134,9 @@ class GemmaLoader(ModelWeightLoader):
             self._rope_cache[key] = self.rope_tables(layer.rope, int(self.spec["max_position_embeddings"]))
         return self._rope_cache[key]
 
-    def _text_prefix(self) -> str:
-        for prefix in TEXT_PREFIXES:
-            if prefix + "embed_tokens.weight" in self.source:
-                return prefix
-        raise ModelLoadError(
-            f"{self.origin}: no text-model embedding found (looked for "
-            f"{', '.join(p + 'embed_tokens.weight' for p in TEXT_PREFIXES)})"
-        )
-
-    def _lm_head_name(self) -> str:
-        for name in LM_HEAD_NAMES:
-            if name in self.source:
-                return name
-        raise ModelLoadError(
-            f"{self.origin}: tie_word_embeddings is false but the checkpoint has no output projection "
-            f"({' or '.join(LM_HEAD_NAMES)})"
-        )
+    def _lm_head(self) -> Array:
+        """The untied output projection (tie_word_embeddings is false)."""
+        return self.upload(self.find_prefix(LM_HEAD_PREFIXES, "lm_head.weight") + "lm_head.weight")
 
 
 class Gemma3Loader(GemmaLoader):
@@ -168,9 +150,7 @@ class Gemma4Loader(GemmaLoader):
     (Gemma4ForConditionalGeneration). Norms scale by ``w`` (not ``1 + w``)."""
 
     family = "gemma4"
-
-    def norm_weight(self, name: str) -> np.ndarray:
-        return self.tensor(name)
+    zero_centred_norms = False
 
     def model_class(self) -> type[GemmaModel]:
         return Gemma4Model
@@ -179,7 +159,7 @@ class Gemma4Loader(GemmaLoader):
         size, num_layers = self.spec.per_layer_input_size, len(self.spec.layers)
         if not size:
             return {"per_layer_inputs": None}
-        inputs = PerLayerInputs(
+        inputs = self.layer_type("per_layer_inputs")(
             self.backend, self.upload(self.prefix + "embed_tokens_per_layer.weight"),
             self.upload(self.prefix + "per_layer_model_projection.weight"),
             self.norm(self.prefix + "per_layer_projection_norm.weight"), num_layers=num_layers, size=size,
@@ -199,7 +179,7 @@ class Gemma4Loader(GemmaLoader):
             )
         gate = None
         if self.spec.per_layer_input_size:
-            gate = PerLayerInputGate(
+            gate = self.layer_type("per_layer_input_gate")(
                 self.backend, self.upload(p + "per_layer_input_gate.weight"),
                 self.upload(p + "per_layer_projection.weight"), self.norm(p + "post_per_layer_input_norm.weight"),
             )
@@ -212,11 +192,12 @@ class Gemma4Loader(GemmaLoader):
         folded into the router weight's columns and ``per_expert_scale[e]`` into expert e's output
         projection (both exact rescalings of linear maps)."""
         spec = self.spec.router
+        assert spec is not None  # called only for MoE configs
         hidden = int(self.spec["hidden_size"])
         input_scale = self.tensor(p + "router.scale").astype(np.float32) * np.float32(hidden**-0.5)
         router = self.tensor(p + "router.proj.weight").astype(np.float32) * input_scale[None, :]
         w_in, w_out = read_experts(self, p + "experts.", spec.num_experts)
         expert_scale = self.tensor(p + "router.per_expert_scale").astype(np.float32)
         w_out = w_out.astype(np.float32) * expert_scale[:, None, None]
-        experts = RoutedExperts.upload(self.backend, w_in, w_out, "gelu_tanh")
-        return MoEFeedForward(self.backend, self.backend.from_numpy(router, weight=True), experts, spec)
+        experts = self.layer_type("routed_experts").upload(self.backend, w_in, w_out, "gelu_tanh")
+        return self.layer_type("moe")(self.backend, self.upload_arrays(router), experts, spec)

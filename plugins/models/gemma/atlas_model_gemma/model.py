@@ -3,13 +3,14 @@ and (Gemma 4) per-layer inputs handed to every decoder layer."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from atlas_core.backends.base import Array, Backend
 from atlas_core.engine.forward_batch import ForwardBatch
 from atlas_core.engine.kv_cache import KVCache
 from atlas_core.model.layers.per_layer_inputs import PerLayerInputs, in_activation_dtype
 from atlas_core.model.transformer import TransformerModel
+from atlas_model_gemma.layers import Gemma4DecoderLayer
 
 
 class GemmaModel(TransformerModel):
@@ -25,13 +26,7 @@ class GemmaModel(TransformerModel):
 
     def embed(self, input_ids: Array) -> Array:
         """``[T]`` token ids -> scaled ``[T, H]`` input embeddings."""
-        return self.backend.scale(self.backend.embedding(self.embed_tokens, input_ids), self.embed_scale)
-
-    def forward(self, batch: ForwardBatch, kv: KVCache) -> Array:
-        hidden, residual = self.embed(batch.input_ids), None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, batch, kv)
-        return self.final_norm(hidden, residual)[0]
+        return self.backend.scale(super().embed(input_ids), self.embed_scale)
 
     def compute_logits(self, hidden: Array) -> Array:
         logits = super().compute_logits(hidden)
@@ -49,6 +44,6 @@ class Gemma4Model(GemmaModel):
     def forward(self, batch: ForwardBatch, kv: KVCache) -> Array:
         hidden, residual = self.embed(batch.input_ids), None
         inputs = None if self.per_layer_inputs is None else self.per_layer_inputs(batch.input_ids, hidden)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(cast("list[Gemma4DecoderLayer]", self.layers)):
             hidden, residual = layer(hidden, residual, batch, kv, None if inputs is None else inputs[:, i])
         return self.final_norm(hidden, residual)[0]

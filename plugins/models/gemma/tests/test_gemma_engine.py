@@ -9,7 +9,7 @@ import pytest
 
 from atlas_core import LLM, SamplingParams
 from tests.conftest import TINY, reference
-from tests.test_engine_batching import GREEDY, mixed_prompts
+from tests.family_checks import assert_batch_invariant, greedy_alone, mixed_prompts
 
 MODELS = ["gemma3", "gemma4", "gemma4_moe"]
 
@@ -20,11 +20,15 @@ def model_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def alone(model_name: str) -> dict[int, list[int]]:
-    """Each prompt's greedy tokens when it runs alone, without prefix caching, in one prefill step."""
-    llm = LLM(TINY / model_name, backend="numpy", enable_prefix_caching=False)
-    prompts = mixed_prompts(llm.loaded.model.vocab_size)
-    return {i: llm.generate(prompt, GREEDY)[0].outputs[0].token_ids for i, prompt in enumerate(prompts)}
+def alone(model_name: str) -> list[list[int]]:
+    """Each of the 18 `mixed_prompts`' greedy tokens when it runs alone, without prefix caching, in one
+    prefill step."""
+    return greedy_alone(TINY / model_name, count=18, backend="numpy")
+
+
+def test_most_prompts_outrun_the_window(model_name: str) -> None:
+    prompts = mixed_prompts(LLM(TINY / model_name, backend="numpy").loaded.model.vocab_size)
+    assert sum(len(p) > 8 for p in prompts) >= len(prompts) // 2
 
 
 @pytest.mark.parametrize(
@@ -37,18 +41,8 @@ def alone(model_name: str) -> dict[int, list[int]]:
     ],
     ids=["batched", "prefix-cache-small-blocks", "chunks-of-3", "budget-11-window-sized-blocks"],
 )
-def test_greedy_tokens_are_batch_invariant(model_name: str, alone: dict[int, list[int]], settings: dict) -> None:
-    llm = LLM(TINY / model_name, backend="numpy", **settings)
-    prompts = mixed_prompts(llm.loaded.model.vocab_size)
-    assert sum(len(p) > 8 for p in prompts) >= len(prompts) // 2  # most prompts outrun the window
-    runs = 2 if settings["enable_prefix_caching"] else 1  # the second run hits the cache the first filled
-    for _ in range(runs):
-        outputs = llm.generate(prompts, GREEDY)
-        for i, output in enumerate(outputs):
-            assert output.outputs[0].token_ids == alone[i], f"prompt {i} ({len(prompts[i])} tokens)"
-        assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
-    if settings["enable_prefix_caching"]:
-        assert sum(o.num_cached_tokens for o in outputs) > 0
+def test_greedy_tokens_are_batch_invariant(model_name: str, alone: list[list[int]], settings: dict) -> None:
+    assert_batch_invariant(TINY / model_name, alone, settings, backend="numpy")
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 7, 8, 9, 13])

@@ -5,7 +5,6 @@ config keys, and clear refusals. Logit parity on the fixtures is `tests/test_mod
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +17,15 @@ from atlas_core import LLM
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.attention import SharedKVAttention
 from atlas_core.plugins import load_plugins
+from tests.conftest import TINY
+from tests.family_checks import edited_fixture, max_prompt_logprob_error
 from tests.test_cli_plugins import by_distribution, run_plugins
-from tests.test_model_parity import TOLERANCE, full_prompt_logprobs
-
-TINY = Path(__file__).parents[4] / "tests" / "fixtures" / "tiny"
+from tests.test_model_parity import TOLERANCE
 
 
 def assert_matches_reference(folder: Path, fixture: str) -> None:
-    llm = LLM(folder, backend="numpy")
-    with np.load(TINY / fixture / "reference.npz") as ref:
-        for i in range(4):
-            got = full_prompt_logprobs(llm, ref[f"prompt_{i}"].tolist())
-            want = ref[f"logprobs_{i}"]
-            np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0, err_msg=f"{folder.name} prompt {i}")
+    """The checkpoint in ``folder`` gives fixture ``fixture``'s reference log-probs at every prompt position."""
+    assert max_prompt_logprob_error(LLM(folder, backend="numpy"), fixture) <= TOLERANCE, folder.name
 
 
 def rewrite(fixture: str, folder: Path, config: dict[str, Any], rename: Any = None) -> Path:
@@ -154,10 +149,7 @@ def test_sparse_vision_language_config_takes_transformers_defaults() -> None:
 # ---- refusals -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("fixture", "value"), [("gemma3", True), ("gemma4", "all")])
 def test_bidirectional_checkpoints_are_refused(tmp_path: Path, fixture: str, value: Any) -> None:
-    folder = tmp_path / fixture
-    shutil.copytree(TINY / fixture, folder)
-    config = config_of(fixture) | {"use_bidirectional_attention": value}
-    (folder / "config.json").write_text(json.dumps(config))
+    folder = edited_fixture(tmp_path, fixture, {"use_bidirectional_attention": value})
     with pytest.raises(ModelLoadError, match="use_bidirectional_attention.*causal decoders only"):
         LLM(folder, backend="numpy")
 

@@ -36,10 +36,14 @@ class AllHeadsRMSNorm:
 
 
 class MiniMaxM2Loader(DenseDecoderLoader):
+    """``minimax_m2``: the dense decoder with a MoE feed-forward in every layer (`feed_forward`) and
+    q/k norms over all heads at once (`AllHeadsRMSNorm`, put in place after `build`)."""
+
     spec_overrides = {"qk_norm": True}
 
     @property
     def config(self) -> dict[str, Any]:
+        """The checkpoint's config.json."""
         return self.source.config
 
     def spec(self) -> DecoderSpec:
@@ -68,6 +72,7 @@ class MiniMaxM2Loader(DenseDecoderLoader):
         return RopeSpec.from_config(config, head_dim)
 
     def router_spec(self) -> RouterSpec:
+        """Sigmoid scores, top ``num_experts_per_tok`` renormalised."""
         return router_spec_from_config(
             self.config, f"{self.origin}/config.json", scoring="sigmoid", normalize_top_k=True
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +16,13 @@ from atlas_core import LLM
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.moe import MoEFeedForward
 from atlas_core.plugins import load_plugins
-from tests.family_checks import INVARIANCE_SETTINGS, assert_batch_invariant, greedy_alone, max_prompt_logprob_error
+from tests.conftest import TINY
+from tests.family_checks import (
+    INVARIANCE_SETTINGS, assert_batch_invariant, edited_fixture, greedy_alone, max_prompt_logprob_error,
+)
 from tests.test_cli_plugins import run_plugins
 from tests.test_model_parity import TOLERANCE
 
-TINY = Path(__file__).parents[4] / "tests" / "fixtures" / "tiny"
 FIXTURE = TINY / "minimax_m2"
 
 
@@ -31,10 +32,7 @@ def moe_blocks(llm: LLM) -> list[MoEFeedForward]:
 
 def edited_copy(tmp_path: Path, config_changes: dict, drop_tensor: str | None = None) -> Path:
     """The fixture with ``config_changes`` merged into its config and, optionally, one tensor removed."""
-    folder = tmp_path / "minimax_m2"
-    shutil.copytree(FIXTURE, folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(config | config_changes))
+    folder = edited_fixture(tmp_path, FIXTURE.name, config_changes)
     if drop_tensor is not None:
         tensors = load_file(folder / "model.safetensors")
         del tensors[drop_tensor]

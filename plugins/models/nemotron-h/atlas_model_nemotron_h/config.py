@@ -59,6 +59,8 @@ class NemotronHSpec:
 
     @classmethod
     def from_config(cls, config: dict[str, Any], origin: str = "config.json") -> NemotronHSpec:
+        """The spec of a ``nemotron_h`` config; anything unsupported or inconsistent raises
+        `ModelLoadError` naming ``origin`` and the key."""
         kinds = layer_kinds(config, origin)
         for key, want in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
             if config.get(key, want) != want:

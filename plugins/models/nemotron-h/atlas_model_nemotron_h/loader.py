@@ -12,13 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from atlas_core.backends.base import Array
 from atlas_core.engine.kv_cache import KVLayout
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.attention import AttentionWeights
-from atlas_core.model.layers.mamba2 import Mamba2Mixer, Mamba2Weights
-from atlas_core.model.layers.moe import NON_GATED_EXPERT_NAMES, MoEFeedForward, RoutedExperts, read_experts
-from atlas_core.model.layers.relu2_mlp import SquaredReLUMLP
+from atlas_core.model.layers.mamba2 import Mamba2Weights
+from atlas_core.model.layers.moe import NON_GATED_EXPERT_NAMES, read_experts
 from atlas_core.model.loader import ModelWeightLoader
 from atlas_core.model.recurrent_state import RecurrentState
 from atlas_core.model.transformer import TransformerModel
@@ -26,7 +24,6 @@ from atlas_core.model.transformer import TransformerModel
 from atlas_model_nemotron_h.blocks import LatentMoE, PreNormBlock
 from atlas_model_nemotron_h.config import NemotronHSpec
 
-F32 = np.dtype(np.float32)
 PREFIXES = ("backbone.", "model.")
 
 
@@ -35,13 +32,12 @@ class NemotronHLoader(ModelWeightLoader):
 
     def build(self) -> TransformerModel:
         spec = NemotronHSpec.from_config(self.source.config, origin=f"{self.origin}/config.json")
-        prefix = self._prefix()
-        norm_type = self.layer_type("rms_norm")
+        prefix = self.find_prefix(PREFIXES, "embeddings.weight")
         state = RecurrentState() if "mamba" in spec.layer_kinds else None
         kv_layouts: list[KVLayout] = []
         layers = []
-        for i, kind in enumerate(spec.layer_kinds):
-            p = f"{prefix}layers.{i}."
+        for i in self.layer_progress(len(spec.layer_kinds)):
+            kind, p = spec.layer_kinds[i], f"{prefix}layers.{i}."
             if kind == "mamba":
                 assert state is not None
                 mixer: Any = self._mamba(spec, p + "mixer.", i, state)
@@ -52,7 +48,7 @@ class NemotronHLoader(ModelWeightLoader):
                 mixer = self._mlp(p + "mixer.", spec.mlp_bias)
             else:
                 mixer = self._moe(spec, p + "mixer.")
-            norm = norm_type(self.backend, self.upload(p + "norm.weight"), spec.norm_eps)
+            norm = self.rms_norm(p + "norm.weight", spec.norm_eps)
             layers.append(PreNormBlock(norm, mixer, mixes_tokens=kind in ("mamba", "attention")))
 
         embed = self.upload(prefix + "embeddings.weight")
@@ -60,7 +56,7 @@ class NemotronHLoader(ModelWeightLoader):
             self.backend,
             embed_tokens=embed,
             layers=layers,
-            final_norm=norm_type(self.backend, self.upload(prefix + "norm_f.weight"), spec.norm_eps),
+            final_norm=self.rms_norm(prefix + "norm_f.weight", spec.norm_eps),
             lm_head=embed if spec.tie_word_embeddings else self.upload("lm_head.weight"),
             kv_layouts=kv_layouts,
             vocab_size=spec.vocab_size,
@@ -68,48 +64,29 @@ class NemotronHLoader(ModelWeightLoader):
             recurrent_state=state,
         )
 
-    def _prefix(self) -> str:
-        for prefix in PREFIXES:
-            if prefix + "embeddings.weight" in self.source:
-                return prefix
-        raise ModelLoadError(
-            f"{self.origin}: no Nemotron-H embedding weight ({' or '.join(p + 'embeddings.weight' for p in PREFIXES)})"
-        )
-
-    def _optional(self, flag: bool, name: str) -> Array | None:
-        return self.upload(name) if flag else None
-
-    def _float32(self, array: np.ndarray) -> Array:
-        return self.backend.from_numpy(np.asarray(array, dtype=F32), dtype=F32)
-
-    def _mamba(self, spec: NemotronHSpec, m: str, layer: int, state: RecurrentState) -> Mamba2Mixer:
+    def _mamba(self, spec: NemotronHSpec, m: str, layer: int, state: RecurrentState) -> Any:
         shape = spec.mamba
         in_proj = self.tensor(m + "in_proj.weight")
         conv = self.tensor(m + "conv1d.weight")
-        expected = {
-            "in_proj.weight": (shape.in_proj_size, spec.hidden_size), "conv1d.weight": (shape.conv_dim, 1, shape.conv_kernel),
-        }
-        for name, array in (("in_proj.weight", in_proj), ("conv1d.weight", conv)):
-            if tuple(array.shape) != expected[name]:
-                raise ModelLoadError(
-                    f"{self.origin}: {m}{name} has shape {tuple(array.shape)}, but the config (mamba_num_heads "
-                    f"{shape.num_heads}, mamba_head_dim {shape.head_dim}, n_groups {shape.n_groups}, ssm_state_size "
-                    f"{shape.state_size}, conv_kernel {shape.conv_kernel}) implies {expected[name]}"
-                )
+        config_sizes = (
+            f"the config (mamba_num_heads {shape.num_heads}, mamba_head_dim {shape.head_dim}, n_groups "
+            f"{shape.n_groups}, ssm_state_size {shape.state_size}, conv_kernel {shape.conv_kernel})"
+        )
+        self.check_shape(m + "in_proj.weight", in_proj.shape, (shape.in_proj_size, spec.hidden_size), config_sizes)
+        self.check_shape(m + "conv1d.weight", conv.shape, (shape.conv_dim, 1, shape.conv_kernel), config_sizes)
         weights = Mamba2Weights(
-            in_proj=self.backend.from_numpy(in_proj, weight=True),
-            conv=self.backend.from_numpy(conv.reshape(shape.conv_dim, shape.conv_kernel), weight=True),
-            A=self._float32(-np.exp(self.tensor(m + "A_log").astype(F32))),
-            D=self._float32(self.tensor(m + "D")),
-            dt_bias=self._float32(self.tensor(m + "dt_bias")),
+            in_proj=self.upload_arrays(in_proj),
+            conv=self.upload_arrays(conv.reshape(shape.conv_dim, shape.conv_kernel)),
+            A=self.upload_float32(-np.exp(self.tensor(m + "A_log").astype(np.float32))),
+            D=self.upload_float32(self.tensor(m + "D")),
+            dt_bias=self.upload_float32(self.tensor(m + "dt_bias")),
             norm=self.upload(m + "norm.weight"),
             out_proj=self.upload(m + "out_proj.weight"),
-            in_proj_bias=self._optional(spec.mamba_bias, m + "in_proj.bias"),
-            conv_bias=self._optional(spec.conv_bias, m + "conv1d.bias"),
-            out_proj_bias=self._optional(spec.mamba_bias, m + "out_proj.bias"),
+            in_proj_bias=self.optional_upload(spec.mamba_bias, m + "in_proj.bias"),
+            conv_bias=self.optional_upload(spec.conv_bias, m + "conv1d.bias"),
+            out_proj_bias=self.optional_upload(spec.mamba_bias, m + "out_proj.bias"),
         )
-        Mamba2Mixer.declare_state(state, layer, shape)
-        return Mamba2Mixer(self.backend, weights, shape, layer_index=layer, state=state)
+        return self.layer_type("mamba2")(self.backend, weights, shape, layer_index=layer, state=state)
 
     def _attention(self, spec: NemotronHSpec, a: str, cache_index: int) -> Any:
         weights = AttentionWeights(
@@ -121,10 +98,10 @@ class NemotronHLoader(ModelWeightLoader):
             head_dim=spec.head_dim, rope_cos=None, rope_sin=None,  # no RoPE in Nemotron-H
         )
 
-    def _mlp(self, m: str, bias: bool) -> SquaredReLUMLP:
-        return SquaredReLUMLP(
+    def _mlp(self, m: str, bias: bool) -> Any:
+        return self.layer_type("relu2_mlp")(
             self.backend, self.upload(m + "up_proj.weight"), self.upload(m + "down_proj.weight"),
-            self._optional(bias, m + "up_proj.bias"), self._optional(bias, m + "down_proj.bias"),
+            self.optional_upload(bias, m + "up_proj.bias"), self.optional_upload(bias, m + "down_proj.bias"),
         )
 
     def _moe(self, spec: NemotronHSpec, m: str) -> Any:
@@ -138,14 +115,16 @@ class NemotronHLoader(ModelWeightLoader):
                 f"(moe_intermediate_size {settings.intermediate_size}, width {width}) implies "
                 f"[E, {settings.intermediate_size}, {width}] / [E, {width}, {settings.intermediate_size}]"
             )
-        experts = RoutedExperts.upload(self.backend, w_in, w_out, "relu2")
+        experts = self.layer_type("routed_experts").upload(self.backend, w_in, w_out, "relu2")
         shared = self._mlp(m + "shared_experts.", spec.mlp_bias)
         router = self.upload(m + "gate.weight")
-        bias = self._float32(self.tensor(m + "gate.e_score_correction_bias"))
+        bias = self.upload_float32(self.tensor(m + "gate.e_score_correction_bias"))
+        moe_type = self.layer_type("moe")
         if settings.latent_size is None:
-            return MoEFeedForward(self.backend, router, experts, settings.router, correction_bias=bias, shared_expert=shared)
-        moe = MoEFeedForward(self.backend, router, experts, settings.router, correction_bias=bias)
+            return moe_type(self.backend, router, experts, settings.router, correction_bias=bias, shared_expert=shared)
+        moe = moe_type(self.backend, router, experts, settings.router, correction_bias=bias)
         return LatentMoE(
             self.backend, moe, shared, self.upload(m + "fc1_latent_proj.weight"), self.upload(m + "fc2_latent_proj.weight"),
-            self._optional(spec.mlp_bias, m + "fc1_latent_proj.bias"), self._optional(spec.mlp_bias, m + "fc2_latent_proj.bias"),
+            self.optional_upload(spec.mlp_bias, m + "fc1_latent_proj.bias"),
+            self.optional_upload(spec.mlp_bias, m + "fc2_latent_proj.bias"),
         )

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,8 @@ from atlas_core.parsing.registry import reasoning_parser_names, tool_parser_name
 from atlas_core.plugins import load_plugins
 from atlas_model_nemotron_h.blocks import LatentMoE
 from atlas_model_nemotron_h.config import NemotronHSpec
-
-TINY = Path(__file__).parents[4] / "tests" / "fixtures" / "tiny"
+from tests.conftest import TINY
+from tests.family_checks import edited_fixture
 
 
 def test_registers_nemotron_h_with_serving_defaults() -> None:
@@ -113,11 +112,7 @@ def test_bad_configs_are_refused_clearly(change: dict[str, Any], message: str) -
 
 
 def test_checkpoint_that_does_not_fit_the_config_names_the_tensor(tmp_path: Path) -> None:
-    folder = tmp_path / "nemotron_h"
-    shutil.copytree(TINY / "nemotron_h", folder)
-    config = json.loads((folder / "config.json").read_text())
-    config["ssm_state_size"] = 32
-    (folder / "config.json").write_text(json.dumps(config))
+    folder = edited_fixture(tmp_path, "nemotron_h", {"ssm_state_size": 32})
     expected = r"backbone\.layers\.0\.mixer\.in_proj\.weight has shape \(200, 64\).*implies \(264, 64\)"
     with pytest.raises(ModelLoadError, match=expected):
         LLM(folder)

@@ -5,22 +5,17 @@ prefix-cache state snapshots)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from atlas_core import LLM, SamplingParams
 from atlas_core.engine.sequence import Sequence
+from tests.conftest import TINY, reference
+from tests.family_checks import GREEDY, assert_batch_invariant, assert_no_leaks, greedy_alone, mixed_prompts
 
-TINY = Path(__file__).parents[4] / "tests" / "fixtures" / "tiny"
 MODEL = TINY / "nemotron_h"
-GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-
-
-def reference() -> dict[str, np.ndarray]:
-    with np.load(MODEL / "reference.npz") as data:
-        return dict(data)
+PROMPTS = mixed_prompts(256, count=14, seed=11, shared_length=33, max_tail_length=69)
+"""Fourteen prompts of 1 to 69 own tokens; every third is prefixed by the same 33 tokens (prefix-cache hits)."""
 
 
 def prompt_rows(llm: LLM, prompt: list[int]) -> list[dict[int, float]]:
@@ -33,13 +28,13 @@ def prompt_rows(llm: LLM, prompt: list[int]) -> list[dict[int, float]]:
 @pytest.fixture(scope="module")
 def one_shot() -> dict[int, list[dict[int, float]]]:
     llm = LLM(MODEL)
-    ref = reference()
+    ref = reference("nemotron_h")
     return {i: prompt_rows(llm, ref[f"prompt_{i}"].tolist()) for i in (2, 3)}
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 16])
 def test_chunked_prefill_gives_the_one_shot_logits(one_shot: dict[int, list[dict[int, float]]], chunk: int) -> None:
-    ref = reference()
+    ref = reference("nemotron_h")
     llm = LLM(MODEL, max_num_batched_tokens=chunk)
     for i in (2, 3):  # 19 and 40 tokens: chunks cross the scan's 16-token chunks at every offset
         prompt = ref[f"prompt_{i}"].tolist()
@@ -53,25 +48,10 @@ def test_chunked_prefill_gives_the_one_shot_logits(one_shot: dict[int, list[dict
         assert output.outputs[0].token_ids == ref[f"greedy_{i}"].tolist(), f"prompt {i}, chunks of {chunk}"
 
 
-def mixed_prompts(count: int = 14, seed: int = 11) -> list[list[int]]:
-    """Prompts of 1 to 70 tokens; every third starts with the same 33 tokens (prefix-cache hits)."""
-    rng = np.random.default_rng(seed)
-    shared = rng.integers(0, 256, 33).tolist()
-    prompts = [rng.integers(0, 256, int(rng.integers(1, 70))).tolist() for _ in range(count)]
-    return [shared + p if i % 3 == 0 else p for i, p in enumerate(prompts)]
-
-
 @pytest.fixture(scope="module")
 def alone() -> list[list[int]]:
     """Each prompt's greedy tokens when it runs by itself (one after another, so slots are reused)."""
-    llm = LLM(MODEL, enable_prefix_caching=False)
-    return [llm.generate(prompt, GREEDY)[0].outputs[0].token_ids for prompt in mixed_prompts()]
-
-
-def assert_nothing_held(llm: LLM) -> None:
-    engine = llm.engine
-    assert engine.state_slots is not None and engine.state_slots.num_free == engine.state_slots.num_slots
-    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    return greedy_alone(MODEL, prompts=PROMPTS)
 
 
 @pytest.mark.parametrize(
@@ -85,13 +65,8 @@ def assert_nothing_held(llm: LLM) -> None:
     ids=["batched", "tiny-chunks", "slots-handed-on", "prefix-cache-snapshots"],
 )
 def test_greedy_tokens_are_batch_invariant(alone: list[list[int]], settings: dict) -> None:
-    llm = LLM(MODEL, **settings)
-    runs = 2 if settings["enable_prefix_caching"] else 1  # the second run starts from the first one's snapshots
-    for _ in range(runs):
-        outputs = llm.generate(mixed_prompts(), GREEDY)
-        for i, output in enumerate(outputs):
-            assert output.outputs[0].token_ids == alone[i], f"prompt {i}"
-        assert_nothing_held(llm)
+    # the second run with prefix caching starts from the first one's state snapshots
+    assert_batch_invariant(MODEL, alone, settings, prompts=PROMPTS)
 
 
 def test_preemption_in_the_middle_of_a_prefill_keeps_outputs(alone: list[list[int]]) -> None:
@@ -114,8 +89,8 @@ def test_preemption_in_the_middle_of_a_prefill_keeps_outputs(alone: list[list[in
         preempt(seq)
 
     scheduler.preempt = recording_preempt  # type: ignore[method-assign]
-    outputs = llm.generate(mixed_prompts(), GREEDY)
+    outputs = llm.generate(PROMPTS, GREEDY)
     assert any(mid_prefill), f"no preemption hit a sequence mid-prefill ({len(mid_prefill)} preemptions)"
     for i, output in enumerate(outputs):
         assert output.outputs[0].token_ids == alone[i], f"prompt {i}"
-    assert_nothing_held(llm)
+    assert_no_leaks(llm)

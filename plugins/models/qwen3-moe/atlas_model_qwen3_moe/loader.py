@@ -19,10 +19,13 @@ from atlas_core.model.spec import DecoderSpec
 
 
 class Qwen3MoeLoader(DenseDecoderLoader):
+    """``qwen3_moe``: Qwen3's dense decoder whose sparse layers (`is_sparse`) have a MoE feed-forward."""
+
     spec_overrides = {"qk_norm": True}
 
     @property
     def config(self) -> dict[str, Any]:
+        """The checkpoint's config.json."""
         return self.source.config
 
     def spec(self) -> DecoderSpec:
@@ -34,6 +37,7 @@ class Qwen3MoeLoader(DenseDecoderLoader):
         return super().spec()
 
     def router_spec(self) -> RouterSpec:
+        """Softmax over the experts, top ``num_experts_per_tok``, renormalised when ``norm_topk_prob``."""
         return router_spec_from_config(
             self.config, f"{self.origin}/config.json", scoring="softmax",
             normalize_top_k=bool(self.config.get("norm_topk_prob", False)),

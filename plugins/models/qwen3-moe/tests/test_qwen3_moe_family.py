@@ -4,8 +4,6 @@ reference to the routing details, batch invariance and bad configs."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +14,12 @@ from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.mlp import SwiGLUMLP
 from atlas_core.model.layers.moe import MoEFeedForward
 from atlas_core.plugins import load_plugins
-from tests.family_checks import INVARIANCE_SETTINGS, assert_batch_invariant, greedy_alone, max_prompt_logprob_error
+from tests.conftest import TINY
+from tests.family_checks import (
+    INVARIANCE_SETTINGS, assert_batch_invariant, edited_fixture, greedy_alone, max_prompt_logprob_error,
+)
 from tests.test_cli_plugins import run_plugins
 from tests.test_model_parity import TOLERANCE
-
-TINY = Path(__file__).parents[4] / "tests" / "fixtures" / "tiny"
 
 
 def moe_blocks(llm: LLM) -> dict[int, MoEFeedForward]:
@@ -90,9 +89,6 @@ def test_greedy_tokens_are_batch_invariant(alone: list[list[int]], settings: dic
 
 
 def test_sliding_window_checkpoints_are_refused(tmp_path: Path) -> None:
-    folder = tmp_path / "qwen3_moe"
-    shutil.copytree(TINY / "qwen3_moe", folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(config | {"use_sliding_window": True, "sliding_window": 16}))
+    folder = edited_fixture(tmp_path, "qwen3_moe", {"use_sliding_window": True, "sliding_window": 16})
     with pytest.raises(ModelLoadError, match="use_sliding_window"):
         LLM(folder)

@@ -12,18 +12,15 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
-from atlas_core.backends.base import Array
 from atlas_core.engine.kv_cache import KVLayout
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.attention import AttentionWeights
-from atlas_core.model.layers.gated_attention import GatedAttention
-from atlas_core.model.layers.gated_delta_net import GatedDeltaNet, GatedDeltaNetWeights
-from atlas_core.model.layers.moe import MoEFeedForward, RoutedExperts, RouterSpec, read_experts
+from atlas_core.model.layers.gated_delta_net import GatedDeltaNetWeights
+from atlas_core.model.layers.moe import MoEFeedForward, RouterSpec, load_moe
 from atlas_core.model.loader import ModelWeightLoader
 from atlas_core.model.recurrent_state import RecurrentState
-from atlas_core.model.transformer import PreNormDecoderLayer, TransformerModel
+from atlas_core.model.transformer import Mixer, TransformerModel
 from atlas_model_qwen3_next.config import LINEAR_ATTENTION, HybridSpec
 from atlas_model_qwen3_next.projections import gdn_in_proj_from_fused, split_gated_query
 
@@ -36,26 +33,25 @@ class Qwen3NextLoader(ModelWeightLoader):
 
     def build(self) -> TransformerModel:
         spec = self.spec = HybridSpec.from_config(self.source.config, f"{self.origin}/config.json")
-        self.prefix = self._text_prefix()
+        self.prefix = self.find_prefix(TEXT_PREFIXES, "embed_tokens.weight")
         decoder = spec.decoder
         self.rope_cos, self.rope_sin = self.rope_tables(decoder.rope, decoder.max_position_embeddings)
         state = RecurrentState()
         kv_layouts: list[KVLayout] = []
         layers = []
-        num_layers = len(spec.layer_types)
-        for i, kind in tqdm(enumerate(spec.layer_types), total=num_layers, desc="loading layers", unit="layer",
-                            disable=num_layers < 16, leave=False):
+        for i in self.layer_progress(len(spec.layer_types)):
             p = f"{self.prefix}layers.{i}."
-            if kind == LINEAR_ATTENTION:
+            if spec.layer_types[i] == LINEAR_ATTENTION:
                 weights = self._gdn_weights(p + "linear_attn.", spec)
-                mixer: Any = GatedDeltaNet(self.backend, weights, spec.gdn, layer_index=i, state=state)
+                mixer: Mixer = self.layer_type("gated_delta_net")(self.backend, weights, spec.gdn, layer_index=i, state=state)
             else:
                 mixer = self._attention(p + "self_attn.", spec, kv_index=len(kv_layouts))
                 kv_layouts.append(KVLayout(decoder.num_kv_heads, decoder.head_dim))
-            ffn = self._moe(p + "mlp.", spec) if i in spec.moe_layers else self._mlp(p + "mlp.")
+            ffn = self._moe(p + "mlp.", spec) if i in spec.moe_layers else self.gated_mlp(p + "mlp.")
             layers.append(
-                PreNormDecoderLayer(self._norm(p + "input_layernorm.weight"), mixer,
-                                    self._norm(p + "post_attention_layernorm.weight"), ffn)
+                self.layer_type("pre_norm_decoder_layer")(
+                    self._norm(p + "input_layernorm.weight"), mixer, self._norm(p + "post_attention_layernorm.weight"), ffn
+                )
             )
         embed = self.upload(self.prefix + "embed_tokens.weight")
         return TransformerModel(
@@ -70,38 +66,19 @@ class Qwen3NextLoader(ModelWeightLoader):
             recurrent_state=state,
         )
 
-    def _text_prefix(self) -> str:
-        for prefix in TEXT_PREFIXES:
-            if prefix + "embed_tokens.weight" in self.source:
-                return prefix
-        tried = " or ".join(repr(p + "embed_tokens.weight") for p in TEXT_PREFIXES)
-        raise ModelLoadError(f"{self.origin}: the checkpoint has no {tried}; is this a Qwen3-Next / Qwen3.5 checkpoint?")
-
     def _norm(self, name: str) -> Any:
-        """A zero-centred RMSNorm: the checkpoint stores ``w``, the norm scales by ``1 + w``."""
-        weight = self.backend.from_numpy(1.0 + self.tensor(name).astype(np.float32), weight=True)
-        return self.layer_type("rms_norm")(self.backend, weight, self.spec.decoder.rms_norm_eps)
-
-    def _mlp(self, prefix: str) -> Any:
-        return self.layer_type("swiglu_mlp")(
-            self.backend, self.upload(prefix + "gate_proj.weight", prefix + "up_proj.weight"),
-            self.upload(prefix + "down_proj.weight"),
-        )
+        """The family's zero-centred RMSNorm: the checkpoint stores ``w``, the norm scales by ``1 + w``."""
+        return self.rms_norm(name, self.spec.decoder.rms_norm_eps, zero_centred=True)
 
     def _moe(self, prefix: str, spec: HybridSpec) -> MoEFeedForward:
         moe = spec.moe
         assert moe is not None  # moe_layers is empty without a MoESpec
-        w_in, w_out = read_experts(self, prefix + "experts.", moe.num_experts)
-        return MoEFeedForward(
-            self.backend,
-            self.upload(prefix + "gate.weight"),
-            RoutedExperts.upload(self.backend, w_in, w_out, "silu"),
-            RouterSpec(moe.num_experts, moe.top_k, "softmax", normalize_top_k=moe.normalize_top_k),
-            shared_expert=self._mlp(prefix + "shared_expert."),
-            shared_expert_gate=self.upload(prefix + "shared_expert_gate.weight"),
+        return load_moe(
+            self, prefix, RouterSpec(moe.num_experts, moe.top_k, "softmax", normalize_top_k=moe.normalize_top_k),
+            shared_expert=self.gated_mlp(prefix + "shared_expert."), shared_expert_gate="shared_expert_gate.weight",
         )
 
-    def _attention(self, prefix: str, spec: HybridSpec, kv_index: int) -> GatedAttention:
+    def _attention(self, prefix: str, spec: HybridSpec, kv_index: int) -> Any:
         decoder = spec.decoder
         q, gate = self._checked(split_gated_query, prefix + "q_proj.weight", decoder.num_heads, decoder.head_dim)
         rows = [q, self.tensor(prefix + "k_proj.weight"), self.tensor(prefix + "v_proj.weight"), gate]
@@ -110,16 +87,16 @@ class Qwen3NextLoader(ModelWeightLoader):
             heads, dim = decoder.num_heads, decoder.head_dim
             q_bias, gate_bias = self._checked(split_gated_query, prefix + "q_proj.bias", heads, dim)
             k_bias, v_bias = self.tensor(prefix + "k_proj.bias"), self.tensor(prefix + "v_proj.bias")
-            qkv_bias = self._weight(q_bias, k_bias, v_bias, gate_bias)
+            qkv_bias = self.upload_arrays(q_bias, k_bias, v_bias, gate_bias)
         weights = AttentionWeights(
-            qkv=self._weight(*rows),
+            qkv=self.upload_arrays(*rows),
             o=self.upload(prefix + "o_proj.weight"),
             qkv_bias=qkv_bias,
-            o_bias=self.upload(prefix + "o_proj.bias") if decoder.o_bias else None,
+            o_bias=self.optional_upload(decoder.o_bias, prefix + "o_proj.bias"),
             q_norm=self._norm(prefix + "q_norm.weight"),
             k_norm=self._norm(prefix + "k_norm.weight"),
         )
-        return GatedAttention(
+        return self.layer_type("gated_attention")(
             self.backend, weights, layer_index=kv_index, num_heads=decoder.num_heads,
             num_kv_heads=decoder.num_kv_heads, head_dim=decoder.head_dim, rope_cos=self.rope_cos, rope_sin=self.rope_sin,
         )
@@ -132,20 +109,15 @@ class Qwen3NextLoader(ModelWeightLoader):
         else:  # Qwen3.5: one projection each
             in_proj = np.concatenate([self.tensor(prefix + f"in_proj_{part}.weight") for part in ("qkv", "z", "b", "a")])
         conv = self.tensor(prefix + "conv1d.weight")
-        expected = {"input projections": (shape.projection_rows, spec.decoder.hidden_size),
-                    "conv1d.weight": (shape.conv_dim, 1, shape.conv_kernel)}
-        for what, got in (("input projections", in_proj.shape), ("conv1d.weight", conv.shape)):
-            if tuple(got) != expected[what]:
-                raise ModelLoadError(
-                    f"{self.origin}: {prefix.rstrip('.')} {what}: shape {tuple(got)}, "
-                    f"but config.json implies {expected[what]}"
-                )
-        f32 = np.dtype(np.float32)
+        self.check_shape(
+            f"{prefix.rstrip('.')} input projections", in_proj.shape, (shape.projection_rows, spec.decoder.hidden_size)
+        )
+        self.check_shape(prefix + "conv1d.weight", conv.shape, (shape.conv_dim, 1, shape.conv_kernel))
         return GatedDeltaNetWeights(
-            in_proj=self._weight(in_proj),
-            conv=self._weight(conv.reshape(conv.shape[0], -1)),
-            a_log=self.backend.from_numpy(self.tensor(prefix + "A_log"), dtype=f32),
-            dt_bias=self.backend.from_numpy(self.tensor(prefix + "dt_bias"), dtype=f32),
+            in_proj=self.upload_arrays(in_proj),
+            conv=self.upload_arrays(conv.reshape(conv.shape[0], -1)),
+            a_log=self.upload_float32(self.tensor(prefix + "A_log")),
+            dt_bias=self.upload_float32(self.tensor(prefix + "dt_bias")),
             norm=self.upload(prefix + "norm.weight"),
             out_proj=self.upload(prefix + "out_proj.weight"),
         )
@@ -156,7 +128,3 @@ class Qwen3NextLoader(ModelWeightLoader):
             return rearrange(self.tensor(name), *args)
         except ValueError as exc:
             raise ModelLoadError(f"{self.origin}: {name}: {exc}") from exc
-
-    def _weight(self, *arrays: np.ndarray) -> Array:
-        """Host arrays concatenated along the output axis, uploaded as one weight."""
-        return self.backend.from_numpy(arrays[0] if len(arrays) == 1 else np.concatenate(arrays), weight=True)

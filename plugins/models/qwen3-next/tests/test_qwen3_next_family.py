@@ -21,8 +21,8 @@ from atlas_core.model.layers.gated_delta_net import GatedDeltaNet, GatedDeltaNet
 from atlas_core.model.layers.moe import MoEFeedForward
 from atlas_core.plugins import load_plugins
 from atlas_model_qwen3_next.projections import gdn_in_proj_from_fused, split_gated_query
-
-TINY = Path(__file__).parents[4] / "tests" / "fixtures" / "tiny"
+from tests.conftest import TINY
+from tests.family_checks import edited_fixture
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
 
@@ -113,15 +113,6 @@ def test_fused_projections_regroup_by_value_head() -> None:
         gdn_in_proj_from_fused(qkvz[:-1], ba, shape)
 
 
-def edited_config(tmp_path: Path, name: str, **changes: object) -> Path:
-    folder = tmp_path / name
-    shutil.copytree(TINY / name, folder)
-    config = json.loads((folder / "config.json").read_text())
-    config.update(changes)
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
-
-
 @pytest.mark.parametrize(
     ("name", "changes", "message"),
     [
@@ -131,22 +122,19 @@ def edited_config(tmp_path: Path, name: str, **changes: object) -> Path:
         ("qwen3_next", {"linear_num_value_heads": 3}, "multiple of"),
         ("qwen3_next", {"linear_value_head_dim": 16}, r"in_proj_qkvz.weight: .* do not fit"),
         ("qwen3_5_moe", {"linear_value_head_dim": 16},
-         r"input projections: shape \(136, 64\), but config.json implies \(200, 64\)"),
+         r"input projections has shape \(136, 64\), but config.json implies \(200, 64\)"),
         ("qwen3_5_moe", {"head_dim": 8}, r"q_proj.weight: .* num_attention_heads"),
     ],
 )
 def test_config_errors_name_the_problem(tmp_path: Path, name: str, changes: dict, message: str) -> None:
     with pytest.raises(ModelLoadError, match=message):
-        LLM(edited_config(tmp_path, name, **changes))
+        LLM(edited_fixture(tmp_path, name, changes))
 
 
 def test_full_attention_interval_replaces_layer_types(tmp_path: Path) -> None:
     """Configs without ``layer_types`` place full attention every ``full_attention_interval`` layers."""
     config = json.loads((TINY / "qwen3_next" / "config.json").read_text())
-    folder = edited_config(tmp_path, "qwen3_next", full_attention_interval=2)
-    config_without = json.loads((folder / "config.json").read_text())
-    del config_without["layer_types"]
-    (folder / "config.json").write_text(json.dumps(config_without))
+    folder = edited_fixture(tmp_path, "qwen3_next", {"full_attention_interval": 2}, edit=lambda c: c.pop("layer_types"))
     prompt = np.random.default_rng(2).integers(0, 256, 20).tolist()
     assert config["layer_types"] == ["linear_attention", "full_attention"] * 2
     model = LLM(folder).loaded.model
