@@ -21,6 +21,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True, help="reuse the KV of shared prompt prefixes (default: on)")
     parser.add_argument("--scheduling-policy", choices=["fifo", "slo"], default="fifo", help="fifo: arrival order; slo: shortest prompt first, decode-only steps near the TBT deadline (default: fifo)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="fraction of GPU memory the engine may use, KV cache included (default: 0.9)")
+    parser.add_argument("--max-state-snapshots", type=int, default=None, help="hybrid recurrent models: saved recurrent states backing the prefix cache (default: --max-num-seqs; 0 turns prefix reuse off for them)")
     parser.add_argument("--kv-cache-memory-gib", type=float, default=1.0, help="KV cache size on CPU backends, GiB (default: 1.0)")
 
 
@@ -35,6 +36,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "scheduling_policy": args.scheduling_policy,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "kv_cache_memory_gib": args.kv_cache_memory_gib,
+        "max_state_snapshots": args.max_state_snapshots,
     }
 
 

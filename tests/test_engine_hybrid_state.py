@@ -132,3 +132,14 @@ def test_n_greater_than_one_forks_the_state(hybrid: str, alone: list[list[int]])
     assert_no_leaks(llm)
     with pytest.raises(InvalidRequestError, match="max_num_seqs"):
         llm.engine.add_request("too-many", None, prompt, SamplingParams(n=5))
+
+
+def test_no_state_snapshots_means_no_prefix_reuse_on_hybrids() -> None:
+    """``max_state_snapshots=0``: a hybrid model cannot restore state, so a repeated prompt is
+    recomputed in full (no cached tokens) and gives the same tokens."""
+    llm = LLM(TINY / "qwen3_5", backend="numpy", max_state_snapshots=0)
+    assert llm.engine.scheduler.snapshots is None
+    prompt = reference("qwen3_5")["prompt_3"].tolist()
+    first, second = (llm.generate(prompt, GREEDY)[0] for _ in range(2))
+    assert second.num_cached_tokens == 0
+    assert first.outputs[0].token_ids == second.outputs[0].token_ids

@@ -16,7 +16,8 @@ class EngineConfig:
     The KV cache gets ``gpu_memory_utilization`` of the device's memory on device backends
     (what the weights and other allocations already use is subtracted), or
     ``kv_cache_memory_gib`` on host backends. ``max_prefill_tokens`` None means
-    ``max_num_batched_tokens``.
+    ``max_num_batched_tokens``. ``max_state_snapshots`` (hybrid recurrent models with prefix caching:
+    how many saved recurrent states back cached prefixes) None means ``max_num_seqs``.
     """
 
     max_seq_len: int | None = None
@@ -30,6 +31,7 @@ class EngineConfig:
     tbt_slo_ms: float = 100.0
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_gib: float = 1.0
+    max_state_snapshots: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -37,6 +39,8 @@ class EngineConfig:
                 raise InvalidRequestError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
             raise InvalidRequestError(f"max_prefill_tokens must be at least 1, got {self.max_prefill_tokens}")
+        if self.max_state_snapshots is not None and self.max_state_snapshots < 0:
+            raise InvalidRequestError(f"max_state_snapshots must be at least 0, got {self.max_state_snapshots}")
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise InvalidRequestError(f"max_seq_len must be at least 2, got {self.max_seq_len}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -36,9 +36,10 @@ class LLMEngine:
             )
         self.max_seq_len = min(config.max_seq_len or config.default_max_seq_len, model.max_position_embeddings)
         budget, source = kv_budget(backend, config)
-        # recurrent state: one slot per running sequence, as many again for prefix-cache snapshots
+        # recurrent state: one slot per running sequence, plus the prefix cache's state snapshots
         num_seq_slots = config.max_num_seqs if model.has_recurrent_state else 0
-        num_snapshots = num_seq_slots if config.enable_prefix_caching else 0
+        snapshot_pool = config.max_num_seqs if config.max_state_snapshots is None else config.max_state_snapshots
+        num_snapshots = snapshot_pool if config.enable_prefix_caching and num_seq_slots else 0
         state_bytes = (num_seq_slots + num_snapshots) * model.state_bytes_per_slot()
         if state_bytes:
             budget -= state_bytes

@@ -17,7 +17,7 @@ log = logging.getLogger("atlas.serve")
 
 ENGINE_OPTIONS = (
     "max_seq_len", "max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens", "enable_prefix_caching",
-    "scheduling_policy", "gpu_memory_utilization", "kv_cache_memory_gib",
+    "scheduling_policy", "gpu_memory_utilization", "kv_cache_memory_gib", "max_state_snapshots",
 )
 SERVE_DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1", "port": 8888, "served_model_name": None, "tool_call_parser": None, "reasoning_parser": None,

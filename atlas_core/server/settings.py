@@ -51,15 +51,16 @@ def json_object(text: str) -> dict[str, Any]:
 ENV_PARSERS: dict[str, Callable[[str], Any]] = {
     "model": str, "backend": str, "max_seq_len": int, "max_num_seqs": int, "max_num_batched_tokens": int,
     "max_prefill_tokens": int, "enable_prefix_caching": _bool, "scheduling_policy": str,
-    "gpu_memory_utilization": float, "kv_cache_memory_gib": float,
+    "gpu_memory_utilization": float, "kv_cache_memory_gib": float, "max_state_snapshots": int,
     "host": str, "port": int, "served_model_name": _list, "tool_call_parser": str, "reasoning_parser": str,
     "chat_template": str, "default_chat_template_kwargs": json_object, "api_key": _list, "api_keys_file": str,
     "request_timeout": float, "max_body_bytes": int, "cors_allow_origins": _list, "shutdown_timeout": float,
 }
 """Every option `atlas serve` reads from the environment, and how its text is parsed."""
 
-BEFORE_LOADING = ("model", "backend")
-"""Options needed to find and load the model, so family defaults cannot set them."""
+BEFORE_LOADING = ("model", "backend", "max_seq_len")
+"""Options needed to find and load the model (``max_seq_len`` sizes its position tables), so family
+defaults cannot set them."""
 
 
 class Settings:
