@@ -46,7 +46,7 @@ def make_llm(args: argparse.Namespace) -> Any:
 
 
 def add_ceiling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bandwidth-gbps", type=float, default=None, help="memory bandwidth ceiling in GB/s (default: measured, a 512 MiB array copy)")
+    parser.add_argument("--bandwidth-gbps", type=float, default=None, help="memory bandwidth ceiling in GB/s (default: measured, an array copy: 512 MiB on host backends, 2 GiB on devices)")
     parser.add_argument("--peak-gflops", type=float, default=None, help="matrix-product ceiling in GFLOP/s (default: measured, a 1024^3 product)")
 
 

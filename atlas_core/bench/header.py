@@ -12,7 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from atlas_core.bench.roofline import WeightTraffic, measure_copy_bandwidth, measure_matmul_flops
+from atlas_core.bench.roofline import (
+    WeightTraffic,
+    measure_copy_bandwidth,
+    measure_matmul_flops,
+)
 
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 

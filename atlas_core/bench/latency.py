@@ -10,7 +10,11 @@ from typing import Any
 import numpy as np
 
 from atlas_core.bench.header import ceilings, print_header
-from atlas_core.bench.roofline import decode_compute_bound, decode_roofline, weight_traffic
+from atlas_core.bench.roofline import (
+    decode_compute_bound,
+    decode_roofline,
+    weight_traffic,
+)
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.errors import InvalidRequestError
 

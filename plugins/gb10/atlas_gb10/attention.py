@@ -25,7 +25,7 @@ HEAD_DIM_VARIANTS = (1, 2, 4, 8)
 @dataclass
 class StaticAttentionPlan:
     """A fixed work list for graph capture: every sequence of the bucket is one decode token, cut into
-    ``splits`` splits of the context (rows whose context is shorter get empty splits)."""
+    ``splits`` splits of the context (rows whose context is shorter get empty splits); 0: direct mode."""
 
     work: Any
     """Device int32 ``[num_seqs * splits, 4]``: (sequence, 0, split, 0)."""
@@ -48,7 +48,7 @@ class AttentionRunner:
         self.cp = backend.cp
         variant = backend.kernels.variant("attention")
         self.tile_n = variant.define("ATT_TILE_N", 64)
-        self.split = variant.define("ATT_SPLIT", 128)
+        self.split = variant.define("ATT_SPLIT", 256)
         self.static: StaticAttentionPlan | None = None
         self.split_policy = "auto"
         """Eager forwards: "auto" (split-K when blocks would leave SMs idle), "always" or "never"; results are identical."""
@@ -58,10 +58,11 @@ class AttentionRunner:
         return max(1, math.ceil(context / self.split))
 
     def static_work(self, num_seqs: int, splits: int) -> StaticAttentionPlan:
+        """One item per (sequence, split); with a single split, direct mode (no workspace, no combine)."""
         work = np.zeros((num_seqs * splits, 4), dtype=np.int32)
         work[:, 0] = np.repeat(np.arange(num_seqs), splits)
-        work[:, 2] = np.tile(np.arange(splits), num_seqs)
-        return StaticAttentionPlan(self.cp.asarray(work), splits)
+        work[:, 2] = np.tile(np.arange(splits), num_seqs) if splits > 1 else -1
+        return StaticAttentionPlan(self.cp.asarray(work), splits if splits > 1 else 0)
 
     def __call__(
         self, q: Any, k_cache: Any, v_cache: Any, meta: AttentionMetadata, scale: float, out: Any,
@@ -84,6 +85,9 @@ class AttentionRunner:
             return out
         plan = self._plan(meta, group, tokens, kv_heads)
         tile_rows = plan.tile_rows
+        if tile_rows == 64 and group <= 16 and self.shared_bytes(64, dpt, d) > self.backend.profile.shared_memory_per_block:
+            tile_rows = 16  # same results (a row's arithmetic does not depend on the tile), less shared memory
+            plan = self._plan(meta, group, tokens, kv_heads, max_rows=16)
         kernel = self.backend.kernels.function("attention", f"attention_m{tile_rows}_d{dpt}")
         smem = self.shared_bytes(tile_rows, dpt, d)
         if smem > 48 * 1024:
@@ -95,6 +99,7 @@ class AttentionRunner:
         else:
             ws_acc = ws_ml = np.uint64(0)
         qs = [s // q.itemsize for s in q.strides]
+        q_vec = d % 8 == 0 and qs[0] % 8 == 0 and qs[1] % 8 == 0 and q.data.ptr % 16 == 0
         os_ = [s // out.itemsize for s in out.strides]
         tables = meta.block_tables
         kernel(
@@ -102,7 +107,7 @@ class AttentionRunner:
             (q, np.int64(qs[0]), np.int64(qs[1]), k_cache, v_cache, meta.query_start_loc, meta.seq_lens, tables,
              np.int32(tables.shape[1]), plan.work, out, np.int64(os_[0]), np.int64(os_[1]), ws_acc, ws_ml,
              np.int32(splits), np.int32(q_heads), np.int32(kv_heads), np.int32(d), np.int32(block_size),
-             np.float32(scale), np.int32(sliding_window or 0)),
+             np.float32(scale), np.int32(sliding_window or 0), np.int32(q_vec)),
             shared_mem=smem,
         )
         if plan.splits:
@@ -116,15 +121,16 @@ class AttentionRunner:
 
     def shared_bytes(self, tile_rows: int, dpt: int, d: int) -> int:
         stride = ((d + 7) & ~7) + 8
-        return ((tile_rows + 2 * self.tile_n) * stride * 2 + tile_rows * (self.tile_n + 1) * 4
+        buffers = 2 if tile_rows == 16 else 1  # ATT_BUFFERS in attention.cu
+        return (self.split * 8 + (tile_rows + 2 * buffers * self.tile_n) * stride * 2 + tile_rows * (self.tile_n + 1) * 4
                 + tile_rows * 32 * dpt * 4 + 6 * tile_rows * 4)
 
-    def _plan(self, meta: AttentionMetadata, group: int, tokens: int, kv_heads: int) -> _Plan:
+    def _plan(self, meta: AttentionMetadata, group: int, tokens: int, kv_heads: int, max_rows: int = 64) -> _Plan:
         if self.static is not None:
             return _Plan(self.static.work, int(self.static.work.shape[0]), self.static.splits, 16 if group <= 16 else 64)
         starts, lengths = self._read_meta(meta)
         q_lens = np.diff(starts)
-        tile_rows = 16 if int(q_lens.max(initial=0)) * group <= 16 else 64
+        tile_rows = 16 if int(q_lens.max(initial=0)) * group <= 16 or max_rows == 16 else 64
         per_tile = tile_rows // group
         seqs = np.repeat(np.arange(len(q_lens)), -(-q_lens // per_tile))
         first = np.concatenate([np.arange(0, n, per_tile) for n in q_lens]) if len(q_lens) else np.zeros(0, np.int64)

@@ -14,7 +14,13 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from atlas_core.backends.base import Array, AttentionMetadata, Backend, LogitAdjustments, SamplingTensors
+from atlas_core.backends.base import (
+    Array,
+    AttentionMetadata,
+    Backend,
+    LogitAdjustments,
+    SamplingTensors,
+)
 from atlas_gb10.attention import AttentionRunner
 from atlas_gb10.sampling import LogitsOps
 
@@ -145,12 +151,16 @@ class CudaBackend(Backend):
         return out
 
     def gemm_tile(self, m: int, n: int) -> tuple[int, int]:
-        """The largest block tile that still gives every SM a block (results do not depend on it)."""
-        candidates = [(mt, nt) for mt, nt in GEMM_TILES if mt == 1 or m > 16]
-        for mt, nt in candidates:
+        """The block tile for an ``[m, n]`` output (results do not depend on it). Decode-sized products
+        (m <= 16) stream the weights fastest with one n-tile per block, or two for very wide outputs
+        (measured on H100: 4 n-tiles per block was never faster); larger m takes the largest tile
+        that still gives every SM a block."""
+        if m <= 16:
+            return (1, 2) if n >= 64 * self.profile.sm_count else (1, 1)
+        for mt, nt in GEMM_TILES:
             if math.ceil(n / (8 * nt)) * math.ceil(m / (16 * mt)) >= self.profile.sm_count:
                 return mt, nt
-        return candidates[-1]
+        return GEMM_TILES[-1]
 
     def rms_norm(self, x: Array, weight: Array, eps: float, residual: Array | None = None) -> tuple[Array, Array]:
         self._require_bf16("rms_norm", x, weight, residual)
@@ -167,10 +177,15 @@ class CudaBackend(Backend):
             xs, rs = self._row_layout(x), self._row_layout(residual) if residual is not None else (0, 0)
             args = (x, np.int64(xs[0]), np.int64(xs[1]), null_or(residual), np.int64(rs[0]), np.int64(rs[1]),
                     np.int32(inner), weight, normed, null_or(summed), np.float32(eps), np.int32(d), np.int64(rows))
+            aligned = d % 8 == 0 and d <= 8192 and all(
+                a is None or (a.data.ptr % 16 == 0 and all(s % 8 == 0 for s in self._row_layout(a)))
+                for a in (x, residual, weight)
+            )
+            suffix = "_vec_bf16" if aligned else "_bf16"
             if d <= 1024:
-                self._kernel("elementwise", "rms_norm_warp_bf16")((math.ceil(rows / 4),), (128,), args)
+                self._kernel("elementwise", "rms_norm_warp" + suffix)((math.ceil(rows / 4),), (128,), args)
             else:
-                self._kernel("elementwise", "rms_norm_block_bf16")((rows,), (256,), args)
+                self._kernel("elementwise", "rms_norm_block" + suffix)((rows,), (256,), args)
         return normed, (summed if residual is not None else x)
 
     @staticmethod
@@ -210,6 +225,8 @@ class CudaBackend(Backend):
         tokens, half = q.shape[0], cos.shape[1]
         if tokens == 0 or half == 0:
             return
+        if cos.dtype != np.float32:  # the contract's tables are float32; accept others at the cost of a copy
+            cos, sin = cos.astype(np.float32), sin.astype(np.float32)
         qs, ks = element_strides(q), element_strides(k)
         threads = min(1024, 32 * math.ceil((q.shape[1] + k.shape[1]) * half / 32))
         self._kernel("elementwise", "rope_bf16")(
@@ -238,6 +255,15 @@ class CudaBackend(Backend):
     ) -> Array:
         self._require_bf16("attention", q, k_cache, v_cache, out)
         return self.attention_runner(q, k_cache, v_cache, meta, scale, out, sliding_window)
+
+    def moe_route(self, router_logits: Array, spec: Any, correction_bias: Array | None = None) -> tuple[Array, Array]:
+        """The host reference, with the float32 routing weights kept in float32 (not the activation dtype)."""
+        from atlas_core.backends.ops.moe import moe_route_reference
+
+        weights, ids = moe_route_reference(
+            self.to_numpy(router_logits), None if correction_bias is None else self.to_numpy(correction_bias), spec=spec
+        )
+        return self.from_numpy(weights, dtype=np.dtype(np.float32)), self.from_numpy(ids)
 
     # ---- logits ops ---------------------------------------------------------------------
     def log_softmax(self, logits: Array) -> Array:

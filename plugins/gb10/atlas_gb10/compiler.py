@@ -79,7 +79,7 @@ class KernelLibrary:
 
     @staticmethod
     def _compile(nvrtc: Any, name: str, source: str, headers: tuple[str, ...], options: tuple[str, ...]) -> bytes:
-        program = nvrtc.createProgram(source, name, headers, HEADERS)
+        program = nvrtc.createProgram(source, name, tuple(h.encode() for h in headers), tuple(n.encode() for n in HEADERS))
         try:
             try:
                 nvrtc.compileProgram(program, options)

@@ -2,10 +2,11 @@
 
 Inputs live in fixed device buffers sized for `MAX_BATCH` sequences; a step copies the batch into
 them, pads the bucket (context 0, KV slot -1: pad rows read and write nothing) and replays. Graphs
-are captured lazily, the first time a bucket is needed: an eager warm-up on the capture stream fills a
-private memory pool with every buffer the forward allocates, then the same forward is captured with
-that pool, so nothing is allocated from the shared pool and the buffers stay owned by the graphs.
-Replays are ordered on the caller's stream, so the graphs may share the pool's scratch memory.
+are captured lazily, the first time a bucket is needed: an eager warm-up on the capture stream fills
+a memory pool of the graph's own with every buffer the forward allocates, then the same forward is
+captured with that pool, so nothing is allocated from the shared pool and the buffers stay owned by
+the graph. Each graph has its own pool: one graph's scratch memory must never overlap the logits or
+the work list that another graph keeps between replays.
 A model whose forward cannot be captured (a host fallback op, say) runs eagerly, with one log line.
 """
 
@@ -52,9 +53,8 @@ class CudaDecodeGraphs:
         self.block_tables = cp.zeros((n, self.table_width), dtype=np.int32)
         self.slot_mapping = cp.full((n,), -1, dtype=np.int32)
         self.state_slots = cp.full((n,), -1, dtype=np.int32)
-        self.pool = cp.cuda.MemoryPool()
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.graphs: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
+        self.graphs: dict[tuple[int, int], tuple[Any, Any, Any, Any]] = {}
         self.failed = False
         self.replays = 0
 
@@ -69,8 +69,8 @@ class CudaDecodeGraphs:
         meta = batch.attention
         b = meta.seq_lens.shape[0]
         size = bucket(b)
-        context = int(self.cp.asnumpy(meta.seq_lens).max())
-        splits = bucket(self.backend.attention_runner.splits_for(context))
+        width = meta.block_tables.shape[1]  # every context fits in its blocks: no read-back needed
+        splits = bucket(self.backend.attention_runner.splits_for(width * self.kv.block_size))
         key = (size, splits)
         if key not in self.graphs:
             captured = self._capture(size, splits)
@@ -78,14 +78,13 @@ class CudaDecodeGraphs:
                 hidden = self.model.forward(batch, self.kv)
                 return self.model.compute_logits(hidden)
             self.graphs[key] = captured
-        graph, logits, _plan = self.graphs[key]
-        self.input_ids[:b] = batch.input_ids
-        self.positions[:b] = batch.positions
-        self.seq_lens[:b] = meta.seq_lens
-        self.seq_lens[b:size] = 0
-        self.slot_mapping[:b] = meta.slot_mapping
-        self.slot_mapping[b:size] = -1
-        self.block_tables[:b, : meta.block_tables.shape[1]] = meta.block_tables
+        graph, logits = self.graphs[key][:2]
+        self.backend.kernels.function("elementwise", "decode_inputs")(
+            (size,), (128,),
+            (batch.input_ids, batch.positions, meta.seq_lens, meta.slot_mapping, meta.block_tables, np.int32(width),
+             np.int32(b), self.input_ids, self.positions, self.seq_lens, self.slot_mapping, self.block_tables,
+             np.int32(self.table_width)),
+        )
         graph.launch(stream=self.cp.cuda.get_current_stream())
         self.replays += 1
         return logits[:b]
@@ -103,8 +102,8 @@ class CudaDecodeGraphs:
             is_pure_decode=True,
         )
 
-    def _capture(self, size: int, splits: int) -> tuple[Any, Any, Any] | None:
-        """(graph, its logits buffer, its attention work list): the graph reads both on every replay."""
+    def _capture(self, size: int, splits: int) -> tuple[Any, Any, Any, Any] | None:
+        """(graph, its logits buffer, its attention work list, its memory pool): kept as long as the graph."""
         cp, backend = self.cp, self.backend
         batch = self._batch(size)
         runner = backend.attention_runner
@@ -113,8 +112,9 @@ class CudaDecodeGraphs:
         self.slot_mapping[:size] = -1
         cp.cuda.Device().synchronize()
         graph = None
+        pool = cp.cuda.MemoryPool()
         try:
-            with cp.cuda.using_allocator(self.pool.malloc), self.stream:
+            with cp.cuda.using_allocator(pool.malloc), self.stream:
                 plan = runner.static = runner.static_work(size, splits)
                 self.model.compute_logits(self.model.forward(batch, self.kv))  # warm-up: kernels, pool blocks
                 self.stream.synchronize()
@@ -132,4 +132,4 @@ class CudaDecodeGraphs:
         finally:
             runner.static = None
         log.info("captured decode graph: batch bucket %d, %d context splits", size, splits)
-        return graph, logits, plan
+        return graph, logits, plan, pool

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from atlas_gb10.registry import KERNEL_DIR, all_variants  # noqa: E402
+from atlas_gb10.registry import KERNEL_DIR, all_variants
 
 TARGETS = {"sm_90a": "-gencode=arch=compute_90a,code=sm_90a", "sm_121": "-gencode=arch=compute_121,code=sm_121"}
 
@@ -31,7 +31,7 @@ def main() -> int:
                 defines = [f"-D{name}={value}" for name, value in variant.defines]
                 cmd = [args.nvcc, flag, "-std=c++17", "-cubin", "-Xptxas", "-v", *defines,
                        "-o", f"{tmp}/out.cubin", str(KERNEL_DIR / variant.source)]
-                result = subprocess.run(cmd, capture_output=True, text=True)
+                result = subprocess.run(cmd, capture_output=True, text=True, check=False)
                 log = result.stdout + result.stderr
                 spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", log))
                 registers = [int(n) for n in re.findall(r"Used (\d+) registers", log)]

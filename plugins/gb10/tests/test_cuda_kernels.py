@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from atlas_gb10.backend import CudaBackend
 
 REASON = CudaBackend.availability()
@@ -127,7 +126,7 @@ def test_warm_kernel_cache_compiles_nothing(tmp_path: Path) -> None:
         """
     )
     env = dict(os.environ, ATLAS_KERNEL_CACHE=str(tmp_path / "cache"))
-    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600) for _ in range(2)]
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600, check=False) for _ in range(2)]
     for run in runs:
         assert run.returncode == 0, run.stderr
     assert runs[0].stdout.split()[-1] == "3", runs[0].stdout

@@ -17,9 +17,12 @@
 #define ATT_TILE_N 64
 #endif
 #ifndef ATT_SPLIT
-#define ATT_SPLIT 128
+#define ATT_SPLIT 256
 #endif
 #define ATT_THREADS 128
+// Decode-sized blocks (16 rows) double-buffer the key/value tiles so that the next tile loads while
+// this one is computed; prefill-sized blocks (64 rows) keep one buffer, and so twice the blocks per SM.
+#define ATT_BUFFERS(TM) ((TM) == 16 ? 2 : 1)
 
 // Fold one split's (m, l, acc) into the running (M, L, O). Empty splits (m = -inf) must be skipped by
 // the caller. Explicit roundings: the same bits wherever it is inlined.
@@ -32,6 +35,51 @@ __device__ __forceinline__ void merge_factors(float M, float m, float* a, float*
 
 __device__ __forceinline__ float merge_value(float running, float a, float value, float b) {
     return __fadd_rn(__fmul_rn(running, a), __fmul_rn(value, b));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* global_src) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// Start copying one tile of keys and values into shared memory (16-byte asynchronous copies when the
+// head dim allows, plain loads otherwise; keys without a slot become zeros).
+__device__ __forceinline__ void load_kv_tile(bf16_t* Kb, bf16_t* Vb, const long long* slots,
+                                             const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,
+                                             int kv_heads, int hk, int d, int d_pad, int stride, int tid) {
+    const int chunks = d_pad / 8;
+    for (int i = tid; i < ATT_TILE_N * chunks; i += ATT_THREADS) {
+        const int c = i / chunks, j = (i - c * chunks) * 8;
+        const long long slot = slots[c];
+        bf16_t* kdst = Kb + c * stride + j;
+        bf16_t* vdst = Vb + c * stride + j;
+        if (slot < 0) {
+            const uint4 zero = {0u, 0u, 0u, 0u};
+            *reinterpret_cast<uint4*>(kdst) = zero;
+            *reinterpret_cast<uint4*>(vdst) = zero;
+            continue;
+        }
+        const long long base = (slot * kv_heads + hk) * d + j;
+        if ((d & 7) == 0) {
+            cp_async16(kdst, k_cache + base);
+            cp_async16(vdst, v_cache + base);
+        } else {
+            unsigned kw[4], vw[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const bool in0 = j + 2 * e < d, in1 = j + 2 * e + 1 < d;
+                kw[e] = (in0 ? (unsigned)k_cache[base + 2 * e] : 0u) | ((in1 ? (unsigned)k_cache[base + 2 * e + 1] : 0u) << 16);
+                vw[e] = (in0 ? (unsigned)v_cache[base + 2 * e] : 0u) | ((in1 ? (unsigned)v_cache[base + 2 * e + 1] : 0u) << 16);
+            }
+            const uint4 kv4 = {kw[0], kw[1], kw[2], kw[3]}, vv4 = {vw[0], vw[1], vw[2], vw[3]};
+            *reinterpret_cast<uint4*>(kdst) = kv4;
+            *reinterpret_cast<uint4*>(vdst) = vv4;
+        }
+    }
 }
 
 template <int DPT>
@@ -57,14 +105,15 @@ __device__ __forceinline__ void attention_body(
     const bf16_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,
     const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work, bf16_t* __restrict__ out,
     long long o_s0, long long o_s1, float* __restrict__ ws_acc, float2* __restrict__ ws_ml, int splits, int q_heads,
-    int kv_heads, int d, int block_size, float scale, int window) {
+    int kv_heads, int d, int block_size, float scale, int window, int q_vec) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int d_pad = (d + 7) & ~7;
     const int stride = d_pad + 8;  // padded rows: conflict-free 16-byte reads across rows
-    bf16_t* Qs = reinterpret_cast<bf16_t*>(smem);
-    bf16_t* Ks = Qs + TM * stride;
-    bf16_t* Vs = Ks + ATT_TILE_N * stride;
-    float* Ps = reinterpret_cast<float*>(Vs + ATT_TILE_N * stride);
+    long long* kslot = reinterpret_cast<long long*>(smem);  // flat KV slot of each key of the split, -1: none
+    bf16_t* Qs = reinterpret_cast<bf16_t*>(kslot + ATT_SPLIT);
+    bf16_t* Ks = Qs + TM * stride;  // ATT_BUFFERS(TM) tile buffers each for keys and values
+    bf16_t* Vs = Ks + ATT_BUFFERS(TM) * ATT_TILE_N * stride;
+    float* Ps = reinterpret_cast<float*>(Vs + ATT_BUFFERS(TM) * ATT_TILE_N * stride);
     float* Ot = Ps + TM * (ATT_TILE_N + 1);
     float* m_split = Ot + TM * 32 * DPT;
     float* l_split = m_split + TM;
@@ -93,16 +142,28 @@ __device__ __forceinline__ void attention_body(
         M_tot[r] = NEG_INF;
         L_tot[r] = 0.0f;
     }
-    for (int i = tid; i < TM * 32 * DPT; i += ATT_THREADS) Ot[i] = 0.0f;
-    for (int i = tid; i < TM * d_pad; i += ATT_THREADS) {
-        const int r = i / d_pad, j = i - r * d_pad;
-        bf16_t v = 0;
-        if (r < rows && j < d) {
-            const long long t = q_begin + tile_tok + r / group;
-            const int h = hk * group + r % group;
-            v = q[t * q_s0 + h * q_s1 + j];
+    if (only_split < 0)
+        for (int i = tid; i < TM * 32 * DPT; i += ATT_THREADS) Ot[i] = 0.0f;
+    {
+        const int chunks = d_pad / 8;
+        for (int i = tid; i < TM * chunks; i += ATT_THREADS) {
+            const int r = i / chunks, j = (i - r * chunks) * 8;
+            uint4 v = {0u, 0u, 0u, 0u};
+            if (r < rows) {
+                const long long t = q_begin + tile_tok + r / group;
+                const bf16_t* src = q + t * q_s0 + (long long)(hk * group + r % group) * q_s1 + j;
+                if (q_vec) {
+                    v = *reinterpret_cast<const uint4*>(src);
+                } else {
+                    unsigned w[4];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        w[e] = (j + 2 * e < d ? (unsigned)src[2 * e] : 0u) | ((j + 2 * e + 1 < d ? (unsigned)src[2 * e + 1] : 0u) << 16);
+                    v.x = w[0]; v.y = w[1]; v.z = w[2]; v.w = w[3];
+                }
+            }
+            *reinterpret_cast<uint4*>(Qs + r * stride + j) = v;
         }
-        Qs[r * stride + j] = v;
     }
 
     int s_lo, s_hi;
@@ -132,34 +193,29 @@ __device__ __forceinline__ void attention_body(
         }
         const int tile_lo = max(s * ATT_SPLIT, key_start / ATT_TILE_N * ATT_TILE_N);
         const int tile_hi = min((s + 1) * ATT_SPLIT, key_end);
-        for (int t0 = tile_lo; t0 < tile_hi; t0 += ATT_TILE_N) {
-            __syncthreads();  // previous tile's K/V/P fully consumed; Q and stats written
-            // ---- K/V tile: keys t0 .. t0+TILE_N-1 that lie in [key_start, key_end); zeros elsewhere
-            const int chunks = d_pad / 8;
-            for (int i = tid; i < ATT_TILE_N * chunks; i += ATT_THREADS) {
-                const int c = i / chunks, j = (i - c * chunks) * 8;
-                const int kpos = t0 + c;
-                uint4 kv4 = {0u, 0u, 0u, 0u}, vv4 = {0u, 0u, 0u, 0u};
-                if (kpos >= key_start && kpos < key_end) {
-                    const long long slot = (long long)table[kpos / block_size] * block_size + kpos % block_size;
-                    const long long base = (slot * kv_heads + hk) * d + j;
-                    if ((d & 7) == 0) {
-                        kv4 = __ldg(reinterpret_cast<const uint4*>(k_cache + base));
-                        vv4 = __ldg(reinterpret_cast<const uint4*>(v_cache + base));
-                    } else {
-                        unsigned kw[4], vw[4];
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const bool in0 = j + 2 * e < d, in1 = j + 2 * e + 1 < d;
-                            kw[e] = (in0 ? (unsigned)k_cache[base + 2 * e] : 0u) | ((in1 ? (unsigned)k_cache[base + 2 * e + 1] : 0u) << 16);
-                            vw[e] = (in0 ? (unsigned)v_cache[base + 2 * e] : 0u) | ((in1 ? (unsigned)v_cache[base + 2 * e + 1] : 0u) << 16);
-                        }
-                        kv4 = {kw[0], kw[1], kw[2], kw[3]};
-                        vv4 = {vw[0], vw[1], vw[2], vw[3]};
-                    }
-                }
-                *reinterpret_cast<uint4*>(Ks + c * stride + j) = kv4;
-                *reinterpret_cast<uint4*>(Vs + c * stride + j) = vv4;
+        const int tiles = tile_hi > tile_lo ? (tile_hi - tile_lo + ATT_TILE_N - 1) / ATT_TILE_N : 0;
+        __syncthreads();  // the previous split is done with kslot and the K/V buffers
+        // flat KV slot of every key of the split's tiles (-1: outside [key_start, key_end)), in one pass
+        for (int c = tid; c < tiles * ATT_TILE_N; c += ATT_THREADS) {
+            const int kpos = tile_lo + c;
+            kslot[c] = (kpos >= key_start && kpos < key_end)
+                           ? (long long)table[kpos / block_size] * block_size + kpos % block_size
+                           : -1;
+        }
+        __syncthreads();
+        if (tiles > 0) load_kv_tile(Ks, Vs, kslot, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
+        cp_async_commit();
+        for (int it = 0; it < tiles; ++it) {
+            const int t0 = tile_lo + it * ATT_TILE_N;
+            bf16_t* Kb = Ks + (ATT_BUFFERS(TM) == 2 ? (it & 1) : 0) * ATT_TILE_N * stride;
+            bf16_t* Vb = Vs + (ATT_BUFFERS(TM) == 2 ? (it & 1) : 0) * ATT_TILE_N * stride;
+            if (ATT_BUFFERS(TM) == 2 && it + 1 < tiles) {  // the next tile streams in while this one is computed
+                load_kv_tile(Ks + ((it + 1) & 1) * ATT_TILE_N * stride, Vs + ((it + 1) & 1) * ATT_TILE_N * stride,
+                             kslot + (it + 1) * ATT_TILE_N, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
+                cp_async_commit();
+                cp_async_wait_one();
+            } else {
+                cp_async_wait_all();
             }
             __syncthreads();
             // ---- scores: one thread per (row, key), sequential over the head dims
@@ -168,7 +224,7 @@ __device__ __forceinline__ void attention_body(
                 float sc[SROWS];
 #pragma unroll
                 for (int i = 0; i < SROWS; ++i) sc[i] = 0.0f;
-                const bf16_t* krow = Ks + c_own * stride;
+                const bf16_t* krow = Kb + c_own * stride;
                 for (int j = 0; j < d_pad; j += 8) {
                     const uint4 kw = *reinterpret_cast<const uint4*>(krow + j);
                     const float kf[8] = {bf16_lo(kw.x), bf16_hi(kw.x), bf16_lo(kw.y), bf16_hi(kw.y),
@@ -202,28 +258,34 @@ __device__ __forceinline__ void attention_body(
                 }
             }
             __syncthreads();
-            // ---- online softmax statistics: one thread per row, keys in order
-            for (int r = tid; r < rows; r += ATT_THREADS) {
+            // ---- online softmax statistics: one warp per row; lane l sums its keys l, l+32, .. in order,
+            // then a fixed shuffle tree, lane 0's result is the row's (the same bits in every block shape)
+            for (int r = warp; r < rows; r += ATT_THREADS / 32) {
                 float* pr = Ps + r * (ATT_TILE_N + 1);
                 float mt = NEG_INF;
-                for (int c = 0; c < ATT_TILE_N; ++c) mt = fmaxf(mt, pr[c]);
+                for (int c = lane; c < ATT_TILE_N; c += 32) mt = fmaxf(mt, pr[c]);
+                mt = warp_max(mt);
                 if (mt == NEG_INF) {  // every key of this tile is masked for this row: state unchanged
-                    for (int c = 0; c < ATT_TILE_N; ++c) pr[c] = 0.0f;
-                    alpha[r] = 1.0f;
+                    for (int c = lane; c < ATT_TILE_N; c += 32) pr[c] = 0.0f;
+                    if (lane == 0) alpha[r] = 1.0f;
                     continue;
                 }
                 const float m_old = m_split[r];
                 const float m_new = fmaxf(m_old, mt);
                 const float a = (m_old == NEG_INF) ? 0.0f : expf(__fsub_rn(m_old, m_new));
                 float sum = 0.0f;
-                for (int c = 0; c < ATT_TILE_N; ++c) {
+                for (int c = lane; c < ATT_TILE_N; c += 32) {
                     const float p = expf(__fsub_rn(pr[c], m_new));
                     pr[c] = p;
                     sum = __fadd_rn(sum, p);
                 }
-                l_split[r] = __fadd_rn(__fmul_rn(l_split[r], a), sum);
-                m_split[r] = m_new;
-                alpha[r] = a;
+                sum = __shfl_sync(0xffffffffu, warp_sum(sum), 0);
+                __syncwarp();
+                if (lane == 0) {
+                    l_split[r] = __fadd_rn(__fmul_rn(l_split[r], a), sum);
+                    m_split[r] = m_new;
+                    alpha[r] = a;
+                }
             }
             __syncthreads();
             // ---- acc = acc * alpha + P V, keys in order
@@ -238,7 +300,7 @@ __device__ __forceinline__ void attention_body(
                     for (int e = 0; e < DPT; ++e) o[e] = __fmul_rn(acc[i][e], a);
                     for (int c = 0; c < ATT_TILE_N; ++c) {
                         float v[DPT];
-                        load_v<DPT>(Vs + c * stride, d_own, v);
+                        load_v<DPT>(Vb + c * stride, d_own, v);
                         const float p = pr[c];
 #pragma unroll
                         for (int e = 0; e < DPT; ++e) o[e] = __fmaf_rn(p, v[e], o[e]);
@@ -246,6 +308,11 @@ __device__ __forceinline__ void attention_body(
 #pragma unroll
                     for (int e = 0; e < DPT; ++e) acc[i][e] = o[e];
                 }
+            }
+            __syncthreads();  // every thread is done with this buffer before it is refilled
+            if (ATT_BUFFERS(TM) == 1 && it + 1 < tiles) {
+                load_kv_tile(Ks, Vs, kslot + (it + 1) * ATT_TILE_N, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
+                cp_async_commit();
             }
         }
         __syncthreads();  // m_split / l_split final for this split
@@ -306,10 +373,10 @@ __device__ __forceinline__ void attention_body(
         const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work,                         \
         bf16_t* __restrict__ out, long long o_s0, long long o_s1, float* __restrict__ ws_acc,                         \
         float2* __restrict__ ws_ml, int splits, int q_heads, int kv_heads, int d, int block_size, float scale,        \
-        int window) {                                                                                                 \
+        int window, int q_vec) {                                                                                      \
         attention_body<TM, DPT>(q, q_s0, q_s1, k_cache, v_cache, query_start, seq_lens, block_tables, table_width,     \
                                 work, out, o_s0, o_s1, ws_acc, ws_ml, splits, q_heads, kv_heads, d, block_size,       \
-                                scale, window);                                                                       \
+                                scale, window, q_vec);                                                                \
     }
 
 ATTENTION_KERNEL(16, 1)

@@ -152,3 +152,117 @@ extern "C" __global__ void write_kv_bf16(bf16_t* __restrict__ k_cache, bf16_t* _
         v_cache[slot * total + i] = v[t * v_s0 + h * v_s1 + j];
     }
 }
+
+// Fill the fixed input buffers of a captured decode graph from one step's batch of `b` sequences,
+// padding the bucket up to `size` (context 0, KV slot -1: pad rows read and write nothing).
+// One block per row of the bucket; block tables are copied `width` entries per row (dst row stride W).
+extern "C" __global__ void decode_inputs(const int* __restrict__ ids, const int* __restrict__ positions,
+                                         const int* __restrict__ seq_lens, const int* __restrict__ slots,
+                                         const int* __restrict__ tables, int width, int b, int* __restrict__ d_ids,
+                                         int* __restrict__ d_positions, int* __restrict__ d_seq_lens,
+                                         int* __restrict__ d_slots, int* __restrict__ d_tables, int table_stride) {
+    const int row = blockIdx.x;
+    const bool real = row < b;
+    if (threadIdx.x == 0) {
+        d_ids[row] = real ? ids[row] : 0;
+        d_positions[row] = real ? positions[row] : 0;
+        d_seq_lens[row] = real ? seq_lens[row] : 0;
+        d_slots[row] = real ? slots[row] : -1;
+    }
+    if (real)
+        for (int i = threadIdx.x; i < width; i += blockDim.x)
+            d_tables[(long long)row * table_stride + i] = tables[(long long)row * width + i];
+}
+
+// RMSNorm with 16-byte accesses: rows of D % 8 == 0 elements, 16-byte aligned. The row stays in
+// registers between the sum of squares and the write (at most RMS_CHUNKS chunks of 8 per thread):
+// a warp per row for D <= 32 * 8 * RMS_CHUNKS, a 256-thread block per row above that.
+#define RMS_CHUNKS 4
+
+template <int THREADS>
+__device__ __forceinline__ void rms_norm_vec(const bf16_t* __restrict__ x, long long x_so, long long x_si,
+                                             const bf16_t* __restrict__ res, long long r_so, long long r_si,
+                                             int inner_count, const bf16_t* __restrict__ weight,
+                                             bf16_t* __restrict__ normed, bf16_t* __restrict__ summed, float eps, int d,
+                                             long long r, int t) {
+    const uint4* xr = reinterpret_cast<const uint4*>(x + row_offset(x_so, x_si, inner_count, r));
+    const uint4* rr = res ? reinterpret_cast<const uint4*>(res + row_offset(r_so, r_si, inner_count, r)) : nullptr;
+    const int chunks = d / 8;
+    float v[RMS_CHUNKS][8];
+    float sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < RMS_CHUNKS; ++k) {
+        const int ch = t + k * THREADS;
+        if (ch < chunks) {
+            const uint4 a = xr[ch];
+            const unsigned aw[4] = {a.x, a.y, a.z, a.w};
+            unsigned bw[4] = {0u, 0u, 0u, 0u};
+            if (rr) {
+                const uint4 b = rr[ch];
+                bw[0] = b.x; bw[1] = b.y; bw[2] = b.z; bw[3] = b.w;
+            }
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                float value = (e & 1) ? bf16_hi(aw[e / 2]) : bf16_lo(aw[e / 2]);
+                if (rr) value = bf16_to_float(float_to_bf16(__fadd_rn(value, (e & 1) ? bf16_hi(bw[e / 2]) : bf16_lo(bw[e / 2]))));
+                v[k][e] = value;
+                sq = __fmaf_rn(value, value, sq);
+            }
+        }
+    }
+    sq = warp_sum(sq);
+    if (THREADS > 32) {
+        __shared__ float partial[THREADS / 32];
+        if ((t & 31) == 0) partial[t / 32] = sq;
+        __syncthreads();
+        sq = 0.0f;
+#pragma unroll
+        for (int w = 0; w < THREADS / 32; ++w) sq = __fadd_rn(sq, partial[w]);
+    } else {
+        sq = __shfl_sync(0xffffffffu, sq, 0);
+    }
+    const float inv = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(sq, (float)d), eps));
+    const uint4* wr = reinterpret_cast<const uint4*>(weight);
+    uint4* nr = reinterpret_cast<uint4*>(normed + r * d);
+    uint4* sr = summed ? reinterpret_cast<uint4*>(summed + r * d) : nullptr;
+#pragma unroll
+    for (int k = 0; k < RMS_CHUNKS; ++k) {
+        const int ch = t + k * THREADS;
+        if (ch < chunks) {
+            const uint4 wv = wr[ch];
+            const unsigned ww[4] = {wv.x, wv.y, wv.z, wv.w};
+            unsigned out[4], sum[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float n0 = __fmul_rn(__fmul_rn(v[k][2 * e], inv), bf16_lo(ww[e]));
+                const float n1 = __fmul_rn(__fmul_rn(v[k][2 * e + 1], inv), bf16_hi(ww[e]));
+                out[e] = (unsigned)float_to_bf16(n0) | ((unsigned)float_to_bf16(n1) << 16);
+                sum[e] = (unsigned)float_to_bf16(v[k][2 * e]) | ((unsigned)float_to_bf16(v[k][2 * e + 1]) << 16);
+            }
+            const uint4 o = {out[0], out[1], out[2], out[3]};
+            nr[ch] = o;
+            if (sr) {
+                const uint4 so = {sum[0], sum[1], sum[2], sum[3]};
+                sr[ch] = so;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void rms_norm_warp_vec_bf16(const bf16_t* __restrict__ x, long long x_so, long long x_si,
+                                                  const bf16_t* __restrict__ res, long long r_so, long long r_si,
+                                                  int inner_count, const bf16_t* __restrict__ weight,
+                                                  bf16_t* __restrict__ normed, bf16_t* __restrict__ summed, float eps,
+                                                  int d, long long rows) {
+    const long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (r >= rows) return;
+    rms_norm_vec<32>(x, x_so, x_si, res, r_so, r_si, inner_count, weight, normed, summed, eps, d, r, threadIdx.x & 31);
+}
+
+extern "C" __global__ void rms_norm_block_vec_bf16(const bf16_t* __restrict__ x, long long x_so, long long x_si,
+                                                   const bf16_t* __restrict__ res, long long r_so, long long r_si,
+                                                   int inner_count, const bf16_t* __restrict__ weight,
+                                                   bf16_t* __restrict__ normed, bf16_t* __restrict__ summed, float eps,
+                                                   int d, long long rows) {
+    rms_norm_vec<256>(x, x_so, x_si, res, r_so, r_si, inner_count, weight, normed, summed, eps, d, blockIdx.x, threadIdx.x);
+}

@@ -127,19 +127,21 @@ __device__ __forceinline__ void gemm_body(const bf16_t* __restrict__ x, long lon
     }
 }
 
-#define GEMM_KERNEL(MT, NT, U, VEC, SUFFIX)                                                                          \
-    extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32)                                                  \
+#define GEMM_KERNEL(MT, NT, U, VEC, SUFFIX, MIN_BLOCKS)                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS)                                      \
         gemm_bf16_m##MT##_n##NT##_##SUFFIX(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ w, \
                                           const bf16_t* __restrict__ bias, bf16_t* __restrict__ out, long long ldo,   \
                                           int M, int N, int K) {                                                      \
         gemm_body<MT, NT, U, VEC>(x, ldx, w, bias, out, ldo, M, N, K);                                               \
     }
 
-GEMM_KERNEL(1, 1, 8, true, vec)
-GEMM_KERNEL(1, 2, 8, true, vec)
-GEMM_KERNEL(1, 4, 4, true, vec)
-GEMM_KERNEL(2, 4, 2, true, vec)
-GEMM_KERNEL(1, 1, 8, false, any)
-GEMM_KERNEL(1, 2, 8, false, any)
-GEMM_KERNEL(1, 4, 4, false, any)
-GEMM_KERNEL(2, 4, 2, false, any)
+// One m-tile (at most 16 rows: decode): two blocks per SM and 16 weight chunks in flight per thread,
+// so that weight streaming runs near the memory bandwidth. Two m-tiles: prefill-sized products.
+GEMM_KERNEL(1, 1, 16, true, vec, 2)
+GEMM_KERNEL(1, 2, 8, true, vec, 2)
+GEMM_KERNEL(1, 4, 4, true, vec, 2)
+GEMM_KERNEL(2, 4, 2, true, vec, 1)
+GEMM_KERNEL(1, 1, 8, false, any, 2)
+GEMM_KERNEL(1, 2, 4, false, any, 2)
+GEMM_KERNEL(1, 4, 2, false, any, 2)
+GEMM_KERNEL(2, 4, 2, false, any, 1)

@@ -1,0 +1,51 @@
+"""The peer of `atlas bench latency --random-weights`: Hugging Face transformers ``generate`` on the same
+model shape with random bf16 weights on the GPU, batch 1, greedy, a fixed number of new tokens.
+
+A development tool for docs/benchmarks.md (torch and transformers are never Atlas dependencies).
+Usage: python hf_peer.py llama-3-8b [--prompt-len 32] [--tokens 128] [--attn sdpa|eager]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from atlas_core.bench.random_weights import load_config
+
+
+def timed_generate(model: torch.nn.Module, ids: torch.Tensor, tokens: int) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("model")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--attn", default="sdpa")
+    args = parser.parse_args()
+    name, config_dict = load_config(args.model)
+    config = AutoConfig.for_model(**config_dict)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16, attn_implementation=args.attn)
+    model.eval()
+    ids = torch.randint(0, config.vocab_size, (1, args.prompt_len), device="cuda")
+    with torch.inference_mode():
+        timed_generate(model, ids, 4)  # warm-up
+        first = min(timed_generate(model, ids, 1) for _ in range(3))
+        total = timed_generate(model, ids, args.tokens)
+    decode = (args.tokens - 1) / (total - first)
+    print(f"transformers {__import__('transformers').__version__} torch {torch.__version__} {torch.cuda.get_device_name()}: "
+          f"{name} bf16 attn={args.attn}, batch 1, {args.prompt_len}-token prompt: first token {1e3 * first:.1f} ms, "
+          f"decode {decode:.1f} tok/s ({args.tokens} tokens in {total:.2f} s)")
+
+
+if __name__ == "__main__":
+    main()
