@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 from atlas_core.backends.base import Array, AttentionMetadata
-from tests.conformance_support import Case, backend, case, oracle_rope, rope_tables  # noqa: F401 (fixtures)
+from tests.conformance_support import (  # noqa: F401 (fixtures)
+    MAX_POSITIONS,
+    Case,
+    backend,
+    case,
+    oracle_rope,
+    rope_tables,
+)
 
 
 # ---- float64 oracles -----------------------------------------------------------------------------
@@ -78,6 +85,54 @@ def test_write_kv(case: Case, tokens: int, kv_heads: int, pattern: str) -> None:
     for name, cache_dev, cache, new in (("k_cache", k_cache_dev, k_cache, k), ("v_cache", v_cache_dev, v_cache, v)):
         want = oracle_write_kv(cache, new, slots)
         case.assert_equal(case.host(cache_dev), want, f"write_kv {name} (slots {slots.tolist()}; -1 skips)")
+
+
+def oracle_head_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
+    if weight is None:
+        return x
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+@pytest.mark.parametrize(
+    ("tokens", "q_heads", "kv_heads", "head_dim", "rotary_dim", "norms"),
+    [(1, 4, 2, 16, 16, "qk"), (9, 6, 2, 16, 8, "none"), (7, 3, 3, 12, 8, "q"), (5, 4, 1, 40, 40, "qk")],
+    ids=["decode_qk_norm", "prefill_partial_no_norm", "q_norm_only", "wide_heads_mixed_slots"],
+)
+def test_qk_norm_rope_write_kv(
+    case: Case, tokens: int, q_heads: int, kv_heads: int, head_dim: int, rotary_dim: int, norms: str
+) -> None:
+    """The fused attention-input op on strided q/k/v views of one QKV array, with slots of -1."""
+    num_blocks, block_size, eps = 8, 5, 1e-5
+    positions = case.rng.integers(0, MAX_POSITIONS, size=tokens)
+    positions[0] = MAX_POSITIONS - 1
+    slots = case.rng.permutation(num_blocks * block_size)[:tokens]
+    slots[skip_pattern(case, tokens, "mixed" if tokens > 2 else "write")] = -1
+    pos_dev, pos = case.upload(positions.astype(np.int32))
+    slots_dev, slots = case.upload(slots.astype(np.int32))
+    tables = rope_tables(case, rotary_dim)
+    qkv_dev, qkv = case.upload(case.normal(tokens, (q_heads + 2 * kv_heads) * head_dim, scale=2.0))
+    q_end, k_end = q_heads * head_dim, (q_heads + kv_heads) * head_dim
+    views = [qkv_dev[:, :q_end], qkv_dev[:, q_end:k_end], qkv_dev[:, k_end:]]
+    q_dev, k_dev, v_dev = (view.reshape(tokens, -1, head_dim) for view in views)
+    q, k, v = (part.reshape(tokens, -1, head_dim) for part in (qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]))
+    weights = {
+        name: case.upload(case.normal(head_dim) + 1.0, weight=True) if name in norms else (None, None)
+        for name in "qk"
+    }
+    k_cache_dev, k_cache = case.upload(case.normal(num_blocks, block_size, kv_heads, head_dim))
+    v_cache_dev, v_cache = case.upload(case.normal(num_blocks, block_size, kv_heads, head_dim))
+
+    got = case.backend.qk_norm_rope_write_kv(
+        q_dev, k_dev, v_dev, weights["q"][0], weights["k"][0], eps, pos_dev, tables.cos_dev, tables.sin_dev,
+        k_cache_dev, v_cache_dev, slots_dev,
+    )
+    want_q = oracle_rope(oracle_head_norm(q, weights["q"][1], eps), pos, tables.cos, tables.sin)
+    want_k = oracle_rope(oracle_head_norm(k, weights["k"][1], eps), pos, tables.cos, tables.sin)
+    case.assert_close(got, want_q, f"qk_norm_rope_write_kv queries (norms: {norms or 'none'})")
+    case.assert_close(
+        k_cache_dev, oracle_write_kv(k_cache, want_k, slots), f"qk_norm_rope_write_kv k_cache (slots {slots.tolist()})"
+    )
+    case.assert_equal(case.host(v_cache_dev), oracle_write_kv(v_cache, v, slots), "qk_norm_rope_write_kv v_cache")
 
 
 @dataclass

@@ -204,6 +204,25 @@ class Backend(MoEOps, MLAOps, GemmaOps, GatedDeltaOps, Mamba2Ops, ABC):
         """Store ``k``/``v`` ``[T, Hk, D]`` into caches ``[num_blocks, block_size, Hk, D]`` at flat
         slots ``slot_mapping[T]``; a slot of -1 skips that token."""
 
+    def qk_norm_rope_write_kv(
+        self, q: Array, k: Array, v: Array, q_norm_weight: Array | None, k_norm_weight: Array | None, eps: float,
+        positions: Array, cos: Array, sin: Array, k_cache: Array, v_cache: Array, slot_mapping: Array,
+    ) -> Array:
+        """The attention layer's steps between the QKV projection and attention, as one op:
+        per-head RMSNorm of q and of k (each skipped when its weight is None), `rope` on both, then
+        `write_kv` of the rotated k and of v. ``q[T, Hq, D]``, ``k``/``v`` ``[T, Hk, D]`` (strided views
+        allowed). Returns the rotated queries ``[T, Hq, D]``; ``q`` and ``k`` may be overwritten.
+
+        Each step rounds to the activation dtype as the separate ops do. Backends may fuse it; this
+        default composes `rms_norm`, `rope` and `write_kv`."""
+        if q_norm_weight is not None:
+            q = self.rms_norm(q, q_norm_weight, eps)[0]
+        if k_norm_weight is not None:
+            k = self.rms_norm(k, k_norm_weight, eps)[0]
+        self.rope(q, k, positions, cos, sin)
+        self.write_kv(k_cache, v_cache, k, v, slot_mapping)
+        return q
+
     @abstractmethod
     def attention(
         self, q: Array, k_cache: Array, v_cache: Array, meta: AttentionMetadata, scale: float,

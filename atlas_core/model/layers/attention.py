@@ -60,6 +60,15 @@ class Attention:
         q = qkv[:, :q_width].reshape(tokens, self.num_heads, self.head_dim)
         k = qkv[:, q_width : q_width + kv_width].reshape(tokens, self.num_kv_heads, self.head_dim)
         v = k if w.values_from_keys else qkv[:, q_width + kv_width :].reshape(tokens, self.num_kv_heads, self.head_dim)
+        k_cache, v_cache = kv.keys[self.layer_index], kv.values[self.layer_index]
+        if self._fused_inputs():
+            norm = w.q_norm or w.k_norm
+            eps = norm.eps if norm else 0.0
+            q = backend.qk_norm_rope_write_kv(
+                q, k, v, w.q_norm.weight if w.q_norm else None, w.k_norm.weight if w.k_norm else None, eps,
+                batch.positions, self.rope_cos, self.rope_sin, k_cache, v_cache, batch.attention.slot_mapping,
+            )
+            return self.attend(q, batch, kv)
         if w.v_norm is not None:
             v = w.v_norm(v)[0]
         if w.q_norm is not None:
@@ -68,9 +77,16 @@ class Attention:
             k = w.k_norm(k)[0]
         if self.rope_cos is not None:  # None: a layer without positional rotation (Nemotron-H attention)
             backend.rope(q, k, batch.positions, self.rope_cos, self.rope_sin)
-        k_cache, v_cache = kv.keys[self.layer_index], kv.values[self.layer_index]
         backend.write_kv(k_cache, v_cache, k, v, batch.attention.slot_mapping)
         return self.attend(q, batch, kv)
+
+    def _fused_inputs(self) -> bool:
+        """Whether `Backend.qk_norm_rope_write_kv` covers this layer: rotary positions, values of
+        their own without a norm, and q/k norms (where present) plain `RMSNorm`s sharing one eps."""
+        w = self.weights
+        norms = [n for n in (w.q_norm, w.k_norm) if n is not None]
+        plain = all(type(n) is RMSNorm for n in norms) and len({n.eps for n in norms}) <= 1
+        return plain and self.rope_cos is not None and not w.values_from_keys and w.v_norm is None
 
     def attend(self, q: Array, batch: ForwardBatch, kv: KVCache) -> Array:
         """Attention of rotated queries ``q[T, Hq, D]`` over the layer's cache slot, then the output

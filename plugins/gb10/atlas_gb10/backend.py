@@ -27,6 +27,8 @@ from atlas_gb10.sampling import LogitsOps
 BF16 = np.dtype(ml_dtypes.bfloat16)
 GEMM_TILES = ((2, 4), (1, 4), (1, 2), (1, 1))
 """(m-tiles of 16 rows, n-tiles of 8 columns) per GEMM block, largest first."""
+QKV_FUSED_WARPS, QKV_FUSED_MAX_HEAD_DIM = 16, 256
+"""``QKR_WARPS`` and ``QKR_MAX_D`` of ``elementwise.cu``'s fused attention-input kernel."""
 
 
 def null_or(array: Any) -> Any:
@@ -248,6 +250,34 @@ class CudaBackend(Backend):
             (k_cache, v_cache, k, np.int64(ks[0]), np.int64(ks[1]), v, np.int64(vs[0]), np.int64(vs[1]), slot_mapping,
              np.int32(heads), np.int32(d)),
         )
+
+    def qk_norm_rope_write_kv(
+        self, q: Array, k: Array, v: Array, q_norm_weight: Array | None, k_norm_weight: Array | None, eps: float,
+        positions: Array, cos: Array, sin: Array, k_cache: Array, v_cache: Array, slot_mapping: Array,
+    ) -> Array:
+        """One kernel for the per-head norms, RoPE and the KV write (heads up to ``QKV_FUSED_MAX_HEAD_DIM``
+        wide; wider heads take the composed ops)."""
+        self._require_bf16("qk_norm_rope_write_kv", q, k, v, q_norm_weight, k_norm_weight, k_cache, v_cache)
+        tokens, q_heads, d = q.shape
+        kv_heads, half = k.shape[1], cos.shape[1]
+        if d > QKV_FUSED_MAX_HEAD_DIM or any(a.strides[-1] != a.itemsize for a in (q, k, v)):
+            return super().qk_norm_rope_write_kv(
+                q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos, sin, k_cache, v_cache, slot_mapping
+            )
+        if cos.dtype != np.float32:  # the contract's tables are float32; accept others at the cost of a copy
+            cos, sin = cos.astype(np.float32), sin.astype(np.float32)
+        out = self.cp.empty((tokens, q_heads, d), dtype=BF16)
+        if tokens:
+            qs, ks, vs = element_strides(q), element_strides(k), element_strides(v)
+            warps = min(QKV_FUSED_WARPS, q_heads + 2 * kv_heads)
+            self._kernel("elementwise", "qk_norm_rope_write_kv_bf16")(
+                (tokens,), (32 * warps,),
+                (q, np.int64(qs[0]), np.int64(qs[1]), np.int32(q_heads), k, np.int64(ks[0]), np.int64(ks[1]),
+                 v, np.int64(vs[0]), np.int64(vs[1]), np.int32(kv_heads), null_or(q_norm_weight),
+                 null_or(k_norm_weight), np.float32(eps), positions, cos, sin, np.int32(half), out, k_cache,
+                 v_cache, slot_mapping, np.int32(d)),
+            )
+        return out
 
     def attention(
         self, q: Array, k_cache: Array, v_cache: Array, meta: AttentionMetadata, scale: float,

@@ -2,7 +2,9 @@
 
 Large arrays (weights) are converted to their device dtype while being copied into one of two pinned
 buffers, and each buffer is sent with an asynchronous copy while the other one is being filled.
-Small arrays (per-step metadata) take CuPy's plain path.
+Small arrays (per-step metadata) are copied into one of a ring of small pinned slots and sent with an
+asynchronous copy on the current stream, ordered before the kernels that read them, so the host does
+not wait for the copy; a slot is reused only once its last copy is done.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from typing import Any
 import numpy as np
 
 SMALL_BYTES = 1 << 20
+"""Arrays up to this size skip the large-array staging buffers."""
+SLOT_BYTES, SLOTS = 64 << 10, 64
+"""The ring of pinned slots for small arrays (per-step metadata); larger small arrays take CuPy's path."""
 
 
 class PinnedUploader:
@@ -24,6 +29,9 @@ class PinnedUploader:
         self._events: list[Any] = []
         self._next = 0
         self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._slots: Any = None
+        self._slot_events: list[Any] = [None] * SLOTS
+        self._next_slot = 0
 
     def _staging(self) -> tuple[Any, Any]:
         if not self._buffers:
@@ -40,7 +48,10 @@ class PinnedUploader:
         """A new device array with ``host``'s values in ``dtype`` (C order)."""
         cp = self.cp
         dtype = np.dtype(dtype)
-        if host.size * dtype.itemsize <= SMALL_BYTES:
+        nbytes = host.size * dtype.itemsize
+        if nbytes <= SLOT_BYTES and not cp.cuda.get_current_stream().is_capturing():
+            return self._upload_small(host, dtype)  # never while capturing: a graph would re-read the slot
+        if nbytes <= SMALL_BYTES:
             return cp.asarray(np.ascontiguousarray(host, dtype=dtype))
         out = cp.empty(host.shape, dtype=dtype)
         source = np.ascontiguousarray(host).reshape(-1)
@@ -56,4 +67,25 @@ class PinnedUploader:
             event.record(self._stream)
             self._events[index] = event
         self._stream.synchronize()
+        return out
+
+    def _upload_small(self, host: np.ndarray, dtype: np.dtype) -> Any:
+        """Through the next pinned slot, asynchronously on the current stream."""
+        cp = self.cp
+        out = cp.empty(host.shape, dtype=dtype)
+        if out.size == 0:
+            return out
+        if self._slots is None:
+            self._slots = cp.cuda.alloc_pinned_memory(SLOT_BYTES * SLOTS)
+        index = self._next_slot
+        self._next_slot = (index + 1) % SLOTS
+        if self._slot_events[index] is not None:
+            self._slot_events[index].synchronize()  # the slot's previous copy has been done
+        staged = np.frombuffer(self._slots, dtype=dtype, count=out.size, offset=index * SLOT_BYTES)
+        staged[...] = np.asarray(host).reshape(-1)
+        stream = cp.cuda.get_current_stream()
+        out.data.copy_from_host_async(staged.ctypes.data, out.nbytes, stream)
+        event = cp.cuda.Event()
+        event.record(stream)
+        self._slot_events[index] = event
         return out

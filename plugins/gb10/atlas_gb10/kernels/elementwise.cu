@@ -1,5 +1,5 @@
 // Row-wise and elementwise ops on bf16 activations: embedding, fused residual-add RMSNorm,
-// SiLU/GELU-tanh gating, rotary embedding, paged KV write.
+// SiLU/GELU-tanh gating, rotary embedding, paged KV write, and those three fused for attention inputs.
 //
 // Every kernel computes each row with a fixed thread layout that depends only on the row width,
 // never on the number of rows, so a row's result is bitwise the same in any batch.
@@ -150,6 +150,65 @@ extern "C" __global__ void write_kv_bf16(bf16_t* __restrict__ k_cache, bf16_t* _
         const int j = i - h * d;
         k_cache[slot * total + i] = k[t * k_s0 + h * k_s1 + j];
         v_cache[slot * total + i] = v[t * v_s0 + h * v_s1 + j];
+    }
+}
+
+// The attention layer's inputs in one launch: per-head RMSNorm of q and k (a null weight skips it),
+// rotate-half RoPE on the first 2*half dims, then q into q_out [T, Hq, D] (contiguous) and k, v into
+// the caches at slots[t] (-1: k and v are skipped, q is still written). One block per token, a warp
+// per head (q heads, then k heads, then v heads); a head is staged in shared memory as floats, each
+// value rounded to bf16 where the separate ops (rms_norm, rope, write_kv) round it.
+#define QKR_WARPS 16
+#define QKR_MAX_D 256
+
+extern "C" __global__ void __launch_bounds__(QKR_WARPS * 32) qk_norm_rope_write_kv_bf16(
+    const bf16_t* __restrict__ q, long long q_s0, long long q_s1, int q_heads, const bf16_t* __restrict__ k,
+    long long k_s0, long long k_s1, const bf16_t* __restrict__ v, long long v_s0, long long v_s1, int kv_heads,
+    const bf16_t* __restrict__ q_weight, const bf16_t* __restrict__ k_weight, float eps,
+    const int* __restrict__ positions, const float* __restrict__ cos_t, const float* __restrict__ sin_t, int half,
+    bf16_t* __restrict__ q_out, bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
+    const int* __restrict__ slots, int d) {
+    __shared__ float stage[QKR_WARPS][QKR_MAX_D];
+    const long long t = blockIdx.x;
+    const long long slot = slots[t];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const long long kv_row = (long long)kv_heads * d;
+    const float* c = cos_t + (long long)positions[t] * half;
+    const float* s = sin_t + (long long)positions[t] * half;
+    float* buf = stage[warp];
+    for (int h = warp; h < q_heads + 2 * kv_heads; h += warps) {
+        const bool is_q = h < q_heads, is_k = !is_q && h < q_heads + kv_heads;
+        if (!is_q && slot < 0) continue;
+        if (!is_q && !is_k) {
+            const int vh = h - q_heads - kv_heads;
+            const bf16_t* src = v + t * v_s0 + vh * v_s1;
+            bf16_t* dst = v_cache + slot * kv_row + (long long)vh * d;
+            for (int i = lane; i < d; i += 32) dst[i] = src[i];
+            continue;
+        }
+        const bf16_t* src = is_q ? q + t * q_s0 + h * q_s1 : k + t * k_s0 + (h - q_heads) * k_s1;
+        const bf16_t* weight = is_q ? q_weight : k_weight;
+        bf16_t* dst = is_q ? q_out + (t * q_heads + h) * d : k_cache + slot * kv_row + (long long)(h - q_heads) * d;
+        float sq = 0.0f;
+        for (int i = lane; i < d; i += 32) {
+            const float x = bf16_to_float(src[i]);
+            buf[i] = x;
+            sq = __fmaf_rn(x, x, sq);
+        }
+        if (weight) {
+            sq = __shfl_sync(0xffffffffu, warp_sum(sq), 0);
+            const float inv = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(sq, (float)d), eps));
+            for (int i = lane; i < d; i += 32)
+                buf[i] = bf16_to_float(float_to_bf16(__fmul_rn(__fmul_rn(buf[i], inv), bf16_to_float(weight[i]))));
+        }
+        __syncwarp();
+        for (int j = lane; j < half; j += 32) {
+            const float a = buf[j], b = buf[j + half];
+            dst[j] = float_to_bf16(__fsub_rn(__fmul_rn(a, c[j]), __fmul_rn(b, s[j])));
+            dst[j + half] = float_to_bf16(__fadd_rn(__fmul_rn(b, c[j]), __fmul_rn(a, s[j])));
+        }
+        for (int i = 2 * half + lane; i < d; i += 32) dst[i] = float_to_bf16(buf[i]);
+        __syncwarp();
     }
 }
 
