@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import jsonschema
 import llguidance
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from atlas_core.tokenizer import Tokenizer
 
 StructuredKind = Literal["json_object", "json_schema", "tool_call", "grammar"]
-_KINDS = ("json_object", "json_schema", "tool_call", "grammar")
+_KINDS: tuple[str, ...] = get_args(StructuredKind)
 
 
 class StructuredOutputError(InvalidRequestError, ValueError):
@@ -89,6 +89,7 @@ class StructuredOutput:
 
     @property
     def llguidance_grammar(self) -> str:
+        """The grammar in llguidance's own (JSON) form, as `llguidance.LLMatcher` takes it."""
         return llguidance.LLMatcher.grammar_from_lark(self.grammar)
 
 
@@ -115,6 +116,7 @@ class ThinkingBudget:
 
     @property
     def token_ids(self) -> tuple[int, ...]:
+        """Every token id the budget names (for the vocabulary range check)."""
         return (*self.end_token_ids, *self.start_token_ids, *self.close_token_ids)
 
 
@@ -131,11 +133,13 @@ class _BudgetTracker:
         self._window = max(len(budget.start_token_ids), len(budget.close_token_ids))
 
     def next_forced(self) -> int | None:
+        """The end token forced at this step once the budget is spent, else None."""
         if self.inside and not self.done and self.count >= self.budget.max_tokens:
             return self.budget.end_token_ids[self.forced]
         return None
 
     def accept(self, token: int) -> None:
+        """Advance by the sequence's new token (the forced one when `next_forced` named one)."""
         if self.done:
             return
         if self.next_forced() is not None:
@@ -178,6 +182,7 @@ class GuidedDecoding:
 
     @property
     def active(self) -> bool:
+        """True while any live sequence has a grammar or a thinking budget."""
         return bool(self._states)
 
     def add(self, request: Request) -> None:
@@ -191,7 +196,10 @@ class GuidedDecoding:
             else []
         )
         if bad:
-            raise InvalidRequestError(f"thinking budget token ids {bad[:5]} are outside [0, {self.vocab_size})")
+            raise InvalidRequestError(
+                f"thinking budget token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size}); "
+                "give token ids of this model's tokenizer"
+            )
         matcher = self._compile(params.structured) if params.structured is not None else None
         for i, seq in enumerate(request.seqs):
             own = matcher.deep_copy() if matcher is not None and i > 0 else matcher
@@ -199,6 +207,7 @@ class GuidedDecoding:
             self._states[seq] = _SequenceState(own, budget)
 
     def release(self, seq: Sequence) -> None:
+        """Forget ``seq`` (finished or aborted); unknown sequences are ignored."""
         self._states.pop(seq, None)
 
     def forced_tokens(self, seqs: list[Sequence]) -> dict[int, int]:

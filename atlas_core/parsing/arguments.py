@@ -22,6 +22,7 @@ from atlas_core.parsing.types import ToolCall, ToolDefinition
 
 
 def new_call_id() -> str:
+    """A fresh tool-call id, ``call_`` + 24 hex digits (unique per call, as OpenAI's are)."""
     return f"call_{uuid.uuid4().hex[:24]}"
 
 

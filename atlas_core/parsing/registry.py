@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 from atlas_core.parsing.errors import UnknownParserError
 from atlas_core.parsing.reasoning import REASONING_FORMATS, ReasoningFormat
 from atlas_core.parsing.tools import TOOL_FORMATS, ToolFormat
+
+_Format = TypeVar("_Format")
 
 
 def tool_parser_names() -> list[str]:
@@ -19,19 +24,16 @@ def reasoning_parser_names() -> list[str]:
 
 def tool_format(name: str) -> ToolFormat:
     """The tool-call format called ``name``; `UnknownParserError` lists the valid names otherwise."""
-    try:
-        return TOOL_FORMATS[name]
-    except KeyError:
-        raise UnknownParserError(
-            f"unknown tool-call parser {name!r}; valid names: {', '.join(tool_parser_names())}"
-        ) from None
+    return _lookup(TOOL_FORMATS, name, "tool-call")
 
 
 def reasoning_format(name: str) -> ReasoningFormat:
     """The reasoning format called ``name``; `UnknownParserError` lists the valid names otherwise."""
+    return _lookup(REASONING_FORMATS, name, "reasoning")
+
+
+def _lookup(formats: Mapping[str, _Format], name: str, kind: str) -> _Format:
     try:
-        return REASONING_FORMATS[name]
+        return formats[name]
     except KeyError:
-        raise UnknownParserError(
-            f"unknown reasoning parser {name!r}; valid names: {', '.join(reasoning_parser_names())}"
-        ) from None
+        raise UnknownParserError(f"unknown {kind} parser {name!r}; valid names: {', '.join(sorted(formats))}") from None

@@ -36,6 +36,8 @@ EPILOG = (
 
 
 def add_serve_parser(commands: Any) -> None:
+    """Register ``atlas serve`` on ``commands`` (the ``add_subparsers`` object of the ``atlas`` parser).
+    Flags default to None so that `Settings` can tell an unset flag from a given one."""
     parser = commands.add_parser(
         "serve", help="serve a model over OpenAI- and Anthropic-compatible HTTP APIs", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -62,6 +64,7 @@ def add_serve_parser(commands: Any) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    """Resolve the settings, then serve until a shutdown signal; the exit status."""
     from atlas_core.server.auth import read_keys_file
     from atlas_core.server.state import ServerConfig, ServerState
     from atlas_core.server.uvicorn_server import make_server

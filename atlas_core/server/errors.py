@@ -75,20 +75,24 @@ class AnthropicError(msgspec.Struct, tag_field="type", tag="error"):
 
 
 def is_anthropic_path(path: str) -> bool:
+    """True for the Anthropic routes (``/v1/messages`` and below), whose errors are Anthropic-shaped."""
     return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
 
 
 def openai_error(error: APIError) -> OpenAIError:
+    """``error`` in OpenAI's shape; the ``type`` follows from the status."""
     kind = _OPENAI_TYPES.get(error.status, "server_error" if error.status >= 500 else "invalid_request_error")
     return OpenAIError(OpenAIErrorBody(error.message, kind, error.param, error.code))
 
 
 def anthropic_error(error: APIError) -> AnthropicError:
+    """``error`` in Anthropic's shape; the ``type`` follows from the status."""
     kind = _ANTHROPIC_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
     return AnthropicError(AnthropicErrorBody(kind, error.message))
 
 
 def error_payload(path: str, error: APIError) -> OpenAIError | AnthropicError:
+    """``error`` in the shape of the API that ``path`` belongs to."""
     return anthropic_error(error) if is_anthropic_path(path) else openai_error(error)
 
 

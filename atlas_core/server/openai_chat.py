@@ -23,10 +23,10 @@ from atlas_core.server.schemas_openai import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
+    FunctionCall,
     PromptTokensDetails,
     ToolCall,
     ToolCallDelta,
-    ToolCallFunction,
     ToolCallFunctionDelta,
     Usage,
 )
@@ -69,7 +69,7 @@ def chat_completion(output: RequestOutput, ctx: ChatContext) -> ChatCompletion:
         _, message = parser.finish()
         if message.problems:
             log.info("tool-call output kept as text: %s", "; ".join(message.problems))
-        calls = [ToolCall(id=c.id, function=ToolCallFunction(c.name, c.arguments)) for c in message.tool_calls]
+        calls = [ToolCall(id=c.id, function=FunctionCall(c.name, c.arguments)) for c in message.tool_calls]
         logprobs = None
         if ctx.top_logprobs is not None:
             logprobs = chat_logprobs(completion.logprobs or [], completion.token_ids, ctx.top_logprobs, ctx.texts)

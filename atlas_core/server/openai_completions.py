@@ -54,9 +54,10 @@ def prompts_of(runtime: ModelRuntime, request: CompletionRequest) -> list[Prompt
     for item in items:
         if isinstance(item, str):
             prompts.append(Prompt(item, tokenizer.encode(item), True))
-        elif any(not 0 <= token < vocab for token in item):
-            raise invalid(f"prompt token ids must be in [0, {vocab})", param="prompt")
         else:
+            bad = [token for token in item if not 0 <= token < vocab]
+            if bad:
+                raise invalid(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt")
             prompts.append(Prompt(tokenizer.decode(item), list(item), False))
     for prompt in prompts:
         check_prompt_length(len(prompt.ids), runtime.max_seq_len)

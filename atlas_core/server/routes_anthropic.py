@@ -41,8 +41,7 @@ TAGS = ["Anthropic"]
 
 @post("/v1/messages", status_code=200, tags=TAGS, summary="Create a message (streamed when stream is true)")
 async def create_message(data: JSONBody[MessagesRequest], server: NamedDependency[ServerState]) -> MessageResponse | Stream:
-    runtime = server.require_runtime()
-    server.check_model(data.model)
+    runtime = server.runtime_for(data.model)
     if data.max_tokens < 1:
         raise invalid(f"max_tokens must be at least 1, got {data.max_tokens}", param="max_tokens")
     setup = anthropic_setup(server, data)
@@ -71,8 +70,7 @@ def _constraints(data: MessagesRequest, parsers: ParserSpec, runtime: ModelRunti
 
 @post("/v1/messages/count_tokens", status_code=200, tags=TAGS, summary="Count the prompt tokens of a message request")
 async def count_tokens(data: JSONBody[CountTokensRequest], server: NamedDependency[ServerState]) -> TokenCount:
-    runtime = server.require_runtime()
-    server.check_model(data.model)
+    runtime = server.runtime_for(data.model)
     setup = anthropic_setup(server, data)
     text = render_text(runtime, setup)
     return TokenCount(len(runtime.tokenizer.encode(text, add_special_tokens=False)))

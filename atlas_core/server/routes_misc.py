@@ -25,8 +25,7 @@ TAGS = ["Tokenizer"]
 
 @post("/tokenize", status_code=200, tags=TAGS, summary="Token ids of a prompt or of a rendered conversation")
 async def tokenize(data: JSONBody[TokenizeRequest], server: NamedDependency[ServerState]) -> TokenizeResponse:
-    runtime = server.require_runtime()
-    server.check_model(data.model)
+    runtime = server.runtime_for(data.model)
     if (data.prompt is None) == (data.messages is None):
         raise invalid("send exactly one of prompt and messages", param="prompt")
     if data.messages is not None:
@@ -43,8 +42,7 @@ async def tokenize(data: JSONBody[TokenizeRequest], server: NamedDependency[Serv
 
 @post("/detokenize", status_code=200, tags=TAGS, summary="Text of token ids")
 async def detokenize(data: JSONBody[DetokenizeRequest], server: NamedDependency[ServerState]) -> DetokenizeResponse:
-    runtime = server.require_runtime()
-    server.check_model(data.model)
+    runtime = server.runtime_for(data.model)
     vocab = runtime.vocab_size
     bad = [t for t in data.tokens if not 0 <= t < vocab]
     if bad:

@@ -15,7 +15,7 @@ from litestar.response import Stream
 from atlas_core.engine.outputs import RequestOutput
 from atlas_core.server.chat_prompt import openai_setup, render
 from atlas_core.server.constraints import REASONING_EFFORT_BUDGET, constraint_fields
-from atlas_core.server.errors import APIError, invalid
+from atlas_core.server.errors import invalid
 from atlas_core.server.generation import final, generate, start
 from atlas_core.server.logprob_format import TokenTexts
 from atlas_core.server.openai_chat import ChatContext, chat_completion, chat_stream
@@ -29,6 +29,7 @@ from atlas_core.server.schemas_openai import (
     CompletionRequest,
     ModelCard,
     ModelList,
+    StreamOptions,
 )
 from atlas_core.server.state import ServerState
 from atlas_core.server.streaming import event_stream, openai_error_event
@@ -38,8 +39,7 @@ TAGS = ["OpenAI"]
 
 @post("/v1/chat/completions", status_code=200, tags=TAGS, summary="Create a chat completion (streamed when stream is true)")
 async def chat_completions(data: JSONBody[ChatCompletionRequest], server: NamedDependency[ServerState]) -> ChatCompletion | Stream:
-    runtime = server.require_runtime()
-    server.check_model(data.model)
+    runtime = server.runtime_for(data.model)
     setup = openai_setup(server, data)
     prompt = render(runtime, setup)
     max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
@@ -56,7 +56,7 @@ async def chat_completions(data: JSONBody[ChatCompletionRequest], server: NamedD
     ctx = ChatContext(
         response_id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=server.model_name, parsers=parsers,
         texts=TokenTexts(runtime.tokenizer), top_logprobs=top,
-        include_usage=bool(data.stream_options and data.stream_options.include_usage),
+        include_usage=_include_usage(data.stream_options),
     )
     stream = generate(server, prompt.text, prompt.ids, params)
     if data.stream:
@@ -66,10 +66,9 @@ async def chat_completions(data: JSONBody[ChatCompletionRequest], server: NamedD
 
 @post("/v1/completions", status_code=200, tags=TAGS, summary="Create a text completion (streamed when stream is true)")
 async def completions(data: JSONBody[CompletionRequest], server: NamedDependency[ServerState]) -> Completion | Stream:
-    runtime = server.require_runtime()
-    server.check_model(data.model)
+    runtime = server.runtime_for(data.model)
     if data.suffix:
-        raise invalid("suffix is not supported", param="suffix")
+        raise invalid("suffix is not supported (no fill-in-the-middle); leave it out", param="suffix")
     prompts = prompts_of(runtime, data)
     check_max_tokens(data.max_tokens, runtime.max_seq_len)
     params = sampling_params(
@@ -79,12 +78,17 @@ async def completions(data: JSONBody[CompletionRequest], server: NamedDependency
     ctx = CompletionContext(
         response_id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=server.model_name, n=data.n, echo=data.echo,
         logprobs=data.logprobs, texts=TokenTexts(runtime.tokenizer),
-        include_usage=bool(data.stream_options and data.stream_options.include_usage),
+        include_usage=_include_usage(data.stream_options),
     )
     streams = [generate(server, p.text if p.from_text else None, p.ids, params) for p in prompts]
     if data.stream:
         return event_stream(completion_stream(await _start_all(streams), prompts, ctx), openai_error_event)
     return completion_response(await _finish_all(streams), prompts, ctx)
+
+
+def _include_usage(options: StreamOptions | None) -> bool:
+    """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
+    return bool(options and options.include_usage)
 
 
 async def _start_all(streams: list[AsyncIterator[RequestOutput]]) -> list[AsyncIterator[RequestOutput]]:
@@ -125,7 +129,7 @@ async def retrieve_model(model_id: FromPath[str], server: NamedDependency[Server
     server.require_runtime()
     name = model_id.lstrip("/")
     if name not in server.config.model_names:
-        raise APIError(404, f"the model {name!r} does not exist; this server serves {server.model_name!r}", code="model_not_found")
+        raise server.unknown_model(name, param=None)
     return _card(server, name)
 
 

@@ -62,12 +62,14 @@ ContentPart = TextPart | ImagePart
 
 
 class FunctionCall(msgspec.Struct):
+    """The function a tool call invokes; ``arguments`` is a JSON object as text."""
+
     name: str
     arguments: str
 
 
-class MessageToolCall(msgspec.Struct, kw_only=True):
-    """A tool call in the conversation history (an earlier assistant turn)."""
+class ToolCall(msgspec.Struct, kw_only=True):
+    """A tool call: of an assistant message in a response, or of an earlier assistant turn in a request."""
 
     id: str
     function: FunctionCall
@@ -78,7 +80,7 @@ class ChatMessage(msgspec.Struct, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[MessageToolCall] | None = None
+    tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
 
@@ -175,26 +177,14 @@ class TopLogprob(msgspec.Struct):
     bytes: list[int] | None
 
 
-class TokenLogprob(msgspec.Struct):
-    token: str
-    logprob: float
-    bytes: list[int] | None
+class TokenLogprob(TopLogprob):
+    """A generated token's logprob and its most likely alternatives."""
+
     top_logprobs: list[TopLogprob]
 
 
 class ChatLogprobs(msgspec.Struct):
     content: list[TokenLogprob]
-
-
-class ToolCallFunction(msgspec.Struct):
-    name: str
-    arguments: str
-
-
-class ToolCall(msgspec.Struct, kw_only=True):
-    id: str
-    function: ToolCallFunction
-    type: str = "function"
 
 
 class AssistantMessage(msgspec.Struct, kw_only=True, omit_defaults=True):

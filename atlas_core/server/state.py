@@ -47,6 +47,7 @@ class ModelRuntime:
 
     @property
     def max_seq_len(self) -> int:
+        """Longest prompt + completion, in tokens."""
         return self.engine.engine.max_seq_len
 
     @property
@@ -70,6 +71,7 @@ class ServerState:
 
     @property
     def model_name(self) -> str:
+        """The name reported in responses ("" until the model's name is known)."""
         return self.config.model_names[0] if self.config.model_names else ""
 
     def attach(self, runtime: ModelRuntime) -> None:
@@ -78,19 +80,31 @@ class ServerState:
         self.metrics.watch_engine(runtime.engine.engine)
 
     def require_runtime(self) -> ModelRuntime:
+        """The loaded model; `APIError` 503 while it loads or the server shuts down."""
         if self.shutting_down:
             raise APIError(503, "the server is shutting down")
         if self.runtime is None:
             raise APIError(503, "the model is still loading; retry when GET /health answers 200")
         return self.runtime
 
+    def unknown_model(self, name: str, param: str | None) -> APIError:
+        """The 404 for a model this server does not serve, blaming the request field ``param``."""
+        return APIError(
+            404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+            param=param, code="model_not_found",
+        )
+
     def check_model(self, name: str | None) -> None:
         """Accept a request for ``name`` (None or "" means the served model); 404 for any other."""
         if name and name not in self.config.model_names:
-            raise APIError(
-                404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
-                param="model", code="model_not_found",
-            )
+            raise self.unknown_model(name, param="model")
+
+    def runtime_for(self, model: str | None) -> ModelRuntime:
+        """The runtime serving a request that names ``model``: 503 while loading or shutting down,
+        404 for a model this server does not serve."""
+        runtime = self.require_runtime()
+        self.check_model(model)
+        return runtime
 
     async def drain(self) -> None:
         """Shut down gracefully (idempotent): refuse new requests (503), give those in flight up to

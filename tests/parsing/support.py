@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from atlas_core.parsing import (
@@ -86,3 +87,20 @@ def check_consistent(events: list[StreamEvent], message: ParsedMessage) -> None:
         fragments = [e.fragment for e in events if isinstance(e, ToolCallArgumentsDelta) and e.index == i]
         assert "".join(fragments) == call.arguments
     assert all(not isinstance(e, ContentDelta) or e.text for e in events), "no empty deltas"
+
+
+def split(text: str, cuts: Iterable[int]) -> list[str]:
+    """``text`` cut at each of ``cuts`` (taken modulo ``len(text) + 1``); the pieces join to ``text``."""
+    points = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
+    return [text[a:b] for a, b in itertools.pairwise(points)]
+
+
+def check_streams_like_whole(pieces: Sequence[str], **parser_args: Any) -> ParsedMessage:
+    """Streaming ``pieces`` gives the same message and merged events as parsing their join whole,
+    and the events add up to the message; returns the streamed message."""
+    whole_events, whole = stream(["".join(pieces)], **parser_args)
+    events, message = stream(pieces, **parser_args)
+    assert without_ids(message) == without_ids(whole)
+    assert summary(events) == summary(whole_events)
+    check_consistent(events, message)
+    return message

@@ -25,9 +25,8 @@ from atlas_core.parsing.tools import MarkupError
 from atlas_core.parsing.tools.gemma4 import read_gemma4_arguments
 
 from .byte_tokenizer import SPECIAL, byte_tokenizer
-from .support import TOOLS, check_consistent, stream, summary, without_ids
+from .support import TOOLS, check_streams_like_whole, split
 from .test_constraints import accepts, random_walk
-from .test_streaming_property import split
 
 Q = '<|"|>'
 GEMMA_TOKENIZER = byte_tokenizer([*SPECIAL, Q, "<|tool_call>", "<tool_call|>", "<|channel>", "<channel|>"])
@@ -125,15 +124,9 @@ def test_a_thinking_turn_with_parallel_calls_streams_at_every_character() -> Non
         ("get_time", {"zone": "UTC"}),
     ]
     assert message.problems == []
-    whole_events, whole = stream([TURN], **args)
     for cut in range(len(TURN) + 1):
-        events, streamed = stream([TURN[:cut], TURN[cut:]], **args)
-        assert without_ids(streamed) == without_ids(whole), cut
-        assert summary(events) == summary(whole_events), cut
-    char_events, streamed = stream(list(TURN), **args)
-    assert without_ids(streamed) == without_ids(whole)
-    assert summary(char_events) == summary(whole_events)
-    check_consistent(char_events, streamed)
+        check_streams_like_whole([TURN[:cut], TURN[cut:]], **args)
+    check_streams_like_whole(list(TURN), **args)
 
 
 GEMMA_MARKUP = [Q, "<|tool_call>", "<tool_call|>", "call:get_time", "zone:", "<|channel>", "thought", "<channel|>"]
@@ -146,11 +139,7 @@ GEMMA_MARKUP = [Q, "<|tool_call>", "<tool_call|>", "call:get_time", "zone:", "<|
 )
 def test_gemma_markup_soup_never_crashes_and_streams_like_the_whole(text: str, cuts: list[int]) -> None:
     args = {"tool_parser": "gemma4", "tools": TOOLS, "reasoning_parser": "gemma4"}
-    whole_events, whole = stream([text], **args)
-    events, message = stream(split(text, cuts), **args)
-    assert without_ids(message) == without_ids(whole)
-    assert summary(events) == summary(whole_events)
-    check_consistent(events, message)
+    message = check_streams_like_whole(split(text, cuts), **args)
     if not message.problems:  # every call region was honoured: none of its markup is content
         assert "<|tool_call>" not in message.content
 

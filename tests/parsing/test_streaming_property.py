@@ -3,21 +3,14 @@ thing as parsing it whole."""
 
 from __future__ import annotations
 
-import itertools
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from .cases import CASES
-from .support import TOOLS, check_consistent, stream, summary, without_ids
+from .support import TOOLS, check_streams_like_whole, split
 
 THINKING = "<think>\nThe user wants weather. </think>\n\n"
 MARKUP = ["<think>", "</think>", "<tool_call>", "</tool_call>", '{"name": "get_time", "arguments": {"zone": "UTC"}}']
-
-
-def split(text: str, cuts: list[int]) -> list[str]:
-    points = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
-    return [text[a:b] for a, b in itertools.pairwise(points)]
 
 
 @settings(max_examples=300, deadline=None)
@@ -29,11 +22,7 @@ def split(text: str, cuts: list[int]) -> list[str]:
 def test_any_split_streams_like_the_whole(case, think: bool, cuts: list[int]) -> None:
     text = (THINKING if think else "") + case.text
     args = {"tool_parser": case.parser, "tools": TOOLS, "reasoning_parser": "qwen3" if think else None}
-    whole_events, whole = stream([text], **args)
-    events, message = stream(split(text, cuts), **args)
-    assert without_ids(message) == without_ids(whole)
-    assert summary(events) == summary(whole_events)
-    check_consistent(events, message)
+    check_streams_like_whole(split(text, cuts), **args)
 
 
 @settings(max_examples=200, deadline=None)
@@ -43,10 +32,6 @@ def test_any_split_streams_like_the_whole(case, think: bool, cuts: list[int]) ->
 )
 def test_arbitrary_markup_soup_never_crashes_and_streams_like_the_whole(text: str, cuts: list[int]) -> None:
     args = {"tool_parser": "hermes", "tools": TOOLS, "reasoning_parser": "qwen3"}
-    whole_events, whole = stream([text], **args)
-    events, message = stream(split(text, cuts), **args)
-    assert without_ids(message) == without_ids(whole)
-    assert summary(events) == summary(whole_events)
-    check_consistent(events, message)
+    message = check_streams_like_whole(split(text, cuts), **args)
     if not message.problems:  # every call region was honoured: none of its markup is content
         assert "<tool_call>" not in message.content

@@ -9,7 +9,7 @@ import pytest
 from atlas_core.parsing import OutputParser, tool_parser_names
 
 from .cases import CASES, Case
-from .support import TOOLS, check_consistent, stream, summary, without_ids
+from .support import TOOLS, check_streams_like_whole
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -27,12 +27,8 @@ def test_parse(case: Case) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_streaming_per_character_matches_whole(case: Case) -> None:
-    whole_events, whole = stream([case.text], tool_parser=case.parser, tools=TOOLS)
-    char_events, streamed = stream(list(case.text), tool_parser=case.parser, tools=TOOLS)
-    assert without_ids(streamed) == without_ids(whole)
-    assert summary(char_events) == summary(whole_events)
-    check_consistent(char_events, streamed)
-    check_consistent(whole_events, whole)
+    check_streams_like_whole(list(case.text), tool_parser=case.parser, tools=TOOLS)
+    check_streams_like_whole([case.text], tool_parser=case.parser, tools=TOOLS)
 
 
 def test_every_parser_has_cases() -> None:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
+
+import anthropic
+import openai
 
 from atlas_core.engine.async_engine import AsyncEngine
 from atlas_core.engine.llm_engine import LLMEngine
@@ -35,6 +39,14 @@ class LiveServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=60)
+
+    def openai(self, api_key: str = "unused", **kwargs: Any) -> openai.OpenAI:
+        """An ``openai`` SDK client of this server (no retries); more client options as keywords."""
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **kwargs)
+
+    def anthropic(self, api_key: str = "unused") -> anthropic.Anthropic:
+        """An ``anthropic`` SDK client of this server (no retries)."""
+        return anthropic.Anthropic(base_url=self.url, api_key=api_key, max_retries=0)
 
 
 def serve(engine: LLMEngine, tokenizer: Tokenizer, name: str, **config: object) -> LiveServer:

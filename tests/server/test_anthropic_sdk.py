@@ -3,7 +3,6 @@ tool use, thinking, stop sequences."""
 
 from __future__ import annotations
 
-import anthropic
 
 from tests.server.conftest import ScriptedFactory
 from tests.server.live import LiveServer
@@ -20,12 +19,8 @@ SCRIPTS = {
 }
 
 
-def client(server: LiveServer, api_key: str = "unused") -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.url, api_key=api_key, max_retries=0)
-
-
 def test_message(smol: LiveServer) -> None:
-    message = client(smol).messages.create(model="smollm2", max_tokens=24, messages=QUESTION, extra_body={"temperature": 0})
+    message = smol.anthropic().messages.create(model="smollm2", max_tokens=24, messages=QUESTION, extra_body={"temperature": 0})
     assert message.content[0].type == "text"
     assert message.content[0].text == "The capital of France is Paris."
     assert message.stop_reason == "end_turn"
@@ -34,7 +29,7 @@ def test_message(smol: LiveServer) -> None:
 
 
 def test_message_stream_event_sequence(smol: LiveServer) -> None:
-    with client(smol).messages.stream(model="smollm2", max_tokens=5, messages=QUESTION, system="Be brief.", extra_body={"temperature": 0}) as stream:
+    with smol.anthropic().messages.stream(model="smollm2", max_tokens=5, messages=QUESTION, system="Be brief.", extra_body={"temperature": 0}) as stream:
         events = list(stream)
         final = stream.get_final_message()
     kinds = [event.type for event in events]
@@ -47,14 +42,14 @@ def test_message_stream_event_sequence(smol: LiveServer) -> None:
 
 
 def test_count_tokens(smol: LiveServer) -> None:
-    sdk = client(smol)
+    sdk = smol.anthropic()
     counted = sdk.messages.count_tokens(model="smollm2", messages=QUESTION)
     message = sdk.messages.create(model="smollm2", max_tokens=1, messages=QUESTION)
     assert counted.input_tokens == message.usage.input_tokens > 0
 
 
 def test_stop_sequences(scripted: ScriptedFactory) -> None:
-    sdk = client(scripted(SCRIPTS))
+    sdk = scripted(SCRIPTS).anthropic()
     message = sdk.messages.create(
         model="scripted", max_tokens=50, messages=[{"role": "user", "content": "[count]"}], stop_sequences=["three"], extra_body={"temperature": 0}
     )
@@ -63,7 +58,7 @@ def test_stop_sequences(scripted: ScriptedFactory) -> None:
 
 
 def test_tool_use_and_thinking(scripted: ScriptedFactory) -> None:
-    sdk = client(scripted(SCRIPTS, tool_call_parser="hermes", reasoning_parser="qwen3"))
+    sdk = scripted(SCRIPTS, tool_call_parser="hermes", reasoning_parser="qwen3").anthropic()
     request = {
         "model": "scripted", "max_tokens": 200, "tools": [WEATHER_TOOL], "extra_body": {"temperature": 0},
         "messages": [{"role": "user", "content": "[weather] in Paris?"}],
@@ -88,7 +83,7 @@ def test_tool_use_and_thinking(scripted: ScriptedFactory) -> None:
 
 
 def test_tool_result_round_trip(scripted: ScriptedFactory) -> None:
-    sdk = client(scripted(SCRIPTS, tool_call_parser="hermes"))
+    sdk = scripted(SCRIPTS, tool_call_parser="hermes").anthropic()
     message = sdk.messages.create(
         model="scripted", max_tokens=50, tools=[WEATHER_TOOL], extra_body={"temperature": 0},
         messages=[
@@ -104,14 +99,14 @@ def test_tool_result_round_trip(scripted: ScriptedFactory) -> None:
 
 
 def test_thinking_switch_reaches_the_template(scripted: ScriptedFactory) -> None:
-    sdk = client(scripted(SCRIPTS, reasoning_parser="qwen3"))
+    sdk = scripted(SCRIPTS, reasoning_parser="qwen3").anthropic()
     enabled = sdk.messages.count_tokens(model="scripted", messages=QUESTION, thinking={"type": "enabled", "budget_tokens": 1024})
     disabled = sdk.messages.count_tokens(model="scripted", messages=QUESTION, thinking={"type": "disabled"})
     assert disabled.input_tokens > enabled.input_tokens  # the template wrote an empty think block
 
 
 def test_system_turns_inside_messages_and_json_output(scripted: ScriptedFactory) -> None:
-    sdk = client(scripted({"[count]": "one, two", "[json]": '{"n": 2}'}))
+    sdk = scripted({"[count]": "one, two", "[json]": '{"n": 2}'}).anthropic()
     message = sdk.messages.create(
         model="scripted", max_tokens=20,
         messages=[{"role": "system", "content": "Count."}, {"role": "user", "content": "[count]"}],  # type: ignore[list-item]

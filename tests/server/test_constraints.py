@@ -3,7 +3,6 @@ call passes through the engine's grammar when the model writes a valid one."""
 
 from __future__ import annotations
 
-import openai
 import pytest
 
 from atlas_core.parsing import ToolDefinition
@@ -55,7 +54,7 @@ def test_thinking_budget_needs_a_reasoning_parser(chatml_tokenizer: Tokenizer) -
 def test_named_tool_choice_end_to_end(scripted: ScriptedFactory) -> None:
     call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
     server = scripted({"[ask]": call}, tool_call_parser="hermes")
-    sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    sdk = server.openai("x")
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}} for t in TOOLS]
     response = sdk.chat.completions.create(
         model="scripted", messages=[{"role": "user", "content": "[ask]"}], tools=tools,

@@ -114,11 +114,11 @@ def test_messages_errors_are_anthropic_shaped(http: httpx.Client, body: Any, wor
 
 def test_sdks_raise_bad_request(server: LiveServer) -> None:
     with pytest.raises(openai.BadRequestError, match="prompt too long"):
-        openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0).chat.completions.create(
+        server.openai("x").chat.completions.create(
             model="scripted", messages=[{"role": "user", "content": "word " * 400}]
         )
     with pytest.raises(anthropic.BadRequestError, match="messages must not be empty"):
-        anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0).messages.create(model="scripted", max_tokens=5, messages=[])
+        server.anthropic("x").messages.create(model="scripted", max_tokens=5, messages=[])
 
 
 def test_http_level_errors(http: httpx.Client) -> None:
@@ -136,7 +136,7 @@ def test_completions_and_tokenizer_errors(http: httpx.Client) -> None:
     cases = [
         ("/v1/completions", {"prompt": []}, "prompt must be"),
         ("/v1/completions", {"prompt": ["a", 1]}, "not mixed"),
-        ("/v1/completions", {"prompt": [-4]}, "prompt token ids must be in"),
+        ("/v1/completions", {"prompt": [-4]}, "prompt token ids [-4] are outside the vocabulary"),
         ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix is not supported"),
         ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens must be at least 1"),
         ("/tokenize", {}, "exactly one of prompt and messages"),

@@ -38,14 +38,14 @@ def test_health_and_metrics_stay_open(locked: LiveServer) -> None:
 
 def test_sdks_authenticate_with_either_key(locked: LiveServer) -> None:
     for key in KEYS:
-        chat = openai.OpenAI(base_url=locked.url + "/v1", api_key=key, max_retries=0).chat.completions.create(model="scripted", messages=ASK)
+        chat = locked.openai(key).chat.completions.create(model="scripted", messages=ASK)
         assert chat.choices[0].message.content == "hello there"
-        message = anthropic.Anthropic(base_url=locked.url, api_key=key, max_retries=0).messages.create(model="scripted", max_tokens=20, messages=ASK)
+        message = locked.anthropic(key).messages.create(model="scripted", max_tokens=20, messages=ASK)
         assert message.content[0].text == "hello there"
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=locked.url + "/v1", api_key="bad", max_retries=0).models.list()
+        locked.openai("bad").models.list()
     with pytest.raises(anthropic.AuthenticationError):
-        anthropic.Anthropic(base_url=locked.url, api_key="bad", max_retries=0).messages.create(model="scripted", max_tokens=5, messages=ASK)
+        locked.anthropic("bad").messages.create(model="scripted", max_tokens=5, messages=ASK)
 
 
 def test_cors(locked: LiveServer, scripted: ScriptedFactory) -> None:
@@ -77,7 +77,7 @@ def test_loading_state_answers_503() -> None:
 
 def test_metrics(scripted: ScriptedFactory) -> None:
     server = scripted({"[ask]": "one two three four five"})
-    sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    sdk = server.openai("x")
     long_ask = [{"role": "user", "content": "[ask] " + "lorem ipsum " * 30}]  # several full KV blocks
     for _ in range(2):
         list(sdk.chat.completions.create(model="scripted", messages=long_ask, stream=True))

@@ -13,12 +13,8 @@ from tests.server.live import LiveServer
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def client(server: LiveServer, **kwargs: object) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=kwargs.pop("api_key", "unused"), max_retries=0, **kwargs)  # type: ignore[arg-type]
-
-
 def test_chat_completion(smol: LiveServer) -> None:
-    response = client(smol).chat.completions.create(model="smollm2", messages=QUESTION, temperature=0, max_tokens=24)
+    response = smol.openai().chat.completions.create(model="smollm2", messages=QUESTION, temperature=0, max_tokens=24)
     choice = response.choices[0]
     assert choice.message.content == "The capital of France is Paris."
     assert choice.message.role == "assistant"
@@ -28,7 +24,7 @@ def test_chat_completion(smol: LiveServer) -> None:
 
 
 def test_chat_stream_matches_non_stream_and_reports_usage(smol: LiveServer) -> None:
-    stream = client(smol).chat.completions.create(
+    stream = smol.openai().chat.completions.create(
         model="smollm2", messages=QUESTION, temperature=0, max_tokens=24, stream=True, stream_options={"include_usage": True}
     )
     chunks = list(stream)
@@ -41,7 +37,7 @@ def test_chat_stream_matches_non_stream_and_reports_usage(smol: LiveServer) -> N
 
 
 def test_chat_n_seed_stop_and_max_completion_tokens(smol: LiveServer) -> None:
-    sdk = client(smol)
+    sdk = smol.openai()
     sampled = sdk.chat.completions.create(model="smollm2", messages=QUESTION, n=3, temperature=1.0, seed=7, max_completion_tokens=8)
     again = sdk.chat.completions.create(model="smollm2", messages=QUESTION, n=3, temperature=1.0, seed=7, max_completion_tokens=8)
     assert [c.index for c in sampled.choices] == [0, 1, 2]
@@ -54,7 +50,7 @@ def test_chat_n_seed_stop_and_max_completion_tokens(smol: LiveServer) -> None:
 
 
 def test_chat_logprobs(smol: LiveServer) -> None:
-    response = client(smol).chat.completions.create(
+    response = smol.openai().chat.completions.create(
         model="smollm2", messages=QUESTION, temperature=0, max_tokens=6, logprobs=True, top_logprobs=3
     )
     content = response.choices[0].logprobs.content
@@ -67,7 +63,7 @@ def test_chat_logprobs(smol: LiveServer) -> None:
 
 
 def test_completions_with_logprobs_and_echo(smol: LiveServer) -> None:
-    sdk = client(smol)
+    sdk = smol.openai()
     response = sdk.completions.create(model="smollm2", prompt="1, 2, 3, 4,", temperature=0, max_tokens=6, logprobs=2)
     choice = response.choices[0]
     assert choice.text.startswith(" 5, 6")
@@ -82,7 +78,7 @@ def test_completions_with_logprobs_and_echo(smol: LiveServer) -> None:
 
 
 def test_completions_lists_and_token_ids(smol: LiveServer) -> None:
-    sdk = client(smol)
+    sdk = smol.openai()
     tokenizer = smol.engine.loaded.tokenizer
     ids = tokenizer.encode("1, 2, 3, 4,")
     by_text = sdk.completions.create(model="smollm2", prompt="1, 2, 3, 4,", temperature=0, max_tokens=5)
@@ -101,7 +97,7 @@ def test_completions_lists_and_token_ids(smol: LiveServer) -> None:
 
 
 def test_models(smol: LiveServer) -> None:
-    sdk = client(smol)
+    sdk = smol.openai()
     assert [m.id for m in sdk.models.list()] == ["smollm2"]
     assert sdk.models.retrieve("smollm2").id == "smollm2"
     with pytest.raises(openai.NotFoundError):
@@ -110,7 +106,7 @@ def test_models(smol: LiveServer) -> None:
 
 def test_response_format_json_schema_is_enforced(scripted: ScriptedFactory) -> None:
     server = scripted({"[json]": '{"city": "Paris", "population": 2102650}', "[prose]": "Paris is big."})
-    sdk = client(server)
+    sdk = server.openai()
     schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}}, "required": ["city"]}
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}
     ok = sdk.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "[json]"}], response_format=fmt, temperature=0)

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import anthropic
 import httpx
-import openai
 import pytest
 
 from atlas_core.parsing import tool_parser_names
@@ -77,7 +75,7 @@ def test_every_parser_is_covered() -> None:
 def test_openai_tool_calls(scripted: ScriptedFactory, parser: str) -> None:
     text, content, calls = OUTPUTS[parser]
     server = scripted({"[ask]": text}, tool_call_parser=parser)
-    sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    sdk = server.openai()
 
     whole = sdk.chat.completions.create(model="scripted", messages=ASK, tools=OPENAI_TOOLS, temperature=0)
     message = whole.choices[0].message
@@ -105,7 +103,7 @@ def test_openai_tool_calls(scripted: ScriptedFactory, parser: str) -> None:
 def test_anthropic_tool_use_streams_input_json(scripted: ScriptedFactory, parser: str) -> None:
     text, content, calls = OUTPUTS[parser]
     server = scripted({"[ask]": text}, tool_call_parser=parser)
-    sdk = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    sdk = server.anthropic()
     with sdk.messages.stream(model="scripted", max_tokens=300, messages=ASK, tools=ANTHROPIC_TOOLS) as stream:
         events = list(stream)
         final = stream.get_final_message()
@@ -118,7 +116,7 @@ def test_anthropic_tool_use_streams_input_json(scripted: ScriptedFactory, parser
 
 def test_parallel_tool_calls_off_keeps_the_first(scripted: ScriptedFactory) -> None:
     server = scripted({"[ask]": OUTPUTS["hermes"][0]}, tool_call_parser="hermes")
-    sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    sdk = server.openai()
     whole = sdk.chat.completions.create(model="scripted", messages=ASK, tools=OPENAI_TOOLS, parallel_tool_calls=False)
     assert [c.function.name for c in whole.choices[0].message.tool_calls] == ["get_weather"]
     chunks = list(sdk.chat.completions.create(model="scripted", messages=ASK, tools=OPENAI_TOOLS, parallel_tool_calls=False, stream=True))
@@ -129,7 +127,7 @@ def test_parallel_tool_calls_off_keeps_the_first(scripted: ScriptedFactory) -> N
 def test_tool_choice_none_leaves_markup_as_text(scripted: ScriptedFactory) -> None:
     text = OUTPUTS["hermes"][0]
     server = scripted({"[ask]": text}, tool_call_parser="hermes")
-    sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    sdk = server.openai()
     whole = sdk.chat.completions.create(model="scripted", messages=ASK, tools=OPENAI_TOOLS, tool_choice="none")
     assert whole.choices[0].message.tool_calls is None
     assert whole.choices[0].message.content == text and whole.choices[0].finish_reason == "stop"
@@ -148,7 +146,7 @@ REASONED = "<think>\nSix times seven.\n</think>\n\nThe answer is 42."
 
 def test_reasoning_split_openai(scripted: ScriptedFactory) -> None:
     server = scripted({"[q]": REASONED}, reasoning_parser="qwen3")
-    sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    sdk = server.openai()
     messages = [{"role": "user", "content": "[q] 6 x 7?"}]
     whole = sdk.chat.completions.create(model="scripted", messages=messages)
     message = whole.choices[0].message
@@ -162,7 +160,7 @@ def test_reasoning_split_openai(scripted: ScriptedFactory) -> None:
 
 def test_reasoning_history_is_sent_back_to_the_template(scripted: ScriptedFactory) -> None:
     server = scripted({"[q]": REASONED, "<think>Six times seven.</think>The answer is 42.": "Glad to help."}, reasoning_parser="qwen3")
-    sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    sdk = server.openai()
     messages = [
         {"role": "user", "content": "[q] 6 x 7?"},
         {"role": "assistant", "content": "The answer is 42.", "reasoning_content": "Six times seven."},

@@ -96,6 +96,11 @@ def calls_from_json(value: Any, what: str) -> list[RawCall]:
     return calls
 
 
+def json_calls(text: str, what: str) -> list[RawCall]:
+    """The calls of ``text`` that is one JSON call object or a list of them (see `calls_from_json`)."""
+    return calls_from_json(decode_json(text, what), what)
+
+
 def is_call_object(value: Any) -> bool:
     """True for a ``{"name": str, "arguments"|"parameters": ...}`` object or a non-empty list of them."""
     items = value if isinstance(value, list) else [value]

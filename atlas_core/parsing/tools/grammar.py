@@ -24,6 +24,7 @@ def json_rule(schema: Any) -> str:
 
 
 def parameters(tool: ToolDefinition) -> dict[str, Any]:
+    """The tool's parameters schema; any object when it gives none."""
     return tool.parameters or {"type": "object"}
 
 

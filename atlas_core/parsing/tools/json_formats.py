@@ -15,6 +15,7 @@ from atlas_core.parsing.tools.base import (
     decode_json,
     decode_json_prefix,
     is_call_object,
+    json_calls,
 )
 from atlas_core.parsing.tools.grammar import call_list_schema, call_object_schema, json_rule
 from atlas_core.parsing.types import ToolDefinition
@@ -28,7 +29,7 @@ class HermesFormat(ToolFormat):
     end = "</tool_call>"
 
     def parse(self, start: str, body: str) -> list[RawCall]:
-        return calls_from_json(decode_json(body, "the <tool_call> body"), "the <tool_call> body")
+        return json_calls(body, "the <tool_call> body")
 
     def grammar(self, tools: Sequence[ToolDefinition], lit: Literal, parallel: bool) -> str:
         more = ' ("\\n" call)*' if parallel else ""
@@ -46,7 +47,7 @@ class NemotronFormat(ToolFormat):
     end = "</TOOLCALL>"
 
     def parse(self, start: str, body: str) -> list[RawCall]:
-        return calls_from_json(decode_json(body, "the <TOOLCALL> body"), "the <TOOLCALL> body")
+        return json_calls(body, "the <TOOLCALL> body")
 
     def grammar(self, tools: Sequence[ToolDefinition], lit: Literal, parallel: bool) -> str:
         return f"calls: {lit('<TOOLCALL>')} {json_rule(call_list_schema(tools, parallel))} {lit('</TOOLCALL>')}\n"
@@ -76,7 +77,7 @@ class MistralFormat(ToolFormat):
                     raise MarkupError(f"text after the arguments of {named.group(1)!r}: {rest.strip()[:40]!r}")
                 calls.append(RawCall(named.group(1), arguments, start + chunk.strip()))
             else:
-                calls.extend(calls_from_json(decode_json(chunk, "the [TOOL_CALLS] list"), "the [TOOL_CALLS] list"))
+                calls.extend(json_calls(chunk, "the [TOOL_CALLS] list"))
         if not calls:
             raise MarkupError("[TOOL_CALLS] is followed by no call")
         return calls

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import html
 import re
+from abc import abstractmethod
 from collections.abc import Sequence
+from typing import ClassVar
 
 from atlas_core.parsing.tools.base import Literal, MarkupError, RawCall, ToolFormat
 from atlas_core.parsing.tools.grammar import quoted, xml_parameter_rules
@@ -19,6 +21,7 @@ def _strip_one_newline(value: str) -> str:
 
 
 def _parameters(body: str, pattern: re.Pattern[str], owner: str) -> dict[str, str]:
+    """The raw values of the parameter elements in ``body`` by name; `MarkupError` for a name given twice."""
     values: dict[str, str] = {}
     for match in pattern.finditer(body):
         name = html.unescape(match.group(1).strip())
@@ -29,97 +32,107 @@ def _parameters(body: str, pattern: re.Pattern[str], owner: str) -> dict[str, st
 
 
 def _leftover(text: str, *patterns: re.Pattern[str]) -> str:
+    """``text`` without the matches of ``patterns``, stripped: anything left is stray text."""
     for pattern in patterns:
         text = pattern.sub("", text)
     return text.strip()
 
 
-_QWEN_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
-_QWEN_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+class _XmlParameterFormat(ToolFormat):
+    """A region holds call elements (``call_pattern``: group 1 the function name, group 2 the
+    body) whose bodies hold only parameter elements (``parameter_pattern``: group 1 the parameter
+    name, group 2 the raw value). The templates take ``name``: ``call_element`` and
+    ``parameter_element`` name the elements in error messages; ``function_open``/``function_close``
+    and ``parameter_open``/``parameter_close`` are the exact markup the grammar generates."""
 
-
-class Qwen3CoderFormat(ToolFormat):
-    """``<tool_call>\\n<function=NAME>\\n<parameter=P>\\nvalue\\n</parameter>\\n</function>\\n</tool_call>``."""
-
-    name = "qwen3_coder"
-    starts = ("<tool_call>",)
-    end = "</tool_call>"
+    call_pattern: ClassVar[re.Pattern[str]]
+    parameter_pattern: ClassVar[re.Pattern[str]]
+    unescape_names: ClassVar[bool]
+    """Whether function names are HTML-unescaped (they sit in an attribute value)."""
+    call_element: ClassVar[str]
+    parameter_element: ClassVar[str]
+    region_error: ClassVar[str]
+    function_open: ClassVar[str]
+    function_close: ClassVar[str]
+    parameter_open: ClassVar[str]
+    parameter_close: ClassVar[str]
 
     def parse(self, start: str, body: str) -> list[RawCall]:
         calls = []
-        for match in _QWEN_FUNCTION.finditer(body):
+        for match in self.call_pattern.finditer(body):
             name = match.group(1).strip()
-            if _leftover(match.group(2), _QWEN_PARAMETER):
-                raise MarkupError(f"the body of <function={name}> has text outside <parameter=...> elements")
-            arguments = _parameters(match.group(2), _QWEN_PARAMETER, name)
+            name = html.unescape(name) if self.unescape_names else name
+            if _leftover(match.group(2), self.parameter_pattern):
+                raise MarkupError(
+                    f"the body of {self.call_element.format(name=name)} has text outside {self.parameter_element} elements"
+                )
+            arguments = _parameters(match.group(2), self.parameter_pattern, name)
             calls.append(RawCall(name, arguments, start + match.group(0) + (self.end or ""), text_values=True))
-        if not calls or _leftover(body, _QWEN_FUNCTION):
-            raise MarkupError("a <tool_call> must hold <function=NAME>...</function> elements and nothing else")
+        if not calls or _leftover(body, self.call_pattern):
+            raise MarkupError(self.region_error)
         return calls
 
     def grammar(self, tools: Sequence[ToolDefinition], lit: Literal, parallel: bool) -> str:
         rules, functions = [], []
         for i, tool in enumerate(tools):
-            params, param_rules = xml_parameter_rules(f"t{i}", tool, "<parameter={name}>\n", "\n</parameter>\n", lit)
+            params, param_rules = xml_parameter_rules(f"t{i}", tool, self.parameter_open, self.parameter_close, lit)
             functions.append(f"f{i}")
-            rules.append(f'f{i}: {quoted(f"<function={tool.name}>" + chr(10))} {params} "</function>\\n"')
+            rules.append(f"f{i}: {quoted(self.function_open.format(name=tool.name))} {params} {quoted(self.function_close)}")
             rules.extend(param_rules)
+        return "\n".join([*self._region_rules(functions, lit, parallel), *rules]) + "\n"
+
+    @abstractmethod
+    def _region_rules(self, functions: list[str], lit: Literal, parallel: bool) -> list[str]:
+        """The rules defining ``calls`` (one region, or several for ``parallel``) from the rule
+        names ``functions`` of one call of each tool."""
+
+
+class Qwen3CoderFormat(_XmlParameterFormat):
+    """``<tool_call>\\n<function=NAME>\\n<parameter=P>\\nvalue\\n</parameter>\\n</function>\\n</tool_call>``."""
+
+    name = "qwen3_coder"
+    starts = ("<tool_call>",)
+    end = "</tool_call>"
+    call_pattern = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
+    parameter_pattern = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+    unescape_names = False
+    call_element = "<function={name}>"
+    parameter_element = "<parameter=...>"
+    region_error = "a <tool_call> must hold <function=NAME>...</function> elements and nothing else"
+    function_open = "<function={name}>\n"
+    function_close = "</function>\n"
+    parameter_open = "<parameter={name}>\n"
+    parameter_close = "\n</parameter>\n"
+
+    def _region_rules(self, functions: list[str], lit: Literal, parallel: bool) -> list[str]:
         more = ' ("\\n" call)*' if parallel else ""
-        return (
-            "\n".join(
-                [
-                    f"calls: call{more}",
-                    f'call: {lit("<tool_call>")} "\\n" ({" | ".join(functions)}) {lit("</tool_call>")}',
-                    *rules,
-                ]
-            )
-            + "\n"
-        )
+        return [
+            f"calls: call{more}",
+            f'call: {lit("<tool_call>")} "\\n" ({" | ".join(functions)}) {lit("</tool_call>")}',
+        ]
 
 
-_MINIMAX_INVOKE = re.compile(r"<invoke\s+name=\"([^\"]+)\"\s*>(.*?)</invoke>", re.S)
-_MINIMAX_PARAMETER = re.compile(r"<parameter\s+name=\"([^\"]+)\"\s*>(.*?)</parameter>", re.S)
-
-
-class MiniMaxM2Format(ToolFormat):
+class MiniMaxM2Format(_XmlParameterFormat):
     """``<minimax:tool_call>\\n<invoke name="NAME">\\n<parameter name="P">value</parameter>\\n</invoke>\\n``
     ``</minimax:tool_call>``, several ``<invoke>`` elements per region for parallel calls."""
 
     name = "minimax_m2"
     starts = ("<minimax:tool_call>",)
     end = "</minimax:tool_call>"
+    call_pattern = re.compile(r"<invoke\s+name=\"([^\"]+)\"\s*>(.*?)</invoke>", re.S)
+    parameter_pattern = re.compile(r"<parameter\s+name=\"([^\"]+)\"\s*>(.*?)</parameter>", re.S)
+    unescape_names = True
+    call_element = "<invoke name={name!r}>"
+    parameter_element = "<parameter>"
+    region_error = 'a <minimax:tool_call> must hold <invoke name="...">...</invoke> elements and nothing else'
+    function_open = '<invoke name="{name}">\n'
+    function_close = "</invoke>\n"
+    parameter_open = '<parameter name="{name}">'
+    parameter_close = "</parameter>\n"
 
-    def parse(self, start: str, body: str) -> list[RawCall]:
-        calls = []
-        for match in _MINIMAX_INVOKE.finditer(body):
-            name = html.unescape(match.group(1).strip())
-            if _leftover(match.group(2), _MINIMAX_PARAMETER):
-                raise MarkupError(f"the body of <invoke name={name!r}> has text outside <parameter> elements")
-            arguments = _parameters(match.group(2), _MINIMAX_PARAMETER, name)
-            calls.append(RawCall(name, arguments, start + match.group(0) + (self.end or ""), text_values=True))
-        if not calls or _leftover(body, _MINIMAX_INVOKE):
-            raise MarkupError(
-                'a <minimax:tool_call> must hold <invoke name="...">...</invoke> elements and nothing else'
-            )
-        return calls
-
-    def grammar(self, tools: Sequence[ToolDefinition], lit: Literal, parallel: bool) -> str:
-        rules, invokes = [], []
-        for i, tool in enumerate(tools):
-            params, param_rules = xml_parameter_rules(f"t{i}", tool, '<parameter name="{name}">', "</parameter>\n", lit)
-            invokes.append(f"f{i}")
-            rules.append(
-                f'f{i}: {quoted(f"<invoke name={chr(34)}{tool.name}{chr(34)}>" + chr(10))} {params} "</invoke>\\n"'
-            )
-            rules.extend(param_rules)
+    def _region_rules(self, functions: list[str], lit: Literal, parallel: bool) -> list[str]:
         repeat = "+" if parallel else ""
-        return (
-            "\n".join(
-                [
-                    f'calls: {lit("<minimax:tool_call>")} "\\n" invoke{repeat} {lit("</minimax:tool_call>")}',
-                    f"invoke: {' | '.join(invokes)}",
-                    *rules,
-                ]
-            )
-            + "\n"
-        )
+        return [
+            f'calls: {lit("<minimax:tool_call>")} "\\n" invoke{repeat} {lit("</minimax:tool_call>")}',
+            f"invoke: {' | '.join(functions)}",
+        ]
