@@ -48,7 +48,7 @@ class AttentionRunner:
         self.cp = backend.cp
         variant = backend.kernels.variant("attention")
         self.tile_n = variant.define("ATT_TILE_N", 64)
-        self.split = variant.define("ATT_SPLIT", 256)
+        self.split = variant.define("ATT_SPLIT", 64)
         self.static: StaticAttentionPlan | None = None
         self.split_policy = "auto"
         """Eager forwards: "auto" (split-K when blocks would leave SMs idle), "always" or "never"; results are identical."""

@@ -1,5 +1,9 @@
 """CUDA-graph decode: one captured forward per (batch-size bucket, context-split bucket).
 
+Below ``DIRECT_MIN_BATCH`` the split bucket is a power of two, at least ``MIN_SPLIT_ITEMS / batch
+bucket``: a graph's attention work list covers contexts up to that many splits (a token's arithmetic
+is fixed by its own position, so empty splits change no bits); larger buckets use direct mode.
+
 Inputs live in fixed device buffers sized for `MAX_BATCH` sequences; a step copies the batch into
 them, pads the bucket (context 0, KV slot -1: pad rows read and write nothing) and replays. Graphs
 are captured lazily, the first time a bucket is needed: an eager warm-up on the capture stream fills
@@ -26,6 +30,13 @@ log = logging.getLogger("atlas.gb10")
 
 MAX_BATCH_ENV = "ATLAS_CUDA_GRAPH_MAX_BATCH"
 ENABLE_ENV = "ATLAS_CUDA_GRAPHS"
+MIN_SPLIT_ITEMS = 16
+"""Small batch buckets capture at least this many (sequence, context split) attention items: a lone
+decode token's attention spreads over 16 blocks per KV head (splits past its context exit at once),
+and one graph serves every context up to 16 splits, so a growing context does not re-capture."""
+DIRECT_MIN_BATCH = 16
+"""Batch buckets from this size run attention in direct mode (a block per sequence and KV head walks
+all its splits): enough blocks to fill the GPU, no workspace, no combine, one graph for every context."""
 
 
 def graphs_enabled() -> bool:
@@ -70,7 +81,11 @@ class CudaDecodeGraphs:
         b = meta.seq_lens.shape[0]
         size = bucket(b)
         width = meta.block_tables.shape[1]  # every context fits in its blocks: no read-back needed
-        splits = bucket(self.backend.attention_runner.splits_for(width * self.kv.block_size))
+        if size >= DIRECT_MIN_BATCH:
+            splits = 1  # direct mode: one graph for every context
+        else:
+            needed = self.backend.attention_runner.splits_for(width * self.kv.block_size)
+            splits = bucket(max(needed, MIN_SPLIT_ITEMS // size))
         key = (size, splits)
         if key not in self.graphs:
             captured = self._capture(size, splits)

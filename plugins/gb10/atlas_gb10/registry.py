@@ -31,10 +31,10 @@ GENERIC = "generic"
 REGISTRY: dict[tuple[str, str, str], KernelVariant] = {
     (GENERIC, "elementwise", "bf16"): KernelVariant("elementwise.cu"),
     (GENERIC, "gemm", "bf16"): KernelVariant("gemm.cu", (("GEMM_KSPLIT", 8),)),
-    (GENERIC, "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 64), ("ATT_SPLIT", 256))),
+    (GENERIC, "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 64), ("ATT_SPLIT", 64))),
     (GENERIC, "logits", "bf16"): KernelVariant("logits.cu"),
     # GB10: 99 KiB of shared memory per block, so attention uses half-size key tiles.
-    ("gb10", "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 32), ("ATT_SPLIT", 256))),
+    ("gb10", "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 32), ("ATT_SPLIT", 64))),
 }
 """(target, op, dtype) -> variant. Lookups fall back to the ``generic`` target."""
 

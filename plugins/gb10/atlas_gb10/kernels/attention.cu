@@ -17,7 +17,7 @@
 #define ATT_TILE_N 64
 #endif
 #ifndef ATT_SPLIT
-#define ATT_SPLIT 256
+#define ATT_SPLIT 64
 #endif
 #define ATT_THREADS 128
 // Decode-sized blocks (16 rows) double-buffer the key/value tiles so that the next tile loads while
@@ -389,7 +389,10 @@ ATTENTION_KERNEL(64, 4)
 ATTENTION_KERNEL(64, 8)
 
 // Merge the split partials of every (token, head) row in split order and write the output.
-// One warp per row; rows = tokens * q_heads.
+// One warp per row; rows = tokens * q_heads; head dims up to 32 * COMBINE_MAX_DPT. The lanes read the
+// (max, sum) of 32 splits at once and share them by shuffles, so empty splits (past a context, m = -inf)
+// cost no memory round trip; each lane merges its dims in split order (the same bits as direct mode).
+#define COMBINE_MAX_DPT 8
 extern "C" __global__ void attention_combine(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml,
                                              int splits, bf16_t* __restrict__ out, long long o_s0, long long o_s1,
                                              int q_heads, int d, long long rows) {
@@ -398,17 +401,35 @@ extern "C" __global__ void attention_combine(const float* __restrict__ ws_acc, c
     const int lane = threadIdx.x & 31;
     const long long t = row / q_heads;
     const int h = (int)(row - t * q_heads);
-    for (int j = lane; j < d; j += 32) {
-        float M = NEG_INF, L = 0.0f, O = 0.0f;
-        for (int s = 0; s < splits; ++s) {
-            const float2 ml = ws_ml[row * splits + s];
-            if (ml.x == NEG_INF) continue;
+    float O[COMBINE_MAX_DPT];
+#pragma unroll
+    for (int i = 0; i < COMBINE_MAX_DPT; ++i) O[i] = 0.0f;
+    float M = NEG_INF, L = 0.0f;
+    for (int s0 = 0; s0 < splits; s0 += 32) {
+        float2 mine;
+        mine.x = NEG_INF;
+        mine.y = 0.0f;
+        if (s0 + lane < splits) mine = ws_ml[row * splits + s0 + lane];
+        const int count = min(32, splits - s0);
+        for (int k = 0; k < count; ++k) {
+            const float m = __shfl_sync(0xffffffffu, mine.x, k);
+            const float l = __shfl_sync(0xffffffffu, mine.y, k);
+            if (m == NEG_INF) continue;  // the same for every lane
             float a, b, M_new;
-            merge_factors(M, ml.x, &a, &b, &M_new);
-            O = merge_value(O, a, ws_acc[(row * splits + s) * d + j], b);
-            L = merge_value(L, a, ml.y, b);
+            merge_factors(M, m, &a, &b, &M_new);
+            const float* acc = ws_acc + (row * splits + s0 + k) * d;
+#pragma unroll
+            for (int i = 0; i < COMBINE_MAX_DPT; ++i) {
+                const int j = lane + 32 * i;
+                if (j < d) O[i] = merge_value(O[i], a, acc[j], b);
+            }
+            L = merge_value(L, a, l, b);
             M = M_new;
         }
-        out[t * o_s0 + h * o_s1 + j] = float_to_bf16(L > 0.0f ? __fdiv_rn(O, L) : 0.0f);
+    }
+#pragma unroll
+    for (int i = 0; i < COMBINE_MAX_DPT; ++i) {
+        const int j = lane + 32 * i;
+        if (j < d) out[t * o_s0 + h * o_s1 + j] = float_to_bf16(L > 0.0f ? __fdiv_rn(O[i], L) : 0.0f);
     }
 }
