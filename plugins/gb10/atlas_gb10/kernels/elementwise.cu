@@ -87,31 +87,39 @@ extern "C" __global__ void rms_norm_block_bf16(const bf16_t* __restrict__ x, lon
     rms_write(xr, rr, weight, normed + r * d, summed ? summed + r * d : nullptr, d, threadIdx.x, 256, inv);
 }
 
-// x [rows, 2I] = [gate | up] (row stride ldx) -> out [rows, I] (row stride ldo).
-extern "C" __global__ void silu_mul_bf16(const bf16_t* __restrict__ x, long long ldx, bf16_t* __restrict__ out,
-                                         long long ldo, int inner, long long rows) {
+// Gated activations: x [rows, 2I] = [gate | up] (row stride ldx) -> out [rows, I] (row stride ldo),
+// out = act(gate) * up with fp32 math.
+struct Silu {
+    __device__ float operator()(float g) const { return g / (1.0f + expf(-g)); }  // g -> -inf: g / inf = -0, never NaN
+};
+
+struct GeluTanh {
+    __device__ float operator()(float g) const {
+        return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    }
+};
+
+template <typename Activation>
+__device__ void gated_mul(const bf16_t* __restrict__ x, long long ldx, bf16_t* __restrict__ out, long long ldo, int inner,
+                          long long rows, Activation act) {
     const long long n = rows * inner;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const long long r = i / inner;
         const int c = (int)(i - r * inner);
         const float g = bf16_to_float(x[r * ldx + c]);
         const float u = bf16_to_float(x[r * ldx + inner + c]);
-        const float silu = g / (1.0f + expf(-g));  // g -> -inf: g / inf = -0, never NaN
-        out[r * ldo + c] = float_to_bf16(silu * u);
+        out[r * ldo + c] = float_to_bf16(act(g) * u);
     }
+}
+
+extern "C" __global__ void silu_mul_bf16(const bf16_t* __restrict__ x, long long ldx, bf16_t* __restrict__ out,
+                                         long long ldo, int inner, long long rows) {
+    gated_mul(x, ldx, out, ldo, inner, rows, Silu{});
 }
 
 extern "C" __global__ void gelu_tanh_mul_bf16(const bf16_t* __restrict__ x, long long ldx, bf16_t* __restrict__ out,
                                               long long ldo, int inner, long long rows) {
-    const long long n = rows * inner;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const long long r = i / inner;
-        const int c = (int)(i - r * inner);
-        const float g = bf16_to_float(x[r * ldx + c]);
-        const float u = bf16_to_float(x[r * ldx + inner + c]);
-        const float inner_arg = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-        out[r * ldo + c] = float_to_bf16(0.5f * g * (1.0f + tanhf(inner_arg)) * u);
-    }
+    gated_mul(x, ldx, out, ldo, inner, rows, GeluTanh{});
 }
 
 // Rotate-half RoPE in place on the first 2*half dims of every head of q [T, Hq, D] and k [T, Hk, D]
