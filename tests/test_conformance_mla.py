@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from atlas_core.backends.base import AttentionMetadata
-from atlas_core.engine.forward_batch import ForwardBatch
-from atlas_core.engine.kv_cache import KVCache, KVPlan, LatentKVLayout
+from atlas_core.batch.forward_batch import ForwardBatch
+from atlas_core.batch.kv_cache import KVCache, KVPlan, LatentKVLayout
 from atlas_core.model.layers.mla import MLAShape, MLAWeights, MultiHeadLatentAttention, deinterleave_rope_rows, split_kv_b
 from atlas_core.model.layers.norm import RMSNorm
 from tests.conformance_support import Case, backend, case, rope_tables  # noqa: F401 (fixtures)

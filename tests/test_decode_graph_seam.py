@@ -6,7 +6,7 @@ from typing import Any
 
 from atlas_core import LLM, SamplingParams
 from atlas_core.backends.numpy_backend import NumpyBackend
-from atlas_core.engine.forward_batch import ForwardBatch
+from atlas_core.batch.forward_batch import ForwardBatch
 from tests.conftest import TINY, reference
 
 

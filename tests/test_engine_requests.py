@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from atlas_core import LLM, SamplingParams
-from atlas_core.engine.kv_cache import KVCacheTooSmallError
+from atlas_core.batch.kv_cache import KVCacheTooSmallError
 from tests.conftest import TINY, reference
 
 

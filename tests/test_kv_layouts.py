@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from atlas_core.backends.numpy_backend import NumpyBackend
-from atlas_core.engine.kv_cache import KVCache, KVCacheTooSmallError, KVLayout, LatentKVLayout, plan_kv_cache
+from atlas_core.batch.kv_cache import KVCache, KVCacheTooSmallError, KVLayout, LatentKVLayout, plan_kv_cache
 
 MIXED = [KVLayout(2, 16), LatentKVLayout(32, 8), KVLayout(1, 8, dtype=np.dtype(np.float16)), LatentKVLayout(32, 8)]
 MIXED_BYTES = 2 * 2 * 16 * 4 + (32 + 8) * 4 + 2 * 1 * 8 * 2 + (32 + 8) * 4

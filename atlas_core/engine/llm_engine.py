@@ -7,14 +7,14 @@ import logging
 from atlas_core.backends.base import Backend
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.config import EngineConfig, kv_budget
-from atlas_core.engine.kv_cache import KVCache, plan_kv_cache
+from atlas_core.batch.kv_cache import KVCache, plan_kv_cache
 from atlas_core.engine.outputs import RequestOutput
 from atlas_core.engine.runner import ModelRunner, ScheduledChunk
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.engine.scheduler import Scheduler, SchedulerConfig
 from atlas_core.engine.sequence import Request
 from atlas_core.engine.state_slots import StateSlotPool, StateSnapshots
-from atlas_core.engine.structured import GuidedDecoding
+from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.errors import InvalidRequestError
 from atlas_core.model.load import LoadedModel
 

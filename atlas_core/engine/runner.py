@@ -12,12 +12,12 @@ from typing import Protocol
 import numpy as np
 
 from atlas_core.backends.base import Array, AttentionMetadata, Backend
-from atlas_core.engine.forward_batch import ForwardBatch
-from atlas_core.engine.kv_cache import KVCache, slots_for
+from atlas_core.batch.forward_batch import ForwardBatch
+from atlas_core.batch.kv_cache import KVCache, slots_for
 from atlas_core.engine.logprobs import position_logprobs
 from atlas_core.engine.sampling_inputs import logit_adjustments, sampling_tensors
 from atlas_core.engine.sequence import Sequence
-from atlas_core.engine.structured import GuidedDecoding
+from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.model.transformer import TransformerModel
 from atlas_core.tokenizer import Tokenizer
 

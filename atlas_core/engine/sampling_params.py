@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from atlas_core.engine.structured import StructuredOutput, ThinkingBudget
+from atlas_core.parsing.structured import StructuredOutput, ThinkingBudget
 from atlas_core.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
@@ -27,7 +27,7 @@ class SamplingParams:
     alternatives per position (0-20) besides the chosen token.
     ``structured`` constrains the output to a grammar (JSON Schema, tool-call markup);
     ``thinking_budget`` caps the reasoning tokens and then forces the block closed
-    (`atlas_core.engine.structured`).
+    (`atlas_core.parsing.structured`).
     """
 
     n: int = 1

@@ -17,7 +17,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from atlas_core.backends.base import Array, Backend
-from atlas_core.engine.kv_cache import KVLayout
+from atlas_core.batch.kv_cache import KVLayout
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.attention import AttentionWeights
 from atlas_core.model.rope import RopeSpec, rotary_tables

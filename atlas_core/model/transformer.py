@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from atlas_core.backends.base import Array, Backend
-from atlas_core.engine.forward_batch import ForwardBatch
-from atlas_core.engine.kv_cache import AnyKVLayout, KVCache
+from atlas_core.batch.forward_batch import ForwardBatch
+from atlas_core.batch.kv_cache import AnyKVLayout, KVCache
 from atlas_core.model.layers.norm import RMSNorm
 from atlas_core.model.recurrent_state import RecurrentState
 

@@ -17,7 +17,7 @@ Constraints, set on `SamplingParams` (``structured=``, ``thinking_budget=``)::
     needs_special_tokens(tokenizer, reasoning_parser, tool_parser)   # -> detokenize with skip_special_tokens=False
 """
 
-from atlas_core.engine.structured import StructuredOutput, StructuredOutputError, ThinkingBudget
+from atlas_core.parsing.structured import StructuredOutput, StructuredOutputError, ThinkingBudget
 from atlas_core.parsing.constraints import (
     needs_special_tokens,
     response_format_constraint,

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from atlas_core.engine.structured import StructuredOutput, StructuredOutputError, ThinkingBudget, json_schema_rule
+from atlas_core.parsing.structured import StructuredOutput, StructuredOutputError, ThinkingBudget, json_schema_rule
 from atlas_core.parsing.errors import ToolSchemaError
 from atlas_core.parsing.output_parser import ToolChoice, tool_choice_name
 from atlas_core.parsing.registry import reasoning_format, tool_format

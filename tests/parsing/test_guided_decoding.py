@@ -7,9 +7,10 @@ from types import SimpleNamespace
 import pytest
 
 from atlas_core import SamplingParams
-from atlas_core.engine.structured import GuidedDecoding, StructuredOutputError, ThinkingBudget
+from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.errors import InvalidRequestError
 from atlas_core.parsing import response_format_constraint
+from atlas_core.parsing.structured import StructuredOutputError, ThinkingBudget
 
 from .byte_tokenizer import byte_tokenizer
 

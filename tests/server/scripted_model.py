@@ -18,8 +18,8 @@ import numpy as np
 
 from atlas_core.backends.base import Array, Backend
 from atlas_core.engine.config import EngineConfig
-from atlas_core.engine.forward_batch import ForwardBatch
-from atlas_core.engine.kv_cache import KVCache, KVLayout, slots_for
+from atlas_core.batch.forward_batch import ForwardBatch
+from atlas_core.batch.kv_cache import KVCache, KVLayout, slots_for
 from atlas_core.engine.llm_engine import LLMEngine
 from atlas_core.model.load import LoadedModel
 from atlas_core.model.resolve import ResolvedModel

@@ -2,7 +2,7 @@
 
 Shape letters: T tokens, H query heads, L latent width (``kv_lora_rank``), R rotary width
 (``qk_rope_head_dim``), W = L + R. The latent cache of a layer is ``[num_blocks, block_size, 1, W]``
-(`atlas_core.engine.kv_cache.LatentKVLayout`): per token the normed latent, then the rotated shared
+(`atlas_core.batch.kv_cache.LatentKVLayout`): per token the normed latent, then the rotated shared
 key part.
 """
 

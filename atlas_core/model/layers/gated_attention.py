@@ -4,8 +4,8 @@ before the output projection, ``o_proj(attention(q, k, v) * sigmoid(gate))``."""
 from __future__ import annotations
 
 from atlas_core.backends.base import Array
-from atlas_core.engine.forward_batch import ForwardBatch
-from atlas_core.engine.kv_cache import KVCache
+from atlas_core.batch.forward_batch import ForwardBatch
+from atlas_core.batch.kv_cache import KVCache
 from atlas_core.model.layers.attention import Attention
 
 

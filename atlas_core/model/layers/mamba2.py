@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from atlas_core.backends.base import Array, Backend
-from atlas_core.engine.forward_batch import ForwardBatch
-from atlas_core.engine.kv_cache import KVCache
+from atlas_core.batch.forward_batch import ForwardBatch
+from atlas_core.batch.kv_cache import KVCache
 from atlas_core.model.recurrent_state import RecurrentState, StateArraySpec
 
 

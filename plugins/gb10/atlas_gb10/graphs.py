@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from atlas_core.backends.base import AttentionMetadata
-from atlas_core.engine.forward_batch import ForwardBatch
+from atlas_core.batch.forward_batch import ForwardBatch
 
 log = logging.getLogger("atlas.gb10")
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from atlas_core.engine.kv_cache import LatentKVLayout
+from atlas_core.batch.kv_cache import LatentKVLayout
 from atlas_core.errors import ModelLoadError, UnsupportedArchitectureError
 from atlas_core.model.layers.mla import MLAWeights, deinterleave_rope_rows, split_kv_b
 from atlas_core.model.layers.moe import MoEFeedForward, load_moe

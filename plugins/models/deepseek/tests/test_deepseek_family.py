@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from atlas_core import LLM, SamplingParams
-from atlas_core.engine.kv_cache import KVCacheTooSmallError, LatentKVLayout
+from atlas_core.batch.kv_cache import KVCacheTooSmallError, LatentKVLayout
 from atlas_core.errors import ModelLoadError, UnsupportedArchitectureError
 from atlas_core.model.layers.mla import MultiHeadLatentAttention
 from atlas_core.model.layers.mlp import SwiGLUMLP

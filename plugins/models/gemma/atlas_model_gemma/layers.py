@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from atlas_core.backends.base import Array, Backend
-from atlas_core.engine.forward_batch import ForwardBatch
-from atlas_core.engine.kv_cache import KVCache
+from atlas_core.batch.forward_batch import ForwardBatch
+from atlas_core.batch.kv_cache import KVCache
 from atlas_core.model.layers.moe import MoEFeedForward
 from atlas_core.model.layers.norm import RMSNorm
 from atlas_core.model.layers.per_layer_inputs import PerLayerInputGate

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from atlas_core.backends.base import Array
-from atlas_core.engine.kv_cache import KVLayout
+from atlas_core.batch.kv_cache import KVLayout
 from atlas_core.model.layers.attention import AttentionWeights
 from atlas_core.model.layers.moe import MoEFeedForward, read_experts
 from atlas_core.model.layers.norm import RMSNorm

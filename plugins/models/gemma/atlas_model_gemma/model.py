@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any, cast
 
 from atlas_core.backends.base import Array, Backend
-from atlas_core.engine.forward_batch import ForwardBatch
-from atlas_core.engine.kv_cache import KVCache
+from atlas_core.batch.forward_batch import ForwardBatch
+from atlas_core.batch.kv_cache import KVCache
 from atlas_core.model.layers.per_layer_inputs import PerLayerInputs, in_activation_dtype
 from atlas_core.model.transformer import TransformerModel
 from atlas_model_gemma.layers import Gemma4DecoderLayer

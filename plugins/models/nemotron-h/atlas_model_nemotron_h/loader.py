@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from atlas_core.engine.kv_cache import KVLayout
+from atlas_core.batch.kv_cache import KVLayout
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.attention import AttentionWeights
 from atlas_core.model.layers.mamba2 import Mamba2Weights
