@@ -24,10 +24,7 @@ CORE_LAYERS = {
     "relu2_mlp": LAYERS + "relu2_mlp:SquaredReLUMLP",
     "moe": LAYERS + "moe:MoEFeedForward",
     "routed_experts": LAYERS + "moe:RoutedExperts",
-    "per_layer_inputs": LAYERS + "per_layer_inputs:PerLayerInputs",
-    "per_layer_input_gate": LAYERS + "per_layer_inputs:PerLayerInputGate",
     "pre_norm_decoder_layer": "atlas_core.model.transformer:PreNormDecoderLayer",
-    "sandwich_decoder_layer": LAYERS + "sandwich:SandwichDecoderLayer",
 }
 """Core's layer types: registered name -> ``module:Class`` (contracts in docs/plugin-hooks.md).
 Family loaders get them with `ModelWeightLoader.layer_type`, so a plugin can supply its own."""
@@ -42,3 +39,48 @@ def register_layers(register: Register) -> None:
 @hookimpl
 def register_comm_backends(register: Register) -> None:
     register("single", "atlas_core.comm:SingleProcessComm")
+
+
+CORE_OP_GROUPS = {
+    "moe": "atlas_core.backends.ops.moe:MoEOps",
+    "mla": "atlas_core.backends.ops.mla:MLAOps",
+    "gated_delta": "atlas_core.backends.ops.gated_delta:GatedDeltaOps",
+    "mamba2": "atlas_core.backends.ops.mamba2:Mamba2Ops",
+}
+"""Core's op groups: shared primitives that several model architectures use."""
+
+
+@hookimpl
+def register_op_groups(register: Register) -> None:
+    for name, target in CORE_OP_GROUPS.items():
+        register(name, target)
+
+
+TOOLS = "atlas_core.parsing.tools."
+CORE_TOOL_PARSERS = {
+    "hermes": TOOLS + "json_formats:HermesFormat",
+    "json": TOOLS + "json_formats:JsonFormat",
+    "mistral": TOOLS + "json_formats:MistralFormat",
+    "nemotron": TOOLS + "json_formats:NemotronFormat",
+    "qwen3_coder": TOOLS + "xml_formats:Qwen3CoderFormat",
+}
+"""Core's tool-call formats, those several families write: registered name -> ``module:ToolFormat subclass``."""
+
+CORE_REASONING_PARSERS = {
+    "qwen3": "atlas_core.parsing.reasoning:QWEN3",
+    "deepseek_r1": "atlas_core.parsing.reasoning:DEEPSEEK_R1",
+    "mistral": "atlas_core.parsing.reasoning:MISTRAL",
+}
+"""Core's reasoning formats: registered name -> ``module:ReasoningFormat instance``."""
+
+
+@hookimpl
+def register_tool_parsers(register: Register) -> None:
+    for name, target in CORE_TOOL_PARSERS.items():
+        register(name, target)
+
+
+@hookimpl
+def register_reasoning_parsers(register: Register) -> None:
+    for name, target in CORE_REASONING_PARSERS.items():
+        register(name, target)

@@ -26,8 +26,17 @@ BASE_CLASSES = {
     "backend": "atlas_core.backends.base:Backend",
     "model": "atlas_core.model.loader:ModelWeightLoader",
     "comm": "atlas_core.comm:CommBackend",
+    "op_group": "atlas_core.backends.ops:OpGroup",
+    "op_impl": "atlas_core.backends.ops:OpGroup",
 }
 """The class a target of each kind must subclass, checked by ``--check`` (kinds absent: any class)."""
+
+TARGET_CHECKS = {
+    "tool_parser": "atlas_core.parsing.registry:load_tool_format",
+    "reasoning_parser": "atlas_core.parsing.registry:load_reasoning_format",
+}
+"""Kinds whose targets ``--check`` verifies with this function of the registration (raising
+`PluginError`) instead of by base class: what the parsing layer itself runs when it loads them."""
 
 
 def add_plugins_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -113,21 +122,32 @@ def _plugin_entry(info: PluginInfo, check: bool) -> dict[str, Any]:
     }
 
 
+def _attribute(path: str) -> Any:
+    """The attribute a core ``"module:attribute"`` path names."""
+    module_name, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
 def check_registration(registration: Registration) -> dict[str, str | None]:
     """Import the target and verify it: never raises, the outcome is in the returned status.
 
     ``available`` / ``unavailable`` (with the reason) for backends, ``ok`` for other kinds,
     ``failed`` (with the error) when the import fails, the target is not a subclass of its kind's
-    base class, or a backend's ``availability()`` raises.
+    base class (or fails its kind's `TARGET_CHECKS` function), or a backend's ``availability()`` raises.
     """
     try:
         target = registration.load()
     except Exception as exc:
         return {"status": "failed", "detail": str(exc)}
+    if registration.kind in TARGET_CHECKS:
+        try:
+            _attribute(TARGET_CHECKS[registration.kind])(registration)
+        except PluginError as exc:
+            return {"status": "failed", "detail": str(exc)}
+        return {"status": "ok", "detail": None}
     base_path = BASE_CLASSES.get(registration.kind)
     if base_path is not None:
-        module_name, _, attribute = base_path.partition(":")
-        base = getattr(importlib.import_module(module_name), attribute)
+        base = _attribute(base_path)
         if not (isinstance(target, type) and issubclass(target, base)):
             return {"status": "failed", "detail": f"{registration.target} is not a subclass of {base_path}"}
     elif not callable(target):

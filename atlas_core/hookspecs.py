@@ -1,4 +1,4 @@
-"""The five plug points of Atlas, as pluggy hook specifications (project name ``atlas``).
+"""The plug points of Atlas, as pluggy hook specifications (project name ``atlas``).
 
 A plugin is a module named by an entry point in the ``atlas`` group of its distribution::
 
@@ -12,13 +12,15 @@ The module defines functions decorated with :data:`hookimpl`. Every hook here is
 is imported only when that name is selected, so listing plugins never imports heavy libraries
 (CuPy, NCCL) and never touches a GPU.
 
-Each registration may pass keyword metadata (shown by ``atlas plugins``), documented per hook.
-Hooks return nothing; exceptions raised by one plugin's hook are reported for that plugin and do
+Each registration may pass keyword metadata (shown by ``atlas plugins``): the keys each hook
+accepts, and their types, are declared in `HOOK_METADATA`; any other key, a value of another type
+or a missing required key makes the ``register`` call raise. Hooks return nothing; exceptions raised by one plugin's hook are reported for that plugin and do
 not affect the others. See ``docs/plugin-hooks.md`` for a worked example of each hook.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pluggy
@@ -33,7 +35,9 @@ class Register(Protocol):
     """The callable every registration hook receives.
 
     ``register(name, target, **metadata)``: ``name`` is the public name users select
-    (``--backend cuda``, a config's ``model_type``); ``target`` is ``"package.module:Attribute"``.
+    (``--backend cuda``, a config's ``model_type``); ``target`` is ``"package.module:Attribute"``;
+    ``metadata`` keys and types are those `HOOK_METADATA` declares for the hook's kind, else
+    `atlas_core.errors.PluginError` is raised.
     """
 
     def __call__(self, name: str, target: str, **metadata: Any) -> None: ...
@@ -106,11 +110,88 @@ def register_storage_backends(register: Register) -> None:
     """
 
 
+@hookspec
+def register_op_groups(register: Register) -> None:
+    """Register op groups: sets of backend ops beyond the core contract (MoE routing and experts,
+    latent attention, gated delta rule, Mamba-2 scan, or a plugin's own).
+
+    Target: a subclass of :class:`atlas_core.backends.ops.OpGroup` whose ``name`` equals the
+    registered name; its methods are the group's interface and their bodies the host fallback
+    (NumPy references run on host copies), so every backend runs every group. Layers get a group
+    with ``backend.ops(GroupClass)``. Core registers ``moe``, ``mla``, ``gated_delta``, ``mamba2``.
+    """
+
+
+@hookspec
+def register_op_implementations(register: Register) -> None:
+    """Register a backend's native implementation of an op group.
+
+    ``name`` is the op group's name; target: a subclass of that group's class overriding the ops
+    it runs natively (the others keep the host fallback). A hardware plugin registers its kernels
+    for core's groups; a family plugin may register kernels for its own group.
+
+    Metadata:
+      ``backend`` (str, required): the backend name the implementation is for (``cuda``...).
+    """
+
+
+@hookspec
+def register_tool_parsers(register: Register) -> None:
+    """Register tool-call formats: how a model writes tool calls as text, read back into calls.
+
+    ``name`` is what a family's ``defaults`` (``tool_call_parser``) and ``--tool-call-parser``
+    select. Target: a subclass of :class:`atlas_core.parsing.tools.base.ToolFormat` whose ``name``
+    equals the registered name, constructed with no arguments: its markers, ``parse`` (markup ->
+    raw calls) and ``grammar`` (llguidance rules generating the markup for ``tool_choice``).
+    Core registers the formats several families share (``hermes``, ``json``, ``mistral``,
+    ``nemotron``, ``qwen3_coder``); a format only one family writes ships with that family.
+    """
+
+
+@hookspec
+def register_reasoning_parsers(register: Register) -> None:
+    """Register reasoning formats: the markers around a model's reasoning.
+
+    ``name`` is what a family's ``defaults`` (``reasoning_parser``) and ``--reasoning-parser``
+    select. Target: an instance of :class:`atlas_core.parsing.reasoning.ReasoningFormat` whose
+    ``name`` equals the registered name. Core registers ``qwen3``, ``deepseek_r1`` and ``mistral``.
+    """
+
+
 HOOK_KINDS: dict[str, str] = {
     "register_gpu_backends": "backend",
     "register_model_loaders": "model",
     "register_layers": "layer",
     "register_comm_backends": "comm",
     "register_storage_backends": "storage",
+    "register_op_groups": "op_group",
+    "register_op_implementations": "op_impl",
+    "register_tool_parsers": "tool_parser",
+    "register_reasoning_parsers": "reasoning_parser",
 }
 """Hook name -> the registry kind its registrations populate."""
+
+
+@dataclass(frozen=True)
+class MetadataKey:
+    """One keyword a registration hook accepts: ``type`` is a type expression (``int``,
+    ``list[str]``, ``dict[str, Any]``, ``str | None``) that the value must match strictly (``True``
+    is not an ``int``, ``"3"`` is not a number); a ``required`` key must be given."""
+
+    type: Any
+    required: bool = False
+
+
+HOOK_METADATA: dict[str, dict[str, MetadataKey]] = {
+    "backend": {"priority": MetadataKey(int)},
+    "model": {"architectures": MetadataKey(list[str]), "defaults": MetadataKey(dict[str, Any])},
+    "layer": {},
+    "comm": {},
+    "storage": {},
+    "op_group": {},
+    "op_impl": {"backend": MetadataKey(str, required=True)},
+    "tool_parser": {},
+    "reasoning_parser": {},
+}
+"""Registry kind -> the metadata keys its hook accepts (meanings in each hook's docstring). Every
+kind of `HOOK_KINDS` has an entry; a new hook declares its keys here."""

@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 import importlib_metadata
+import msgspec
 import pluggy
 
 from atlas_core import hookspecs
@@ -38,6 +39,10 @@ KIND_LABELS = {
     "layer": "layer type",
     "comm": "comm backend",
     "storage": "storage backend",
+    "op_group": "op group",
+    "op_impl": "op group implementation",
+    "tool_parser": "tool-call parser",
+    "reasoning_parser": "reasoning parser",
 }
 
 
@@ -119,6 +124,11 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def strict_mode() -> bool:
+    """Whether ``ATLAS_PLUGINS_STRICT`` asks for plugin failures to raise instead of being skipped."""
+    return _env_flag("ATLAS_PLUGINS_STRICT")
+
+
 def normalize_name(name: str) -> str:
     """A distribution or entry-point name compared the way pip compares names (PEP 503):
     ``Atlas_Model.Llama`` and ``atlas-model-llama`` are the same."""
@@ -141,6 +151,31 @@ def _make_manager() -> pluggy.PluginManager:
     return manager
 
 
+def _type_name(expected: Any) -> str:
+    return expected.__name__ if isinstance(expected, type) else repr(expected).replace("typing.", "")
+
+
+def check_metadata(hook_name: str, registering: str, metadata: dict[str, Any]) -> None:
+    """Raise `PluginError` unless ``metadata`` has only keys the hook accepts (`hookspecs.HOOK_METADATA`),
+    every required one, each value of its declared type. ``registering`` opens the message
+    (``"atlas-foo 1.0 registers backend 'x'"``), which then names the key and lists the accepted ones."""
+    accepted = hookspecs.HOOK_METADATA.get(hookspecs.HOOK_KINDS[hook_name], {})
+    listing = ", ".join(f"{key} ({_type_name(spec.type)})" for key, spec in accepted.items())
+    listing = f"accepted: {listing}" if listing else f"{hook_name} accepts no metadata"
+    for key, value in metadata.items():
+        if key not in accepted:
+            raise PluginError(f"{registering} with the unknown metadata key {key!r} ({listing})")
+        try:
+            msgspec.convert(value, accepted[key].type, strict=True)
+        except msgspec.ValidationError as exc:
+            raise PluginError(
+                f"{registering} with {key}={value!r}; {key} must be of type {_type_name(accepted[key].type)}: {exc}"
+            ) from None
+    missing = [key for key, spec in accepted.items() if spec.required and key not in metadata]
+    if missing:
+        raise PluginError(f"{registering} without the required metadata key {missing[0]!r} ({listing})")
+
+
 def _collect(manager: pluggy.PluginManager, module: ModuleType, info: PluginInfo, strict: bool) -> None:
     """Call each registration hook of one plugin, recording what it registers."""
     others = [p for p in manager.get_plugins() if p is not module]
@@ -153,6 +188,7 @@ def _collect(manager: pluggy.PluginManager, module: ModuleType, info: PluginInfo
             module_part, sep, attribute = str(target).partition(":")
             if not sep or not module_part or not attribute:
                 raise PluginError(f"target for {name!r} must look like 'package.module:Attribute', got {target!r}")
+            check_metadata(hook_name, f"{info.label} registers {KIND_LABELS[kind]} {name!r}", metadata)
             found.append(Registration(kind, name, target, info, dict(metadata)))
 
         try:
@@ -173,7 +209,7 @@ def _builtin_info() -> PluginInfo:
 
 def load_plugins(entry_points: Iterable[importlib_metadata.EntryPoint] | None = None) -> PluginRegistry:
     """Discover, import and query every plugin; never raises for one plugin's failure unless strict."""
-    strict = _env_flag("ATLAS_PLUGINS_STRICT")
+    strict = strict_mode()
     allow = _allowlist()
     manager = _make_manager()
     loaded: list[tuple[ModuleType, PluginInfo]] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlas_core.backends.ops.gated_delta import gated_delta_chunked, gated_delta_recurrent
+from atlas_core.backends.ops.gated_delta import GatedDeltaOps, gated_delta_chunked, gated_delta_recurrent
 from tests.conformance_support import Case, backend, case  # noqa: F401 (fixtures)
 
 
@@ -56,7 +56,7 @@ def test_gdn_gates(case: Case) -> None:
     a_log_dev, a_log = case.upload(case.normal(heads), weight=True)
     dt_dev, dt = case.upload(case.normal(heads), weight=True)
     with case.unchanged("gdn_gates", a=a_dev, b=b_dev):
-        g, beta = case.backend.gdn_gates(a_dev, b_dev, a_log_dev, dt_dev)
+        g, beta = case.backend.ops(GatedDeltaOps).gdn_gates(a_dev, b_dev, a_log_dev, dt_dev)
     want_g, want_beta = oracle_gdn_gates(a, b, a_log, dt)
     case.assert_close(g, want_g, "gdn_gates g", dtype=np.float32)
     case.assert_close(beta, want_beta, "gdn_gates beta", dtype=np.float32)
@@ -90,7 +90,7 @@ def test_gated_delta_rule(case: Case, lengths: list[int]) -> None:
     scale = 8**-0.5
     (q_dev, q), (k_dev, k), (v_dev, v) = dev["q"], dev["k"], dev["v"]
     with case.unchanged("gated_delta_rule", q=q_dev, k=k_dev, v=v_dev):
-        out = case.backend.gated_delta_rule(
+        out = case.backend.ops(GatedDeltaOps).gated_delta_rule(
             q_dev, k_dev, v_dev, g_dev, beta_dev, state_dev, starts_dev, slots_dev, scale=scale
         )
     want_out, want_state = oracle_delta_rule(q, k, v, g, beta, state.astype(np.float64), starts.tolist(), slots, scale)
@@ -105,7 +105,7 @@ def test_gated_delta_rule_continues_across_calls(case: Case) -> None:
     (q_dev, _), (k_dev, _), (v_dev, _) = dev["q"], dev["k"], dev["v"]
     slot = case.backend.from_numpy(np.asarray(slots[:1], dtype=np.int32))
     whole_state = case.backend.from_numpy(state.copy(), dtype=np.dtype(np.float32))
-    whole = case.raw(case.backend.gated_delta_rule(
+    whole = case.raw(case.backend.ops(GatedDeltaOps).gated_delta_rule(
         q_dev, k_dev, v_dev, g_dev, beta_dev, whole_state, case.backend.from_numpy(np.asarray([0, length], dtype=np.int32)),
         slot, scale=0.3,
     ))
@@ -113,7 +113,7 @@ def test_gated_delta_rule_continues_across_calls(case: Case) -> None:
     parts = []
     for start, end in [(0, 3), (3, 70), (70, 71), (71, 89), (89, 90)]:
         span = slice(start, end)
-        parts.append(case.raw(case.backend.gated_delta_rule(
+        parts.append(case.raw(case.backend.ops(GatedDeltaOps).gated_delta_rule(
             q_dev[span], k_dev[span], v_dev[span], g_dev[span], beta_dev[span], pieces_state,
             case.backend.from_numpy(np.asarray([0, end - start], dtype=np.int32)), slot, scale=0.3,
         )))
@@ -124,7 +124,7 @@ def test_gated_delta_rule_continues_across_calls(case: Case) -> None:
 def test_gated_delta_rule_rejects_shared_slots(case: Case) -> None:
     dev, g_dev, beta_dev, *_, state, _, starts = delta_inputs(case, [2, 2])
     with pytest.raises(ValueError, match="share a state slot"):
-        case.backend.gated_delta_rule(
+        case.backend.ops(GatedDeltaOps).gated_delta_rule(
             dev["q"][0], dev["k"][0], dev["v"][0], g_dev, beta_dev, case.backend.from_numpy(state),
             case.backend.from_numpy(starts), case.backend.from_numpy(np.asarray([1, 1], dtype=np.int32)), scale=1.0,
         )
@@ -136,7 +136,7 @@ def test_rms_norm_silu_gate(case: Case, shape: tuple[int, ...]) -> None:
     gate_dev, gate = case.upload(case.normal(*shape, scale=3.0))
     w_dev, w = case.upload(1.0 + case.normal(shape[-1], scale=0.2), weight=True)
     with case.unchanged("rms_norm_silu_gate", x=x_dev, gate=gate_dev):
-        got = case.backend.rms_norm_silu_gate(x_dev, gate_dev, w_dev, 1e-6)
+        got = case.backend.ops(GatedDeltaOps).rms_norm_silu_gate(x_dev, gate_dev, w_dev, 1e-6)
     case.assert_close(got, oracle_rms_norm_silu_gate(x, gate, w, 1e-6), "rms_norm_silu_gate")
 
 

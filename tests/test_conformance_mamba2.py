@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from atlas_core.backends.ops.mamba2 import Mamba2Ops
 from atlas_core.backends.base import Array
 from atlas_core.backends.numpy_backend import NumpyBackend
 from tests.conformance_support import Case, backend, case  # noqa: F401 (fixtures)
@@ -132,7 +133,7 @@ def test_causal_conv1d(case: Case, lengths: list[int], kernel: int, bias: bool) 
     want, want_state = oracle_conv(x, w, b, state, starts, slots)
     inputs = {"x": x_dev, "weight": w_dev} | ({"bias": b_dev} if bias else {})
     with case.unchanged("causal_conv1d", **inputs):
-        got = case.backend.causal_conv1d(x_dev, w_dev, b_dev, state_dev, starts_dev, slots_dev)
+        got = case.backend.ops(Mamba2Ops).causal_conv1d(x_dev, w_dev, b_dev, state_dev, starts_dev, slots_dev)
     case.assert_close(got, want, "causal_conv1d output")
     assert case.raw(state_dev).dtype == case.dtype, f"causal_conv1d: conv state dtype changed {case.tag}"
     assert_state(case, state_dev, want_state, state, slots, "causal_conv1d")
@@ -158,7 +159,7 @@ def test_mamba2_scan(case: Case, name: str) -> None:
     starts_dev, starts, slots_dev, slots = batch_layout(case, lengths, num_slots)
     want, want_state = oracle_scan(x, dt, a, b, c, d, bias, state, starts, slots, dt_min, dt_max)
     with case.unchanged("mamba2_scan", x=x_dev, dt=dt_dev, B=b_dev, C=c_dev, A=a_dev, D=d_dev, dt_bias=bias_dev):
-        got = case.backend.mamba2_scan(
+        got = case.backend.ops(Mamba2Ops).mamba2_scan(
             x_dev, dt_dev, a_dev, b_dev, c_dev, d_dev, bias_dev, state_dev, starts_dev, slots_dev, chunk, dt_min, dt_max
         )
     case.assert_close(got, want, f"mamba2_scan output ({name})")
@@ -176,7 +177,7 @@ def test_mamba2_decode(case: Case, batch: int, groups: int) -> None:
     _, starts, slots_dev, slots = batch_layout(case, [1] * batch, num_slots)
     want, want_state = oracle_scan(x, dt, a, b, c, d, bias, state, starts, slots, 0.0, np.inf)
     with case.unchanged("mamba2_decode", x=x_dev, dt=dt_dev, B=b_dev, C=c_dev, A=a_dev, D=d_dev, dt_bias=bias_dev):
-        got = case.backend.mamba2_decode(x_dev, dt_dev, a_dev, b_dev, c_dev, d_dev, bias_dev, state_dev, slots_dev)
+        got = case.backend.ops(Mamba2Ops).mamba2_decode(x_dev, dt_dev, a_dev, b_dev, c_dev, d_dev, bias_dev, state_dev, slots_dev)
     case.assert_close(got, want, "mamba2_decode output")
     assert_state(case, state_dev, want_state, state, slots, "mamba2_decode")
 
@@ -194,12 +195,12 @@ def test_chunked_scan_equals_recurrent_steps(case: Case, chunk: int) -> None:
     pieces = []
     for lo, hi in ((0, 11), (11, tokens)):
         starts = case.backend.from_numpy(np.array([0, hi - lo], dtype=np.int32))
-        pieces.append(case.host(case.backend.mamba2_scan(
+        pieces.append(case.host(case.backend.ops(Mamba2Ops).mamba2_scan(
             up["x"][lo:hi], up["dt"][lo:hi], up["A"], up["B"][lo:hi], up["C"][lo:hi], up["D"], up["dt_bias"], chunked,
             starts, slot, chunk,
         )))
     steps = [
-        case.host(case.backend.mamba2_decode(
+        case.host(case.backend.ops(Mamba2Ops).mamba2_decode(
             up["x"][t : t + 1], up["dt"][t : t + 1], up["A"], up["B"][t : t + 1], up["C"][t : t + 1], up["D"],
             up["dt_bias"], stepped, slot,
         ))
@@ -219,7 +220,7 @@ def test_gated_rms_norm(case: Case, tokens: int, width: int, group_size: int) ->
     (gate_dev, gate), (x_dev, x) = views(case, gate_host, x_host)
     w_dev, w = case.upload(case.normal(width) + 1.0, weight=True)
     with case.unchanged("gated_rms_norm", x=x_dev, gate=gate_dev, weight=w_dev):
-        got = case.backend.gated_rms_norm(x_dev, gate_dev, w_dev, eps, group_size)
+        got = case.backend.ops(Mamba2Ops).gated_rms_norm(x_dev, gate_dev, w_dev, eps, group_size)
     case.assert_close(got, oracle_gated_rms_norm(x, gate, w, eps, group_size), f"gated_rms_norm (groups of {group_size})")
 
 
@@ -227,7 +228,7 @@ def test_gated_rms_norm(case: Case, tokens: int, width: int, group_size: int) ->
 def test_relu_squared(case: Case, tokens: int, width: int) -> None:
     x_dev, x = case.upload(case.normal(tokens, width, scale=3.0))
     with case.unchanged("relu_squared", x=x_dev):
-        case.check_out_variants(lambda out: case.backend.relu_squared(x_dev, out=out), np.maximum(x, 0.0) ** 2, "relu_squared")
+        case.check_out_variants(lambda out: case.backend.ops(Mamba2Ops).relu_squared(x_dev, out=out), np.maximum(x, 0.0) ** 2, "relu_squared")
 
 
 def test_rope_with_zero_width_tables_rotates_nothing(case: Case) -> None:
@@ -262,15 +263,15 @@ def test_host_fallback_writes_the_state_back() -> None:
     starts, slots = backend.from_numpy(np.array([0, 3], dtype=np.int32)), backend.from_numpy(np.array([1], dtype=np.int32))
     conv_state = backend.zeros((2, 6, 3), np.float32)
     x = rng.standard_normal((3, 6)).astype(np.float32)
-    backend.causal_conv1d(x, rng.standard_normal((6, 4)).astype(np.float32), None, conv_state, starts, slots)
+    backend.ops(Mamba2Ops).causal_conv1d(x, rng.standard_normal((6, 4)).astype(np.float32), None, conv_state, starts, slots)
     np.testing.assert_array_equal(conv_state[1], x.T)
     np.testing.assert_array_equal(conv_state[0], 0)
     ssm_state = backend.zeros((2, 2, 3, 4), np.float32)
     ones = np.ones(2, dtype=np.float32)
     args = (rng.standard_normal((3, 2, 3)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32), -ones,
             rng.standard_normal((3, 1, 4)).astype(np.float32), rng.standard_normal((3, 1, 4)).astype(np.float32), ones, ones)
-    backend.mamba2_scan(*args, ssm_state, starts, slots, 2)
+    backend.ops(Mamba2Ops).mamba2_scan(*args, ssm_state, starts, slots, 2)
     assert np.abs(ssm_state[1]).max() > 0 and not ssm_state[0].any()
     before = ssm_state[1].copy()
-    backend.mamba2_decode(*(a[:1] if a.ndim > 1 else a for a in args), ssm_state, slots)
+    backend.ops(Mamba2Ops).mamba2_decode(*(a[:1] if a.ndim > 1 else a for a in args), ssm_state, slots)
     assert not np.array_equal(ssm_state[1], before)

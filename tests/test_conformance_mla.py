@@ -16,6 +16,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from atlas_core.backends.ops.mla import MLAOps
 from atlas_core.backends.base import AttentionMetadata
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache, KVPlan, LatentKVLayout
@@ -74,7 +75,7 @@ def test_head_linear(case: Case, tokens: int, heads: int, k: int, n: int) -> Non
     want = oracle_head_linear(x, weight)
     with case.unchanged("mla_head_linear", x=x_dev, weight=weight_dev):
         case.check_out_variants(
-            lambda out: case.backend.mla_head_linear(x_dev, weight_dev, out=out), want, f"mla_head_linear {x.shape}x{weight.shape}"
+            lambda out: case.backend.ops(MLAOps).mla_head_linear(x_dev, weight_dev, out=out), want, f"mla_head_linear {x.shape}x{weight.shape}"
         )
 
 
@@ -88,7 +89,7 @@ def test_write_latent(case: Case, tokens: int, pattern: str) -> None:
     latent_dev, k_rope_dev = projection_dev[:, 3 : 3 + LATENT], projection_dev[:, 3 + LATENT :]  # strided views
     slots_dev, slots = case.upload(slots.astype(np.int32))
     with case.unchanged("mla_write_latent", projection=projection_dev, slot_mapping=slots_dev):
-        result = case.backend.mla_write_latent(cache_dev, latent_dev, k_rope_dev, slots_dev)
+        result = case.backend.ops(MLAOps).mla_write_latent(cache_dev, latent_dev, k_rope_dev, slots_dev)
     assert result is None, f"mla_write_latent works in place and returns None {case.tag}"
     want = oracle_write_kv(cache, projection[:, None, 3:], slots)
     case.assert_equal(case.host(cache_dev), want, f"mla_write_latent (slots {slots.tolist()}; -1 skips)")
@@ -108,7 +109,7 @@ def test_latent_attention(case: Case, scenario: str, row_scaled: bool) -> None:
     want = oracle_latent_attention(q_latent, q_rope, batch.k_cache, batch.host_meta, batch.scale, row_scale)
     with case.unchanged("mla_attention", q_latent=q_latent_dev, q_rope=q_wide_dev, cache=batch.k_cache_dev):
         case.check_out_variants(
-            lambda out: case.backend.mla_attention(
+            lambda out: case.backend.ops(MLAOps).mla_attention(
                 q_latent_dev, q_rope_dev, batch.k_cache_dev, batch.meta, batch.scale, row_scale_dev, out=out
             ),
             want,

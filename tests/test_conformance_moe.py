@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlas_core.backends.ops.moe import RouterSpec
+from atlas_core.backends.ops.moe import MoEOps, RouterSpec
 from atlas_core.model.layers.moe import MoEFeedForward, RoutedExperts
 from tests.conformance_support import Case, backend, case  # noqa: F401 (fixtures)
 
@@ -121,7 +121,7 @@ def test_moe_route(case: Case, name: str, tokens: int) -> None:
     bias_dev = None if bias is None else case.backend.from_numpy(bias, dtype=np.dtype(np.float32))
     want_weights, want_ids, _ = oracle_route(logits_held, spec, bias)
     with case.unchanged("moe_route", logits=logits_dev):
-        weights, ids = case.backend.moe_route(logits_dev, spec, bias_dev)
+        weights, ids = case.backend.ops(MoEOps).moe_route(logits_dev, spec, bias_dev)
     case.assert_tokens(ids, want_ids, f"moe_route[{name}] ids")
     case.assert_close(weights, want_weights, f"moe_route[{name}] weights", dtype=np.dtype(np.float32))
 
@@ -132,7 +132,7 @@ def test_moe_route_bias_changes_selection_not_weights(case: Case) -> None:
     logits_dev, logits = case.upload(case.normal(5, 8))
     bias = np.zeros(8, dtype=np.float32)
     bias[3] = 10.0
-    weights, ids = case.backend.moe_route(logits_dev, spec, case.backend.from_numpy(bias, dtype=np.dtype(np.float32)))
+    weights, ids = case.backend.ops(MoEOps).moe_route(logits_dev, spec, case.backend.from_numpy(bias, dtype=np.dtype(np.float32)))
     ids, weights = case.raw(ids), case.host(weights)
     case.assert_equal(ids[:, 0].astype(np.int64), np.full(5, 3), "moe_route: the biased expert ranks first")
     case.assert_values(weights[:, 0], sigmoid(logits[:, 3]), "moe_route: the biased expert's weight is its sigmoid score")
@@ -155,7 +155,7 @@ def test_moe_experts(case: Case, activation: str, tokens: int) -> None:
     weights = case.host(weights_dev)
     inputs = {"x": x_dev, "w_in": w_in_dev, "w_out": w_out_dev, "weights": weights_dev, "ids": ids_dev}
     with case.unchanged("moe_experts", **inputs):
-        got = case.backend.moe_experts(x_dev, w_in_dev, w_out_dev, weights_dev, ids_dev, activation)
+        got = case.backend.ops(MoEOps).moe_experts(x_dev, w_in_dev, w_out_dev, weights_dev, ids_dev, activation)
     case.assert_close(got, oracle_experts(x, w_in, w_out, weights, ids, activation), f"moe_experts[{activation}]")
 
 
@@ -166,9 +166,9 @@ def test_moe_experts_rejects_weights_that_do_not_fit_the_activation(case: Case) 
     ids = case.backend.from_numpy(np.zeros((2, 1), dtype=np.int32))
     weights = case.backend.from_numpy(np.ones((2, 1), dtype=np.float32))
     with pytest.raises(ValueError, match="gated"):
-        case.backend.moe_experts(x, w_in, w_out, weights, ids, "silu")
+        case.backend.ops(MoEOps).moe_experts(x, w_in, w_out, weights, ids, "silu")
     with pytest.raises(ValueError, match="unknown expert activation"):
-        case.backend.moe_experts(x, w_in, w_out, weights, ids, "gelu")
+        case.backend.ops(MoEOps).moe_experts(x, w_in, w_out, weights, ids, "gelu")
 
 
 # ---- sigmoid_gate --------------------------------------------------------------------------------

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from atlas_core.backends.ops.gated_delta import GatedDeltaOps
-from atlas_core.backends.ops.gemma import GemmaOps
-from atlas_core.backends.ops.mamba2 import Mamba2Ops
-from atlas_core.backends.ops.mla import MLAOps
-from atlas_core.backends.ops.moe import MoEOps
+from atlas_core.backends.ops import OpGroup, on_host
+
+if TYPE_CHECKING:
+    from atlas_core.plugins import PluginRegistry
+
+G = TypeVar("G", bound=OpGroup)
 
 Array = Any
 """A backend's array type (``numpy.ndarray`` for the reference, ``cupy.ndarray`` on CUDA)."""
@@ -123,16 +124,31 @@ class LogitAdjustments:
         return len(self.penalty_rows) == 0 and len(self.bias_rows) == 0
 
 
-class Backend(MoEOps, MLAOps, GemmaOps, GatedDeltaOps, Mamba2Ops, ABC):
+class Backend(ABC):
     """Abstract array backend. Subclasses implement every abstract op with the documented contract.
 
-    The mixins add the ops only some model families use; each defaults to its NumPy reference run on
-    the host (`atlas_core.backends.ops`), so every backend runs every model, and overrides them with
-    kernels of its own.
+    Ops that only some layers use live in op groups (`atlas_core.backends.ops`), reached with
+    `ops`: each group runs natively where a plugin registered an implementation for this backend,
+    and through its host fallback elsewhere, so every backend runs every model.
     """
 
     name: str = "abstract"
     activation_dtype: np.dtype = np.dtype(np.float32)
+    plugin_registry: PluginRegistry | None = None
+    """The registry `ops` resolves native op-group implementations from (set by
+    `atlas_core.backends.select.select_backend`; None: the process-wide registry)."""
+
+    def ops(self, group: type[G]) -> G:
+        """This backend's implementation of op group ``group``: the native one registered for
+        ``self.name``, else ``group`` itself (host fallback). Resolved once per backend and group."""
+        resolved: dict[type[OpGroup], OpGroup] = self.__dict__.setdefault("_op_groups", {})
+        if group not in resolved:
+            from atlas_core.backends.op_registry import resolve_op_group
+            from atlas_core.plugins import get_registry
+
+            registry = self.plugin_registry if self.plugin_registry is not None else get_registry()
+            resolved[group] = resolve_op_group(registry, self.name, group)(self)
+        return resolved[group]  # type: ignore[return-value]
 
     @classmethod
     def availability(cls) -> str | None:
@@ -235,6 +251,14 @@ class Backend(MoEOps, MLAOps, GemmaOps, GatedDeltaOps, Mamba2Ops, ABC):
         ``sliding_window`` W (None: unlimited): a query at position p sees keys ``max(0, p - W + 1) ..= p``
         (W keys including itself, the Hugging Face convention). Block-table entries of blocks that lie
         wholly before every query's window may be -1 or point at stale data: they must not be read."""
+
+    def sigmoid_gate(self, x: Array, gate: Array) -> Array:
+        """``x[T, N] * sigmoid(gate)`` with ``gate[T, 1]`` (one gate per token, e.g. a shared expert's
+        gate) or ``gate[T, N]`` (elementwise, e.g. gated attention's output gate); the sigmoid in
+        float32. Returns a new ``[T, N]`` array in ``x``'s dtype. Default: the host reference."""
+        from atlas_core.backends.ops.moe import sigmoid_gate_reference
+
+        return on_host(self, sigmoid_gate_reference, x, gate)
 
     @abstractmethod
     def log_softmax(self, logits: Array) -> Array:

@@ -7,12 +7,14 @@ from atlas_core.errors import BackendUnavailableError, PluginError
 from atlas_core.plugins import PluginRegistry, Registration
 
 
-def _instantiate(registration: Registration) -> Backend:
+def _instantiate(registry: PluginRegistry, registration: Registration) -> Backend:
     backend_class = registration.load()
     reason = backend_class.availability()
     if reason is not None:
         raise BackendUnavailableError(f"backend {registration.name!r} ({registration.plugin.label}) cannot run here: {reason}")
-    return backend_class()
+    backend = backend_class()
+    backend.plugin_registry = registry
+    return backend
 
 
 def select_backend(registry: PluginRegistry, name: str | None = None) -> Backend:
@@ -22,12 +24,12 @@ def select_backend(registry: PluginRegistry, name: str | None = None) -> Backend
     backend is always available, so automatic selection always succeeds.
     """
     if name is not None:
-        return _instantiate(registry.get("backend", name))
+        return _instantiate(registry, registry.get("backend", name))
     candidates = sorted(registry.registrations("backend"), key=lambda r: -int(r.metadata.get("priority", 0)))
     reasons = []
     for registration in candidates:
         try:
-            return _instantiate(registration)
+            return _instantiate(registry, registration)
         except (BackendUnavailableError, PluginError) as exc:
             reasons.append(str(exc))
     raise BackendUnavailableError("no backend can run here: " + "; ".join(reasons))

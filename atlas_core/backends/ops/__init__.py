@@ -1,20 +1,43 @@
-"""Ops with a host fallback: one module per group of ops that only some model families use.
+"""Op groups: sets of ops beyond the core `Backend` contract that only some layers use.
 
-Each module holds the NumPy reference functions of its ops (host arrays in, host arrays out: the
-executable specification) and a mixin class that `Backend` inherits. A mixin method's default runs
-on the host through `on_host`: inputs are copied with ``to_numpy``, the reference runs, the result
-comes back with ``from_numpy`` (in-place ops write the result back into their argument). That is
-correct on every backend and slow off the CPU; a backend overrides an op with its own kernel, and
-the conformance suite checks whichever runs. On the NumPy backend the copies are no-ops.
+An op group is a subclass of `OpGroup` with a ``name``: its methods are the group's typed interface
+and their bodies are the host fallback, the group's NumPy reference functions run through `on_host`
+(inputs copied with ``to_numpy``, the reference run, the result copied back with ``from_numpy``;
+in-place ops write back through `host_state`). That is correct on every backend and slow off the
+CPU. A backend runs a group natively through a subclass of the group that overrides its methods,
+registered for that backend's name (``register_op_implementations``); layers ask their backend for
+a group with ``backend.ops(MoEOps)`` and never know which implementation answers. A plugin adds a
+new group by defining an `OpGroup` subclass and registering it (``register_op_groups``), without
+touching core. The conformance suite checks whichever implementation a backend resolves.
+
+Core's groups, one module each: ``moe``, ``mla``, ``gated_delta``, ``mamba2``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from atlas_core.backends.base import Backend
+
+
+class OpGroup:
+    """Base of every op group (see the module docstring). Instances are bound to one backend
+    (``self.backend``) and made by `atlas_core.backends.base.Backend.ops`, once per backend and group.
+
+    Subclasses set ``name`` (the registered group name). A native implementation subclasses the
+    group it implements, keeps ``name``, and may override any subset of its methods; the rest keep
+    their host fallback. Its constructor takes only the backend.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
 
 
 def on_host(backend: Any, reference: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from atlas_core.backends.ops import host_state, on_host
+from atlas_core.backends.ops import OpGroup, host_state, on_host
 
 if TYPE_CHECKING:
     from atlas_core.backends.base import Array
@@ -165,9 +165,12 @@ def rms_norm_silu_gate_reference(x: np.ndarray, gate: np.ndarray, weight: np.nda
 
 
 
-# ---- the mixin -----------------------------------------------------------------------------------
-class GatedDeltaOps:
-    """Mixin of `Backend`: the gated_delta ops, each defaulting to its NumPy reference on the host."""
+# ---- the op group --------------------------------------------------------------------------------
+class GatedDeltaOps(OpGroup):
+    """The gated_delta op group: every op defaults to its NumPy reference run on the host; a backend's
+    native implementation (registered through ``register_op_implementations``) overrides them."""
+
+    name = "gated_delta"
 
     def gdn_gates(self, a: Array, b: Array, a_log: Array, dt_bias: Array) -> tuple[Array, Array]:
         """``g = -exp(a_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``, both float32 ``[T, Hv]``.
@@ -175,9 +178,9 @@ class GatedDeltaOps:
         ``a``, ``b`` ``[T, Hv]`` in any float dtype (may be column slices); ``a_log``, ``dt_bias`` ``[Hv]``.
         ``softplus(x) = log(1 + exp(x))``. Not in place.
         """
-        g, beta = gdn_gates_reference(*(self.to_numpy(t) for t in (a, b, a_log, dt_bias)))
+        g, beta = gdn_gates_reference(*(self.backend.to_numpy(t) for t in (a, b, a_log, dt_bias)))
         f32 = np.dtype(np.float32)
-        return self.from_numpy(g, dtype=f32), self.from_numpy(beta, dtype=f32)
+        return self.backend.from_numpy(g, dtype=f32), self.backend.from_numpy(beta, dtype=f32)
 
     def gated_delta_rule(
         self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, query_start_loc: Array,
@@ -195,11 +198,11 @@ class GatedDeltaOps:
         `gated_delta_recurrent`): results agree to rounding.
         """
         reference = functools.partial(gated_delta_rule_reference, scale=scale, l2norm_qk=l2norm_qk)
-        with host_state(self, state) as (state_on_host,):
-            return on_host(self, reference, q, k, v, g, beta, state_on_host, query_start_loc, state_slots)
+        with host_state(self.backend, state) as (state_on_host,):
+            return on_host(self.backend, reference, q, k, v, g, beta, state_on_host, query_start_loc, state_slots)
 
     def rms_norm_silu_gate(self, x: Array, gate: Array, weight: Array, eps: float) -> Array:
         """``x / sqrt(mean(x**2) + eps) * weight * silu(gate)`` over the last axis -> a new array of ``x``'s
         shape in the activation dtype. ``x``, ``gate`` ``[..., D]`` (same shape), ``weight[D]``; float32 math.
         """
-        return on_host(self, functools.partial(rms_norm_silu_gate_reference, eps=eps), x, gate, weight)
+        return on_host(self.backend, functools.partial(rms_norm_silu_gate_reference, eps=eps), x, gate, weight)

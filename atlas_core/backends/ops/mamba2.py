@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from atlas_core.backends.ops import host_state, on_host
+from atlas_core.backends.ops import OpGroup, host_state, on_host
 
 if TYPE_CHECKING:
     from atlas_core.backends.base import Array
@@ -194,11 +194,14 @@ def relu_squared_reference(x: np.ndarray) -> np.ndarray:
     return np.square(np.maximum(x.astype(F32), F32(0))).astype(x.dtype)
 
 
-# ---- the mixin -----------------------------------------------------------------------------------
+# ---- the op group --------------------------------------------------------------------------------
 
 
-class Mamba2Ops:
-    """Mixin of `Backend`: the mamba2 ops, each defaulting to its NumPy reference on the host."""
+class Mamba2Ops(OpGroup):
+    """The mamba2 op group: every op defaults to its NumPy reference run on the host; a backend's
+    native implementation (registered through ``register_op_implementations``) overrides them."""
+
+    name = "mamba2"
 
     def causal_conv1d(
         self, x: Array, weight: Array, bias: Array | None, conv_state: Array, query_start_loc: Array,
@@ -206,8 +209,8 @@ class Mamba2Ops:
     ) -> Array:
         """Depthwise causal conv1d + SiLU per sequence, continuing from ``conv_state [S, C, K-1]`` and
         updating it in place (`causal_conv1d_reference`). ``x [T, C]`` activations -> new ``[T, C]``."""
-        with host_state(self, conv_state) as (state,):
-            return on_host(self, causal_conv1d_reference, x, weight, bias, state, query_start_loc, state_slots)
+        with host_state(self.backend, conv_state) as (state,):
+            return on_host(self.backend, causal_conv1d_reference, x, weight, bias, state, query_start_loc, state_slots)
 
     def mamba2_scan(
         self, x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array, dt_bias: Array, ssm_state: Array,
@@ -216,9 +219,9 @@ class Mamba2Ops:
         """Selective scan over a varlen batch from and into ``ssm_state [S, Hm, P, N]`` (float32, in
         place) -> new ``y [T, Hm, P]`` (`mamba2_scan_reference`). ``chunk_size`` is the block length of
         the chunked form; the values do not depend on it beyond rounding."""
-        with host_state(self, ssm_state) as (state,):
+        with host_state(self.backend, ssm_state) as (state,):
             return on_host(
-                self, mamba2_scan_reference, x, dt, A, B, C, D, dt_bias, state, query_start_loc, state_slots,
+                self.backend, mamba2_scan_reference, x, dt, A, B, C, D, dt_bias, state, query_start_loc, state_slots,
                 chunk_size, dt_min, dt_max,
             )
 
@@ -228,13 +231,13 @@ class Mamba2Ops:
     ) -> Array:
         """One scan step per sequence (decode), in place on ``ssm_state`` -> new ``y [B, Hm, P]``
         (`mamba2_decode_reference`); equal to `mamba2_scan` over one-token sequences."""
-        with host_state(self, ssm_state) as (state,):
-            return on_host(self, mamba2_decode_reference, x, dt, A, B, C, D, dt_bias, state, state_slots, dt_min, dt_max)
+        with host_state(self.backend, ssm_state) as (state,):
+            return on_host(self.backend, mamba2_decode_reference, x, dt, A, B, C, D, dt_bias, state, state_slots, dt_min, dt_max)
 
     def relu_squared(self, x: Array, out: Array | None = None) -> Array:
         """Squared ReLU ``max(x, 0) ** 2``, the activation of the Mamba-2 hybrids' (Nemotron-H) MLPs:
         ``x [T, I]`` -> ``[T, I]``; ``out`` (optional) receives the result and is returned."""
-        result = on_host(self, relu_squared_reference, x)
+        result = on_host(self.backend, relu_squared_reference, x)
         if out is None:
             return result
         out[...] = result
@@ -242,4 +245,4 @@ class Mamba2Ops:
 
     def gated_rms_norm(self, x: Array, gate: Array, weight: Array, eps: float, group_size: int) -> Array:
         """``rms_norm_per_group(x * silu(gate)) * weight`` (`gated_rms_norm_reference`) -> new ``[T, I]``."""
-        return on_host(self, gated_rms_norm_reference, x, gate, weight, eps, group_size)
+        return on_host(self.backend, gated_rms_norm_reference, x, gate, weight, eps, group_size)

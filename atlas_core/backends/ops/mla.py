@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from atlas_core.backends.ops import host_state, on_host
+from atlas_core.backends.ops import OpGroup, host_state, on_host
 
 if TYPE_CHECKING:
     from atlas_core.backends.base import Array, AttentionMetadata
@@ -67,9 +67,12 @@ def latent_attention_reference(
     return out
 
 
-# ---- the mixin -----------------------------------------------------------------------------------
-class MLAOps:
-    """Mixin of `Backend`: the mla ops, each defaulting to its NumPy reference on the host."""
+# ---- the op group --------------------------------------------------------------------------------
+class MLAOps(OpGroup):
+    """The mla op group: every op defaults to its NumPy reference run on the host; a backend's
+    native implementation (registered through ``register_op_implementations``) overrides them."""
+
+    name = "mla"
 
     def mla_head_linear(self, x: Array, weight: Array, out: Array | None = None) -> Array:
         """Per-head matrix product: ``x [T, H, K]`` (activations, may be a strided view) times
@@ -79,7 +82,7 @@ class MLAOps:
         MLA uses it to fold ``kv_b_proj`` into the queries (``K = qk_nope_head_dim``, ``N = L``) and
         into the output (``K = L``, ``N = v_head_dim``). ``out`` optional; inputs unchanged.
         """
-        return _with_out(on_host(self, head_linear_reference, x, weight), out)
+        return _with_out(on_host(self.backend, head_linear_reference, x, weight), out)
 
     def mla_write_latent(self, cache: Array, latent: Array, k_rope: Array, slot_mapping: Array) -> None:
         """Store each token's latent and rotated key part into the latent cache, in place.
@@ -90,8 +93,8 @@ class MLAOps:
         concat(latent[t], k_rope[t])``; -1 skips the token. Nothing else changes; copies are exact.
         Returns None.
         """
-        with host_state(self, cache) as (cache_on_host,):
-            on_host(self, write_latent_reference, cache_on_host, latent, k_rope, slot_mapping)
+        with host_state(self.backend, cache) as (cache_on_host,):
+            on_host(self.backend, write_latent_reference, cache_on_host, latent, k_rope, slot_mapping)
 
     def mla_attention(
         self, q_latent: Array, q_rope: Array, cache: Array, meta: AttentionMetadata, scale: float,
@@ -111,9 +114,9 @@ class MLAOps:
         q_rope[t, h] . rope_j)``; ``out[t, h] = sum_j softmax_j(score) * latent_j`` -> ``[T, H, L]``.
         Reads only the slots named by the block tables; ``out`` optional; inputs unchanged.
         """
-        host_meta = _host_metadata(self, meta)
+        host_meta = _host_metadata(self.backend, meta)
         result = on_host(
-            self, functools.partial(latent_attention_reference, meta=host_meta), q_latent, q_rope, cache,
+            self.backend, functools.partial(latent_attention_reference, meta=host_meta), q_latent, q_rope, cache,
             scale=float(scale), row_scale=row_scale,
         )
         return _with_out(result, out)

@@ -1,13 +1,14 @@
 """Ops of the moe group with a host fallback (see `atlas_core.backends.ops`).
 
-Mixture-of-Experts in three ops, covering the routers and experts of qwen3_moe, minimax_m2,
+Mixture-of-Experts in two ops, covering the routers and experts of qwen3_moe, minimax_m2,
 deepseek_v3, mistral4, gemma4, qwen3_next / qwen3_5_moe and nemotron_h:
 
   * `MoEOps.moe_route`: router logits -> top-k expert weights and ids (softmax or sigmoid scoring,
     selection-only correction bias, group-limited selection, renormalisation, routed scaling);
   * `MoEOps.moe_experts`: the weighted sum of each token's selected experts (gated SiLU, gated
-    GELU-tanh, or non-gated squared ReLU);
-  * `MoEOps.sigmoid_gate`: ``x * sigmoid(gate)``, the gate of a shared expert.
+    GELU-tanh, or non-gated squared ReLU).
+
+A shared expert's gate is the core op `Backend.sigmoid_gate` (its reference is here).
 
 The router's configuration is a frozen, hashable `RouterSpec` (a kernel may key compiled code on it).
 """
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from atlas_core.backends.ops import on_host
+from atlas_core.backends.ops import OpGroup, on_host
 
 if TYPE_CHECKING:
     from atlas_core.backends.base import Array
@@ -175,14 +176,17 @@ def moe_experts_reference(
 
 
 def sigmoid_gate_reference(x: np.ndarray, gate: np.ndarray) -> np.ndarray:
-    """`MoEOps.sigmoid_gate` on host arrays."""
+    """`Backend.sigmoid_gate` on host arrays."""
     with np.errstate(over="ignore"):
         return (x / (1.0 + np.exp(-gate.astype(np.float32)))).astype(np.float32)
 
 
-# ---- the mixin -----------------------------------------------------------------------------------
-class MoEOps:
-    """Mixin of `Backend`: the moe ops, each defaulting to its NumPy reference on the host."""
+# ---- the op group --------------------------------------------------------------------------------
+class MoEOps(OpGroup):
+    """The moe op group: every op defaults to its NumPy reference run on the host; a backend's
+    native implementation (registered through ``register_op_implementations``) overrides them."""
+
+    name = "moe"
 
     def moe_route(
         self, router_logits: Array, spec: RouterSpec, correction_bias: Array | None = None
@@ -193,7 +197,7 @@ class MoEOps:
         None. Returns ``(weights[T, top_k] float32, ids[T, top_k] int32)``, ids in descending order of
         their selection score. Not in place.
         """
-        return on_host(self, functools.partial(moe_route_reference, spec=spec), router_logits, correction_bias)
+        return on_host(self.backend, functools.partial(moe_route_reference, spec=spec), router_logits, correction_bias)
 
     def moe_experts(
         self, x: Array, w_in: Array, w_out: Array, weights: Array, ids: Array, activation: ExpertActivation,
@@ -209,12 +213,5 @@ class MoEOps:
         listing the same expert twice gets it twice. Not in place; accumulation in float32.
         """
         return on_host(
-            self, functools.partial(moe_experts_reference, activation=activation), x, w_in, w_out, weights, ids
+            self.backend, functools.partial(moe_experts_reference, activation=activation), x, w_in, w_out, weights, ids
         )
-
-    def sigmoid_gate(self, x: Array, gate: Array) -> Array:
-        """``x[T, N] * sigmoid(gate)`` with ``gate[T, 1]`` (one gate per token, the shared-expert gate
-        of qwen3_next / qwen3_5_moe) or ``gate[T, N]`` (elementwise); the sigmoid in float32.
-        Returns a new ``[T, N]`` array in ``x``'s dtype."""
-        return on_host(self, sigmoid_gate_reference, x, gate)
-

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from atlas_core.backends.base import Array, Backend
+from atlas_core.backends.ops.gated_delta import GatedDeltaOps
+from atlas_core.backends.ops.mamba2 import Mamba2Ops
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache
 from atlas_core.model.recurrent_state import RecurrentState, StateArraySpec
@@ -101,21 +103,22 @@ class GatedDeltaNet:
 
     def __call__(self, x: Array, batch: ForwardBatch, kv: KVCache) -> Array:
         backend, w, shape = self.backend, self.weights, self.shape
+        gdn = backend.ops(GatedDeltaOps)
         tokens = x.shape[0]
         arrays = self.state.arrays(self.layer_index)
         starts = batch.attention.query_start_loc
         projected = backend.linear(x, w.in_proj)
         conv_end, z_end = shape.conv_dim, shape.conv_dim + shape.value_dim
-        mixed = backend.causal_conv1d(projected[:, :conv_end], w.conv, None, arrays["conv"], starts, batch.state_slots)
+        mixed = backend.ops(Mamba2Ops).causal_conv1d(projected[:, :conv_end], w.conv, None, arrays["conv"], starts, batch.state_slots)
         q = mixed[:, : shape.key_dim].reshape(tokens, shape.num_key_heads, shape.key_head_dim)
         k = mixed[:, shape.key_dim : 2 * shape.key_dim].reshape(tokens, shape.num_key_heads, shape.key_head_dim)
         v = mixed[:, 2 * shape.key_dim :].reshape(tokens, shape.num_value_heads, shape.value_head_dim)
         b = projected[:, z_end : z_end + shape.num_value_heads]
         a = projected[:, z_end + shape.num_value_heads :]
-        g, beta = backend.gdn_gates(a, b, w.a_log, w.dt_bias)
-        core = backend.gated_delta_rule(
+        g, beta = gdn.gdn_gates(a, b, w.a_log, w.dt_bias)
+        core = gdn.gated_delta_rule(
             q, k, v, g, beta, arrays["recurrent"], starts, batch.state_slots, scale=shape.key_head_dim**-0.5
         )
         z = projected[:, conv_end:z_end].reshape(tokens, shape.num_value_heads, shape.value_head_dim)
-        normed = backend.rms_norm_silu_gate(core, z, w.norm, shape.norm_eps)
+        normed = gdn.rms_norm_silu_gate(core, z, w.norm, shape.norm_eps)
         return backend.linear(normed.reshape(tokens, shape.value_dim), w.out_proj)

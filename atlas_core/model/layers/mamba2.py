@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from atlas_core.backends.base import Array, Backend
+from atlas_core.backends.ops.mamba2 import Mamba2Ops
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache
 from atlas_core.model.recurrent_state import RecurrentState, StateArraySpec
@@ -103,6 +104,7 @@ class Mamba2Mixer:
 
     def __call__(self, x: Array, batch: ForwardBatch, kv: KVCache) -> Array:
         backend, w, s = self.backend, self.weights, self.shape
+        mamba = backend.ops(Mamba2Ops)
         tokens, inner, groups_width = x.shape[0], s.inner_size, s.n_groups * s.state_size
         arrays = self.state.arrays(self.layer_index)
         projected = backend.linear(x, w.in_proj, w.in_proj_bias)
@@ -110,15 +112,15 @@ class Mamba2Mixer:
         xbc = projected[:, inner : inner + s.conv_dim]
         dt = projected[:, inner + s.conv_dim :]
         starts, slots = batch.attention.query_start_loc, batch.state_slots
-        xbc = backend.causal_conv1d(xbc, w.conv, w.conv_bias, arrays["conv"], starts, slots)
+        xbc = mamba.causal_conv1d(xbc, w.conv, w.conv_bias, arrays["conv"], starts, slots)
         hidden = xbc[:, :inner].reshape(tokens, s.num_heads, s.head_dim)
         B = xbc[:, inner : inner + groups_width].reshape(tokens, s.n_groups, s.state_size)
         C = xbc[:, inner + groups_width :].reshape(tokens, s.n_groups, s.state_size)
         if batch.is_pure_decode:
-            y = backend.mamba2_decode(hidden, dt, w.A, B, C, w.D, w.dt_bias, arrays["ssm"], slots, s.dt_min, s.dt_max)
+            y = mamba.mamba2_decode(hidden, dt, w.A, B, C, w.D, w.dt_bias, arrays["ssm"], slots, s.dt_min, s.dt_max)
         else:
-            y = backend.mamba2_scan(
+            y = mamba.mamba2_scan(
                 hidden, dt, w.A, B, C, w.D, w.dt_bias, arrays["ssm"], starts, slots, s.chunk_size, s.dt_min, s.dt_max
             )
-        normed = backend.gated_rms_norm(y.reshape(tokens, inner), gate, w.norm, s.norm_eps, inner // s.n_groups)
+        normed = mamba.gated_rms_norm(y.reshape(tokens, inner), gate, w.norm, s.norm_eps, inner // s.n_groups)
         return backend.linear(normed, w.out_proj, w.out_proj_bias)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from atlas_core.backends.base import Array, Backend
+from atlas_core.backends.ops.mla import MLAOps
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache
 from atlas_core.model.layers.norm import RMSNorm
@@ -98,6 +99,7 @@ class MultiHeadLatentAttention:
 
     def __call__(self, x: Array, batch: ForwardBatch, kv: KVCache) -> Array:
         backend, w, s = self.backend, self.weights, self.shape
+        mla = backend.ops(MLAOps)
         tokens = x.shape[0]
         fused = backend.linear(x, w.fused_in, w.fused_in_bias)
         q_part, kv_part = fused[:, : s.fused_q_width], fused[:, s.fused_q_width :]
@@ -110,11 +112,11 @@ class MultiHeadLatentAttention:
         backend.rope(q_rope, k_rope.reshape(tokens, 1, s.rope_dim), batch.positions, self.rope_cos, self.rope_sin)
 
         cache = kv.keys[self.layer_index]
-        backend.mla_write_latent(cache, latent, k_rope, batch.attention.slot_mapping)
-        q_latent = backend.mla_head_linear(q_nope, w.uk)
+        mla.mla_write_latent(cache, latent, k_rope, batch.attention.slot_mapping)
+        q_latent = mla.mla_head_linear(q_nope, w.uk)
         row_scale = None if self.position_scale is None else self.position_scale[batch.positions]
-        mixed = backend.mla_attention(q_latent, q_rope, cache, batch.attention, self.scale, row_scale)
-        heads_out = backend.mla_head_linear(mixed, w.uv)
+        mixed = mla.mla_attention(q_latent, q_rope, cache, batch.attention, self.scale, row_scale)
+        heads_out = mla.mla_head_linear(mixed, w.uv)
         return backend.linear(heads_out.reshape(tokens, s.heads * s.v_dim), w.o, w.o_bias)
 
 

@@ -22,22 +22,22 @@ from a checkpoint prefix.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from atlas_core.backends.base import Array, Backend
-from atlas_core.backends.ops.moe import GATED_ACTIVATIONS, ExpertActivation, RouterSpec, Scoring, check_expert_shapes
+from atlas_core.backends.ops.moe import GATED_ACTIVATIONS, MoEOps, ExpertActivation, RouterSpec, Scoring, check_expert_shapes
 from atlas_core.errors import ModelLoadError
+from atlas_core.model.transformer import FeedForward
 
 if TYPE_CHECKING:
     from atlas_core.model.loader import ModelWeightLoader
 
 __all__ = [
-    "MINIMAX_EXPERT_NAMES", "NON_GATED_EXPERT_NAMES", "ExpertNames", "MoEFeedForward", "RoutedExperts", "RouterSpec",
-    "config_num_experts", "load_moe", "read_experts", "router_spec_from_config",
+    "MINIMAX_EXPERT_NAMES", "NON_GATED_EXPERT_NAMES", "ExpertNames", "Experts", "MoEFeedForward", "RoutedExperts",
+    "RouterSpec", "config_num_experts", "load_moe", "read_experts", "router_spec_from_config",
 ]
 
 NUM_EXPERTS_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
@@ -117,6 +117,17 @@ def read_experts(
     return w_in, w_out
 
 
+class Experts(Protocol):
+    """Routed experts as `MoEFeedForward` calls them (the ``routed_experts`` layer type, or a plugin's
+    replacement): ``experts(x[T, H], weights[T, k], ids[T, k]) -> [T, H]``, for each token the sum over
+    its ``k`` chosen experts ``ids`` of ``weights`` times that expert's output; ``num_experts`` is E."""
+
+    @property
+    def num_experts(self) -> int: ...
+
+    def __call__(self, x: Array, weights: Array, ids: Array) -> Array: ...
+
+
 class RoutedExperts:
     """The routed experts of one layer, uploaded: ``w_in[E, 2I or I, H]``, ``w_out[E, H, I]`` and the
     activation (``"silu"`` / ``"gelu_tanh"`` gated, ``"relu2"`` non-gated). Called as
@@ -144,7 +155,7 @@ class RoutedExperts:
         return self.activation in GATED_ACTIVATIONS
 
     def __call__(self, x: Array, weights: Array, ids: Array) -> Array:
-        return self.backend.moe_experts(x, self.w_in, self.w_out, weights, ids, self.activation)
+        return self.backend.ops(MoEOps).moe_experts(x, self.w_in, self.w_out, weights, ids, self.activation)
 
 
 class MoEFeedForward:
@@ -159,8 +170,8 @@ class MoEFeedForward:
     """
 
     def __init__(
-        self, backend: Backend, router_weight: Array, experts: RoutedExperts, spec: RouterSpec, *,
-        correction_bias: Array | None = None, shared_expert: Callable[[Array], Array] | None = None,
+        self, backend: Backend, router_weight: Array, experts: Experts, spec: RouterSpec, *,
+        correction_bias: Array | None = None, shared_expert: FeedForward | None = None,
         shared_expert_gate: Array | None = None,
     ) -> None:
         if tuple(router_weight.shape)[:1] != (spec.num_experts,) or experts.num_experts != spec.num_experts:
@@ -185,7 +196,7 @@ class MoEFeedForward:
     def route(self, router_input: Array) -> tuple[Array, Array]:
         """``(weights[T, k] float32, ids[T, k] int32)`` for ``router_input[T, H]``."""
         logits = self.backend.linear(router_input, self.router_weight)
-        return self.backend.moe_route(logits, self.spec, self.correction_bias)
+        return self.backend.ops(MoEOps).moe_route(logits, self.spec, self.correction_bias)
 
     def __call__(self, x: Array, router_input: Array | None = None) -> Array:
         weights, ids = self.route(x if router_input is None else router_input)
@@ -201,7 +212,7 @@ class MoEFeedForward:
 def load_moe(
     loader: ModelWeightLoader, prefix: str, spec: RouterSpec, *, activation: ExpertActivation = "silu",
     names: ExpertNames = ExpertNames(), router: str = "gate.weight", experts: str = "experts.",
-    correction_bias: str | None = None, shared_expert: Callable[[Array], Array] | None = None,
+    correction_bias: str | None = None, shared_expert: FeedForward | None = None,
     shared_expert_gate: str | None = None,
 ) -> MoEFeedForward:
     """A `MoEFeedForward` from the checkpoint tensors under ``prefix`` (e.g. ``"model.layers.3.mlp."``):

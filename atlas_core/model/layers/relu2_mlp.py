@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from atlas_core.backends.base import Array, Backend
+from atlas_core.backends.ops.mamba2 import Mamba2Ops
 
 
 class SquaredReLUMLP:
@@ -17,5 +18,5 @@ class SquaredReLUMLP:
 
     def __call__(self, x: Array) -> Array:
         backend = self.backend
-        hidden = backend.relu_squared(backend.linear(x, self.up, self.up_bias))
+        hidden = backend.ops(Mamba2Ops).relu_squared(backend.linear(x, self.up, self.up_bias))
         return backend.linear(hidden, self.down, self.down_bias)

@@ -286,15 +286,6 @@ class CudaBackend(Backend):
         self._require_bf16("attention", q, k_cache, v_cache, out)
         return self.attention_runner(q, k_cache, v_cache, meta, scale, out, sliding_window)
 
-    def moe_route(self, router_logits: Array, spec: Any, correction_bias: Array | None = None) -> tuple[Array, Array]:
-        """The host reference, with the float32 routing weights kept in float32 (not the activation dtype)."""
-        from atlas_core.backends.ops.moe import moe_route_reference
-
-        weights, ids = moe_route_reference(
-            self.to_numpy(router_logits), None if correction_bias is None else self.to_numpy(correction_bias), spec=spec
-        )
-        return self.from_numpy(weights, dtype=np.dtype(np.float32)), self.from_numpy(ids)
-
     # ---- logits ops ---------------------------------------------------------------------
     def log_softmax(self, logits: Array) -> Array:
         return self.logits_ops.log_softmax(logits)

@@ -10,8 +10,9 @@ from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache
 from atlas_core.model.layers.moe import MoEFeedForward
 from atlas_core.model.layers.norm import RMSNorm
-from atlas_core.model.layers.per_layer_inputs import PerLayerInputGate
-from atlas_core.model.layers.sandwich import SandwichDecoderLayer
+from atlas_model_gemma.ops import GemmaOps
+from atlas_model_gemma.per_layer_inputs import PerLayerInputGate
+from atlas_model_gemma.sandwich import SandwichDecoderLayer
 
 
 @dataclass
@@ -35,7 +36,7 @@ class ParallelMoEDecoderLayer(SandwichDecoderLayer):
     def feed_forward(self, normed: Array, stream: Array) -> Array:
         dense = self.post_dense_norm(self.ffn(normed))[0]
         routed = self.moe(self.pre_moe_norm(stream)[0], router_input=self.router_norm(stream)[0])
-        return self.moe.backend.add_scaled(dense, self.post_moe_norm(routed)[0])
+        return self.moe.backend.ops(GemmaOps).add_scaled(dense, self.post_moe_norm(routed)[0])
 
 
 @dataclass
@@ -55,7 +56,8 @@ class Gemma4DecoderLayer:
         per_layer_input: Array | None = None,
     ) -> tuple[Array, None]:
         out, residual = self.block(hidden, residual, batch, kv)
+        gemma = self.backend.ops(GemmaOps)
         if self.per_layer_gate is None:
-            return self.backend.add_scaled(out, residual, self.layer_scalar), None
-        stream = self.backend.add_scaled(out, residual)
-        return self.backend.add_scaled(stream, self.per_layer_gate(stream, per_layer_input), self.layer_scalar), None
+            return gemma.add_scaled(out, residual, self.layer_scalar), None
+        stream = gemma.add_scaled(out, residual)
+        return gemma.add_scaled(stream, self.per_layer_gate(stream, per_layer_input), self.layer_scalar), None

@@ -8,9 +8,10 @@ from typing import Any, cast
 from atlas_core.backends.base import Array, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache
-from atlas_core.model.layers.per_layer_inputs import PerLayerInputs, in_activation_dtype
 from atlas_core.model.transformer import TransformerModel
 from atlas_model_gemma.layers import Gemma4DecoderLayer
+from atlas_model_gemma.ops import GemmaOps
+from atlas_model_gemma.per_layer_inputs import PerLayerInputs, in_activation_dtype
 
 
 class GemmaModel(TransformerModel):
@@ -26,12 +27,12 @@ class GemmaModel(TransformerModel):
 
     def embed(self, input_ids: Array) -> Array:
         """``[T]`` token ids -> scaled ``[T, H]`` input embeddings."""
-        return self.backend.scale(super().embed(input_ids), self.embed_scale)
+        return self.backend.ops(GemmaOps).scale(super().embed(input_ids), self.embed_scale)
 
     def compute_logits(self, hidden: Array) -> Array:
         logits = super().compute_logits(hidden)
         cap = self.final_logit_softcapping
-        return logits if cap is None else self.backend.soft_cap(logits, cap)
+        return logits if cap is None else self.backend.ops(GemmaOps).soft_cap(logits, cap)
 
 
 class Gemma4Model(GemmaModel):

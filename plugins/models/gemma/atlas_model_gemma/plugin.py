@@ -2,7 +2,8 @@
 
 Serving defaults: Gemma 3 has no reasoning mode and no tool-call tokens (tools are prompted and
 answered as JSON: the generic ``json`` parser); Gemma 4 thinks inside ``<|channel>thought ...<channel|>``
-and calls tools as ``<|tool_call>call:name{...}<tool_call|>``: parsers named ``gemma4``.
+and calls tools as ``<|tool_call>call:name{...}<tool_call|>``: parsers named ``gemma4``, which this
+plugin registers (`atlas_model_gemma.reasoning`, `atlas_model_gemma.tool_format`).
 """
 
 from __future__ import annotations
@@ -24,3 +25,32 @@ def register_model_loaders(register: Register) -> None:
     register(
         "gemma4", loaders + "Gemma4Loader", architectures=["Gemma4ForConditionalGeneration"], defaults=GEMMA4_DEFAULTS
     )
+
+
+GEMMA_LAYERS = {
+    "per_layer_inputs": "atlas_model_gemma.per_layer_inputs:PerLayerInputs",
+    "per_layer_input_gate": "atlas_model_gemma.per_layer_inputs:PerLayerInputGate",
+    "sandwich_decoder_layer": "atlas_model_gemma.sandwich:SandwichDecoderLayer",
+}
+"""Layer types only the Gemma families use (contracts in docs/plugin-hooks.md)."""
+
+
+@hookimpl
+def register_layers(register: Register) -> None:
+    for name, target in GEMMA_LAYERS.items():
+        register(name, target)
+
+
+@hookimpl
+def register_op_groups(register: Register) -> None:
+    register("gemma", "atlas_model_gemma.ops:GemmaOps")
+
+
+@hookimpl
+def register_tool_parsers(register: Register) -> None:
+    register("gemma4", "atlas_model_gemma.tool_format:Gemma4Format")
+
+
+@hookimpl
+def register_reasoning_parsers(register: Register) -> None:
+    register("gemma4", "atlas_model_gemma.reasoning:GEMMA4")

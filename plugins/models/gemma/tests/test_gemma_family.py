@@ -60,8 +60,12 @@ def test_registers_every_gemma_model_type_with_serving_defaults() -> None:
 def test_atlas_plugins_lists_the_family_and_imports_its_loaders(capsys: pytest.CaptureFixture[str]) -> None:
     plugin = by_distribution(json.loads(run_plugins(capsys, "--check", "--json")))["atlas-model-gemma"]
     assert plugin["errors"] == []
-    registrations = {r["name"]: r for r in plugin["registrations"]}
-    assert sorted(registrations) == ["gemma3", "gemma3_text", "gemma4", "gemma4_text"]
+    registrations = {(r["kind"], r["name"]): r for r in plugin["registrations"]}
+    assert sorted(name for kind, name in registrations if kind == "model") == ["gemma3", "gemma3_text", "gemma4", "gemma4_text"]
+    assert sorted(name for kind, name in registrations if kind == "layer") == [
+        "per_layer_input_gate", "per_layer_inputs", "sandwich_decoder_layer"
+    ]
+    assert ("op_group", "gemma") in registrations
     assert {r["check"]["status"] for r in registrations.values()} == {"ok"}
 
 

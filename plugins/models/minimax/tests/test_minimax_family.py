@@ -12,6 +12,7 @@ import pytest
 from atlas_model_minimax.loader import AllHeadsRMSNorm
 from safetensors.numpy import load_file, save_file
 
+from atlas_core.backends.ops.moe import MoEOps
 from atlas_core import LLM
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.moe import MoEFeedForward
@@ -91,7 +92,7 @@ def test_correction_bias_changes_which_experts_some_tokens_use() -> None:
 
         def recording(x, moe=moe, route=route):
             weights, ids = route(x)
-            unbiased = backend.moe_route(backend.linear(x, moe.router_weight), moe.spec, None)[1]
+            unbiased = backend.ops(MoEOps).moe_route(backend.linear(x, moe.router_weight), moe.spec, None)[1]
             with_bias, without = (np.sort(backend.to_numpy(i), axis=1) for i in (ids, unbiased))
             changed.append(np.any(with_bias != without, axis=1))
             return weights, ids

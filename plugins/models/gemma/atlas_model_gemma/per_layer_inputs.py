@@ -7,6 +7,7 @@ import numpy as np
 
 from atlas_core.backends.base import Array, Backend
 from atlas_core.model.layers.norm import RMSNorm
+from atlas_model_gemma.ops import GemmaOps
 
 
 def in_activation_dtype(backend: Backend, value: float) -> float:
@@ -42,10 +43,10 @@ class PerLayerInputs:
         backend = self.backend
         tokens = embeds.shape[0]
         shape = (tokens, self.num_layers, self.size)
-        token = backend.scale(backend.embedding(self.table, ids), in_activation_dtype(backend, self.size**0.5))
-        context = backend.scale(backend.linear(embeds, self.projection), self.hidden_size**-0.5)
+        token = backend.ops(GemmaOps).scale(backend.embedding(self.table, ids), in_activation_dtype(backend, self.size**0.5))
+        context = backend.ops(GemmaOps).scale(backend.linear(embeds, self.projection), self.hidden_size**-0.5)
         context = self.norm(context.reshape(shape))[0]
-        return backend.add_scaled(context, token.reshape(shape), 2.0**-0.5)
+        return backend.ops(GemmaOps).add_scaled(context, token.reshape(shape), 2.0**-0.5)
 
 
 class PerLayerInputGate:
@@ -59,5 +60,5 @@ class PerLayerInputGate:
 
     def __call__(self, hidden: Array, per_layer_input: Array) -> Array:
         backend = self.backend
-        gated = backend.gelu_tanh_gate(backend.linear(hidden, self.gate), per_layer_input)
+        gated = backend.ops(GemmaOps).gelu_tanh_gate(backend.linear(hidden, self.gate), per_layer_input)
         return self.norm(backend.linear(gated, self.projection))[0]

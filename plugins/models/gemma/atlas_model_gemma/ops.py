@@ -1,4 +1,4 @@
-"""Ops of the gemma group with a host fallback (see `atlas_core.backends.ops`).
+"""The gemma op group, registered by this plugin (an op group of a family plugin, see `atlas_core.backends.ops`).
 
 Elementwise ops the Gemma families need beyond the core: logit soft-capping, scaling by a constant
 (embedding scale, per-layer-input scales, layer scalars), a scaled residual sum, and a GELU-tanh
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from atlas_core.backends.ops import on_host
+from atlas_core.backends.ops import OpGroup, on_host
 
 if TYPE_CHECKING:
     from atlas_core.backends.base import Array
@@ -43,27 +43,30 @@ def gelu_tanh_gate_reference(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return (gelu * up.astype(np.float32)).astype(gate.dtype)
 
 
-class GemmaOps:
-    """Mixin of `Backend`: the gemma ops, each defaulting to its NumPy reference on the host."""
+class GemmaOps(OpGroup):
+    """The gemma op group: every op defaults to its NumPy reference run on the host; a backend's
+    native implementation (registered through ``register_op_implementations``) overrides them."""
+
+    name = "gemma"
 
     def soft_cap(self, x: Array, cap: float) -> Array:
         """Tanh soft-capping (Gemma's final logits): ``cap * tanh(x / cap)`` elementwise, any shape;
         ``cap > 0``. Float32 math; a new array in ``x``'s dtype."""
-        return on_host(self, soft_cap_reference, x, cap)
+        return on_host(self.backend, soft_cap_reference, x, cap)
 
     def scale(self, x: Array, factor: float) -> Array:
         """``x * factor`` elementwise, any shape, with ``factor`` taken as float32 (a caller that wants
         it rounded to the activation dtype first, as Gemma's embedding scale is, rounds it itself).
         A new array in ``x``'s dtype."""
-        return on_host(self, scale_reference, x, factor)
+        return on_host(self.backend, scale_reference, x, factor)
 
     def add_scaled(self, x: Array, y: Array, factor: float = 1.0) -> Array:
         """``(x + y) * factor`` elementwise; ``x`` and ``y`` of one shape (either may be a strided view).
         Float32 math; a new array in ``x``'s dtype."""
-        return on_host(self, add_scaled_reference, x, y, factor)
+        return on_host(self.backend, add_scaled_reference, x, y, factor)
 
     def gelu_tanh_gate(self, gate: Array, up: Array) -> Array:
         """``gelu_tanh(gate) * up`` elementwise for two arrays of one shape (``gelu_tanh`` as in
         `Backend.gelu_tanh_mul`, which takes both halves in one array). Float32 math; a new array in
         ``gate``'s dtype."""
-        return on_host(self, gelu_tanh_gate_reference, gate, up)
+        return on_host(self.backend, gelu_tanh_gate_reference, gate, up)
