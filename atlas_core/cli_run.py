@@ -6,14 +6,24 @@ import argparse
 import sys
 from typing import Any
 
-from atlas_core.cli import add_engine_args, add_sampling_args, engine_kwargs
+from atlas_core.engine.config import ENGINE_OPTIONS
 from atlas_core.engine.sampling_params import SamplingParams
+from atlas_core.options.flags import add_flags, parsed_values
 
 
 def _llm(args: argparse.Namespace) -> Any:
     from atlas_core.engine.llm import LLM
 
-    return LLM(args.model, **engine_kwargs(args))
+    return LLM(**parsed_values(args, ENGINE_OPTIONS))
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    """Sampling flags of ``generate`` and ``chat``."""
+    parser.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default: 256)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0 = off)")
+    parser.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (default: 0 = off)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: none)")
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:
@@ -73,7 +83,7 @@ def run_chat(args: argparse.Namespace) -> int:
 
 def add_generate_parser(commands: Any) -> None:
     parser = commands.add_parser("generate", help="complete one prompt and print the result")
-    add_engine_args(parser)
+    add_flags(parser, ENGINE_OPTIONS)
     parser.add_argument("prompt", help="the prompt text")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template as a user message")
     add_sampling_args(parser)
@@ -82,7 +92,7 @@ def add_generate_parser(commands: Any) -> None:
 
 def add_chat_parser(commands: Any) -> None:
     parser = commands.add_parser("chat", help="chat with a model in the terminal")
-    add_engine_args(parser)
+    add_flags(parser, ENGINE_OPTIONS)
     parser.add_argument("--system", default=None, help="system prompt")
     add_sampling_args(parser)
     parser.set_defaults(handler=run_chat)

@@ -25,3 +25,8 @@ class BackendUnavailableError(AtlasError):
 
 class InvalidRequestError(AtlasError):
     """A request's parameters are out of range or inconsistent (maps to HTTP 400)."""
+
+
+class ConfigError(AtlasError):
+    """A setting (flag, ``ATLAS_*`` environment variable, model family default or config field)
+    has a value that cannot be used; the message names the setting and what it accepts."""

@@ -202,7 +202,7 @@ def _collect(manager: pluggy.PluginManager, module: ModuleType, info: PluginInfo
 
 
 def _builtin_info() -> PluginInfo:
-    from atlas_core import __version__
+    from atlas_core.version import __version__
 
     return PluginInfo(name="atlas-core", distribution="atlas-core", version=__version__, module="atlas_core.builtin_plugin")
 

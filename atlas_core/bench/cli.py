@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from atlas_core.cli import add_engine_args
+from atlas_core.engine.config import ENGINE_OPTIONS
 from atlas_core.errors import InvalidRequestError
+from atlas_core.options.flags import add_flags, parsed_values
 
 DESCRIPTION = """\
 Measure the engine against its ceilings. Both subcommands print a header (device, BLAS, model,
@@ -32,17 +33,17 @@ def add_random_weights_arg(parser: argparse.ArgumentParser) -> None:
 
 def make_llm(args: argparse.Namespace) -> Any:
     """The `LLM` a benchmark runs: the checkpoint ``args.model``, or a random-weights model of its shape."""
-    from atlas_core.cli import engine_kwargs
-
+    values = parsed_values(args, ENGINE_OPTIONS)
     if args.random_weights:
         from atlas_core.bench.random_weights import random_weights_llm
 
-        if args.model is None:
+        model = values.pop("model")
+        if model is None:
             raise InvalidRequestError("--random-weights needs MODEL: a preset (llama-3-8b, qwen3-0.6b) or a config.json path")
-        return random_weights_llm(args.model, **engine_kwargs(args))
+        return random_weights_llm(model, **values)
     from atlas_core.engine.llm import LLM
 
-    return LLM(args.model, **engine_kwargs(args))
+    return LLM(**values)
 
 
 def add_ceiling_args(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +67,7 @@ def add_bench_parser(commands: Any) -> None:
         description="Prefill time and decode speed of --batch-size prompts of --prompt-len tokens, greedy, "
         "ignore_eos; decode beside its roofline: batch x bandwidth / weight bytes read per step.",
     )
-    add_engine_args(latency)
+    add_flags(latency, ENGINE_OPTIONS)
     add_ceiling_args(latency)
     add_random_weights_arg(latency)
     latency.add_argument("--tokens", type=int, default=128, help="tokens generated per sequence (default: 128)")
@@ -80,7 +81,7 @@ def add_bench_parser(commands: Any) -> None:
         "[--min-len, --max-len] (clamped to max_seq_len / 2), ignore_eos, all submitted at once through "
         "LLM.generate. Prints total time, output and total tok/s, requests/s.",
     )
-    add_engine_args(throughput)
+    add_flags(throughput, ENGINE_OPTIONS)
     add_ceiling_args(throughput)
     add_random_weights_arg(throughput)
     throughput.add_argument("--num-requests", type=int, default=256, help="requests (default: 256)")

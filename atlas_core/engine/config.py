@@ -1,16 +1,35 @@
-"""`EngineConfig` and how its memory settings become a KV-cache budget."""
+"""`EngineConfig` (and `ModelChoice`): the engine's settings, each field declared once with its
+flag, help and default (`atlas_core.options`); and how the memory settings become a KV-cache budget."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from atlas_core.backends.base import Backend
-from atlas_core.errors import InvalidRequestError
+from atlas_core.errors import ConfigError
+from atlas_core.options.declare import check_choices, option, options_of
+
+DEFAULT_MAX_SEQ_LEN = 8192
+
+SchedulingPolicy = Literal["fifo", "slo"]
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """Which model to run, and on which backend (`LLM`'s ``model`` and ``backend`` arguments)."""
+
+    model: str | None = option(
+        None, positional=True, help="model folder, .gguf file or Hugging Face repo id",
+        default_help="the built-in SmolLM2-135M-Instruct",
+    )
+    backend: str | None = option(None, help="backend name", default_help="the best available; see `atlas plugins`")
 
 
 @dataclass
 class EngineConfig:
-    """Engine limits and policies (CLI flags map one to one).
+    """Engine limits and policies; fields declared with `option` are also flags and ``ATLAS_*``
+    variables of the commands that load a model.
 
     ``max_seq_len`` None means the model's context length, capped at ``default_max_seq_len``.
     The KV cache gets ``gpu_memory_utilization`` of the device's memory on device backends
@@ -18,35 +37,50 @@ class EngineConfig:
     ``kv_cache_memory_gib`` on host backends. ``max_prefill_tokens`` None means
     ``max_num_batched_tokens``. ``max_state_snapshots`` (hybrid recurrent models with prefix caching:
     how many saved recurrent states back cached prefixes) None means ``max_num_seqs``.
+    Construction checks every value (`ConfigError`).
     """
 
-    max_seq_len: int | None = None
-    default_max_seq_len: int = 8192
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_prefill_tokens: int | None = None
+    max_seq_len: int | None = option(
+        None, help="longest prompt + completion", default_help=f"the model's context, at most {DEFAULT_MAX_SEQ_LEN}"
+    )
+    default_max_seq_len: int = DEFAULT_MAX_SEQ_LEN
+    max_num_seqs: int = option(64, help="most sequences in one batch")
+    max_num_batched_tokens: int = option(2048, help="token budget of one forward step")
+    max_prefill_tokens: int | None = option(
+        None, help="largest prefill chunk of one sequence per step", default_help="--max-num-batched-tokens"
+    )
     block_size: int = 16
-    enable_prefix_caching: bool = True
-    scheduling_policy: str = "fifo"
+    enable_prefix_caching: bool = option(True, help="reuse the KV of shared prompt prefixes")
+    scheduling_policy: SchedulingPolicy = option(
+        "fifo", help="fifo: arrival order; slo: shortest prompt first, decode-only steps near the TBT deadline"
+    )
     tbt_slo_ms: float = 100.0
-    gpu_memory_utilization: float = 0.9
-    kv_cache_memory_gib: float = 1.0
-    max_state_snapshots: int | None = None
+    gpu_memory_utilization: float = option(0.9, help="fraction of GPU memory the engine may use, KV cache included")
+    kv_cache_memory_gib: float = option(1.0, help="KV cache size on CPU backends, GiB")
+    max_state_snapshots: int | None = option(
+        None, help="hybrid recurrent models: saved recurrent states backing the prefix cache",
+        default_help="--max-num-seqs; 0 turns prefix reuse off for them",
+    )
 
     def __post_init__(self) -> None:
+        check_choices(self)
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
-                raise InvalidRequestError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
-            raise InvalidRequestError(f"max_prefill_tokens must be at least 1, got {self.max_prefill_tokens}")
+            raise ConfigError(f"max_prefill_tokens must be at least 1, got {self.max_prefill_tokens}")
         if self.max_state_snapshots is not None and self.max_state_snapshots < 0:
-            raise InvalidRequestError(f"max_state_snapshots must be at least 0, got {self.max_state_snapshots}")
+            raise ConfigError(f"max_state_snapshots must be at least 0, got {self.max_state_snapshots}")
         if self.max_seq_len is not None and self.max_seq_len < 2:
-            raise InvalidRequestError(f"max_seq_len must be at least 2, got {self.max_seq_len}")
+            raise ConfigError(f"max_seq_len must be at least 2, got {self.max_seq_len}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise InvalidRequestError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.kv_cache_memory_gib <= 0:
-            raise InvalidRequestError(f"kv_cache_memory_gib must be positive, got {self.kv_cache_memory_gib}")
+            raise ConfigError(f"kv_cache_memory_gib must be positive, got {self.kv_cache_memory_gib}")
+
+
+ENGINE_OPTIONS = options_of(ModelChoice, EngineConfig)
+"""The settings of every command that loads a model; their values by name are `LLM`'s arguments."""
 
 
 def kv_budget(backend: Backend, config: EngineConfig) -> tuple[int, str]:

@@ -28,26 +28,23 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from atlas_core.engine.block_manager import BlockManager
+from atlas_core.engine.config import SchedulingPolicy
 from atlas_core.engine.runner import ScheduledChunk
 from atlas_core.engine.sequence import Sequence, SequenceStatus
 from atlas_core.engine.state_slots import StateSlotPool, StateSnapshots
-from atlas_core.errors import InvalidRequestError
 
-POLICIES = ("fifo", "slo")
 SLO_MARGIN = 0.8
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    """The scheduler's part of `EngineConfig` (whose construction checks the values)."""
+
     max_num_seqs: int
     max_num_batched_tokens: int
     max_prefill_tokens: int
-    policy: str = "fifo"
+    policy: SchedulingPolicy = "fifo"
     tbt_slo_s: float = 0.1
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise InvalidRequestError(f"scheduling policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
 
 
 @dataclass

@@ -16,12 +16,12 @@ from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from atlas_core import __version__
 from atlas_core.server import routes_anthropic, routes_misc, routes_openai
 from atlas_core.server.auth import api_key_guard
 from atlas_core.server.errors import handle_exception
 from atlas_core.server.metrics import ServerMetrics, route_label
 from atlas_core.server.state import ServerState
+from atlas_core.version import __version__
 
 
 def _count_requests(app: ASGIApp, metrics: ServerMetrics) -> ASGIApp:

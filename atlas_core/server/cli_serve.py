@@ -8,22 +8,15 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
-from atlas_core.cli import add_engine_args
-from atlas_core.server.settings import ENV_PARSERS, Settings, env_name, json_object
+from atlas_core.options.flags import add_flags, parsed_values
+from atlas_core.options.resolve import Settings
+from atlas_core.server.settings import SERVE_OPTIONS
 
 log = logging.getLogger("atlas.serve")
 
-ENGINE_OPTIONS = (
-    "max_seq_len", "max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens", "enable_prefix_caching",
-    "scheduling_policy", "gpu_memory_utilization", "kv_cache_memory_gib", "max_state_snapshots",
-)
-SERVE_DEFAULTS: dict[str, Any] = {
-    "host": "127.0.0.1", "port": 8888, "served_model_name": None, "tool_call_parser": None, "reasoning_parser": None,
-    "chat_template": None, "default_chat_template_kwargs": {}, "api_key": [], "api_keys_file": None,
-    "request_timeout": None, "max_body_bytes": 16 * 2**20, "cors_allow_origins": [], "shutdown_timeout": 30.0,
-}
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 EPILOG = (
@@ -31,36 +24,27 @@ EPILOG = (
     "(e.g. ATLAS_PORT=9000, ATLAS_API_KEY=secret, ATLAS_MODEL=Qwen/Qwen3-8B). Precedence: flag >\n"
     "environment > the model family's defaults (e.g. its tool-call and reasoning parsers) > the\n"
     "defaults shown here. Lists in the environment are comma-separated.\n\nVariables: "
-    + ", ".join(env_name(option) for option in ENV_PARSERS)
+    + ", ".join(opt.env_name for opt in SERVE_OPTIONS)
 )
 
 
 def add_serve_parser(commands: Any) -> None:
     """Register ``atlas serve`` on ``commands`` (the ``add_subparsers`` object of the ``atlas`` parser).
-    Flags default to None so that `Settings` can tell an unset flag from a given one."""
+    Flags that are not given stay out of the parsed namespace, so that `Settings` can fill them in
+    from the environment and the family's defaults."""
     parser = commands.add_parser(
         "serve", help="serve a model over OpenAI- and Anthropic-compatible HTTP APIs", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Serve a model: /v1/chat/completions, /v1/completions, /v1/models, /v1/messages, "
         "/tokenize, /detokenize, /health, /metrics, /openapi.json.",
     )
-    add_engine_args(parser)
-    engine_defaults = {option: parser.get_default(option) for option in (*ENGINE_OPTIONS, "model", "backend")}
-    parser.set_defaults(**dict.fromkeys(engine_defaults))  # so that an unset flag can be told apart
-    parser.add_argument("--host", help="interface to listen on; anything but loopback needs --api-key (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port (default: 8888)")
-    parser.add_argument("--served-model-name", nargs="+", metavar="NAME", help="names clients may use as `model`; the first is reported (default: the model's name)")
-    parser.add_argument("--tool-call-parser", metavar="NAME", help="tool-call format of the model's output, or 'none' (default: the family's, else none)")
-    parser.add_argument("--reasoning-parser", metavar="NAME", help="reasoning format of the model's output, or 'none' (default: the family's, else none)")
-    parser.add_argument("--chat-template", metavar="FILE_OR_JINJA", help="replace the model's chat template (default: the model's)")
-    parser.add_argument("--default-chat-template-kwargs", type=json_object, metavar="JSON", help='chat template variables for every request, e.g. \'{"enable_thinking": false}\' (default: {})')
-    parser.add_argument("--api-key", action="append", metavar="KEY", help="require this key on /v1/* and tokenize; repeatable (default: none, no auth)")
-    parser.add_argument("--api-keys-file", metavar="FILE", help="file of accepted keys, one per line (default: none)")
-    parser.add_argument("--request-timeout", type=float, metavar="SECONDS", help="end requests running longer than this (default: no limit)")
-    parser.add_argument("--max-body-bytes", type=int, metavar="BYTES", help="largest request body accepted (default: 16777216)")
-    parser.add_argument("--cors-allow-origins", nargs="+", metavar="ORIGIN", help="origins allowed by CORS, or '*' (default: none, CORS off)")
-    parser.add_argument("--shutdown-timeout", type=float, metavar="SECONDS", help="on shutdown, how long in-flight requests may continue before they are ended (default: 30)")
-    parser.set_defaults(handler=run_serve, builtin_defaults={**engine_defaults, **SERVE_DEFAULTS})
+    add_flags(parser, SERVE_OPTIONS, with_defaults=False)
+    parser.set_defaults(handler=run_serve)
+
+
+def serve_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
+    """The `atlas serve` settings of parsed ``args`` over ``env`` (default: `os.environ`)."""
+    return Settings(SERVE_OPTIONS, parsed_values(args, SERVE_OPTIONS), env)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -69,7 +53,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from atlas_core.server.state import ServerConfig, ServerState
     from atlas_core.server.uvicorn_server import make_server
 
-    settings = Settings(vars(args), args.builtin_defaults)
+    settings = serve_settings(args)
     keys = list(settings["api_key"] or []) + (read_keys_file(settings["api_keys_file"]) if settings["api_keys_file"] else [])
     host, port = settings["host"], settings["port"]
     if host not in LOOPBACK and not keys:
@@ -119,7 +103,7 @@ def _attach_model(settings: Settings, state: Any) -> str:
     from atlas_core.model.load import load_model
     from atlas_core.parsing.registry import reasoning_format, tool_format
     from atlas_core.plugins import get_registry
-    from atlas_core.server.settings import chat_template_text, parser_name
+    from atlas_core.server.settings import BEFORE_LOADING, chat_template_text, parser_name
     from atlas_core.server.state import ModelRuntime
     from atlas_core.tokenizer.chat_template import ChatTemplate
 
@@ -128,7 +112,7 @@ def _attach_model(settings: Settings, state: Any) -> str:
     # position tables (RoPE) are built only as long as the engine will run
     max_positions = settings["max_seq_len"] or EngineConfig.default_max_seq_len
     loaded = load_model(settings["model"], backend, registry, max_positions=max_positions)
-    unknown = settings.apply_family_defaults(loaded.family_defaults)
+    unknown = settings.apply_family_defaults(loaded.family_defaults, fixed=BEFORE_LOADING)
     if unknown:
         log.warning("the %s family defaults name no serve option: %s", loaded.name, ", ".join(unknown))
     tokenizer = loaded.tokenizer
@@ -148,7 +132,7 @@ def _attach_model(settings: Settings, state: Any) -> str:
     config.default_chat_template_kwargs = dict(settings["default_chat_template_kwargs"] or {})
     if not config.model_names:
         config.model_names = [loaded.name]
-    engine = LLMEngine(loaded, backend, EngineConfig(**{option: settings[option] for option in ENGINE_OPTIONS if settings[option] is not None}))
+    engine = LLMEngine(loaded, backend, EngineConfig(**settings.of(EngineConfig)))
     state.attach(ModelRuntime(AsyncEngine(engine), tokenizer))
     from_family = ", ".join(f"{k}={settings[k]}" for k, source in settings.sources.items() if source == "family")
     capacity, max_len = engine.kv_capacity_tokens, engine.max_seq_len

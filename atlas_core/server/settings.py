@@ -1,6 +1,8 @@
-"""`atlas serve` settings: each comes from the command line, else the environment (``ATLAS_`` +
-the flag's name in capitals, ``-`` as ``_``: ``--max-num-seqs`` is ``ATLAS_MAX_NUM_SEQS``), else
-the model family's defaults (registration metadata ``defaults``), else the built-in default.
+"""`atlas serve` settings: `ModelChoice` and `EngineConfig` (the engine's) plus `ServeOptions`
+(the server's), all declared as `atlas_core.options` fields. Each comes from the command line,
+else the environment (``ATLAS_`` + the flag's name in capitals, ``-`` as ``_``: ``--max-num-seqs``
+is ``ATLAS_MAX_NUM_SEQS``), else the model family's defaults (registration metadata ``defaults``),
+else the built-in default.
 
 Environment values are parsed like the flag's value; lists are comma-separated; booleans accept
 1/0, true/false, yes/no, on/off.
@@ -8,93 +10,60 @@ Environment values are parsed like the flag's value; lists are comma-separated; 
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from atlas_core.errors import AtlasError
-
-ENV_PREFIX = "ATLAS_"
-
-
-def env_name(option: str) -> str:
-    """``max_num_seqs`` -> ``ATLAS_MAX_NUM_SEQS``."""
-    return ENV_PREFIX + option.upper()
+from atlas_core.engine.config import EngineConfig, ModelChoice
+from atlas_core.errors import ConfigError
+from atlas_core.options.declare import option, options_of
 
 
-def _bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected one of 1/0, true/false, yes/no, on/off, got {text!r}")
+@dataclass(frozen=True)
+class ServeOptions:
+    """The `atlas serve` settings that are not engine settings."""
+
+    host: str = option("127.0.0.1", help="interface to listen on; anything but loopback needs --api-key")
+    port: int = option(8888, help="port")
+    served_model_name: list[str] = option(
+        default_factory=list, metavar="NAME", help="names clients may use as `model`; the first is reported",
+        default_help="the model's name",
+    )
+    tool_call_parser: str | None = option(
+        None, metavar="NAME", help="tool-call format of the model's output, or 'none'", default_help="the family's, else none"
+    )
+    reasoning_parser: str | None = option(
+        None, metavar="NAME", help="reasoning format of the model's output, or 'none'", default_help="the family's, else none"
+    )
+    chat_template: str | None = option(
+        None, metavar="FILE_OR_JINJA", help="replace the model's chat template", default_help="the model's"
+    )
+    default_chat_template_kwargs: dict[str, Any] = option(
+        default_factory=dict, metavar="JSON", help='chat template variables for every request, e.g. \'{"enable_thinking": false}\''
+    )
+    api_key: list[str] = option(
+        default_factory=list, repeat=True, metavar="KEY", help="require this key on /v1/* and tokenize; repeatable",
+        default_help="none, no auth",
+    )
+    api_keys_file: str | None = option(None, metavar="FILE", help="file of accepted keys, one per line")
+    request_timeout: float | None = option(
+        None, metavar="SECONDS", help="end requests running longer than this", default_help="no limit"
+    )
+    max_body_bytes: int = option(16 * 2**20, metavar="BYTES", help="largest request body accepted")
+    cors_allow_origins: list[str] = option(
+        default_factory=list, metavar="ORIGIN", help="origins allowed by CORS, or '*'", default_help="none, CORS off"
+    )
+    shutdown_timeout: float = option(
+        30.0, metavar="SECONDS", help="on shutdown, how long in-flight requests may continue before they are ended"
+    )
 
 
-def _list(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
-
-
-def json_object(text: str) -> dict[str, Any]:
-    """Parse a JSON object (for ``--default-chat-template-kwargs``)."""
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
-    return value
-
-
-ENV_PARSERS: dict[str, Callable[[str], Any]] = {
-    "model": str, "backend": str, "max_seq_len": int, "max_num_seqs": int, "max_num_batched_tokens": int,
-    "max_prefill_tokens": int, "enable_prefix_caching": _bool, "scheduling_policy": str,
-    "gpu_memory_utilization": float, "kv_cache_memory_gib": float, "max_state_snapshots": int,
-    "host": str, "port": int, "served_model_name": _list, "tool_call_parser": str, "reasoning_parser": str,
-    "chat_template": str, "default_chat_template_kwargs": json_object, "api_key": _list, "api_keys_file": str,
-    "request_timeout": float, "max_body_bytes": int, "cors_allow_origins": _list, "shutdown_timeout": float,
-}
-"""Every option `atlas serve` reads from the environment, and how its text is parsed."""
+SERVE_OPTIONS = options_of(ModelChoice, EngineConfig, ServeOptions)
+"""Every `atlas serve` setting, in the order of ``--help``."""
 
 BEFORE_LOADING = ("model", "backend", "max_seq_len")
-"""Options needed to find and load the model (``max_seq_len`` sizes its position tables), so family
+"""Settings needed to find and load the model (``max_seq_len`` sizes its position tables), so family
 defaults cannot set them."""
-
-
-class Settings:
-    """Resolved option values, each with where it came from (``flag``, ``env``, ``family``, ``default``)."""
-
-    def __init__(self, flags: Mapping[str, Any], defaults: Mapping[str, Any], env: Mapping[str, str] | None = None) -> None:
-        env = os.environ if env is None else env
-        self.values: dict[str, Any] = {}
-        self.sources: dict[str, str] = {}
-        for option, parse in ENV_PARSERS.items():
-            if flags.get(option) is not None:
-                self.values[option], self.sources[option] = flags[option], "flag"
-            elif env.get(env_name(option), "") != "":
-                try:
-                    self.values[option] = parse(env[env_name(option)])
-                except ValueError as exc:
-                    raise AtlasError(f"environment variable {env_name(option)}: {exc}") from None
-                self.sources[option] = "env"
-            else:
-                self.values[option], self.sources[option] = defaults.get(option), "default"
-
-    def apply_family_defaults(self, family_defaults: Mapping[str, Any]) -> list[str]:
-        """Use the family's value for every option still at its built-in default; returns the
-        family keys that name no option (for a warning)."""
-        unknown = []
-        for option, value in family_defaults.items():
-            if option not in ENV_PARSERS or option in BEFORE_LOADING:
-                unknown.append(option)
-            elif self.sources[option] == "default":
-                self.values[option], self.sources[option] = value, "family"
-        return unknown
-
-    def __getitem__(self, option: str) -> Any:
-        return self.values[option]
 
 
 def chat_template_text(reference: str) -> str:
@@ -104,7 +73,7 @@ def chat_template_text(reference: str) -> str:
         return path.read_text(encoding="utf-8")
     if "{%" in reference or "{{" in reference:
         return reference
-    raise AtlasError(f"--chat-template {reference!r}: no such file, and it does not look like a Jinja template")
+    raise ConfigError(f"--chat-template {reference!r}: no such file, and it does not look like a Jinja template")
 
 
 def parser_name(value: str | None) -> str | None:

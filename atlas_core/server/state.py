@@ -10,6 +10,7 @@ from typing import Any
 from atlas_core.engine.async_engine import AsyncEngine
 from atlas_core.server.errors import APIError
 from atlas_core.server.metrics import ServerMetrics
+from atlas_core.server.settings import ServeOptions
 from atlas_core.tokenizer import Tokenizer
 
 
@@ -33,9 +34,9 @@ class ServerConfig:
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     api_keys: list[str] = field(default_factory=list)
     request_timeout: float | None = None
-    max_body_bytes: int = 16 * 2**20
+    max_body_bytes: int = ServeOptions.max_body_bytes
     cors_allow_origins: list[str] = field(default_factory=list)
-    shutdown_timeout: float = 30.0
+    shutdown_timeout: float = ServeOptions.shutdown_timeout
 
 
 @dataclass

@@ -17,9 +17,10 @@ import httpx
 import pytest
 
 from atlas_core.cli import build_parser
-from atlas_core.errors import AtlasError
-from atlas_core.server.cli_serve import SERVE_DEFAULTS, _attach_model
-from atlas_core.server.settings import ENV_PARSERS, Settings, env_name
+from atlas_core.errors import AtlasError, ConfigError
+from atlas_core.options.resolve import Settings
+from atlas_core.server.cli_serve import _attach_model, serve_settings
+from atlas_core.server.settings import SERVE_OPTIONS, ServeOptions
 from atlas_core.server.state import ServerConfig, ServerState
 from atlas_core.tokenizer import Tokenizer
 from tests.conftest import TINY
@@ -48,20 +49,19 @@ def test_help_lists_every_flag_with_its_default_and_env_variable(capsys: pytest.
             assert "(default: " in entry, entry
     for flag in ISSUE_FLAGS:
         assert any(entry.startswith(flag[1:]) or f", {flag}" in entry for entry in entries), flag
-    for option in ENV_PARSERS:
-        assert env_name(option) in text
+    for opt in SERVE_OPTIONS:
+        assert opt.env_name in text
 
 
-def parse_serve(*argv: str) -> dict[str, object]:
-    args = build_parser().parse_args(["serve", *argv])
-    return {"flags": vars(args), "defaults": args.builtin_defaults}
+def parse_serve(*argv: str, env: dict[str, str]) -> Settings:
+    """The settings of ``atlas serve ARGV`` in the environment ``env``."""
+    return serve_settings(build_parser().parse_args(["serve", *argv]), env)
 
 
 def test_precedence_flag_env_family_default() -> None:
-    parsed = parse_serve("--port", "9000", "--max-num-seqs", "8")
     env = {"ATLAS_PORT": "7000", "ATLAS_HOST": "0.0.0.0", "ATLAS_MAX_NUM_SEQS": "4", "ATLAS_REASONING_PARSER": "deepseek_r1",
            "ATLAS_ENABLE_PREFIX_CACHING": "off", "ATLAS_API_KEY": "a,b", "ATLAS_DEFAULT_CHAT_TEMPLATE_KWARGS": '{"x": 1}'}
-    settings = Settings(parsed["flags"], parsed["defaults"], env)  # type: ignore[arg-type]
+    settings = parse_serve("--port", "9000", "--max-num-seqs", "8", env=env)
     assert (settings["port"], settings.sources["port"]) == (9000, "flag")
     assert (settings["host"], settings.sources["host"]) == ("0.0.0.0", "env")
     assert settings["max_num_seqs"] == 8
@@ -73,15 +73,29 @@ def test_precedence_flag_env_family_default() -> None:
     assert (settings["tool_call_parser"], settings.sources["tool_call_parser"]) == ("hermes", "family")
     assert (settings["reasoning_parser"], settings.sources["reasoning_parser"]) == ("deepseek_r1", "env")
     assert settings["max_num_batched_tokens"] == 512
-    assert settings["request_timeout"] is None and settings["max_body_bytes"] == SERVE_DEFAULTS["max_body_bytes"]
+    assert settings["request_timeout"] is None and settings["max_body_bytes"] == ServeOptions.max_body_bytes
 
 
-def test_bad_environment_value_names_the_variable() -> None:
-    parsed = parse_serve()
-    with pytest.raises(AtlasError, match="ATLAS_PORT"):
-        Settings(parsed["flags"], parsed["defaults"], {"ATLAS_PORT": "eighty"})  # type: ignore[arg-type]
-    with pytest.raises(AtlasError, match="ATLAS_ENABLE_PREFIX_CACHING"):
-        Settings(parsed["flags"], parsed["defaults"], {"ATLAS_ENABLE_PREFIX_CACHING": "maybe"})  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("variable", "value", "accepted"),
+    [
+        ("ATLAS_PORT", "eighty", "expected an integer, got 'eighty'"),
+        ("ATLAS_ENABLE_PREFIX_CACHING", "maybe", "expected one of 1/0, true/false, yes/no, on/off, got 'maybe'"),
+        ("ATLAS_SCHEDULING_POLICY", "lifo", "expected one of fifo, slo, got 'lifo'"),
+        ("ATLAS_GPU_MEMORY_UTILIZATION", "most", "expected a number, got 'most'"),
+        ("ATLAS_DEFAULT_CHAT_TEMPLATE_KWARGS", "[1]", "expected a JSON object, got a JSON list"),
+    ],
+)
+def test_bad_environment_value_names_the_variable_and_what_it_accepts(variable: str, value: str, accepted: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_serve(env={variable: value})
+    assert str(caught.value) == f"environment variable {variable}: {accepted}"
+
+
+def test_bad_flag_value_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_serve("--port", "eighty", env={})
+    assert "argument --port: expected an integer, got 'eighty'" in capsys.readouterr().err
 
 
 @pytest.fixture
@@ -105,8 +119,7 @@ def qwen3_folder(tmp_path: Path, chatml_tokenizer: Tokenizer) -> Path:
 def test_family_defaults_reach_the_server(
     qwen3_folder: Path, argv: list[str], env: dict[str, str], tool_parser: str | None, reasoning_parser: str | None
 ) -> None:
-    parsed = parse_serve(str(qwen3_folder), "--backend", "numpy", "--max-seq-len", "256", *argv)
-    settings = Settings(parsed["flags"], parsed["defaults"], env)  # type: ignore[arg-type]
+    settings = parse_serve(str(qwen3_folder), "--backend", "numpy", "--max-seq-len", "256", *argv, env=env)
     state = ServerState(ServerConfig())
     description = _attach_model(settings, state)
     try:
@@ -118,9 +131,9 @@ def test_family_defaults_reach_the_server(
 
 
 def test_unknown_parser_name_stops_startup(qwen3_folder: Path) -> None:
-    parsed = parse_serve(str(qwen3_folder), "--backend", "numpy", "--max-seq-len", "256", "--tool-call-parser", "hermès")
+    settings = parse_serve(str(qwen3_folder), "--backend", "numpy", "--max-seq-len", "256", "--tool-call-parser", "hermès", env={})
     with pytest.raises(AtlasError, match="valid names: .*hermes"):
-        _attach_model(Settings(parsed["flags"], parsed["defaults"], {}), ServerState(ServerConfig()))  # type: ignore[arg-type]
+        _attach_model(settings, ServerState(ServerConfig()))
 
 
 def atlas_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
