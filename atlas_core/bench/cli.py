@@ -26,8 +26,12 @@ copy bandwidth, matrix-product FLOP/s) unless given with --bandwidth-gbps / --pe
 def add_random_weights_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--random-weights", action="store_true",
-        help="MODEL is a preset (llama-3-8b, qwen3-0.6b) or a config.json path: build that shape with random bf16 "
-        "weights instead of loading a checkpoint (no download, no tokenizer)",
+        help="MODEL is a preset (llama-3-8b, qwen3-0.6b, qwen3-30b-a3b) or a config.json path: build that shape with "
+        "random bf16 weights instead of loading a checkpoint (no download, no tokenizer)",
+    )
+    parser.add_argument(
+        "--num-layers", type=int, default=None,
+        help="with --random-weights: keep only the first N layers (a shape too large for the device)",
     )
 
 
@@ -40,7 +44,7 @@ def make_llm(args: argparse.Namespace) -> Any:
         model = values.pop("model")
         if model is None:
             raise InvalidRequestError("--random-weights needs MODEL: a preset (llama-3-8b, qwen3-0.6b) or a config.json path")
-        return random_weights_llm(model, **values)
+        return random_weights_llm(model, num_layers=args.num_layers, **values)
     from atlas_core.engine.llm import LLM
 
     return LLM(**values)

@@ -90,7 +90,7 @@ def run_latency(args: argparse.Namespace) -> int:
     roofline = decode_roofline(bandwidth, traffic, batch)
     print(
         f"roofline      {roofline / batch:.1f} tok/s per sequence, {roofline:.1f} tok/s aggregate at {bandwidth / 1e9:.2f} GB/s "
-        f"-> {100 * aggregate / roofline:.0f}% of roofline, {per_seq * traffic.bytes_per_step / 1e9:.2f} GB/s achieved"
+        f"-> {100 * aggregate / roofline:.0f}% of roofline, {per_seq * traffic.bytes_for(batch) / 1e9:.2f} GB/s achieved"
     )
     compute = decode_compute_bound(peak, traffic)
     print(f"compute bound {compute:.1f} tok/s aggregate at {peak / 1e9:.2f} GFLOP/s -> {100 * aggregate / compute:.0f}% of it")

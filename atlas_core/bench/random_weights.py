@@ -4,7 +4,8 @@
 ``config.json`` path) through the family plugin registered for its ``model_type``, exactly as a real
 checkpoint would be loaded, but every tensor is a slice of one pool of random normal bf16 values
 (standard deviation 0.02, norm weights near 1), so nothing is downloaded and loading costs a copy.
-Only dense llama-style names are produced, which covers the llama and qwen3 families.
+The family's loader names the tensors (`ModelWeightLoader.checkpoint_shapes`); ``--num-layers N``
+keeps the first N layers of a shape too large for the device.
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
         "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+        "hidden_act": "silu", "torch_dtype": "bfloat16",
+    },
+    "qwen3-30b-a3b": {
+        "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048,
+        "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], "num_hidden_layers": 48,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+        "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
         "hidden_act": "silu", "torch_dtype": "bfloat16",
     },
     "qwen3-0.6b": {
@@ -55,14 +64,14 @@ def load_config(reference: str) -> tuple[str, dict[str, Any]]:
 
 
 class RandomWeightSource:
-    """A `WeightSource` of random bf16 tensors with the Hugging Face names of a dense decoder."""
+    """A `WeightSource` of random bf16 tensors with the given names and shapes."""
 
-    def __init__(self, config: dict[str, Any], seed: int = 0) -> None:
+    def __init__(self, config: dict[str, Any], shapes: dict[str, tuple[int, ...]], seed: int = 0) -> None:
         self.config = config
         rng = np.random.default_rng(seed)
         self._rng = rng
         self._pool = (rng.standard_normal(POOL_ELEMENTS, dtype=np.float32) * WEIGHT_STD).astype(BF16)
-        self._shapes = dense_decoder_shapes(config)
+        self._shapes = shapes
 
     def names(self) -> Iterator[str]:
         return iter(self._shapes)
@@ -84,41 +93,11 @@ class RandomWeightSource:
         return self._pool[start : start + count].reshape(shape)
 
 
-def dense_decoder_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape for a llama/qwen3-style checkpoint described by ``config``."""
-    hidden, inter = int(config["hidden_size"]), int(config["intermediate_size"])
-    heads = int(config["num_attention_heads"])
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    head_dim = int(config.get("head_dim") or hidden // heads)
-    vocab = int(config["vocab_size"])
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
-    if not config.get("tie_word_embeddings", False):
-        shapes["lm_head.weight"] = (vocab, hidden)
-    bias = bool(config.get("attention_bias", False))
-    for i in range(int(config["num_hidden_layers"])):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "self_attn.q_proj.weight": (heads * head_dim, hidden),
-            p + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
-            p + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
-            p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
-            p + "mlp.gate_proj.weight": (inter, hidden),
-            p + "mlp.up_proj.weight": (inter, hidden),
-            p + "mlp.down_proj.weight": (hidden, inter),
-            p + "input_layernorm.weight": (hidden,),
-            p + "post_attention_layernorm.weight": (hidden,),
-        }
-        if config.get("model_type") == "qwen3":
-            shapes |= {p + "self_attn.q_norm.weight": (head_dim,), p + "self_attn.k_norm.weight": (head_dim,)}
-        if bias:
-            for proj, width in (("q", heads), ("k", kv_heads), ("v", kv_heads)):
-                shapes[p + f"self_attn.{proj}_proj.bias"] = (width * head_dim,)
-            shapes[p + "self_attn.o_proj.bias"] = (hidden,)
-    return shapes
-
-
-def random_weights_llm(reference: str, *, backend: str | None = None, **engine_args: Any) -> Any:
-    """An `LLM` over a model of ``reference``'s shape with random weights (no tokenizer: prompts are ids)."""
+def random_weights_llm(
+    reference: str, *, backend: str | None = None, num_layers: int | None = None, **engine_args: Any
+) -> Any:
+    """An `LLM` over a model of ``reference``'s shape with random weights (no tokenizer: prompts are ids),
+    cut to its first ``num_layers`` layers when given."""
     from atlas_core.backends.select import select_backend
     from atlas_core.engine.config import EngineConfig
     from atlas_core.engine.llm import LLM
@@ -128,13 +107,19 @@ def random_weights_llm(reference: str, *, backend: str | None = None, **engine_a
     from atlas_core.plugins import get_registry
 
     name, config = load_config(reference)
+    if num_layers is not None:
+        if not 1 <= num_layers <= int(config["num_hidden_layers"]):
+            raise ModelLoadError(f"--num-layers {num_layers}: {name} has {config['num_hidden_layers']} layers")
+        config["num_hidden_layers"] = num_layers
+        name = f"{name}, {num_layers} layers"
     registry = get_registry()
     chosen = select_backend(registry, backend)
     registration = registry.find("model", config.get("model_type", ""))
     if registration is None:
         raise ModelLoadError(f"--random-weights {reference}: no installed family plugin for model_type {config.get('model_type')!r}")
-    source = RandomWeightSource(config)
-    model = registration.load()(source, chosen, registry, f"random weights ({name})").build()
+    loader_class = registration.load()
+    source = RandomWeightSource(config, loader_class.checkpoint_shapes(config))
+    model = loader_class(source, chosen, registry, f"random weights ({name})").build()
     loaded = LoadedModel(
         name=f"{name} (random weights)", resolved=ResolvedModel(Path(reference), "random", name), config=config,
         model=model, tokenizer=None, family_defaults=dict(registration.metadata.get("defaults", {})),

@@ -2,12 +2,15 @@
 
 Two ceilings bound every figure the benchmarks print:
 
-* Memory bandwidth. Each forward step reads every weight once (`WeightTraffic.bytes_per_step`),
-  whatever the batch, so decode at batch N is at most ``N * bandwidth / bytes_per_step`` tokens/s.
-  KV-cache reads are left out (small at short context), so this is an upper bound.
-* Compute. Each token through the decoder costs ``2 * body_params`` FLOPs and each sampled row
-  ``2 * head_params`` more for the lm_head (the engine computes logits only for rows it samples);
-  attention FLOPs are left out, which again keeps the bound an upper bound on speed.
+* Memory bandwidth. Each forward step reads every dense weight once, whatever the batch, and of each
+  Mixture-of-Experts layer's routed experts only the distinct experts its tokens select: for B tokens
+  and top-k of E experts, ``E * (1 - (1 - k/E)**B)`` experts on average (`WeightTraffic.bytes_for`).
+  So decode at batch N is at most ``N * bandwidth / bytes_for(N)`` tokens/s. KV-cache reads are
+  left out (small at short context), so this is an upper bound.
+* Compute. Each token through the decoder costs ``2 * body_params`` FLOPs (dense matrices plus the
+  k experts it is routed to) and each sampled row ``2 * head_params`` more for the lm_head (the
+  engine computes logits only for rows it samples); attention FLOPs are left out, which again keeps
+  the bound an upper bound on speed.
 
 Bandwidth is measured as a large array copy on the backend (read + write bytes / time) and compute
 as a square matrix product through ``backend.linear``; both can be given instead.
@@ -26,14 +29,30 @@ NON_WEIGHT_ATTRIBUTES = frozenset({"rope_cos", "rope_sin", "cos", "sin", "inv_fr
 
 
 @dataclass(frozen=True)
+class ExpertBank:
+    """The routed experts of one MoE layer: their bytes and elements, E experts, top-k per token."""
+
+    nbytes: int
+    params: int
+    num_experts: int
+    top_k: int
+
+    def expected_active(self, tokens: int) -> float:
+        """Expected distinct experts ``tokens`` tokens select (uniform routing)."""
+        return self.num_experts * (1.0 - (1.0 - self.top_k / self.num_experts) ** tokens)
+
+
+@dataclass(frozen=True)
 class WeightTraffic:
     """What one forward step of ``model`` reads and computes.
 
     ``total_bytes``: every distinct weight array reachable from the model, each counted once.
     ``bytes_per_step``: the same minus the embedding table (a step gathers a few rows of it),
-    unless it is tied to the lm_head, which reads it in full.
+    unless it is tied to the lm_head, which reads it in full: what a step reads when every routed
+    expert is selected (`bytes_for` counts the experts a batch really selects).
     ``body_params`` / ``head_params``: elements of the matrices (2-D or more) a token is multiplied
-    by in the decoder / in the lm_head.
+    by in the decoder (of the routed experts, only its top-k) / in the lm_head.
+    ``expert_banks``: the routed experts of each MoE layer.
     """
 
     total_bytes: int
@@ -43,16 +62,24 @@ class WeightTraffic:
     body_params: int
     head_params: int
     dtypes: dict[str, int]  # stored dtype -> bytes
+    expert_banks: tuple[ExpertBank, ...] = ()
+
+    def bytes_for(self, tokens: int) -> float:
+        """Expected weight bytes a forward step over ``tokens`` tokens reads: the dense weights and, of
+        each MoE layer, the expected distinct experts those tokens select."""
+        routed = sum(bank.nbytes * bank.expected_active(tokens) / bank.num_experts for bank in self.expert_banks)
+        return self.bytes_per_step - sum(bank.nbytes for bank in self.expert_banks) + routed
 
     def flops(self, body_tokens: int, sampled_rows: int) -> float:
         """Matrix-product FLOPs of ``body_tokens`` tokens through the decoder, ``sampled_rows`` through the lm_head."""
         return 2.0 * self.body_params * body_tokens + 2.0 * self.head_params * sampled_rows
 
 
-def model_weights(model: Any, max_depth: int = 6) -> dict[int, Any]:
-    """Every distinct array reachable from ``model`` through attributes, lists, tuples and dicts."""
+def model_weights(model: Any, max_depth: int = 6) -> tuple[dict[int, Any], list[Any]]:
+    """Every distinct array reachable from ``model`` through attributes, lists, tuples and dicts, and
+    every distinct object visited on the way (layers, blocks...)."""
     seen: dict[int, Any] = {}
-    visited: set[int] = set()
+    visited: dict[int, Any] = {}
 
     def walk(value: Any, depth: int) -> None:
         if hasattr(value, "nbytes") and hasattr(value, "shape"):
@@ -60,7 +87,7 @@ def model_weights(model: Any, max_depth: int = 6) -> dict[int, Any]:
             return
         if depth >= max_depth or id(value) in visited:
             return
-        visited.add(id(value))
+        visited[id(value)] = value
         if isinstance(value, (list, tuple)):
             items: Any = value
         elif isinstance(value, dict):
@@ -73,32 +100,57 @@ def model_weights(model: Any, max_depth: int = 6) -> dict[int, Any]:
             walk(item, depth + 1)
 
     walk(model, 0)
-    return seen
+    return seen, list(visited.values())
+
+
+def expert_banks(objects: list[Any]) -> dict[int, ExpertBank]:
+    """id of each routed-expert weight array -> the bank it belongs to, for every MoE block among
+    ``objects`` (a block with a `RouterSpec` ``spec`` and ``experts`` holding ``w_in`` / ``w_out``)."""
+    from atlas_core.backends.ops.moe import RouterSpec
+
+    banks: dict[int, ExpertBank] = {}
+    for obj in objects:
+        spec, experts = getattr(obj, "spec", None), getattr(obj, "experts", None)
+        if isinstance(spec, RouterSpec) and hasattr(experts, "w_in") and hasattr(experts, "w_out"):
+            arrays = (experts.w_in, experts.w_out)
+            bank = ExpertBank(
+                nbytes=sum(int(a.nbytes) for a in arrays), params=sum(int(np.prod(a.shape)) for a in arrays),
+                num_experts=spec.num_experts, top_k=spec.top_k,
+            )
+            banks.update({id(a): bank for a in arrays})
+    return banks
 
 
 def weight_traffic(model: Any) -> WeightTraffic:
-    weights = model_weights(model)
+    weights, objects = model_weights(model)
+    banks = expert_banks(objects)
     embed, head = model.embed_tokens, model.lm_head
     tied = head is embed
     total = sum(int(w.nbytes) for w in weights.values())
     dtypes: dict[str, int] = {}
     for w in weights.values():
         dtypes[str(w.dtype)] = dtypes.get(str(w.dtype), 0) + int(w.nbytes)
-    matrices = [w for w in weights.values() if len(w.shape) >= 2 and w is not embed and w is not head]
+    matrices = [
+        w for key, w in weights.items() if len(w.shape) >= 2 and w is not embed and w is not head and key not in banks
+    ]
+    distinct_banks = tuple({id(bank): bank for bank in banks.values()}.values())
+    routed_params = sum(bank.params * bank.top_k / bank.num_experts for bank in distinct_banks)
     return WeightTraffic(
         total_bytes=total,
         bytes_per_step=total - (0 if tied else int(embed.nbytes)),
         embedding_bytes=int(embed.nbytes),
         tied_embeddings=tied,
-        body_params=sum(int(np.prod(w.shape)) for w in matrices),
+        body_params=sum(int(np.prod(w.shape)) for w in matrices) + round(routed_params),
         head_params=int(np.prod(head.shape)),
         dtypes=dtypes,
+        expert_banks=distinct_banks,
     )
 
 
 def decode_roofline(bandwidth: float, traffic: WeightTraffic, batch: int) -> float:
-    """Aggregate tokens/s of decode at ``batch`` sequences if every step only streamed the weights."""
-    return batch * bandwidth / traffic.bytes_per_step
+    """Aggregate tokens/s of decode at ``batch`` sequences if every step only streamed the weights it
+    reads (`WeightTraffic.bytes_for`)."""
+    return batch * bandwidth / traffic.bytes_for(batch)
 
 
 def decode_compute_bound(peak_flops: float, traffic: WeightTraffic) -> float:

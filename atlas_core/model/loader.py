@@ -58,6 +58,15 @@ class ModelWeightLoader(ABC):
     def build(self) -> TransformerModel:
         """Read every weight and return the composed model."""
 
+    @classmethod
+    def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """Tensor name -> shape of every tensor a checkpoint with this ``config.json`` holds (what `build`
+        reads), so benchmarks can build the model from random weights. Families override it."""
+        raise ModelLoadError(
+            f"the {config.get('model_type')!r} family ({cls.__module__}.{cls.__qualname__}) does not describe its "
+            "checkpoint tensors, so it cannot be built from random weights; benchmark a real checkpoint instead"
+        )
+
     def tensor(self, name: str) -> np.ndarray:
         """A checkpoint tensor by Hugging Face name, or a `ModelLoadError` naming it."""
         if name not in self.source:
@@ -141,6 +150,36 @@ class DenseDecoderLoader(ModelWeightLoader):
 
     def spec(self) -> DecoderSpec:
         return DecoderSpec.from_config(self.source.config, origin=f"{self.origin}/config.json", **self.spec_overrides)
+
+    @classmethod
+    def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The tensors `build` reads, with Hugging Face llama names (see `ModelWeightLoader.checkpoint_shapes`)."""
+        spec = DecoderSpec.from_config(config, **cls.spec_overrides)
+        hidden, inter, head_dim = spec.hidden_size, spec.intermediate_size, spec.head_dim
+        q_rows, kv_rows = spec.num_heads * head_dim, spec.num_kv_heads * head_dim
+        shapes: dict[str, tuple[int, ...]] = {
+            "model.embed_tokens.weight": (spec.vocab_size, hidden), "model.norm.weight": (hidden,),
+        }
+        if not spec.tie_word_embeddings:
+            shapes["lm_head.weight"] = (spec.vocab_size, hidden)
+        for i in range(spec.num_layers):
+            p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+            shapes |= {
+                a + "q_proj.weight": (q_rows, hidden), a + "k_proj.weight": (kv_rows, hidden),
+                a + "v_proj.weight": (kv_rows, hidden), a + "o_proj.weight": (hidden, q_rows),
+                p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
+                p + "mlp.down_proj.weight": (hidden, inter),
+                p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
+            }
+            if spec.qk_norm:
+                shapes |= {a + "q_norm.weight": (head_dim,), a + "k_norm.weight": (head_dim,)}
+            if spec.qkv_bias:
+                shapes |= {a + "q_proj.bias": (q_rows,), a + "k_proj.bias": (kv_rows,), a + "v_proj.bias": (kv_rows,)}
+            if spec.o_bias:
+                shapes[a + "o_proj.bias"] = (hidden,)
+            if spec.mlp_bias:
+                shapes |= {p + "mlp.gate_proj.bias": (inter,), p + "mlp.up_proj.bias": (inter,), p + "mlp.down_proj.bias": (hidden,)}
+        return shapes
 
     def feed_forward(self, spec: DecoderSpec, layer: int) -> Callable[[Array], Array]:
         """Layer ``layer``'s feed-forward block (``ffn(x[T, H]) -> [T, H]``): the dense SwiGLU MLP of

@@ -117,18 +117,18 @@ class CudaBackend(Backend):
     def _kernel(self, op: str, name: str) -> Any:
         return self.kernels.function(op, name)
 
-    def _contiguous_rows(self, x: Array) -> Array:
+    def contiguous_rows(self, x: Array) -> Array:
         """``x`` with a contiguous last axis (a copy only when it is not)."""
         return x if x.strides[-1] == x.itemsize else self.cp.ascontiguousarray(x)
 
-    def _require_bf16(self, op: str, *arrays: Array) -> None:
+    def require_bf16(self, op: str, *arrays: Array) -> None:
         for a in arrays:
             if a is not None and a.dtype != BF16:
                 raise TypeError(f"cuda backend: {op} takes bfloat16 arrays, got {a.dtype}")
 
     # ---- dense ops ----------------------------------------------------------------------
     def embedding(self, weight: Array, ids: Array) -> Array:
-        self._require_bf16("embedding", weight)
+        self.require_bf16("embedding", weight)
         hidden = weight.shape[1]
         out = self.cp.empty((ids.shape[0], hidden), dtype=BF16)
         if ids.shape[0]:
@@ -136,8 +136,8 @@ class CudaBackend(Backend):
         return out
 
     def linear(self, x: Array, weight: Array, bias: Array | None = None, out: Array | None = None) -> Array:
-        self._require_bf16("linear", x, weight, bias)
-        x = self._contiguous_rows(x)
+        self.require_bf16("linear", x, weight, bias)
+        x = self.contiguous_rows(x)
         m, k = x.shape
         n = weight.shape[0]
         if out is None:
@@ -165,7 +165,7 @@ class CudaBackend(Backend):
         return GEMM_TILES[-1]
 
     def rms_norm(self, x: Array, weight: Array, eps: float, residual: Array | None = None) -> tuple[Array, Array]:
-        self._require_bf16("rms_norm", x, weight, residual)
+        self.require_bf16("rms_norm", x, weight, residual)
         shape, d = x.shape, x.shape[-1]
         if x.ndim > 3 or x.strides[-1] != x.itemsize:
             x = self.cp.ascontiguousarray(x)
@@ -201,8 +201,8 @@ class CudaBackend(Backend):
         return 0, 0
 
     def _gated(self, kernel_name: str, x: Array, out: Array | None) -> Array:
-        self._require_bf16(kernel_name, x, out)
-        x = self._contiguous_rows(x)
+        self.require_bf16(kernel_name, x, out)
+        x = self.contiguous_rows(x)
         rows, inner = x.shape[0], x.shape[1] // 2
         if out is None:
             out = self.cp.empty((rows, inner), dtype=BF16)
@@ -221,7 +221,7 @@ class CudaBackend(Backend):
         return self._gated("gelu_tanh_mul_bf16", x, out)
 
     def rope(self, q: Array, k: Array, positions: Array, cos: Array, sin: Array) -> None:
-        self._require_bf16("rope", q, k)
+        self.require_bf16("rope", q, k)
         if q.strides[-1] != q.itemsize or k.strides[-1] != k.itemsize:
             raise ValueError("cuda backend: rope needs q and k with contiguous head dims")
         tokens, half = q.shape[0], cos.shape[1]
@@ -238,8 +238,8 @@ class CudaBackend(Backend):
         )
 
     def write_kv(self, k_cache: Array, v_cache: Array, k: Array, v: Array, slot_mapping: Array) -> None:
-        self._require_bf16("write_kv", k_cache, v_cache, k, v)
-        k, v = self._contiguous_rows(k), self._contiguous_rows(v)
+        self.require_bf16("write_kv", k_cache, v_cache, k, v)
+        k, v = self.contiguous_rows(k), self.contiguous_rows(v)
         tokens, heads, d = k.shape
         if tokens == 0:
             return
@@ -257,7 +257,7 @@ class CudaBackend(Backend):
     ) -> Array:
         """One kernel for the per-head norms, RoPE and the KV write (heads up to ``QKV_FUSED_MAX_HEAD_DIM``
         wide; wider heads take the composed ops)."""
-        self._require_bf16("qk_norm_rope_write_kv", q, k, v, q_norm_weight, k_norm_weight, k_cache, v_cache)
+        self.require_bf16("qk_norm_rope_write_kv", q, k, v, q_norm_weight, k_norm_weight, k_cache, v_cache)
         tokens, q_heads, d = q.shape
         kv_heads, half = k.shape[1], cos.shape[1]
         if d > QKV_FUSED_MAX_HEAD_DIM or any(a.strides[-1] != a.itemsize for a in (q, k, v)):
@@ -283,7 +283,7 @@ class CudaBackend(Backend):
         self, q: Array, k_cache: Array, v_cache: Array, meta: AttentionMetadata, scale: float,
         out: Array | None = None, sliding_window: int | None = None,
     ) -> Array:
-        self._require_bf16("attention", q, k_cache, v_cache, out)
+        self.require_bf16("attention", q, k_cache, v_cache, out)
         return self.attention_runner(q, k_cache, v_cache, meta, scale, out, sliding_window)
 
     # ---- logits ops ---------------------------------------------------------------------
@@ -298,3 +298,20 @@ class CudaBackend(Backend):
 
     def sample(self, logits: Array, params: SamplingTensors) -> Array:
         return self.logits_ops.sample(logits, params)
+
+    def sigmoid_gate(self, x: Array, gate: Array) -> Array:
+        self.require_bf16("sigmoid_gate", x, gate)
+        x, gate = self.contiguous_rows(x), self.contiguous_rows(gate)
+        rows, cols = x.shape
+        if gate.shape not in ((rows, 1), (rows, cols)):
+            raise ValueError(f"cuda backend: sigmoid_gate takes a gate of shape ({rows}, 1) or {tuple(x.shape)}, got {tuple(gate.shape)}")
+        out = self.cp.empty((rows, cols), dtype=BF16)
+        total = rows * cols
+        if total:
+            blocks = min(math.ceil(total / 256), 8 * max(1, self.profile.sm_count))
+            self._kernel("elementwise", "sigmoid_gate_bf16")(
+                (blocks,), (256,),
+                (x, np.int64(element_strides(x)[0]), gate, np.int64(element_strides(gate)[0]), np.int32(gate.shape[1]),
+                 out, np.int32(cols), np.int64(rows)),
+            )
+        return out

@@ -1,4 +1,5 @@
-"""Entry point of the ``atlas-gb10`` distribution (group ``atlas``): registers the ``cuda`` backend.
+"""Entry point of the ``atlas-gb10`` distribution (group ``atlas``): registers the ``cuda`` backend and its
+native implementations of op groups.
 
 Importing this module imports nothing heavy: CuPy is imported only when the backend is selected.
 """
@@ -11,3 +12,8 @@ from atlas_core.hookspecs import Register, hookimpl
 @hookimpl
 def register_gpu_backends(register: Register) -> None:
     register("cuda", "atlas_gb10.backend:CudaBackend", priority=100)
+
+
+@hookimpl
+def register_op_implementations(register: Register) -> None:
+    register("moe", "atlas_gb10.moe:CudaMoEOps", backend="cuda")

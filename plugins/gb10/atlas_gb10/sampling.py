@@ -22,7 +22,7 @@ class LogitsOps:
         self.cp = backend.cp
 
     def _row_kernel(self, stem: str, logits: Any) -> tuple[Any, Any]:
-        logits = self.backend._contiguous_rows(logits)
+        logits = self.backend.contiguous_rows(logits)
         if logits.dtype == self.backend.activation_dtype:
             suffix = "bf16"
         elif logits.dtype == np.float32:
@@ -51,7 +51,7 @@ class LogitsOps:
         if adj.is_empty:
             return
         backend, cp = self.backend, self.cp
-        backend._require_bf16("adjust_logits", logits)
+        backend.require_bf16("adjust_logits", logits)
         if logits.strides[-1] != logits.itemsize:
             raise ValueError("cuda backend: adjust_logits needs logits with a contiguous vocabulary axis")
         ld = np.int64(logits.strides[0] // logits.itemsize)

@@ -2,7 +2,7 @@
 
 Run under ncu (it profiles only the replay, between cudaProfilerStart and Stop):
     ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \\
-        python graph_kernels.py qwen3-0.6b > kernels.csv
+        python graph_kernels.py qwen3-0.6b [NUM_LAYERS] > kernels.csv
     python graph_kernels.py --summarize kernels.csv
 """
 
@@ -15,13 +15,13 @@ from collections import defaultdict
 import numpy as np
 
 
-def replay(name: str) -> None:
+def replay(name: str, num_layers: int | None = None) -> None:
     import cupy
 
     from atlas_core import SamplingParams
     from atlas_core.bench.random_weights import PRESETS, random_weights_llm
 
-    llm = random_weights_llm(name, backend="cuda")
+    llm = random_weights_llm(name, backend="cuda", num_layers=num_layers)
     prompt = np.random.default_rng(0).integers(0, PRESETS[name]["vocab_size"], 100).tolist()
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     graph = next(iter(llm.engine.runner.decode_graphs.graphs.values()))[0]
@@ -51,4 +51,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "--summarize":
         summarize(sys.argv[2])
     else:
-        replay(sys.argv[1])
+        replay(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)

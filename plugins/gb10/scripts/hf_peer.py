@@ -2,7 +2,7 @@
 model shape with random bf16 weights on the GPU, batch 1, greedy, a fixed number of new tokens.
 
 A development tool for docs/benchmarks.md (torch and transformers are never Atlas dependencies).
-Usage: python hf_peer.py llama-3-8b [--prompt-len 32] [--tokens 128] [--attn sdpa|eager]
+Usage: python hf_peer.py llama-3-8b [--prompt-len 32] [--tokens 128] [--attn sdpa|eager] [--num-layers N]
 """
 
 from __future__ import annotations
@@ -30,8 +30,12 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--attn", default="sdpa")
+    parser.add_argument("--num-layers", type=int, default=None, help="keep the first N layers (as atlas bench's flag)")
     args = parser.parse_args()
     name, config_dict = load_config(args.model)
+    if args.num_layers is not None:
+        config_dict["num_hidden_layers"] = args.num_layers
+        name = f"{name}, {args.num_layers} layers"
     config = AutoConfig.for_model(**config_dict)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16, attn_implementation=args.attn)

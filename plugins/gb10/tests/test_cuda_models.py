@@ -72,7 +72,7 @@ def test_prompt_logprobs_match_the_numpy_backend(name: str) -> None:
         assert np.linalg.norm(got - want) < 1e-2 * np.linalg.norm(want), f"{name} prompt {i}"
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "minimax_m2"])
 def test_graph_replayed_decode_equals_eager_decode(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     ref = reference(name)
     prompts = [ref[f"prompt_{i}"].tolist() for i in range(4)]
@@ -92,7 +92,7 @@ def test_graph_replayed_decode_equals_eager_decode(name: str, monkeypatch: pytes
         assert got == want, "graph replay must reproduce the eager logits bit for bit"
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "minimax_m2"])
 def test_greedy_tokens_are_batch_invariant_on_the_gpu(name: str) -> None:
     """A sequence's greedy tokens alone equal its tokens batched, chunked, and served from the prefix cache."""
     alone_llm = cuda_llm(TINY / name, enable_prefix_caching=False)

@@ -333,3 +333,16 @@ extern "C" __global__ void rms_norm_block_vec_bf16(const bf16_t* __restrict__ x,
                                                    int d, long long rows) {
     rms_norm_vec<256>(x, x_so, x_si, res, r_so, r_si, inner_count, weight, normed, summed, eps, d, blockIdx.x, threadIdx.x);
 }
+
+// out[r, c] = x[r, c] * sigmoid(gate[r, gate_cols == 1 ? 0 : c]), fp32 math (Backend.sigmoid_gate).
+extern "C" __global__ void sigmoid_gate_bf16(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ gate,
+                                             long long ldg, int gate_cols, bf16_t* __restrict__ out, int cols,
+                                             long long rows) {
+    const long long total = rows * cols;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / cols;
+        const int c = (int)(i - r * cols);
+        const float g = bf16_to_float(gate[r * ldg + (gate_cols == 1 ? 0 : c)]);
+        out[i] = float_to_bf16(bf16_to_float(x[r * ldx + c]) / (1.0f + expf(-g)));
+    }
+}

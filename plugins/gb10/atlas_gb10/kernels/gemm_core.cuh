@@ -1,0 +1,137 @@
+// The tile of the bf16 GEMMs: out[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]), bf16 in and out, fp32 accumulation on
+// the tensor cores through mma.sync.m16n8k16 (sm_80 and later: Hopper and GB10 alike). Used by gemm.cu (dense
+// products) and moe.cu (products over tokens grouped by expert).
+//
+// Batch invariance: every output element is computed the same way whatever M is and wherever its row
+// sits. The K axis is cut into 32-wide chunks; warp w of the block (GEMM_KSPLIT warps) sums a fixed
+// contiguous range of chunks that depends only on K, in order; the block then adds the warps' partial
+// sums in warp order. The tile shape (MT x 16 rows, NT x 8 columns) only decides which elements a block
+// computes together, so the host picks it freely for occupancy.
+//
+// Fragments are loaded straight from global memory, 16 bytes per thread: thread (g = lane / 4,
+// q = lane % 4) holds elements k0 + 8q .. k0 + 8q + 7 of its row. The mma's logical k index is permuted
+// consistently for A and B (logical 2q, 2q+1 <-> 8q + 4s, 8q + 4s + 1 and logical 2q+8, 2q+9 <->
+// 8q + 4s + 2, 8q + 4s + 3 in step s of the chunk), which leaves the dot product unchanged.
+#pragma once
+#include "common.cuh"
+
+#ifndef GEMM_KSPLIT
+#define GEMM_KSPLIT 8
+#endif
+
+__device__ __forceinline__ void mma_16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                          unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+struct Frag8 {
+    unsigned w[4];  // 8 bf16: w[i] holds elements 2i (low half) and 2i+1 (high half)
+};
+
+// Elements k .. k+7 of `row`; zeros outside rows x K (and for row -1). VEC: 16-byte loads (K % 8 == 0, aligned rows).
+template <bool VEC>
+__device__ __forceinline__ Frag8 load8(const bf16_t* base, long long ld, int row, int rows, int k, int K) {
+    Frag8 f;
+    f.w[0] = f.w[1] = f.w[2] = f.w[3] = 0u;
+    if (row >= 0 && row < rows && k < K) {
+        const bf16_t* p = base + (long long)row * ld + k;
+        if (VEC) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+            f.w[0] = v.x;
+            f.w[1] = v.y;
+            f.w[2] = v.z;
+            f.w[3] = v.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const unsigned lo = (k + 2 * e < K) ? (unsigned)p[2 * e] : 0u;
+                const unsigned hi = (k + 2 * e + 1 < K) ? (unsigned)p[2 * e + 1] : 0u;
+                f.w[e] = lo | (hi << 16);
+            }
+        }
+    }
+    return f;
+}
+
+// The x row that product row r reads (r itself without a gather); -1 (no row: zeros) for rows past M.
+__device__ __forceinline__ int gathered_row(const int* __restrict__ x_rows, int r, int M) {
+    return r >= M ? -1 : (x_rows ? x_rows[r] : r);
+}
+
+// One (MT x 16) x (NT x 8) output tile at rows m0.. and columns n0..: rows below M are computed. Row r of the
+// product reads row x_rows[r] of x when x_rows is given (a gather, e.g. tokens grouped by expert), else row r;
+// it is written to row r of out. A row's result depends only on its x row, w and K, never on m0 or M.
+template <int MT, int NT, int U, bool VEC>
+__device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
+                                          const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
+                                          bf16_t* __restrict__ out, long long ldo, int m0, int M, int n0, int N, int K) {
+    __shared__ float partial[GEMM_KSPLIT][MT * NT * 4][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int chunks = (K + 31) / 32;
+    const int per_warp = (chunks + GEMM_KSPLIT - 1) / GEMM_KSPLIT;
+    const int c_begin = warp * per_warp;
+    const int c_end = min(chunks, c_begin + per_warp);
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+    for (int c = c_begin; c < c_end; c += U) {
+        Frag8 b[U][NT];
+        Frag8 a[U][MT][2];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = (c + u) * 32 + q * 8;
+            const int kk = (c + u) < c_end ? k : K;  // past the warp's range: load nothing
+#pragma unroll
+            for (int j = 0; j < NT; ++j) b[u][j] = load8<VEC>(w, K, n0 + j * 8 + g, N, kk, K);
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                a[u][i][0] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g, M), 0x7fffffff, kk, K);
+                a[u][i][1] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g + 8, M), 0x7fffffff, kk, K);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (c + u < c_end) {
+#pragma unroll
+                for (int s = 0; s < 2; ++s)
+#pragma unroll
+                    for (int i = 0; i < MT; ++i)
+#pragma unroll
+                        for (int j = 0; j < NT; ++j)
+                            mma_16816(acc[i][j], a[u][i][0].w[2 * s], a[u][i][1].w[2 * s], a[u][i][0].w[2 * s + 1],
+                                      a[u][i][1].w[2 * s + 1], b[u][j].w[2 * s], b[u][j].w[2 * s + 1]);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) partial[warp][(i * NT + j) * 4 + e][lane] = acc[i][j][e];
+    __syncthreads();
+
+    for (int idx = threadIdx.x; idx < MT * NT * 4 * 32; idx += blockDim.x) {
+        const int f = idx >> 5, l = idx & 31;
+        const int e = f & 3, ij = f >> 2, i = ij / NT, j = ij % NT;
+        const int row = m0 + i * 16 + (l >> 2) + ((e & 2) ? 8 : 0);
+        const int col = n0 + j * 8 + 2 * (l & 3) + (e & 1);
+        if (row < M && col < N) {
+            float sum = partial[0][f][l];
+#pragma unroll
+            for (int ww = 1; ww < GEMM_KSPLIT; ++ww) sum = __fadd_rn(sum, partial[ww][f][l]);
+            if (bias) sum = __fadd_rn(sum, bf16_to_float(bias[col]));
+            out[(long long)row * ldo + col] = float_to_bf16(sum);
+        }
+    }
+}

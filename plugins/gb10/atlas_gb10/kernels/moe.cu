@@ -1,0 +1,235 @@
+// Mixture-of-Experts on the device: routing, grouping the (token, slot) pairs by expert, the expert
+// products as grouped GEMMs on the tensor cores (gemm_core.cuh), and the weighted combine. No host
+// round trip and no size that depends on device data: every launch is sized from T, k and E alone,
+// so a decode step captures into a CUDA graph.
+//
+// Pairs: pair p = t * k + j is slot j of token t. The plan puts the pairs of expert e at rows
+// row_offsets[e] .. row_offsets[e + 1] of the grouped products (in an arbitrary order inside the
+// group: a product row's result depends only on its own input row, so the order changes no bit) and
+// cuts each group into m-tiles of TILE_ROWS rows; tile_offsets[e] is the first m-tile of expert e.
+#include "gemm_core.cuh"
+
+#ifndef MOE_PLAN_THREADS
+#define MOE_PLAN_THREADS 1024
+#endif
+
+// ---- routing --------------------------------------------------------------------------------------
+// (value, id) a beats (value, id) b: larger value, then lower id; id < 0 is "none" and loses to all.
+__device__ __forceinline__ bool route_beats(float va, int ia, float vb, int ib) {
+    if (ia < 0) return false;
+    if (ib < 0) return true;
+    return va > vb || (va == vb && ia < ib);
+}
+
+__device__ __forceinline__ void warp_best(float& v, int& i) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
+        const int oi = __shfl_xor_sync(0xffffffffu, i, offset);
+        if (route_beats(ov, oi, v, i)) {
+            v = ov;
+            i = oi;
+        }
+    }
+}
+
+// One warp per token (RouterSpec in atlas_core.backends.ops.moe): scores (softmax or sigmoid), the
+// selection-only correction bias, group-limited selection, top-k by (choice desc, id asc), weights
+// from the unbiased scores, renormalised and scaled. Lane l owns experts l, l + 32, ...; E <= 1024.
+// Dynamic shared memory: 2 * E floats per warp (scores, then choices).
+extern "C" __global__ void moe_route(const bf16_t* __restrict__ logits, long long ld, const float* __restrict__ bias,
+                                     float* __restrict__ weights, int* __restrict__ ids, int T, int E, int k,
+                                     int sigmoid_scoring, int groups, int top_groups, int normalize, float scaling) {
+    extern __shared__ float route_smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (t >= T) return;
+    float* scores = route_smem + (long long)warp * 2 * E;
+    float* choice = scores + E;
+    const bf16_t* row = logits + (long long)t * ld;
+
+    float peak = NEG_INF;
+    for (int e = lane; e < E; e += 32) {
+        const float l = bf16_to_float(row[e]);
+        scores[e] = l;
+        peak = fmaxf(peak, l);
+    }
+    peak = warp_max(peak);
+    float total = 0.0f;
+    for (int e = lane; e < E; e += 32) {
+        const float s = sigmoid_scoring ? 1.0f / (1.0f + expf(-scores[e])) : expf(scores[e] - peak);
+        scores[e] = s;
+        total += s;
+    }
+    total = warp_sum(total);
+    for (int e = lane; e < E; e += 32) {
+        if (!sigmoid_scoring) scores[e] = scores[e] / total;
+        choice[e] = bias ? scores[e] + bias[e] : scores[e];
+    }
+    __syncwarp();
+
+    if (groups > 1) {  // keep the top_groups groups by the sum of their two best choices
+        const int per_group = E / groups;
+        unsigned kept = 0u;  // bit i: group lane + 32 i is kept (groups <= 1024)
+        for (int round = 0; round < top_groups; ++round) {
+            float best = NEG_INF;
+            int best_group = -1;
+            for (int gi = 0, grp = lane; grp < groups; ++gi, grp += 32) {
+                if (kept & (1u << gi)) continue;
+                float first = NEG_INF, second = NEG_INF;
+                for (int e = grp * per_group; e < (grp + 1) * per_group; ++e) {
+                    const float c = choice[e];
+                    if (c > first) {
+                        second = first;
+                        first = c;
+                    } else if (c > second) {
+                        second = c;
+                    }
+                }
+                const float score = second + first;
+                if (route_beats(score, grp, best, best_group)) {
+                    best = score;
+                    best_group = grp;
+                }
+            }
+            warp_best(best, best_group);
+            if ((best_group & 31) == lane) kept |= 1u << (best_group >> 5);
+        }
+        __syncwarp();
+        for (int grp = lane, gi = 0; grp < groups; grp += 32, ++gi) {
+            if (!(kept & (1u << gi)))
+                for (int e = grp * per_group; e < (grp + 1) * per_group; ++e) choice[e] = NEG_INF;
+        }
+        __syncwarp();
+    }
+
+    unsigned taken = 0u;  // bit i: expert lane + 32 i is chosen already
+    float picked_weight = 0.0f, picked_sum = 0.0f;
+    int picked_id = 0;
+    for (int slot = 0; slot < k; ++slot) {
+        float best = NEG_INF;
+        int best_id = -1;
+        for (int e = lane, i = 0; e < E; e += 32, ++i) {
+            if (!(taken & (1u << i)) && route_beats(choice[e], e, best, best_id)) {
+                best = choice[e];
+                best_id = e;
+            }
+        }
+        warp_best(best, best_id);
+        if ((best_id & 31) == lane) taken |= 1u << (best_id >> 5);
+        const float w = scores[best_id];
+        picked_sum += w;
+        if (lane == slot) {
+            picked_weight = w;
+            picked_id = best_id;
+        }
+    }
+    // k <= 32: lane j holds slot j
+    if (lane < k) {
+        float w = normalize ? picked_weight / (picked_sum + 1e-20f) : picked_weight;
+        weights[(long long)t * k + lane] = scaling != 1.0f ? w * scaling : w;
+        ids[(long long)t * k + lane] = picked_id;
+    }
+}
+
+// ---- grouping -------------------------------------------------------------------------------------
+// One block of MOE_PLAN_THREADS: count the pairs per expert, prefix sums of rows and m-tiles, then give
+// every pair its row. Outputs: row_offsets[E + 1], tile_offsets[E + 1], pair_rows[P] (the row of pair
+// p), row_tokens[P] (the token whose activations row r reads). E <= MOE_PLAN_THREADS.
+extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS) moe_plan(
+    const int* __restrict__ ids, int P, int k, int E, int tile_rows, int* __restrict__ row_offsets,
+    int* __restrict__ tile_offsets, int* __restrict__ pair_rows, int* __restrict__ row_tokens) {
+    __shared__ int counts[MOE_PLAN_THREADS];
+    __shared__ int rows_scan[MOE_PLAN_THREADS];
+    __shared__ int tiles_scan[MOE_PLAN_THREADS];
+    const int tid = threadIdx.x;
+    counts[tid] = 0;
+    __syncthreads();
+    for (int p = tid; p < P; p += MOE_PLAN_THREADS) {
+        const int e = ids[p];
+        if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
+    }
+    __syncthreads();
+    const int count = tid < E ? counts[tid] : 0;
+    rows_scan[tid] = count;
+    tiles_scan[tid] = (count + tile_rows - 1) / tile_rows;
+    __syncthreads();
+    for (int offset = 1; offset < MOE_PLAN_THREADS; offset <<= 1) {  // inclusive Hillis-Steele scans
+        const int r = tid >= offset ? rows_scan[tid - offset] : 0;
+        const int c = tid >= offset ? tiles_scan[tid - offset] : 0;
+        __syncthreads();
+        rows_scan[tid] += r;
+        tiles_scan[tid] += c;
+        __syncthreads();
+    }
+    if (tid < E) {
+        row_offsets[tid + 1] = rows_scan[tid];
+        tile_offsets[tid + 1] = tiles_scan[tid];
+    }
+    if (tid == 0) row_offsets[0] = tile_offsets[0] = 0;
+    counts[tid] = tid == 0 ? 0 : rows_scan[tid - 1];  // now: the next free row of each expert
+    __syncthreads();
+    for (int p = tid; p < P; p += MOE_PLAN_THREADS) {
+        const int e = ids[p];
+        const int row = (e >= 0 && e < E) ? atomicAdd(&counts[e], 1) : -1;
+        pair_rows[p] = row;
+        if (row >= 0) row_tokens[row] = p / k;
+    }
+}
+
+// ---- grouped products -----------------------------------------------------------------------------
+// The expert of m-tile `tile` (the e with tile_offsets[e] <= tile < tile_offsets[e + 1]); -1 past the last.
+__device__ __forceinline__ int tile_expert(const int* __restrict__ tile_offsets, int E, int tile) {
+    if (tile >= tile_offsets[E]) return -1;
+    int lo = 0, hi = E;  // invariant: tile_offsets[lo] <= tile < tile_offsets[hi]
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (tile_offsets[mid] <= tile) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+// out[r, :] = x[x_rows ? x_rows[r] : r, :] @ w[e]^T for the rows r of expert e's group; w is [E, N, K].
+// grid.x: n-tiles of NT x 8 columns; grid.y: an upper bound of the m-tiles (tiles past the last exit).
+#define MOE_GEMM_KERNEL(MT, NT, U, VEC, SUFFIX, MIN_BLOCKS)                                                          \
+    extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) moe_gemm_m##MT##_n##NT##_##SUFFIX( \
+        const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows, const bf16_t* __restrict__ w,    \
+        bf16_t* __restrict__ out, long long ldo, const int* __restrict__ row_offsets,                                 \
+        const int* __restrict__ tile_offsets, int E, int N, int K) {                                                  \
+        const int e = tile_expert(tile_offsets, E, blockIdx.y);                                                       \
+        if (e < 0) return;                                                                                            \
+        const int m0 = row_offsets[e] + (blockIdx.y - tile_offsets[e]) * (MT * 16);                                   \
+        gemm_tile<MT, NT, U, VEC>(x, ldx, x_rows, w + (long long)e * N * K, nullptr, out, ldo, m0, row_offsets[e + 1], \
+                                  blockIdx.x * (NT * 8), N, K);                                                       \
+    }
+
+MOE_GEMM_KERNEL(1, 1, 16, true, vec, 2)
+MOE_GEMM_KERNEL(1, 2, 8, true, vec, 2)
+MOE_GEMM_KERNEL(2, 4, 2, true, vec, 1)
+MOE_GEMM_KERNEL(1, 1, 8, false, any, 2)
+MOE_GEMM_KERNEL(1, 2, 4, false, any, 2)
+MOE_GEMM_KERNEL(2, 4, 2, false, any, 1)
+
+// ---- activation and combine -----------------------------------------------------------------------
+// Non-gated squared ReLU of the experts' hidden rows, in place: h = max(h, 0)^2 over [rows, I].
+extern "C" __global__ void moe_relu2(bf16_t* __restrict__ h, long long total) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        const float v = fmaxf(bf16_to_float(h[i]), 0.0f);
+        h[i] = float_to_bf16(v * v);
+    }
+}
+
+// out[t, c] = sum_j weights[t, j] * y[pair_rows[t * k + j], c] in slot order, fp32 -> bf16. One block per token.
+extern "C" __global__ void moe_combine(const bf16_t* __restrict__ y, long long ldy, const int* __restrict__ pair_rows,
+                                       const float* __restrict__ weights, bf16_t* __restrict__ out, long long ldo, int k,
+                                       int H) {
+    const int t = blockIdx.x;
+    for (int c = threadIdx.x; c < H; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < k; ++j) {
+            const int row = pair_rows[(long long)t * k + j];
+            if (row >= 0) acc = __fmaf_rn(weights[(long long)t * k + j], bf16_to_float(y[(long long)row * ldy + c]), acc);
+        }
+        out[(long long)t * ldo + c] = float_to_bf16(acc);
+    }
+}

@@ -1,0 +1,144 @@
+"""The ``moe`` op group on CUDA (kernels in ``kernels/moe.cu``).
+
+``moe_route`` is one kernel (a warp per token). ``moe_experts`` groups the (token, slot) pairs by
+expert on the device and runs the experts as grouped GEMMs over those groups:
+
+    plan:     counts per expert -> row and m-tile offsets, each pair's row, each row's token
+    gate/up:  h[r] = x[token(r)] @ w_in[e]^T        (grouped GEMM, rows gathered by token)
+    act:      silu / gelu_tanh of [gate | up], or relu2 in place
+    down:     y[r] = h[r] @ w_out[e]^T              (grouped GEMM)
+    combine:  out[t] = sum_j weights[t, j] * y[row(t, j)]   (slot order, fp32)
+
+Only the selected experts' weights are read, and each active expert's weights once per m-tile of its
+tokens. Launch sizes depend only on T, k and E, so decode steps capture into CUDA graphs. A product
+row's value depends only on its own input row (fixed K order, `gemm_core.cuh`), so a token's output
+is the same whatever else is in the batch and wherever the plan puts its rows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from atlas_core.backends.base import Array
+from atlas_core.backends.ops.moe import ExpertActivation, MoEOps, RouterSpec, check_expert_shapes
+from atlas_gb10.backend import null_or
+
+ROUTE_WARPS = 4
+"""Tokens routed per block (a warp each)."""
+MAX_ROUTED_EXPERTS = 1024
+"""The most experts `moe_route` and the plan take (a 32-bit mask per lane; one plan thread each)."""
+MAX_TOP_K = 32
+"""The most experts per token (one lane per selected slot)."""
+
+
+class CudaMoEOps(MoEOps):
+    """`MoEOps` with every op a CUDA kernel; inputs and outputs stay on the device."""
+
+    def __init__(self, backend: Any) -> None:
+        super().__init__(backend)
+        self.cp = backend.cp
+
+    def _kernel(self, name: str) -> Any:
+        return self.backend.kernels.function("moe", name)
+
+    def moe_route(
+        self, router_logits: Array, spec: RouterSpec, correction_bias: Array | None = None
+    ) -> tuple[Array, Array]:
+        cp, backend = self.cp, self.backend
+        tokens, experts = router_logits.shape
+        if experts != spec.num_experts:
+            raise ValueError(f"moe_route: router logits have {experts} experts, the RouterSpec says {spec.num_experts}")
+        if experts > MAX_ROUTED_EXPERTS or spec.top_k > MAX_TOP_K:
+            return super().moe_route(router_logits, spec, correction_bias)
+        backend.require_bf16("moe_route", router_logits)
+        logits = backend.contiguous_rows(router_logits)
+        weights = cp.empty((tokens, spec.top_k), dtype=np.float32)
+        ids = cp.empty((tokens, spec.top_k), dtype=np.int32)
+        if tokens:
+            bias = None if correction_bias is None else correction_bias.astype(np.float32, copy=False)
+            self._kernel("moe_route")(
+                (math.ceil(tokens / ROUTE_WARPS),), (32 * ROUTE_WARPS,),
+                (logits, np.int64(logits.strides[0] // logits.itemsize), null_or(bias), weights, ids, np.int32(tokens),
+                 np.int32(experts), np.int32(spec.top_k), np.int32(spec.scoring == "sigmoid"),
+                 np.int32(spec.num_groups), np.int32(spec.top_k_groups), np.int32(spec.normalize_top_k),
+                 np.float32(spec.routed_scaling_factor)),
+                shared_mem=ROUTE_WARPS * 2 * experts * 4,
+            )
+        return weights, ids
+
+    def moe_experts(
+        self, x: Array, w_in: Array, w_out: Array, weights: Array, ids: Array, activation: ExpertActivation,
+    ) -> Array:
+        check_expert_shapes(tuple(w_in.shape), tuple(w_out.shape), activation)
+        cp, backend = self.cp, self.backend
+        experts, in_rows, hidden = w_in.shape
+        intermediate = w_out.shape[2]
+        tokens, top_k = ids.shape
+        if experts > MAX_ROUTED_EXPERTS:
+            return super().moe_experts(x, w_in, w_out, weights, ids, activation)
+        backend.require_bf16("moe_experts", x, w_in, w_out)
+        x = backend.contiguous_rows(x)
+        out = cp.empty((tokens, hidden), dtype=x.dtype)
+        pairs = tokens * top_k
+        if pairs == 0:
+            return out
+        m_tiles, n_tiles_in, n_tiles_out = self._tiles(pairs, in_rows, hidden)
+        tile_rows = 16 * m_tiles
+        ids = cp.ascontiguousarray(ids, dtype=np.int32)
+        row_offsets = cp.empty(experts + 1, dtype=np.int32)
+        tile_offsets = cp.empty(experts + 1, dtype=np.int32)
+        pair_rows = cp.empty(pairs, dtype=np.int32)
+        row_tokens = cp.empty(pairs, dtype=np.int32)
+        self._kernel("moe_plan")(
+            (1,), (MAX_ROUTED_EXPERTS,),
+            (ids, np.int32(pairs), np.int32(top_k), np.int32(experts), np.int32(tile_rows), row_offsets, tile_offsets,
+             pair_rows, row_tokens),
+        )
+        max_tiles = math.ceil(pairs / tile_rows) + min(experts, pairs)
+        gate_up = cp.empty((pairs, in_rows), dtype=x.dtype)
+        self._grouped_gemm(x, row_tokens, w_in, gate_up, row_offsets, tile_offsets, m_tiles, n_tiles_in, max_tiles)
+        if activation == "relu2":
+            hidden_rows = gate_up
+            total = hidden_rows.size
+            blocks = min(math.ceil(total / 256), 8 * backend.profile.sm_count)
+            self._kernel("moe_relu2")((blocks,), (256,), (hidden_rows, np.int64(total)))
+        elif activation == "silu":
+            hidden_rows = backend.silu_mul(gate_up)
+        else:
+            hidden_rows = backend.gelu_tanh_mul(gate_up)
+        expert_out = cp.empty((pairs, hidden), dtype=x.dtype)
+        self._grouped_gemm(
+            hidden_rows, None, w_out, expert_out, row_offsets, tile_offsets, m_tiles, n_tiles_out, max_tiles
+        )
+        self._kernel("moe_combine")(
+            (tokens,), (min(1024, 32 * math.ceil(hidden / 32)),),
+            (expert_out, np.int64(hidden), pair_rows, cp.ascontiguousarray(weights, dtype=np.float32), out,
+             np.int64(hidden), np.int32(top_k), np.int32(hidden)),
+        )
+        return out
+
+    def _tiles(self, pairs: int, in_rows: int, hidden: int) -> tuple[int, int, int]:
+        """(m-tiles of 16 rows, n-tiles of 8 columns for gate/up, for down) per block. The m-tile is shared
+        by both products (the plan cuts the groups into tiles of that many rows). Decode-sized groups take
+        one m-tile and narrow n-tiles (more blocks streaming weights); prefill-sized ones the largest tile."""
+        if pairs <= 16 * self.backend.profile.sm_count:
+            return 1, (2 if in_rows >= 64 * self.backend.profile.sm_count else 1), 1
+        return 2, 4, 4
+
+    def _grouped_gemm(
+        self, x: Array, x_rows: Array | None, w: Array, out: Array, row_offsets: Array, tile_offsets: Array,
+        m_tiles: int, n_tiles: int, max_tiles: int,
+    ) -> None:
+        """``out[r] = x[x_rows[r] or r] @ w[expert(r)]^T`` for every grouped row r (`moe_gemm_*`)."""
+        experts, n, k = w.shape
+        ldx = x.strides[0] // x.itemsize
+        vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and w.data.ptr % 16 == 0
+        kernel = self._kernel(f"moe_gemm_m{m_tiles}_n{n_tiles}_{'vec' if vec else 'any'}")
+        kernel(
+            (math.ceil(n / (8 * n_tiles)), max_tiles), (256,),
+            (x, np.int64(ldx), null_or(x_rows), w, out, np.int64(out.strides[0] // out.itemsize), row_offsets,
+             tile_offsets, np.int32(experts), np.int32(n), np.int32(k)),
+        )
