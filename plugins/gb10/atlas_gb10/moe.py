@@ -3,7 +3,7 @@
 ``moe_route`` is one kernel (a warp per token). ``moe_experts`` groups the (token, slot) pairs by
 expert on the device and runs the experts as grouped GEMMs over those groups:
 
-    plan:     counts per expert -> row and m-tile offsets, each pair's row, each row's token
+    plan:     counts per expert -> each m-tile's expert and rows, each pair's row, each row's token
     gate/up:  h[r] = x[token(r)] @ w_in[e]^T        (grouped GEMM, rows gathered by token)
     act:      silu / gelu_tanh of [gate | up], or relu2 in place
     down:     y[r] = h[r] @ w_out[e]^T              (grouped GEMM)
@@ -88,18 +88,17 @@ class CudaMoEOps(MoEOps):
         m_tiles, n_tiles_in, n_tiles_out = self._tiles(pairs, in_rows, hidden)
         tile_rows = 16 * m_tiles
         ids = cp.ascontiguousarray(ids, dtype=np.int32)
-        row_offsets = cp.empty(experts + 1, dtype=np.int32)
-        tile_offsets = cp.empty(experts + 1, dtype=np.int32)
+        max_tiles = math.ceil(pairs / tile_rows) + min(experts, pairs)  # each active expert's last tile may be partial
+        tiles = cp.empty((3, max_tiles), dtype=np.int32)
         pair_rows = cp.empty(pairs, dtype=np.int32)
         row_tokens = cp.empty(pairs, dtype=np.int32)
         self._kernel("moe_plan")(
             (1,), (MAX_ROUTED_EXPERTS,),
-            (ids, np.int32(pairs), np.int32(top_k), np.int32(experts), np.int32(tile_rows), row_offsets, tile_offsets,
+            (ids, np.int32(pairs), np.int32(top_k), np.int32(experts), np.int32(tile_rows), np.int32(max_tiles), tiles,
              pair_rows, row_tokens),
         )
-        max_tiles = math.ceil(pairs / tile_rows) + min(experts, pairs)
         gate_up = cp.empty((pairs, in_rows), dtype=x.dtype)
-        self._grouped_gemm(x, row_tokens, w_in, gate_up, row_offsets, tile_offsets, m_tiles, n_tiles_in, max_tiles)
+        self._grouped_gemm(x, row_tokens, w_in, gate_up, tiles, m_tiles, n_tiles_in)
         if activation == "relu2":
             hidden_rows = gate_up
             total = hidden_rows.size
@@ -110,11 +109,9 @@ class CudaMoEOps(MoEOps):
         else:
             hidden_rows = backend.gelu_tanh_mul(gate_up)
         expert_out = cp.empty((pairs, hidden), dtype=x.dtype)
-        self._grouped_gemm(
-            hidden_rows, None, w_out, expert_out, row_offsets, tile_offsets, m_tiles, n_tiles_out, max_tiles
-        )
+        self._grouped_gemm(hidden_rows, None, w_out, expert_out, tiles, m_tiles, n_tiles_out)
         self._kernel("moe_combine")(
-            (tokens,), (min(1024, 32 * math.ceil(hidden / 32)),),
+            (math.ceil(hidden / 256), tokens), (256,),
             (expert_out, np.int64(hidden), pair_rows, cp.ascontiguousarray(weights, dtype=np.float32), out,
              np.int64(hidden), np.int32(top_k), np.int32(hidden)),
         )
@@ -129,16 +126,17 @@ class CudaMoEOps(MoEOps):
         return 2, 4, 4
 
     def _grouped_gemm(
-        self, x: Array, x_rows: Array | None, w: Array, out: Array, row_offsets: Array, tile_offsets: Array,
-        m_tiles: int, n_tiles: int, max_tiles: int,
+        self, x: Array, x_rows: Array | None, w: Array, out: Array, tiles: Array, m_tiles: int, n_tiles: int
     ) -> None:
-        """``out[r] = x[x_rows[r] or r] @ w[expert(r)]^T`` for every grouped row r (`moe_gemm_*`)."""
-        experts, n, k = w.shape
+        """``out[r] = x[x_rows[r] or r] @ w[expert(r)]^T`` for every grouped row r (`moe_gemm_*`), over the
+        m-tile table ``tiles[3, max_tiles]`` of `moe_plan`."""
+        n, k = w.shape[1:]
+        max_tiles = tiles.shape[1]
         ldx = x.strides[0] // x.itemsize
         vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and w.data.ptr % 16 == 0
         kernel = self._kernel(f"moe_gemm_m{m_tiles}_n{n_tiles}_{'vec' if vec else 'any'}")
         kernel(
             (math.ceil(n / (8 * n_tiles)), max_tiles), (256,),
-            (x, np.int64(ldx), null_or(x_rows), w, out, np.int64(out.strides[0] // out.itemsize), row_offsets,
-             tile_offsets, np.int32(experts), np.int32(n), np.int32(k)),
+            (x, np.int64(ldx), null_or(x_rows), w, out, np.int64(out.strides[0] // out.itemsize), tiles,
+             np.int32(max_tiles), np.int32(n), np.int32(k)),
         )

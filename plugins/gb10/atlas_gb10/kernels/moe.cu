@@ -3,10 +3,10 @@
 // round trip and no size that depends on device data: every launch is sized from T, k and E alone,
 // so a decode step captures into a CUDA graph.
 //
-// Pairs: pair p = t * k + j is slot j of token t. The plan puts the pairs of expert e at rows
-// row_offsets[e] .. row_offsets[e + 1] of the grouped products (in an arbitrary order inside the
-// group: a product row's result depends only on its own input row, so the order changes no bit) and
-// cuts each group into m-tiles of TILE_ROWS rows; tile_offsets[e] is the first m-tile of expert e.
+// Pairs: pair p = t * k + j is slot j of token t. The plan puts the pairs of expert e in consecutive
+// rows of the grouped products (in an arbitrary order inside the group: a product row's result depends
+// only on its own input row, so the order changes no bit) and cuts each group into m-tiles of
+// tile_rows rows, listed in a table the GEMM blocks read.
 #include "gemm_core.cuh"
 
 #ifndef MOE_PLAN_THREADS
@@ -134,11 +134,12 @@ extern "C" __global__ void moe_route(const bf16_t* __restrict__ logits, long lon
 
 // ---- grouping -------------------------------------------------------------------------------------
 // One block of MOE_PLAN_THREADS: count the pairs per expert, prefix sums of rows and m-tiles, then give
-// every pair its row. Outputs: row_offsets[E + 1], tile_offsets[E + 1], pair_rows[P] (the row of pair
-// p), row_tokens[P] (the token whose activations row r reads). E <= MOE_PLAN_THREADS.
+// every pair its row and every m-tile its work. Outputs: tiles[3, max_tiles] (per m-tile: its expert, or
+// -1 past the last tile; its first row; the end of its expert's rows), pair_rows[P] (the row of pair p),
+// row_tokens[P] (the token whose activations row r reads). E <= MOE_PLAN_THREADS; max_tiles >= the tiles.
 extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS) moe_plan(
-    const int* __restrict__ ids, int P, int k, int E, int tile_rows, int* __restrict__ row_offsets,
-    int* __restrict__ tile_offsets, int* __restrict__ pair_rows, int* __restrict__ row_tokens) {
+    const int* __restrict__ ids, int P, int k, int E, int tile_rows, int max_tiles, int* __restrict__ tiles,
+    int* __restrict__ pair_rows, int* __restrict__ row_tokens) {
     __shared__ int counts[MOE_PLAN_THREADS];
     __shared__ int rows_scan[MOE_PLAN_THREADS];
     __shared__ int tiles_scan[MOE_PLAN_THREADS];
@@ -162,12 +163,16 @@ extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS) moe_plan(
         tiles_scan[tid] += c;
         __syncthreads();
     }
+    const int first_row = tid == 0 ? 0 : rows_scan[tid - 1], first_tile = tid == 0 ? 0 : tiles_scan[tid - 1];
     if (tid < E) {
-        row_offsets[tid + 1] = rows_scan[tid];
-        tile_offsets[tid + 1] = tiles_scan[tid];
+        for (int t = first_tile; t < tiles_scan[tid]; ++t) {
+            tiles[t] = tid;
+            tiles[max_tiles + t] = first_row + (t - first_tile) * tile_rows;
+            tiles[2 * max_tiles + t] = rows_scan[tid];
+        }
     }
-    if (tid == 0) row_offsets[0] = tile_offsets[0] = 0;
-    counts[tid] = tid == 0 ? 0 : rows_scan[tid - 1];  // now: the next free row of each expert
+    for (int t = tiles_scan[MOE_PLAN_THREADS - 1] + tid; t < max_tiles; t += MOE_PLAN_THREADS) tiles[t] = -1;
+    counts[tid] = first_row;  // now: the next free row of each expert
     __syncthreads();
     for (int p = tid; p < P; p += MOE_PLAN_THREADS) {
         const int e = ids[p];
@@ -178,28 +183,16 @@ extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS) moe_plan(
 }
 
 // ---- grouped products -----------------------------------------------------------------------------
-// The expert of m-tile `tile` (the e with tile_offsets[e] <= tile < tile_offsets[e + 1]); -1 past the last.
-__device__ __forceinline__ int tile_expert(const int* __restrict__ tile_offsets, int E, int tile) {
-    if (tile >= tile_offsets[E]) return -1;
-    int lo = 0, hi = E;  // invariant: tile_offsets[lo] <= tile < tile_offsets[hi]
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (tile_offsets[mid] <= tile) lo = mid; else hi = mid;
-    }
-    return lo;
-}
-
-// out[r, :] = x[x_rows ? x_rows[r] : r, :] @ w[e]^T for the rows r of expert e's group; w is [E, N, K].
-// grid.x: n-tiles of NT x 8 columns; grid.y: an upper bound of the m-tiles (tiles past the last exit).
+// out[r, :] = x[x_rows ? x_rows[r] : r, :] @ w[e]^T for the rows r of m-tile blockIdx.y (tiles from moe_plan);
+// w is [E, N, K]. grid.x: n-tiles of NT x 8 columns; grid.y: max_tiles (tiles marked -1 exit).
 #define MOE_GEMM_KERNEL(MT, NT, U, VEC, SUFFIX, MIN_BLOCKS)                                                          \
     extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) moe_gemm_m##MT##_n##NT##_##SUFFIX( \
         const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows, const bf16_t* __restrict__ w,    \
-        bf16_t* __restrict__ out, long long ldo, const int* __restrict__ row_offsets,                                 \
-        const int* __restrict__ tile_offsets, int E, int N, int K) {                                                  \
-        const int e = tile_expert(tile_offsets, E, blockIdx.y);                                                       \
+        bf16_t* __restrict__ out, long long ldo, const int* __restrict__ tiles, int max_tiles, int N, int K) {         \
+        const int e = tiles[blockIdx.y];                                                                              \
         if (e < 0) return;                                                                                            \
-        const int m0 = row_offsets[e] + (blockIdx.y - tile_offsets[e]) * (MT * 16);                                   \
-        gemm_tile<MT, NT, U, VEC>(x, ldx, x_rows, w + (long long)e * N * K, nullptr, out, ldo, m0, row_offsets[e + 1], \
+        gemm_tile<MT, NT, U, VEC>(x, ldx, x_rows, w + (long long)e * N * K, nullptr, out, ldo,                        \
+                                  tiles[max_tiles + blockIdx.y], tiles[2 * max_tiles + blockIdx.y],                   \
                                   blockIdx.x * (NT * 8), N, K);                                                       \
     }
 
@@ -219,17 +212,17 @@ extern "C" __global__ void moe_relu2(bf16_t* __restrict__ h, long long total) {
     }
 }
 
-// out[t, c] = sum_j weights[t, j] * y[pair_rows[t * k + j], c] in slot order, fp32 -> bf16. One block per token.
+// out[t, c] = sum_j weights[t, j] * y[pair_rows[t * k + j], c] in slot order, fp32 -> bf16.
+// grid (ceil(H / blockDim.x), T): a thread per output element.
 extern "C" __global__ void moe_combine(const bf16_t* __restrict__ y, long long ldy, const int* __restrict__ pair_rows,
                                        const float* __restrict__ weights, bf16_t* __restrict__ out, long long ldo, int k,
                                        int H) {
-    const int t = blockIdx.x;
-    for (int c = threadIdx.x; c < H; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int j = 0; j < k; ++j) {
-            const int row = pair_rows[(long long)t * k + j];
-            if (row >= 0) acc = __fmaf_rn(weights[(long long)t * k + j], bf16_to_float(y[(long long)row * ldy + c]), acc);
-        }
-        out[(long long)t * ldo + c] = float_to_bf16(acc);
+    const int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= H) return;
+    float acc = 0.0f;
+    for (int j = 0; j < k; ++j) {
+        const int row = pair_rows[(long long)t * k + j];
+        if (row >= 0) acc = __fmaf_rn(weights[(long long)t * k + j], bf16_to_float(y[(long long)row * ldy + c]), acc);
     }
+    out[(long long)t * ldo + c] = float_to_bf16(acc);
 }
