@@ -80,10 +80,14 @@ def register_layers(register: Register) -> None:
 
     Target: a class that family loaders construct and compose. Core registers its layers under
     the names of ``atlas_core.builtin_plugin.CORE_LAYERS`` (``rms_norm``, ``attention``,
-    ``swiglu_mlp``, ``moe``, ``mla``, ``mamba2``, ...; contracts in docs/plugin-hooks.md): token
-    mixers are called as ``layer(x, batch, kv) -> out`` (`atlas_core.model.transformer.Mixer`),
-    feed-forwards as ``layer(x) -> out``, decoder layers as ``layer(hidden, residual, batch, kv)
-    -> (hidden, residual)`` (`atlas_core.model.transformer.DecoderLayer`). Loaders look layer
+    ``swiglu_mlp``, ``moe``, ``mla``, ``mamba2``, ...; contracts in docs/plugin-hooks.md). The
+    kinds of layer that families exchange have Protocols: token mixers are called as
+    ``layer(x, batch, kv) -> out`` (`atlas_core.model.transformer.Mixer`), norms as
+    ``layer(x, residual=None) -> (normed, stream)`` (`atlas_core.model.transformer.Norm`),
+    feed-forwards as ``layer(x) -> out`` (`atlas_core.model.transformer.FeedForward`), routed
+    experts as ``layer(x, weights, ids) -> out`` (`atlas_core.model.layers.moe.Experts`), decoder
+    layers as ``layer(hidden, residual, batch, kv) -> (hidden, residual)``
+    (`atlas_core.model.transformer.DecoderLayer`). Loaders look layer
     types up by name (`ModelWeightLoader.layer_type`), so a new attention variant or mixer ships
     as a layer plugin that any family can compose; constructor arguments are agreed between the
     layer and the loaders that use it.

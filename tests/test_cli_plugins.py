@@ -28,6 +28,8 @@ EXAMPLE_BLOCK = [
     '  model example_llama -> atlas_example_plugin.loader:ExampleLlamaLoader (architectures=["ExampleLlamaForCausalLM"])',
     "  layer example_rms_norm -> atlas_example_plugin.layers:CountingRMSNorm",
     "  comm example-recording -> atlas_example_plugin.comm:RecordingComm",
+    "  tool_parser example_calls -> atlas_example_plugin.parsers:ExampleCallFormat",
+    "  reasoning_parser example_thoughts -> atlas_example_plugin.parsers:EXAMPLE_THOUGHTS",
     "",
 ]
 
@@ -79,6 +81,7 @@ def test_json_structure(capsys: pytest.CaptureFixture[str]) -> None:
     }
     assert [(r["kind"], r["name"]) for r in example["registrations"]] == [
         ("backend", "example-numpy"), ("model", "example_llama"), ("layer", "example_rms_norm"), ("comm", "example-recording"),
+        ("tool_parser", "example_calls"), ("reasoning_parser", "example_thoughts"),
     ]
     assert plugins["atlas-model-qwen3"]["registrations"][0]["metadata"]["defaults"]["tool_call_parser"] == "hermes"
 
@@ -88,7 +91,8 @@ def test_check_imports_every_target(capsys: pytest.CaptureFixture[str]) -> None:
     checks = {(r["kind"], r["name"]): r["check"] for p in plugins.values() for r in p["registrations"]}
     assert checks[("backend", "numpy")] == checks[("backend", "example-numpy")] == {"status": "available", "detail": None}
     for key in [("model", "llama"), ("model", "qwen3"), ("model", "example_llama"), ("layer", "example_rms_norm"),
-                ("comm", "single"), ("comm", "example-recording")]:
+                ("comm", "single"), ("comm", "example-recording"), ("tool_parser", "hermes"),
+                ("tool_parser", "example_calls"), ("reasoning_parser", "qwen3"), ("reasoning_parser", "example_thoughts")]:
         assert checks[key] == {"status": "ok", "detail": None}, key
 
     lines = run_plugins(capsys, "--check").splitlines()

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from atlas_core.errors import PluginError
+from atlas_core.hookspecs import HOOK_KINDS
 from atlas_core.plugins import PluginInfo, PluginRegistry, get_registry, load_plugins
 from tests.plugin_site import ENV_VARS, clean_env, install_plugin, site  # noqa: F401 (fixtures)
 
@@ -59,6 +60,8 @@ def test_example_plugin_is_discovered_with_distribution_and_registrations() -> N
         ("model", "example_llama", "atlas_example_plugin.loader:ExampleLlamaLoader"),
         ("layer", "example_rms_norm", "atlas_example_plugin.layers:CountingRMSNorm"),
         ("comm", "example-recording", "atlas_example_plugin.comm:RecordingComm"),
+        ("tool_parser", "example_calls", "atlas_example_plugin.parsers:ExampleCallFormat"),
+        ("reasoning_parser", "example_thoughts", "atlas_example_plugin.parsers:EXAMPLE_THOUGHTS"),
     }
     backend = next(r for r in info.registrations if r.kind == "backend")
     assert backend.metadata == {"priority": -10}
@@ -95,6 +98,16 @@ def test_example_comm_backend_loads_and_records() -> None:
     x = np.ones(3)
     assert comm.all_reduce(x) is x and comm.broadcast(x) is x
     assert (comm.rank, comm.world_size, comm.calls) == (0, 1, ["all_reduce", "broadcast"])
+
+
+def test_example_parsers_pass_the_checks_of_every_format() -> None:
+    from atlas_core.parsing import OutputParser
+    from atlas_core.testing.grammars import check_plugin_tool_format
+    from atlas_core.testing.parsers import TOOLS
+
+    check_plugin_tool_format("example_calls", "atlas-example-plugin", '<|call|>get_time{"zone": "UTC"}<|end|>')
+    message = OutputParser.parse("<|thinking|>Rome.<|/thinking|>Sure.", reasoning_parser="example_thoughts", tools=TOOLS)
+    assert (message.reasoning, message.content) == ("Rome.", "Sure.")
 
 
 @pytest.fixture
@@ -307,8 +320,7 @@ def test_trace_hooks_prints_hook_calls_to_stderr(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("ATLAS_TRACE_HOOKS", "1")
     load_plugins()
     err = capsys.readouterr().err
-    for hook in ("register_gpu_backends", "register_model_loaders", "register_layers", "register_comm_backends",
-                 "register_storage_backends"):
+    for hook in HOOK_KINDS:
         assert f"finish {hook}" in err
 
 
@@ -322,7 +334,9 @@ def test_plugin_doc_examples_match_the_example_plugin() -> None:
     doc = (Path(__file__).parents[1] / "docs" / "plugin-hooks.md").read_text()
     blocks = DOC_BLOCK.findall(doc)
     shown = {path for _, path, excerpt, _ in blocks if not excerpt}
-    assert shown == {f"atlas_example_plugin/{name}.py" for name in ("__init__", "backend", "loader", "layers", "comm")}
+    assert shown == {
+        f"atlas_example_plugin/{name}.py" for name in ("__init__", "backend", "loader", "layers", "comm", "parsers")
+    }
     for language, path, excerpt, body in blocks:
         source = (EXAMPLE_PLUGIN / path).read_text()
         if not excerpt:

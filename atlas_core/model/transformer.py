@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from atlas_core.backends.base import Array, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import AnyKVLayout, KVCache
-from atlas_core.model.layers.norm import RMSNorm
 from atlas_core.model.recurrent_state import RecurrentState
 
 
@@ -18,6 +17,22 @@ class Mixer(Protocol):
     ``x[T, H] -> [T, H]`` for the batch's tokens, reading and writing its own KV cache slot or state."""
 
     def __call__(self, x: Array, batch: ForwardBatch, kv: KVCache) -> Array: ...
+
+
+class Norm(Protocol):
+    """A normalisation layer (``rms_norm``, or a family's variant of it) with the residual add fused
+    in: ``norm(x, residual=None) -> (normed, stream)``, where ``stream = x + residual`` (``x`` alone
+    without ``residual``) is the residual stream to carry on and ``normed`` is ``stream`` normalised
+    over its last axis. Shapes are kept (``[T, H]``, or ``[T, heads, D]`` for per-head norms)."""
+
+    def __call__(self, x: Array, residual: Array | None = None) -> tuple[Array, Array]: ...
+
+
+class FeedForward(Protocol):
+    """The channel-mixing half of a decoder layer (``swiglu_mlp``, ``geglu_mlp``, ``relu2_mlp``,
+    ``moe``): ``x[T, H] -> [T, H]``, each token on its own, with no cache or state."""
+
+    def __call__(self, x: Array) -> Array: ...
 
 
 class DecoderLayer(Protocol):
@@ -38,10 +53,10 @@ class DecoderLayer(Protocol):
 class PreNormDecoderLayer:
     """``h = x + mixer(norm1(x)); out = h + ffn(norm2(h))`` with the residual adds fused into the norms."""
 
-    input_norm: RMSNorm
+    input_norm: Norm
     mixer: Mixer
-    post_mixer_norm: RMSNorm
-    ffn: Callable[[Array], Array]
+    post_mixer_norm: Norm
+    ffn: FeedForward
 
     def __call__(self, hidden: Array, residual: Array | None, batch: ForwardBatch, kv: KVCache) -> tuple[Array, Array]:
         normed, residual = self.input_norm(hidden, residual)
@@ -60,7 +75,7 @@ class TransformerModel:
     """
 
     def __init__(
-        self, backend: Backend, *, embed_tokens: Array, layers: Sequence[DecoderLayer], final_norm: RMSNorm,
+        self, backend: Backend, *, embed_tokens: Array, layers: Sequence[DecoderLayer], final_norm: Norm,
         lm_head: Array, kv_layouts: Sequence[AnyKVLayout], vocab_size: int, max_position_embeddings: int,
         recurrent_state: RecurrentState | None = None,
     ) -> None:

@@ -15,7 +15,8 @@ from atlas_core.parsing.scan import WhitespaceGate, partial_marker_suffix
 
 @dataclass(frozen=True)
 class ReasoningFormat:
-    """Markers of one reasoning format. With ``implicit_start`` the output begins inside the
+    """Markers of one reasoning format, registered under its ``name`` through the
+    ``register_reasoning_parsers`` hook. With ``implicit_start`` the output begins inside the
     reasoning even when the opening marker is missing (the chat template wrote it). ``label`` is
     text after ``start`` that belongs to the opening markup (Gemma 4 names its reasoning channel:
     ``<|channel>thought``); grammars and thinking budgets key on ``start`` alone."""
@@ -36,15 +37,12 @@ class ReasoningFormat:
         return prompt_text.rstrip().endswith(self.opening)
 
 
-REASONING_FORMATS: dict[str, ReasoningFormat] = {
-    f.name: f
-    for f in (
-        ReasoningFormat("qwen3", "<think>", "</think>"),
-        ReasoningFormat("deepseek_r1", "<think>", "</think>", implicit_start=True),
-        ReasoningFormat("mistral", "[THINK]", "[/THINK]"),
-        ReasoningFormat("gemma4", "<|channel>", "<channel|>", label="thought"),
-    )
-}
+QWEN3 = ReasoningFormat("qwen3", "<think>", "</think>")
+"""``<think>`` ... ``</think>``, reasoning only when the output (or the prompt) opens the block."""
+DEEPSEEK_R1 = ReasoningFormat("deepseek_r1", "<think>", "</think>", implicit_start=True)
+"""``<think>`` ... ``</think>``; the output starts inside the reasoning even without ``<think>``."""
+MISTRAL = ReasoningFormat("mistral", "[THINK]", "[/THINK]")
+"""``[THINK]`` ... ``[/THINK]`` (Magistral; special tokens in Mistral tokenizers)."""
 
 Piece = tuple[bool, str]
 """``(is_reasoning, text)``: one span of output routed to reasoning or to content."""

@@ -7,7 +7,7 @@ import pytest
 from atlas_core.parsing import OutputParser, ToolDefinition, ToolSchemaError
 from atlas_core.parsing.coercion import coerce
 
-from .support import TOOLS
+from atlas_core.testing.parsers import TOOLS
 
 SCHEMA = {
     "type": "object",

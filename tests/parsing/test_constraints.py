@@ -1,19 +1,14 @@
 """Grammars for tool_choice and response_format: every text they allow parses back (random walks
-through the grammar on a byte-level tokenizer), canonical markup is allowed, bad input is refused."""
+through the grammar on a byte-level tokenizer), canonical markup is allowed, bad input is refused.
+Core's tool-call formats are checked here; a family plugin's formats in that plugin's tests."""
 
 from __future__ import annotations
 
-import json
-import random
-
-import llguidance
-import numpy as np
 import pytest
-from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
+from atlas_core.builtin_plugin import CORE_TOOL_PARSERS
 from atlas_core.errors import InvalidRequestError
 from atlas_core.parsing import (
-    OutputParser,
     StructuredOutput,
     StructuredOutputError,
     ToolDefinition,
@@ -22,86 +17,18 @@ from atlas_core.parsing import (
     response_format_constraint,
     thinking_budget,
     tool_call_constraint,
-    tool_parser_names,
 )
-from atlas_core.tokenizer import Tokenizer
-
-from .byte_tokenizer import byte_tokenizer
-from .support import TOOLS
-
-TOKENIZER = byte_tokenizer()
-
-BOUNDED = [  # parameters with no free text, so random walks end quickly
-    ToolDefinition(
-        "set_level",
-        parameters={
-            "type": "object",
-            "properties": {
-                "level": {"type": "integer"},
-                "mode": {"type": "string", "enum": ["fast", "slow"]},
-                "on": {"type": "boolean"},
-            },
-            "required": ["level", "mode"],
-            "additionalProperties": False,
-        },
-    ),
-    ToolDefinition(
-        "reset",
-        parameters={
-            "type": "object",
-            "properties": {"hard": {"type": "boolean"}},
-            "required": ["hard"],
-            "additionalProperties": False,
-        },
-    ),
-]
+from atlas_core.testing.grammars import TOKENIZER, accepts, check_canonical_markup, check_grammar_outputs_parse
+from atlas_core.testing.parsers import TOOLS
 
 
-def matcher(structured: StructuredOutput, tokenizer: Tokenizer = TOKENIZER) -> llguidance.LLMatcher:
-    ll_tokenizer = llguidance.LLTokenizer(tokenizer.backend.to_str(), eos_token=tokenizer.eos_token_ids)
-    m = llguidance.LLMatcher(ll_tokenizer, structured.llguidance_grammar, log_level=0)
-    assert not m.is_error(), m.get_error()
-    return m
+CORE_PARSERS = sorted(CORE_TOOL_PARSERS)
 
 
-def accepts(structured: StructuredOutput, text: str, tokenizer: Tokenizer = TOKENIZER) -> bool:
-    m = matcher(structured, tokenizer)
-    return m.consume_tokens(tokenizer.encode(text, add_special_tokens=False)) and m.is_accepting()
-
-
-def random_walk(
-    structured: StructuredOutput, rng: random.Random, limit: int = 4000, tokenizer: Tokenizer = TOKENIZER
-) -> str:
-    """Sample allowed tokens uniformly (EOS, once allowed, half the time) until the grammar ends."""
-    eos, vocab_size = tokenizer.eos_token_ids[0], tokenizer.backend.get_vocab_size()
-    m = matcher(structured, tokenizer)
-    bitmask = allocate_token_bitmask(1, vocab_size)
-    tokens = []
-    for _ in range(limit):
-        fill_next_token_bitmask(m, bitmask, 0)
-        allowed = np.flatnonzero(np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")[:vocab_size])
-        assert len(allowed), "the grammar allowed nothing"
-        if eos in allowed and (len(allowed) == 1 or rng.random() < 0.5):
-            return tokenizer.decode(tokens, skip_special_tokens=False)
-        token = int(rng.choice([t for t in allowed if t != eos]))
-        assert m.consume_token(token)
-        tokens.append(token)
-    raise AssertionError(f"no end after {limit} tokens: {tokenizer.decode(tokens, skip_special_tokens=False)[:200]!r}")
-
-
-@pytest.mark.parametrize("parser", tool_parser_names())
+@pytest.mark.parametrize("parser", CORE_PARSERS)
 @pytest.mark.parametrize("choice", ["required", {"name": "reset"}])
 def test_every_output_the_grammar_allows_parses_to_valid_calls(parser: str, choice) -> None:
-    parallel = choice == "required"
-    structured = tool_call_constraint(parser, BOUNDED, choice, tokenizer=TOKENIZER, parallel_tool_calls=parallel)
-    rng = random.Random(f"{parser}-{choice}")
-    for _ in range(15):
-        text = random_walk(structured, rng)
-        message = OutputParser.parse(text, tool_parser=parser, tools=BOUNDED, tool_choice=choice)
-        assert message.problems == [], (text, message.problems)
-        assert message.content == "" and message.tool_calls, text
-        if not parallel:
-            assert [c.name for c in message.tool_calls] == ["reset"]
+    check_grammar_outputs_parse(parser, choice)
 
 
 CANONICAL = {
@@ -110,22 +37,12 @@ CANONICAL = {
     "mistral": '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]',
     "json": '[{"name": "get_time", "arguments": {"zone": "UTC"}}]',
     "qwen3_coder": "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>",
-    "minimax_m2": '<minimax:tool_call>\n<invoke name="get_time">\n<parameter name="zone">UTC</parameter>\n</invoke>\n'
-    "</minimax:tool_call>",
-    "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n"
-    '{"zone": "UTC"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
-    "gemma4": '<|tool_call>call:get_time{zone:<|"|>UTC<|"|>}<tool_call|>',
 }
 
 
-@pytest.mark.parametrize("parser", tool_parser_names())
+@pytest.mark.parametrize("parser", CORE_PARSERS)
 def test_canonical_markup_is_allowed_and_parsed(parser: str) -> None:
-    structured = tool_call_constraint(parser, TOOLS, {"name": "get_time"}, tokenizer=TOKENIZER)
-    assert structured.kind == "tool_call"
-    assert accepts(structured, CANONICAL[parser])
-    assert not accepts(structured, CANONICAL[parser].replace("UTC", "UTC", 1).replace("get_time", "get_weather", 1))
-    message = OutputParser.parse(CANONICAL[parser], tool_parser=parser, tools=TOOLS)
-    assert [(c.name, json.loads(c.arguments)) for c in message.tool_calls] == [("get_time", {"zone": "UTC"})]
+    check_canonical_markup(parser, CANONICAL[parser])
 
 
 CALL = CANONICAL["hermes"]

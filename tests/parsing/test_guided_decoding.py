@@ -11,8 +11,8 @@ from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.errors import InvalidRequestError
 from atlas_core.parsing import response_format_constraint
 from atlas_core.parsing.structured import StructuredOutputError, ThinkingBudget
+from atlas_core.testing.grammars import byte_tokenizer
 
-from .byte_tokenizer import byte_tokenizer
 
 TOKENIZER = byte_tokenizer()
 EOS = TOKENIZER.eos_token_ids[0]

@@ -1,9 +1,11 @@
-"""Reasoning parsers: the think block split from content, streamed or whole, prompt-opened or not."""
+"""Core's reasoning parsers: the think block split from content, streamed or whole, prompt-opened or
+not; unknown parser names."""
 
 from __future__ import annotations
 
 import pytest
 
+from atlas_core.builtin_plugin import CORE_REASONING_PARSERS, CORE_TOOL_PARSERS
 from atlas_core.parsing import (
     OutputParser,
     ReasoningDelta,
@@ -11,12 +13,11 @@ from atlas_core.parsing import (
     reasoning_parser_names,
     tool_parser_names,
 )
+from atlas_core.testing.parsers import TOOLS, check_reasoning_case, check_streams_like_whole, without_ids
 
-from .support import TOOLS, check_streams_like_whole, without_ids
 
 QWEN_PROMPT_OPEN = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n"
 QWEN_PROMPT_CLOSED = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-GEMMA_PROMPT = "<|turn>system\n<|think|>\n<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
 
 CASES = [
     # (id, parser, prompt, output, reasoning, content)
@@ -53,30 +54,12 @@ CASES = [
     ("deepseek_r1-never-closed", "deepseek_r1", "", "Hmm, all reasoning", "Hmm, all reasoning", ""),
     ("mistral-block", "mistral", "", "[THINK]Plan: add.[/THINK]4", "Plan: add.", "4"),
     ("mistral-prompt-opened", "mistral", "[INST]Hi[/INST][THINK]", "Plan.[/THINK] 4", "Plan.", "4"),
-    (
-        "gemma4-block",
-        "gemma4",
-        GEMMA_PROMPT,
-        "<|channel>thought\nThe user greets me.\n<channel|>Hello! <|channel> stays text.",
-        "The user greets me.",
-        "Hello! <|channel> stays text.",
-    ),
-    ("gemma4-no-block", "gemma4", GEMMA_PROMPT, "Hello, thought-free.", None, "Hello, thought-free."),
-    ("gemma4-other-channel", "gemma4", GEMMA_PROMPT, "<|channel>final<channel|>", None, "<|channel>final<channel|>"),
-    ("gemma4-empty-block", "gemma4", GEMMA_PROMPT, "<|channel>thought\n<channel|>Hi", "", "Hi"),
-    ("gemma4-prompt-closed", "gemma4", GEMMA_PROMPT + "<|channel>thought\n<channel|>", "Hi", None, "Hi"),
-    ("gemma4-prompt-opened", "gemma4", GEMMA_PROMPT + "<|channel>thought\n", "Plan.<channel|>Hi", "Plan.", "Hi"),
-    ("gemma4-unterminated", "gemma4", GEMMA_PROMPT, "<|channel>thought\nStill going", "Still going", ""),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_reasoning_split(case: tuple) -> None:
-    _, parser, prompt, output, reasoning, content = case
-    message = OutputParser.parse(output, reasoning_parser=parser, prompt_text=prompt)
-    assert (message.reasoning, message.content) == (reasoning, content)
-    streamed = check_streams_like_whole(list(output), reasoning_parser=parser, prompt_text=prompt)
-    assert without_ids(streamed) == without_ids(message)
+def test_reasoning_split(case: tuple[str, str, str, str, str | None, str]) -> None:
+    check_reasoning_case(*case[1:])
 
 
 def test_reasoning_streams_before_the_block_closes() -> None:
@@ -101,11 +84,17 @@ def test_reasoning_then_tool_call_and_calls_inside_reasoning_are_ignored() -> No
     assert without_ids(streamed) == without_ids(message)
 
 
-def test_unknown_parser_names_list_the_valid_ones() -> None:
-    with pytest.raises(UnknownParserError, match="valid names: deepseek_r1, gemma4, mistral, qwen3"):
+def test_every_core_parser_has_cases() -> None:
+    assert {c[1] for c in CASES} == set(CORE_REASONING_PARSERS)
+
+
+def test_unknown_parser_names_list_the_registered_ones() -> None:
+    with pytest.raises(UnknownParserError, match="unknown reasoning parser 'o1'; valid names: deepseek_r1, ") as info:
         OutputParser(reasoning_parser="o1")
-    with pytest.raises(UnknownParserError) as info:
+    assert set(CORE_REASONING_PARSERS) <= set(reasoning_parser_names())
+    assert all(name in str(info.value) for name in reasoning_parser_names())
+    with pytest.raises(UnknownParserError, match="unknown tool-call parser 'llama3_json'") as info:
         OutputParser(tool_parser="llama3_json", tools=TOOLS)
+    assert set(CORE_TOOL_PARSERS) <= set(tool_parser_names())
     assert all(name in str(info.value) for name in tool_parser_names())
     assert isinstance(info.value, ValueError)
-    assert reasoning_parser_names() == ["deepseek_r1", "gemma4", "mistral", "qwen3"]

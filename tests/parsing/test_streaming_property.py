@@ -6,8 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from atlas_core.testing.parsers import TOOLS, check_streams_like_whole, split
+
 from .cases import CASES
-from .support import TOOLS, check_streams_like_whole, split
 
 THINKING = "<think>\nThe user wants weather. </think>\n\n"
 MARKUP = ["<think>", "</think>", "<tool_call>", "</tool_call>", '{"name": "get_time", "arguments": {"zone": "UTC"}}']

@@ -1,38 +1,23 @@
-"""Every tool-call parser on scripted outputs: whole, streamed per character, and consistent."""
+"""Core's tool-call parsers on scripted outputs: whole, streamed per character, and consistent."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from atlas_core.parsing import OutputParser, tool_parser_names
+from atlas_core.builtin_plugin import CORE_TOOL_PARSERS
+from atlas_core.parsing import OutputParser
+from atlas_core.testing.parsers import TOOLS, ToolCallCase, check_tool_case
 
-from .cases import CASES, Case
-from .support import TOOLS, check_streams_like_whole
-
-
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_parse(case: Case) -> None:
-    message = OutputParser.parse(case.text, tool_parser=case.parser, tools=TOOLS)
-    assert message.content == case.content
-    assert [(c.name, json.loads(c.arguments)) for c in message.tool_calls] == case.calls
-    assert len(message.problems) == len(case.problems), message.problems
-    for problem, words in zip(message.problems, case.problems, strict=True):
-        assert words in problem
-    assert len({c.id for c in message.tool_calls}) == len(message.tool_calls)
-    assert all(c.id.startswith("call_") for c in message.tool_calls)
-    assert message.reasoning is None
+from .cases import CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_streaming_per_character_matches_whole(case: Case) -> None:
-    check_streams_like_whole(list(case.text), tool_parser=case.parser, tools=TOOLS)
-    check_streams_like_whole([case.text], tool_parser=case.parser, tools=TOOLS)
+def test_parse_whole_and_streamed(case: ToolCallCase) -> None:
+    check_tool_case(case)
 
 
-def test_every_parser_has_cases() -> None:
-    assert {c.parser for c in CASES} == set(tool_parser_names())
+def test_every_core_parser_has_cases() -> None:
+    assert {c.parser for c in CASES} == set(CORE_TOOL_PARSERS)
 
 
 def test_arguments_are_canonical_json_of_the_coerced_values() -> None:

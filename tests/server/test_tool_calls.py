@@ -1,5 +1,6 @@
-"""Tool calls and reasoning end to end: scripted model outputs in every parser's markup, parsed by the
-server and returned through the ``openai`` and ``anthropic`` SDKs, streamed and not."""
+"""Tool calls and reasoning end to end: scripted model outputs in the markup of each of core's parsers,
+parsed by the server and returned through the ``openai`` and ``anthropic`` SDKs, streamed and not
+(a plugin's parsers: `test_parser_plugins.py`)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,12 @@ from typing import Any
 import httpx
 import pytest
 
-from atlas_core.parsing import tool_parser_names
+from atlas_core.builtin_plugin import CORE_TOOL_PARSERS
 from tests.server.conftest import ScriptedFactory
 
 ROME3 = ("get_weather", {"city": "Rome", "days": 3})
 UTC = ("get_time", {"zone": "UTC"})
 PARIS = ("get_weather", {"city": "Paris"})
-DS_BEGIN, DS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
-DS_CALL, DS_CALL_END, DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
 
 # parser -> (scripted output, visible content, calls)
 OUTPUTS: dict[str, tuple[str, str, list[tuple[str, dict[str, Any]]]]] = {
@@ -32,29 +31,13 @@ OUTPUTS: dict[str, tuple[str, str, list[tuple[str, dict[str, Any]]]]] = {
     ),
     "mistral": ('[TOOL_CALLS]get_weather[ARGS]{"city": "Rome", "days": 3}[TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}', "", [ROME3, UTC]),
     "json": ('{"name": "get_weather", "arguments": {"city": "Paris"}}', "", [PARIS]),
-    "deepseek_v3": (
-        f'Let me check.{DS_BEGIN}{DS_CALL}function{DS_SEP}get_weather\n```json\n{{"city": "Rome", "days": 3}}\n```{DS_CALL_END}'
-        f'{DS_CALL}function{DS_SEP}get_time\n```json\n{{"zone": "UTC"}}\n```{DS_CALL_END}{DS_END}',
-        "Let me check.", [ROME3, UTC],
-    ),
-    "minimax_m2": (
-        'Okay.\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Rome</parameter>\n'
-        '<parameter name="days">3</parameter>\n</invoke>\n<invoke name="get_time">\n<parameter name="zone">UTC</parameter>\n'
-        "</invoke>\n</minimax:tool_call>",
-        "Okay.", [ROME3, UTC],
-    ),
-    "gemma4": (
-        'I\'ll check both.\n<|tool_call>call:get_weather{city:<|"|>Rome<|"|>,days:3}<tool_call|>'
-        '<|tool_call>call:get_time{zone:<|"|>UTC<|"|>}<tool_call|>',
-        "I'll check both.", [ROME3, UTC],
-    ),
     "nemotron": (
         '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Rome", "days": 3}}, '
         '{"name": "get_time", "arguments": {"zone": "UTC"}}]</TOOLCALL>',
         "", [ROME3, UTC],
     ),
 }
-MARKERS = ["<tool_call>", "<|tool_call>", "call:", "[TOOL_CALLS]", "<｜tool", "<minimax", "<TOOLCALL>", '"name"', "<function="]
+MARKERS = ["<tool_call>", "[TOOL_CALLS]", "<TOOLCALL>", '"name"', "<function="]
 
 FUNCTIONS = [
     {"name": "get_weather", "description": "Weather of a city", "parameters": {
@@ -67,8 +50,8 @@ ANTHROPIC_TOOLS = [{"name": f["name"], "description": f["description"], "input_s
 ASK = [{"role": "user", "content": "[ask] weather in Rome and the time?"}]
 
 
-def test_every_parser_is_covered() -> None:
-    assert sorted(OUTPUTS) == tool_parser_names()
+def test_every_core_parser_is_covered() -> None:
+    assert sorted(OUTPUTS) == sorted(CORE_TOOL_PARSERS)
 
 
 @pytest.mark.parametrize("parser", sorted(OUTPUTS))
@@ -99,7 +82,7 @@ def test_openai_tool_calls(scripted: ScriptedFactory, parser: str) -> None:
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
 
 
-@pytest.mark.parametrize("parser", ["hermes", "qwen3_coder", "minimax_m2"])
+@pytest.mark.parametrize("parser", ["hermes", "qwen3_coder"])
 def test_anthropic_tool_use_streams_input_json(scripted: ScriptedFactory, parser: str) -> None:
     text, content, calls = OUTPUTS[parser]
     server = scripted({"[ask]": text}, tool_call_parser=parser)

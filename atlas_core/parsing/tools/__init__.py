@@ -1,25 +1,8 @@
-"""Tool-call formats by parser name (see `ToolFormat`)."""
+"""Tool-call formats: the `ToolFormat` contract and the formats core registers
+(``atlas_core.builtin_plugin.CORE_TOOL_PARSERS``); names are looked up in `atlas_core.parsing.registry`."""
 
 from __future__ import annotations
 
 from atlas_core.parsing.tools.base import MarkupError, RawCall, ToolFormat
-from atlas_core.parsing.tools.deepseek import DeepSeekV3Format
-from atlas_core.parsing.tools.gemma4 import Gemma4Format
-from atlas_core.parsing.tools.json_formats import HermesFormat, JsonFormat, MistralFormat, NemotronFormat
-from atlas_core.parsing.tools.xml_formats import MiniMaxM2Format, Qwen3CoderFormat
 
-TOOL_FORMATS: dict[str, ToolFormat] = {
-    fmt.name: fmt
-    for fmt in (
-        HermesFormat(),
-        Qwen3CoderFormat(),
-        MistralFormat(),
-        JsonFormat(),
-        DeepSeekV3Format(),
-        MiniMaxM2Format(),
-        NemotronFormat(),
-        Gemma4Format(),
-    )
-}
-
-__all__ = ["TOOL_FORMATS", "MarkupError", "RawCall", "ToolFormat"]
+__all__ = ["MarkupError", "RawCall", "ToolFormat"]

@@ -48,12 +48,13 @@ def call_list_schema(tools: Sequence[ToolDefinition], parallel: bool) -> dict[st
     return schema if parallel else {**schema, "maxItems": 1}
 
 
-_SCALAR_VALUES = {
+SCALAR_VALUES = {
     "integer": "/-?(0|[1-9][0-9]*)/",
     "number": "/-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?/",
     "boolean": '("true" | "false")',
     "null": '"null"',
 }
+"""Grammar items for a JSON scalar of each schema type, as XML-style and Gemma 4 formats write them."""
 
 
 def xml_parameter_rules(
@@ -84,7 +85,7 @@ def xml_parameter_rules(
             rules.append(f"{value}[suffix={quoted(close_parameter)}]: /(?s:.*)/")
             rules.append(f"{rule}: {lit(open_parameter.format(name=name))} {value}")
         else:
-            value = _SCALAR_VALUES.get(next(iter(types))) if len(types) == 1 else None
+            value = SCALAR_VALUES.get(next(iter(types))) if len(types) == 1 else None
             value = value or json_rule(subschema if isinstance(subschema, dict) else {})
             rules.append(f"{rule}: {lit(open_parameter.format(name=name))} {value} {lit(close_parameter)}")
         items.append(rule if name in required else f"{rule}?")

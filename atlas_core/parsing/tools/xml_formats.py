@@ -1,5 +1,6 @@
 """Tool-call formats with XML-style parameters whose values are raw text, converted by the
-parameter's schema type: ``qwen3_coder`` (Qwen3-Coder, Qwen3.5/3.6) and ``minimax_m2``."""
+parameter's schema type: the `XmlParameterFormat` base and ``qwen3_coder`` (Qwen3-Coder,
+Qwen3.5/3.6). Family plugins build their own on the base (``minimax_m2`` in atlas-model-minimax)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _leftover(text: str, *patterns: re.Pattern[str]) -> str:
     return text.strip()
 
 
-class _XmlParameterFormat(ToolFormat):
+class XmlParameterFormat(ToolFormat):
     """A region holds call elements (``call_pattern``: group 1 the function name, group 2 the
     body) whose bodies hold only parameter elements (``parameter_pattern``: group 1 the parameter
     name, group 2 the raw value). The templates take ``name``: ``call_element`` and
@@ -87,7 +88,7 @@ class _XmlParameterFormat(ToolFormat):
         names ``functions`` of one call of each tool."""
 
 
-class Qwen3CoderFormat(_XmlParameterFormat):
+class Qwen3CoderFormat(XmlParameterFormat):
     """``<tool_call>\\n<function=NAME>\\n<parameter=P>\\nvalue\\n</parameter>\\n</function>\\n</tool_call>``."""
 
     name = "qwen3_coder"
@@ -109,30 +110,4 @@ class Qwen3CoderFormat(_XmlParameterFormat):
         return [
             f"calls: call{more}",
             f'call: {lit("<tool_call>")} "\\n" ({" | ".join(functions)}) {lit("</tool_call>")}',
-        ]
-
-
-class MiniMaxM2Format(_XmlParameterFormat):
-    """``<minimax:tool_call>\\n<invoke name="NAME">\\n<parameter name="P">value</parameter>\\n</invoke>\\n``
-    ``</minimax:tool_call>``, several ``<invoke>`` elements per region for parallel calls."""
-
-    name = "minimax_m2"
-    starts = ("<minimax:tool_call>",)
-    end = "</minimax:tool_call>"
-    call_pattern = re.compile(r"<invoke\s+name=\"([^\"]+)\"\s*>(.*?)</invoke>", re.S)
-    parameter_pattern = re.compile(r"<parameter\s+name=\"([^\"]+)\"\s*>(.*?)</parameter>", re.S)
-    unescape_names = True
-    call_element = "<invoke name={name!r}>"
-    parameter_element = "<parameter>"
-    region_error = 'a <minimax:tool_call> must hold <invoke name="...">...</invoke> elements and nothing else'
-    function_open = '<invoke name="{name}">\n'
-    function_close = "</invoke>\n"
-    parameter_open = '<parameter name="{name}">'
-    parameter_close = "</parameter>\n"
-
-    def _region_rules(self, functions: list[str], lit: Literal, parallel: bool) -> list[str]:
-        repeat = "+" if parallel else ""
-        return [
-            f'calls: {lit("<minimax:tool_call>")} "\\n" invoke{repeat} {lit("</minimax:tool_call>")}',
-            f"invoke: {' | '.join(functions)}",
         ]

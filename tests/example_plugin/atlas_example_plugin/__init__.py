@@ -12,6 +12,8 @@ What it registers:
     ``"model_type": "example_llama"``, built by core's dense-decoder loader.
   * layer type ``example_rms_norm``: core's RMSNorm that counts its calls (used by the family).
   * comm backend ``example-recording``: one rank, recording every collective it is asked for.
+  * tool-call parser ``example_calls`` and reasoning parser ``example_thoughts``: the markup of
+    a model that writes ``<|call|>name{json}<|end|>`` and thinks in ``<|thinking|>`` blocks.
 """
 
 from __future__ import annotations
@@ -37,3 +39,13 @@ def register_layers(register: Register) -> None:
 @hookimpl
 def register_comm_backends(register: Register) -> None:
     register("example-recording", "atlas_example_plugin.comm:RecordingComm")
+
+
+@hookimpl
+def register_tool_parsers(register: Register) -> None:
+    register("example_calls", "atlas_example_plugin.parsers:ExampleCallFormat")
+
+
+@hookimpl
+def register_reasoning_parsers(register: Register) -> None:
+    register("example_thoughts", "atlas_example_plugin.parsers:EXAMPLE_THOUGHTS")

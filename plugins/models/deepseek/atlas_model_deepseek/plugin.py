@@ -2,7 +2,8 @@
 
 Serving defaults: DeepSeek-V3 / R1 write their reasoning between ``<think>`` and ``</think>`` and
 call tools with DeepSeek-V3's ``<｜tool▁calls▁begin｜>`` markup; Mistral Small 4 writes reasoning
-between ``[THINK]`` and ``[/THINK]`` and calls tools with ``[TOOL_CALLS]``.
+between ``[THINK]`` and ``[/THINK]`` and calls tools with ``[TOOL_CALLS]``. This plugin registers
+the ``deepseek_v3`` tool-call format (`atlas_model_deepseek.tool_format`); the others are core's.
 """
 
 from __future__ import annotations
@@ -27,3 +28,8 @@ def register_model_loaders(register: Register) -> None:
         "mistral3", "atlas_model_deepseek.loader:Mistral3Loader",
         architectures=["Mistral3ForConditionalGeneration"], defaults=MISTRAL_DEFAULTS,
     )
+
+
+@hookimpl
+def register_tool_parsers(register: Register) -> None:
+    register("deepseek_v3", "atlas_model_deepseek.tool_format:DeepSeekV3Format")

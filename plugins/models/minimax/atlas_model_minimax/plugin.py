@@ -12,3 +12,8 @@ def register_model_loaders(register: Register) -> None:
         # MiniMax-M2 thinks inside <think>...</think> like Qwen3 and calls tools in <minimax:tool_call> XML
         defaults={"reasoning_parser": "qwen3", "tool_call_parser": "minimax_m2"},
     )
+
+
+@hookimpl
+def register_tool_parsers(register: Register) -> None:
+    register("minimax_m2", "atlas_model_minimax.tool_format:MiniMaxM2Format")

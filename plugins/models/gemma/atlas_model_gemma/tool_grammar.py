@@ -1,5 +1,5 @@
 """llguidance Lark rules that generate Gemma 4 tool calls with arguments matching each tool's
-JSON Schema, in Gemma's object syntax (see `atlas_core.parsing.tools.gemma4`).
+JSON Schema, in Gemma's object syntax (see `atlas_model_gemma.tool_format`).
 
 Laid out like the chat template writes calls: no whitespace, object keys in case-insensitive
 sorted order, bare keys (JSON-quoted when a key has characters a bare key cannot hold).
@@ -18,11 +18,11 @@ from typing import Any
 
 from atlas_core.parsing.coercion import schema_types
 from atlas_core.parsing.tools.base import Literal
-from atlas_core.parsing.tools.grammar import _SCALAR_VALUES, parameters, quoted
+from atlas_core.parsing.tools.grammar import SCALAR_VALUES, parameters, quoted
 from atlas_core.parsing.types import ToolDefinition
 
 STRING_DELIMITER = '<|"|>'
-_SCALARS = {**_SCALAR_VALUES, "number": "/-?(0|[1-9][0-9]{0,99})(\\.[0-9]+)?([eE][+-]?[0-9]{1,2})?/"}
+_SCALARS = {**SCALAR_VALUES, "number": "/-?(0|[1-9][0-9]{0,99})(\\.[0-9]+)?([eE][+-]?[0-9]{1,2})?/"}
 """Scalar values; numbers with at most 100 integer digits and 2 exponent digits are always finite."""
 _SAFE_KEY = re.compile(r"[A-Za-z_$][\w$.\-]*")
 

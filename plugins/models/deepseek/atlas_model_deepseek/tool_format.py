@@ -1,4 +1,4 @@
-"""The DeepSeek-V3 tool-call format (and the V3.1 variant without the type and code fence)::
+"""``deepseek_v3``: DeepSeek-V3's tool-call format (and V3.1's, without the type and code fence)::
 
 <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
 ```json

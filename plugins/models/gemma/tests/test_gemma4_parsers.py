@@ -1,8 +1,8 @@
-"""Gemma 4: the argument syntax, whole turns (reasoning, text, calls) streamed at every split, and
-the grammar for tool_choice with Gemma's markers as special tokens or as plain text.
+"""Gemma 4's parsers: the argument syntax, whole turns (reasoning, text, calls) streamed at every
+split, and the grammar for tool_choice with Gemma's markers as special tokens or as plain text.
 
-Scripted tool-call cases are in `cases.py` (whole and per character) and reasoning cases in
-`test_reasoning.py`; the constraint tests of `test_constraints.py` cover every parser too."""
+Scripted tool-call and reasoning cases, and the checks every tool-call format passes, are in
+`test_gemma4_cases.py`."""
 
 from __future__ import annotations
 
@@ -22,11 +22,9 @@ from atlas_core.parsing import (
     tool_call_constraint,
 )
 from atlas_core.parsing.tools import MarkupError
-from atlas_core.parsing.tools.gemma4 import read_gemma4_arguments
-
-from .byte_tokenizer import SPECIAL, byte_tokenizer
-from .support import TOOLS, check_streams_like_whole, split
-from .test_constraints import accepts, random_walk
+from atlas_model_gemma.tool_format import read_gemma4_arguments
+from atlas_core.testing.grammars import SPECIAL, accepts, byte_tokenizer, random_walk
+from atlas_core.testing.parsers import TOOLS, check_streams_like_whole, split
 
 Q = '<|"|>'
 GEMMA_TOKENIZER = byte_tokenizer([*SPECIAL, Q, "<|tool_call>", "<tool_call|>", "<|channel>", "<channel|>"])

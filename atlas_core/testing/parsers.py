@@ -1,10 +1,18 @@
-"""Helpers for the parser tests: tools, streaming a text in given pieces, and comparing event streams."""
+"""Checks for tool-call and reasoning formats, core's or a plugin's (`docs/plugin-hooks.md`).
+
+A format's tests script model outputs as `ToolCallCase`s and check them with `check_tool_case`
+(parsed whole, and streamed one character at a time, they give the expected content, calls and
+problems) and reasoning outputs with `check_reasoning_case`; `check_streams_like_whole` checks that
+any split of a text into deltas streams events that add up to the message of the whole text. The
+cases call `TOOLS`. Grammar checks are in `atlas_core.testing.grammars`.
+"""
 
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from atlas_core.parsing import (
     ContentDelta,
@@ -35,6 +43,24 @@ TIME = ToolDefinition(
     "get_time", "Current time", {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}
 )
 TOOLS = [WEATHER, TIME]
+"""The tools every scripted case may call."""
+
+PARIS = ("get_weather", {"city": "Paris"})
+ROME3 = ("get_weather", {"city": "Rome", "days": 3})
+UTC = ("get_time", {"zone": "UTC"})
+
+
+class ToolCallCase(NamedTuple):
+    """A scripted model output in the markup of tool-call parser ``parser``, and what parsing it gives:
+    the visible ``content``, the ``calls`` as (name, arguments object) pairs, and ``problems``, one
+    substring per expected problem."""
+
+    id: str
+    parser: str
+    text: str
+    content: str
+    calls: list[tuple[str, dict[str, Any]]]
+    problems: tuple[str, ...] = ()
 
 
 def stream(text_pieces: Iterable[str], **parser_args: Any) -> tuple[list[StreamEvent], ParsedMessage]:
@@ -104,3 +130,27 @@ def check_streams_like_whole(pieces: Sequence[str], **parser_args: Any) -> Parse
     assert summary(events) == summary(whole_events)
     check_consistent(events, message)
     return message
+
+
+def check_tool_case(case: ToolCallCase) -> None:
+    """Parsed whole, ``case.text`` gives the case's content, calls (with distinct fresh ``call_`` ids)
+    and problems, and no reasoning; streamed one character at a time, the same message."""
+    message = OutputParser.parse(case.text, tool_parser=case.parser, tools=TOOLS)
+    assert message.content == case.content
+    assert [(c.name, json.loads(c.arguments)) for c in message.tool_calls] == case.calls
+    assert len(message.problems) == len(case.problems), message.problems
+    for problem, words in zip(message.problems, case.problems, strict=True):
+        assert words in problem
+    assert len({c.id for c in message.tool_calls}) == len(message.tool_calls)
+    assert all(c.id.startswith("call_") for c in message.tool_calls)
+    assert message.reasoning is None
+    check_streams_like_whole(list(case.text), tool_parser=case.parser, tools=TOOLS)
+
+
+def check_reasoning_case(parser: str, prompt: str, output: str, reasoning: str | None, content: str) -> None:
+    """``output`` of a ``prompt`` splits into ``reasoning`` (None: the model did not think) and
+    ``content`` with reasoning parser ``parser``, whole and streamed one character at a time."""
+    message = OutputParser.parse(output, reasoning_parser=parser, prompt_text=prompt)
+    assert (message.reasoning, message.content) == (reasoning, content)
+    streamed = check_streams_like_whole(list(output), reasoning_parser=parser, prompt_text=prompt)
+    assert without_ids(streamed) == without_ids(message)

@@ -1,4 +1,4 @@
-"""The Gemma 4 tool-call format: one region per call, parallel calls written back to back::
+"""The Gemma 4 tool-call format (``gemma4``): one region per call, parallel calls written back to back::
 
     <|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:3,options:{hourly:true}}<tool_call|>
 
@@ -19,8 +19,8 @@ from json.decoder import scanstring
 from typing import Any
 
 from atlas_core.parsing.tools.base import Literal, MarkupError, RawCall, ToolFormat
-from atlas_core.parsing.tools.gemma4_grammar import STRING_DELIMITER, gemma4_calls_grammar
 from atlas_core.parsing.types import ToolDefinition
+from atlas_model_gemma.tool_grammar import STRING_DELIMITER, gemma4_calls_grammar
 
 CALL_START, CALL_END = "<|tool_call>", "<tool_call|>"
 _CALL_HEAD = re.compile(r"\s*call:\s*([^{]*?)\s*\{")
