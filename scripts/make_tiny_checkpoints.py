@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Generate the tiny reference checkpoints under ``tests/fixtures/tiny/``.
+"""Generate the tiny reference checkpoints: every package's ``tests/fixtures/tiny/<name>`` folders.
 
 This is a development-only tool. The engine itself never imports torch; the
 fixtures it writes are committed so that CI (NumPy only) can compare the
@@ -15,9 +15,14 @@ Inside a virtual environment that has the CPU build of ``torch`` and
     .venv-oracle/bin/pip install "transformers==5.23.*" safetensors numpy
     .venv-oracle/bin/python scripts/make_tiny_checkpoints.py
 
-Options: ``--out DIR`` (default ``tests/fixtures/tiny``) and ``--only NAME``
-(repeatable) to regenerate a subset. Every fixture folder is deleted and
-rewritten from scratch.
+Specs come from every ``tests/fixtures/tiny_specs.py`` module of the
+repository (see ``tiny_checkpoint_specs.py``); each fixture is written beside
+its spec module, into that package's ``tests/fixtures/tiny/<name>``.
+
+Options: ``--only NAME`` (repeatable) to regenerate a subset, ``--out DIR`` to
+write every fixture into ``DIR`` instead (e.g. to compare with the committed
+ones), ``--list`` to print each fixture and its folder without generating.
+Every fixture folder is deleted and rewritten from scratch.
 
 What it produces
 ----------------
@@ -63,6 +68,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -71,11 +77,8 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from tiny_checkpoint_specs import COMMON, WEIGHT_STD, Spec, all_specs
+from tiny_checkpoint_specs import COMMON, REPO_ROOT, WEIGHT_STD, Spec, all_specs
 from transformers import AutoModelForCausalLM, GenerationConfig
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "tiny"
 
 NEW_TOKENS = 10
 PERTURB_STD = 0.1  # norms -> 1 + 0.1*randn, biases -> 0.1*randn
@@ -324,11 +327,24 @@ def generate_one(spec: Spec, out_dir: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, help="write every fixture into this folder instead of its package's")
     parser.add_argument(
         "--only", action="append", default=[], help="fixture name (repeatable)"
     )
+    parser.add_argument("--list", action="store_true", help="list the fixtures and their folders, generate nothing")
     args = parser.parse_args(argv)
+
+    targets = all_specs()
+    known = {target.spec.name for target in targets}
+    unknown = set(args.only) - known
+    if unknown:
+        parser.error(f"unknown fixture(s): {sorted(unknown)}; known: {sorted(known)}")
+    targets = [t for t in targets if not args.only or t.spec.name in args.only]
+    if args.list:
+        for target in targets:
+            root = args.out or target.root
+            print(f"{target.spec.name}\t{os.path.relpath(root / target.spec.name, REPO_ROOT)}")
+        return 0
 
     if not transformers.__version__.startswith("5.23."):
         print(
@@ -340,17 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
 
-    specs = all_specs()
-    known = {s.name for s in specs}
-    unknown = set(args.only) - known
-    if unknown:
-        parser.error(f"unknown fixture(s): {sorted(unknown)}; known: {sorted(known)}")
-    specs = [s for s in specs if not args.only or s.name in args.only]
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    for spec in specs:
-        print(f"== {spec.name}")
-        info = generate_one(spec, args.out)
+    for target in targets:
+        spec, out_dir = target.spec, args.out or target.root
+        out_dir.mkdir(parents=True, exist_ok=True)
+        print(f"== {spec.name} -> {out_dir / spec.name}")
+        info = generate_one(spec, out_dir)
         print(
             f"    seed={info['seed']} shards={info['shards']} "
             f"cache-vs-nocache={info['max_delta']:.2e} min-top2-margin={info['margin']:.4f} "

@@ -1,16 +1,17 @@
 """The tiny checkpoints `make_tiny_checkpoints.py` generates: one `Spec` per fixture folder.
 
-Specs live in ``scripts/tiny_specs/<family>.py`` modules, each exporting ``SPECS: list[Spec]``;
-`all_specs` collects them. Adding a family or variant means adding a `Spec` there; the generator
-does the rest.
+Each package keeps the specs of its own checkpoints in ``tests/fixtures/tiny_specs.py`` (exporting
+``SPECS: list[Spec]``) and the generated folders beside it, in ``tests/fixtures/tiny/<name>``;
+`all_specs` collects every such module of the repository. Adding a family or variant means adding a
+`Spec` there; the generator does the rest.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,17 +50,40 @@ class Spec:
     """Lengths of the random prompts (e.g. longer than a sliding window)."""
 
 
-def all_specs() -> list[Spec]:
-    """Every `Spec` of every ``scripts/tiny_specs`` module, in module-name order."""
-    import tiny_specs
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SPEC_MODULES = ("plugins/**/tests/fixtures/tiny_specs.py", "tests/example_plugin/tests/fixtures/tiny_specs.py")
+"""Where spec modules are found (globs relative to the repository root)."""
 
-    specs: list[Spec] = []
-    for module in sorted(m.name for m in pkgutil.iter_modules(tiny_specs.__path__)):
-        specs.extend(importlib.import_module(f"tiny_specs.{module}").SPECS)
-    names = [spec.name for spec in specs]
+
+@dataclass(frozen=True)
+class Target:
+    """A fixture to generate: its spec and the folder its ``<name>`` folder is written into."""
+
+    spec: Spec
+    root: Path
+
+
+def spec_modules() -> list[Path]:
+    """Every spec module of the repository, sorted by path."""
+    return sorted(path for pattern in SPEC_MODULES for path in REPO_ROOT.glob(pattern))
+
+
+def load_specs(path: Path) -> list[Spec]:
+    """The ``SPECS`` of the spec module at ``path`` (imported under a name made from its folder)."""
+    folder = path.parent.relative_to(REPO_ROOT)
+    name = "tiny_specs_" + "_".join(folder.parts).replace("-", "_")
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec is not None and module_spec.loader is not None, path
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return list(module.SPECS)
+
+
+def all_specs() -> list[Target]:
+    """Every `Spec` of every spec module, each with its package's ``tests/fixtures/tiny`` folder."""
+    targets = [Target(spec, path.parent / "tiny") for path in spec_modules() for spec in load_specs(path)]
+    names = [target.spec.name for target in targets]
     duplicates = {name for name in names if names.count(name) > 1}
     if duplicates:
         raise RuntimeError(f"fixture names defined twice: {sorted(duplicates)}")
-    return specs
-
-
+    return targets

@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny reference checkpoints and a cached default-model `LLM`."""
+"""Shared fixtures: the family plugins' tiny reference checkpoints, borrowed as test models, and a
+cached default-model `LLM`."""
 
 from __future__ import annotations
 
@@ -8,32 +9,33 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from atlas_core.testing.checkpoints import TinyCheckpoints, require_family
+
 FIXTURES = Path(__file__).parent / "fixtures"
-TINY = FIXTURES / "tiny"
-TINY_NAMES = sorted(p.name for p in TINY.iterdir() if (p / "config.json").exists())
+REPOSITORY = Path(__file__).parent.parent
 
 
-class TinyLLMs(dict):
-    """One `LLM` per tiny checkpoint on the numpy backend, each loaded on first use and kept for the
-    session (so a family whose plugin is broken fails its own tests only)."""
+class BorrowedCheckpoints(TinyCheckpoints):
+    """Every tiny checkpoint of this repository's plugins (their ``tests/fixtures/tiny`` folders).
 
-    def __missing__(self, name: str) -> object:
-        from atlas_core import LLM
+    Core ships no model family, so its tests run the plugins' checkpoints: ``TINY / name`` skips the
+    calling test when the family plugin that reads checkpoint ``name`` is not installed
+    (`require_family`), and only then."""
 
-        if name not in TINY_NAMES:
-            raise KeyError(f"no tiny checkpoint {name!r}; have {TINY_NAMES}")
-        self[name] = LLM(TINY / name, backend="numpy")
-        return self[name]
+    def __truediv__(self, name: str) -> Path:
+        folder = super().__truediv__(name)
+        require_family(folder)
+        return folder
 
 
-@pytest.fixture(scope="session")
-def tiny_llms() -> TinyLLMs:
-    return TinyLLMs()
+PLUGIN_CHECKPOINTS = ("plugins/**/tests/fixtures/tiny", "tests/example_plugin/tests/fixtures/tiny")
+"""Where the plugins of this repository keep their tiny checkpoints (globs relative to it)."""
+TINY = BorrowedCheckpoints(*sorted(root for pattern in PLUGIN_CHECKPOINTS for root in REPOSITORY.glob(pattern)))
 
 
 def reference(name: str) -> dict[str, np.ndarray]:
-    with np.load(TINY / name / "reference.npz") as data:
-        return dict(data)
+    """The reference outputs of tiny checkpoint ``name`` (skipped as ``TINY / name``)."""
+    return TINY.reference(name)
 
 
 @pytest.fixture(scope="session")

@@ -136,8 +136,8 @@ def test_bad_sampling_params(kwargs: dict, message: str) -> None:
         SamplingParams(**kwargs)
 
 
-def test_bad_prompts(tiny_llms: dict) -> None:
-    llm = tiny_llms["llama"]
+def test_bad_prompts() -> None:
+    llm = TINY.shared_llm("llama")
     with pytest.raises(InvalidRequestError, match="prompt is empty"):
         llm.generate([[]])
     with pytest.raises(InvalidRequestError, match=r"must be in \[0, 256\)"):

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from atlas_core.cli_plugins import add_plugins_parser
+from atlas_core.testing.cli import by_distribution, run_plugins
 from tests.plugin_site import clean_env, install_plugin, site  # noqa: F401 (fixtures)
 
 INSTALLED = {
@@ -38,19 +36,6 @@ def install(site: Path, distribution: str, entry_point: str, source: str, extra:
     """Install ``distribution`` 1.0 with one entry point to module ``<entry_point>_plugin`` plus ``extra`` modules."""
     module = f"{entry_point}_plugin"
     install_plugin(site, distribution, "1.0", {entry_point: module}, {module: source, **(extra or {})})
-
-
-def run_plugins(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """Parse ``plugins *argv`` with the subcommand's own parser, run it, return stdout (exit status must be 0)."""
-    parser = argparse.ArgumentParser(prog="atlas")
-    add_plugins_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["plugins", *argv])
-    assert args.handler(args) == 0
-    return capsys.readouterr().out
-
-
-def by_distribution(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {p["distribution"]: p for p in report["plugins"]}
 
 
 def test_text_listing_shows_every_installed_plugin(capsys: pytest.CaptureFixture[str]) -> None:

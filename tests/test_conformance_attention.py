@@ -2,7 +2,7 @@
 way the attention layer calls them, against float64 oracles.
 
 Fixtures, tolerances, the seed handling (``ATLAS_CONFORMANCE_SEED``) and the oracles shared with
-other modules are in ``tests/conformance_support.py``.
+other modules are in ``atlas_core.testing`` (``conformance``, ``oracles``).
 """
 
 from __future__ import annotations
@@ -13,14 +13,8 @@ import numpy as np
 import pytest
 
 from atlas_core.backends.base import Array, AttentionMetadata
-from tests.conformance_support import (  # noqa: F401 (fixtures)
-    MAX_POSITIONS,
-    Case,
-    backend,
-    case,
-    oracle_rope,
-    rope_tables,
-)
+from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
+from atlas_core.testing.oracles import MAX_POSITIONS, oracle_rope, rope_tables
 
 
 # ---- float64 oracles -----------------------------------------------------------------------------

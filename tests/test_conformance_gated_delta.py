@@ -2,7 +2,7 @@
 float64 oracles, and the agreement of the delta rule's chunked and recurrent reference forms.
 
 Fixtures, tolerances and the seed handling (``ATLAS_CONFORMANCE_SEED``) are in
-``tests/conformance_support.py``.
+``atlas_core.testing.conformance``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from atlas_core.backends.ops.gated_delta import GatedDeltaOps, gated_delta_chunked, gated_delta_recurrent
-from tests.conformance_support import Case, backend, case  # noqa: F401 (fixtures)
+from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
 
 
 # ---- float64 oracles -----------------------------------------------------------------------------

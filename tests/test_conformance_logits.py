@@ -2,7 +2,7 @@
 logit biases, in place) against a float64 oracle, and banned tokens through ``sample``.
 
 Fixtures, tolerances, the seed handling (``ATLAS_CONFORMANCE_SEED``) and the oracles shared with
-other modules are in ``tests/conformance_support.py``.
+other modules are in ``atlas_core.testing`` (``conformance``, ``oracles``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from atlas_core.backends.base import LogitAdjustments, SamplingTensors
-from tests.conformance_support import Case, backend, case, oracle_argmax  # noqa: F401 (fixtures)
+from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
+from atlas_core.testing.oracles import oracle_argmax
 
 
 # ---- building adjustments ------------------------------------------------------------------------

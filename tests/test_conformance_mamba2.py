@@ -5,7 +5,7 @@ recurrent step, and `rope` with zero-width tables (the Mamba-2 hybrids' attentio
 Inputs are strided views of one wider array, the way `Mamba2Mixer` slices them out of its input
 projection. States start random (a sequence continuing from earlier chunks) in shuffled slots; slots
 no sequence of the batch owns must come back bit for bit. Fixtures, tolerances and the seed handling
-(``ATLAS_CONFORMANCE_SEED``) are in ``tests/conformance_support.py``.
+(``ATLAS_CONFORMANCE_SEED``) are in ``atlas_core.testing.conformance``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from atlas_core.backends.ops.mamba2 import Mamba2Ops
 from atlas_core.backends.base import Array
 from atlas_core.backends.numpy_backend import NumpyBackend
-from tests.conformance_support import Case, backend, case  # noqa: F401 (fixtures)
+from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
 
 F32 = np.dtype(np.float32)
 

@@ -1,7 +1,7 @@
 """Backend conformance: memory ops (``from_numpy``/``to_numpy`` round trips, ``zeros``).
 
 Fixtures, tolerances and the seed handling (``ATLAS_CONFORMANCE_SEED``) are in
-``tests/conformance_support.py``.
+``atlas_core.testing.conformance``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conformance_support import Case, backend, case  # noqa: F401 (fixtures)
+from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
 
 
 # ---- memory ops ----------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ The layer runs the absorbed form (attention over the latent cache); its oracle i
 ``kv_b_proj``, the rotary part rotated in interleaved pairs on the checkpoint's own weight layout.
 
 Fixtures, tolerances and the seed handling (``ATLAS_CONFORMANCE_SEED``) are in
-``tests/conformance_support.py``; the paged batches come from the attention suite.
+``atlas_core.testing.conformance``; the paged batches come from the attention suite.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache, KVPlan, LatentKVLayout
 from atlas_core.model.layers.mla import MLAShape, MLAWeights, MultiHeadLatentAttention, deinterleave_rope_rows, split_kv_b
 from atlas_core.model.layers.norm import RMSNorm
-from tests.conformance_support import Case, backend, case, rope_tables  # noqa: F401 (fixtures)
+from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
+from atlas_core.testing.oracles import rope_tables
 from tests.test_conformance_attention import PagedBatch, oracle_write_kv, paged_batch, skip_pattern
 
 LATENT, ROPE = 24, 8

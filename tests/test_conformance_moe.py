@@ -2,7 +2,7 @@
 `MoEFeedForward` layer built on them, against float64 oracles written from ``docs/ops.md``.
 
 Fixtures, tolerances and the seed handling (``ATLAS_CONFORMANCE_SEED``) are in
-``tests/conformance_support.py``.
+``atlas_core.testing.conformance``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from atlas_core.backends.ops.moe import MoEOps, RouterSpec
 from atlas_core.model.layers.moe import MoEFeedForward, RoutedExperts
-from tests.conformance_support import Case, backend, case  # noqa: F401 (fixtures)
+from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
 
 ROUTE_MARGIN = 1e-4
 """Every routing decision of a `moe_route` input is at least this far from a tie (in score units).

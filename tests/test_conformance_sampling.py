@@ -2,7 +2,7 @@
 inverse-CDF oracle, banned (-inf) tokens, and the sampled distribution) against float64 oracles.
 
 Fixtures, tolerances, the seed handling (``ATLAS_CONFORMANCE_SEED``) and the oracles shared with
-other modules are in ``tests/conformance_support.py``.
+other modules are in ``atlas_core.testing`` (``conformance``, ``oracles``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from atlas_core.backends.base import SamplingTensors
-from tests.conformance_support import Case, backend, case, oracle_argmax, tie_rows  # noqa: F401 (fixtures)
+from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
+from atlas_core.testing.oracles import oracle_argmax, tie_rows
 
 
 # ---- float64 oracles -----------------------------------------------------------------------------

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from atlas_core import LLM
+from atlas_core.testing.family import GREEDY, assert_batch_invariant, assert_no_leaks, greedy_alone, mixed_prompts
 from tests.conftest import TINY
-from tests.family_checks import GREEDY, assert_batch_invariant, assert_no_leaks, greedy_alone, mixed_prompts
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])

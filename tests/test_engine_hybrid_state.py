@@ -9,8 +9,8 @@ import pytest
 
 from atlas_core import LLM, SamplingParams
 from atlas_core.errors import InvalidRequestError
+from atlas_core.testing.family import GREEDY, assert_batch_invariant, assert_no_leaks, greedy_alone, mixed_prompts
 from tests.conftest import TINY, reference
-from tests.family_checks import GREEDY, assert_batch_invariant, assert_no_leaks, greedy_alone, mixed_prompts
 
 HYBRIDS = ["qwen3_next", "qwen3_5", "nemotron_h"]
 TOP = 20  # logprobs compared per position: the chosen token and the 20 most likely

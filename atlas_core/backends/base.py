@@ -2,7 +2,7 @@
 
 ``docs/ops.md`` is the human-readable form of this contract. The NumPy backend is its executable
 specification; the conformance suite (`tests/test_conformance_*.py`, shared fixtures and oracles in
-`tests/conformance_support.py`) checks every installed backend (NumPy included) against independent
+`atlas_core.testing`) checks every installed backend (NumPy included) against independent
 float64 oracles written from this contract.
 
 Conventions for every op:

@@ -4,6 +4,7 @@ replay equal to eager decode, batch invariance, and SmolLM2 answering on the GPU
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,9 +12,11 @@ from atlas_gb10.backend import CudaBackend
 
 from atlas_core import LLM, SamplingParams
 from atlas_core.plugins import get_registry
-from tests.conftest import TINY, TINY_NAMES, reference
-from tests.test_engine_batching import mixed_prompts
+from atlas_core.testing.checkpoints import TinyCheckpoints
+from atlas_core.testing.family import mixed_prompts
 
+TINY = TinyCheckpoints(*sorted(Path(__file__).parents[3].glob("plugins/models/*/tests/fixtures/tiny")))
+"""The family plugins' tiny checkpoints in this repository (`FAMILIES`: those whose family is installed)."""
 REASON = CudaBackend.availability()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"the cuda backend cannot run here: {REASON}")
 
@@ -30,7 +33,9 @@ def installed(name: str) -> bool:
     return get_registry().find("model", model_type) is not None
 
 
-FAMILIES = [name for name in TINY_NAMES if installed(name)]
+FAMILIES = [name for name in TINY.names if installed(name)]
+GRAPHED = ["llama", "qwen3", "qwen3_moe", "minimax_m2", "qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h"]
+"""Checkpoints whose decode steps replay as graphs in the graph and batch-invariance tests (hybrids included)."""
 
 
 def cuda_llm(path: object, **settings: object) -> LLM:
@@ -45,7 +50,7 @@ def cuda_llm(path: object, **settings: object) -> LLM:
 
 
 def prompt_logprobs(llm: LLM, prompt: list[int]) -> np.ndarray:
-    """``[T, V]`` log-softmax of every prompt position from one prefill (as tests/test_model_parity.py)."""
+    """``[T, V]`` log-softmax of every prompt position from one prefill (as `atlas_core.testing.parity` does)."""
     engine = llm.engine
     engine.add_request("score", None, prompt, SamplingParams(max_tokens=1, temperature=0))
     try:
@@ -61,7 +66,7 @@ def prompt_logprobs(llm: LLM, prompt: list[int]) -> np.ndarray:
 def test_prompt_logprobs_match_the_numpy_backend(name: str) -> None:
     """Every position of every reference prompt: the probable tokens (p > 1e-3 in fp32) agree within
     0.1 in log probability, and the whole rows within 1% relative to their norm."""
-    ref = reference(name)
+    ref = TINY.reference(name)
     cuda, numpy_llm = cuda_llm(TINY / name), LLM(TINY / name, backend="numpy")
     for i in range(4):
         prompt = ref[f"prompt_{i}"].tolist()
@@ -72,9 +77,9 @@ def test_prompt_logprobs_match_the_numpy_backend(name: str) -> None:
         assert np.linalg.norm(got - want) < 1e-2 * np.linalg.norm(want), f"{name} prompt {i}"
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "minimax_m2"])
+@pytest.mark.parametrize("name", GRAPHED)
 def test_graph_replayed_decode_equals_eager_decode(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    ref = reference(name)
+    ref = TINY.reference(name)
     prompts = [ref[f"prompt_{i}"].tolist() for i in range(4)]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=3)
     graphed = cuda_llm(TINY / name)
@@ -92,7 +97,7 @@ def test_graph_replayed_decode_equals_eager_decode(name: str, monkeypatch: pytes
         assert got == want, "graph replay must reproduce the eager logits bit for bit"
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "minimax_m2"])
+@pytest.mark.parametrize("name", GRAPHED)
 def test_greedy_tokens_are_batch_invariant_on_the_gpu(name: str) -> None:
     """A sequence's greedy tokens alone equal its tokens batched, chunked, and served from the prefix cache."""
     alone_llm = cuda_llm(TINY / name, enable_prefix_caching=False)

@@ -16,13 +16,14 @@ from atlas_core.model.layers.mla import MultiHeadLatentAttention
 from atlas_core.model.layers.mlp import SwiGLUMLP
 from atlas_core.model.layers.moe import MoEFeedForward
 from atlas_core.plugins import load_plugins
-from tests.conftest import TINY, reference
-from tests.family_checks import (
-    GREEDY, INVARIANCE_SETTINGS, assert_batch_invariant, assert_no_leaks, edited_fixture, greedy_alone,
-    max_prompt_logprob_error, mixed_prompts,
+from atlas_core.testing.checkpoints import TinyCheckpoints
+from atlas_core.testing.cli import run_plugins
+from atlas_core.testing.family import (
+    GREEDY, INVARIANCE_SETTINGS, assert_batch_invariant, assert_no_leaks, greedy_alone, mixed_prompts,
 )
-from tests.test_cli_plugins import run_plugins
-from tests.test_model_parity import TOLERANCE
+from atlas_core.testing.parity import TOLERANCE, ReferenceParity, max_prompt_logprob_error
+
+TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 FIXTURES = ("deepseek_v3", "deepseek_v3_no_q_lora", "mistral4", "mistral4_vl")
 
 
@@ -111,9 +112,9 @@ def _plain_softmax_scale(llm: LLM) -> None:
 def test_reference_catches_each_detail(fixture: str, alteration: Callable[[LLM], None]) -> None:
     """Each detail the family adds moves the log-probs far beyond the parity tolerance when left out."""
     llm = LLM(TINY / fixture)
-    assert max_prompt_logprob_error(llm, fixture) <= TOLERANCE
+    assert max_prompt_logprob_error(llm, TINY.reference(fixture)) <= TOLERANCE
     alteration(llm)
-    assert max_prompt_logprob_error(llm, fixture) > 10 * TOLERANCE
+    assert max_prompt_logprob_error(llm, TINY.reference(fixture)) > 10 * TOLERANCE
 
 
 @pytest.mark.parametrize("fixture", ["deepseek_v3", "mistral4"])
@@ -121,7 +122,7 @@ def test_chunked_prefill_prompt_logprobs_match_transformers(fixture: str) -> Non
     """Prompts prefilled 5 tokens per step (each chunk attends to the latents earlier chunks cached)
     give every prompt position's log-prob of the transformers reference."""
     llm = LLM(TINY / fixture, max_num_batched_tokens=5, enable_prefix_caching=False)
-    ref = reference(fixture)
+    ref = TINY.reference(fixture)
     for i in (2, 3):
         prompt = ref[f"prompt_{i}"].tolist()
         output = llm.generate(prompt, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))[0]
@@ -158,18 +159,24 @@ def test_preemption_and_forks_keep_outputs(family_alone: tuple[str, list[list[in
 
 
 def test_mistral3_with_another_text_model_is_refused(tmp_path: Path) -> None:
-    folder = edited_fixture(tmp_path, "mistral4_vl", edit=lambda c: c["text_config"].update(model_type="mistral"))
+    folder = TINY.edited_copy(tmp_path, "mistral4_vl", edit=lambda c: c["text_config"].update(model_type="mistral"))
     with pytest.raises(UnsupportedArchitectureError, match="text_config.model_type is 'mistral'"):
         LLM(folder)
 
 
 def test_quantized_checkpoints_are_refused(tmp_path: Path) -> None:
-    folder = edited_fixture(tmp_path, "deepseek_v3", {"quantization_config": {"quant_method": "fp8"}})
+    folder = TINY.edited_copy(tmp_path, "deepseek_v3", {"quantization_config": {"quant_method": "fp8"}})
     with pytest.raises(ModelLoadError, match="quantized \\('fp8'\\).*dequantized"):
         LLM(folder)
 
 
 def test_rope_dims_that_do_not_fit_are_refused(tmp_path: Path) -> None:
-    folder = edited_fixture(tmp_path, "mistral4", edit=lambda c: c["rope_parameters"].update(partial_rotary_factor=0.5))
+    folder = TINY.edited_copy(tmp_path, "mistral4", edit=lambda c: c["rope_parameters"].update(partial_rotary_factor=0.5))
     with pytest.raises(ModelLoadError, match="rotate 12 dims per head but qk_rope_head_dim is 8"):
         LLM(folder)
+
+
+class TestReferenceParity(ReferenceParity):
+    """Every checkpoint of this family against its transformers reference."""
+
+    checkpoints = TINY

@@ -4,13 +4,16 @@ chunked (chunks shorter than, equal to, and straddling the window), on block siz
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from atlas_core import LLM, SamplingParams
-from tests.conftest import TINY, reference
-from tests.family_checks import assert_batch_invariant, greedy_alone, mixed_prompts
+from atlas_core.testing.checkpoints import TinyCheckpoints
+from atlas_core.testing.family import assert_batch_invariant, greedy_alone, mixed_prompts
 
+TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 MODELS = ["gemma3", "gemma4", "gemma4_moe"]
 
 
@@ -49,7 +52,7 @@ def test_greedy_tokens_are_batch_invariant(model_name: str, alone: list[list[int
 def test_chunked_prefill_matches_transformers(model_name: str, chunk: int) -> None:
     """The 40-token reference prompt prefilled ``chunk`` tokens per step: the greedy continuation and
     its log-probs are those of transformers (one-step prefill), for chunks around the window of 8."""
-    ref = reference(model_name)
+    ref = TINY.reference(model_name)
     llm = LLM(TINY / model_name, backend="numpy", max_num_batched_tokens=chunk, enable_prefix_caching=False)
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=0)
     completion = llm.generate(ref["prompt_3"].tolist(), params)[0].outputs[0]

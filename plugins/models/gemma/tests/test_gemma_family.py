@@ -1,6 +1,6 @@
 """atlas-model-gemma: registration and serving defaults, how the configs map onto layers (windows,
 KV sharing, per-layer head shapes), the text stack of vision-language checkpoints, the Hub's older
-config keys, and clear refusals. Logit parity on the fixtures is `tests/test_model_parity.py`'s."""
+config keys, clear refusals, and logit parity on every checkpoint (`TestReferenceParity`)."""
 
 from __future__ import annotations
 
@@ -17,15 +17,16 @@ from atlas_core import LLM
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.attention import SharedKVAttention
 from atlas_core.plugins import load_plugins
-from tests.conftest import TINY
-from tests.family_checks import edited_fixture, max_prompt_logprob_error
-from tests.test_cli_plugins import by_distribution, run_plugins
-from tests.test_model_parity import TOLERANCE
+from atlas_core.testing.checkpoints import TinyCheckpoints
+from atlas_core.testing.cli import by_distribution, run_plugins
+from atlas_core.testing.parity import TOLERANCE, ReferenceParity, max_prompt_logprob_error
+
+TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 
 
 def assert_matches_reference(folder: Path, fixture: str) -> None:
     """The checkpoint in ``folder`` gives fixture ``fixture``'s reference log-probs at every prompt position."""
-    assert max_prompt_logprob_error(LLM(folder, backend="numpy"), fixture) <= TOLERANCE, folder.name
+    assert max_prompt_logprob_error(LLM(folder, backend="numpy"), TINY.reference(fixture)) <= TOLERANCE, folder.name
 
 
 def rewrite(fixture: str, folder: Path, config: dict[str, Any], rename: Any = None) -> Path:
@@ -153,7 +154,7 @@ def test_sparse_vision_language_config_takes_transformers_defaults() -> None:
 # ---- refusals -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("fixture", "value"), [("gemma3", True), ("gemma4", "all")])
 def test_bidirectional_checkpoints_are_refused(tmp_path: Path, fixture: str, value: Any) -> None:
-    folder = edited_fixture(tmp_path, fixture, {"use_bidirectional_attention": value})
+    folder = TINY.edited_copy(tmp_path, fixture, {"use_bidirectional_attention": value})
     with pytest.raises(ModelLoadError, match="use_bidirectional_attention.*causal decoders only"):
         LLM(folder, backend="numpy")
 
@@ -162,3 +163,9 @@ def test_kv_sharing_without_a_producer_of_that_type_is_refused() -> None:
     config = config_of("gemma4") | {"layer_types": ["full_attention"] * 3 + ["sliding_attention", "full_attention"]}
     with pytest.raises(ModelLoadError, match="KV-shared layer 3 .* has no earlier sliding_attention layer"):
         parse(config | {"num_kv_shared_layers": 2, "per_layer_config": {}}, "gemma4", "config.json")
+
+
+class TestReferenceParity(ReferenceParity):
+    """Every checkpoint of this family against its transformers reference."""
+
+    checkpoints = TINY

@@ -2,7 +2,7 @@
 oracles written from the op group's docstrings.
 
 Fixtures, tolerances and the seed handling (``ATLAS_CONFORMANCE_SEED``) are in
-``tests/conformance_support.py``.
+``atlas_core.testing.conformance``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from atlas_model_gemma.ops import GemmaOps
-from tests.conformance_support import Case, backend, case  # noqa: F401 (fixtures)
+from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
 
 def gemma(case: Case) -> GemmaOps:
     """The backend's implementation of the gemma op group (native where one is registered)."""

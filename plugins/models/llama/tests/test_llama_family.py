@@ -1,9 +1,7 @@
-"""atlas-model-llama: registration and the config quirks of its families."""
+"""atlas-model-llama: registration, the config quirks of its families, parity with transformers."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -11,8 +9,10 @@ import pytest
 from atlas_core import LLM
 from atlas_core.errors import ModelLoadError
 from atlas_core.plugins import load_plugins
+from atlas_core.testing.checkpoints import TinyCheckpoints
+from atlas_core.testing.parity import ReferenceParity
 
-TINY = Path(__file__).parents[4] / "tests" / "fixtures" / "tiny"
+TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 
 
 def test_registers_llama_mistral_and_qwen2() -> None:
@@ -29,10 +29,12 @@ def test_qwen2_has_qkv_bias_but_no_output_bias() -> None:
 
 
 def test_mistral_sliding_window_is_refused_clearly(tmp_path: Path) -> None:
-    folder = tmp_path / "mistral"
-    shutil.copytree(TINY / "mistral", folder)
-    config = json.loads((folder / "config.json").read_text())
-    config["sliding_window"] = 16
-    (folder / "config.json").write_text(json.dumps(config))
+    folder = TINY.edited_copy(tmp_path, "mistral", {"sliding_window": 16})
     with pytest.raises(ModelLoadError, match="sliding_window=16 is shorter than max_position_embeddings"):
         LLM(folder)
+
+
+class TestReferenceParity(ReferenceParity):
+    """Every checkpoint of this family against its transformers reference."""
+
+    checkpoints = TINY

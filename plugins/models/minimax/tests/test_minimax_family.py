@@ -17,13 +17,12 @@ from atlas_core import LLM
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.moe import MoEFeedForward
 from atlas_core.plugins import load_plugins
-from tests.conftest import TINY
-from tests.family_checks import (
-    INVARIANCE_SETTINGS, assert_batch_invariant, edited_fixture, greedy_alone, max_prompt_logprob_error,
-)
-from tests.test_cli_plugins import run_plugins
-from tests.test_model_parity import TOLERANCE
+from atlas_core.testing.checkpoints import TinyCheckpoints
+from atlas_core.testing.cli import run_plugins
+from atlas_core.testing.family import INVARIANCE_SETTINGS, assert_batch_invariant, greedy_alone
+from atlas_core.testing.parity import TOLERANCE, ReferenceParity, max_prompt_logprob_error
 
+TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 FIXTURE = TINY / "minimax_m2"
 
 
@@ -33,7 +32,7 @@ def moe_blocks(llm: LLM) -> list[MoEFeedForward]:
 
 def edited_copy(tmp_path: Path, config_changes: dict, drop_tensor: str | None = None) -> Path:
     """The fixture with ``config_changes`` merged into its config and, optionally, one tensor removed."""
-    folder = edited_fixture(tmp_path, FIXTURE.name, config_changes)
+    folder = TINY.edited_copy(tmp_path, FIXTURE.name, config_changes)
     if drop_tensor is not None:
         tensors = load_file(folder / "model.safetensors")
         del tensors[drop_tensor]
@@ -80,7 +79,7 @@ def test_legacy_rotary_dim_alone_gives_the_same_model(tmp_path: Path) -> None:
     rope = {k: v for k, v in config["rope_parameters"].items() if k != "partial_rotary_factor"}
     llm = LLM(edited_copy(tmp_path, {"rope_parameters": rope, "rotary_dim": 8}))
     assert llm.loaded.model.layers[0].mixer.rope_cos.shape[1] == 4
-    assert max_prompt_logprob_error(llm, "minimax_m2") <= TOLERANCE
+    assert max_prompt_logprob_error(llm, TINY.reference("minimax_m2")) <= TOLERANCE
 
 
 def test_correction_bias_changes_which_experts_some_tokens_use() -> None:
@@ -98,21 +97,21 @@ def test_correction_bias_changes_which_experts_some_tokens_use() -> None:
             return weights, ids
 
         moe.route = recording
-    assert max_prompt_logprob_error(llm, "minimax_m2") <= TOLERANCE
+    assert max_prompt_logprob_error(llm, TINY.reference("minimax_m2")) <= TOLERANCE
     assert np.concatenate(changed).sum() > 0, "the perturbed correction bias must change some token's experts"
 
 
 def test_reference_catches_a_dropped_bias_or_renormalisation() -> None:
     llm = LLM(FIXTURE)
-    assert max_prompt_logprob_error(llm, "minimax_m2") <= TOLERANCE
+    assert max_prompt_logprob_error(llm, TINY.reference("minimax_m2")) <= TOLERANCE
     biases = [moe.correction_bias for moe in moe_blocks(llm)]
     for moe in moe_blocks(llm):
         moe.correction_bias = None
-    assert max_prompt_logprob_error(llm, "minimax_m2") > 10 * TOLERANCE
+    assert max_prompt_logprob_error(llm, TINY.reference("minimax_m2")) > 10 * TOLERANCE
     for moe, bias in zip(moe_blocks(llm), biases, strict=True):
         moe.correction_bias = bias
         moe.spec = dataclasses.replace(moe.spec, normalize_top_k=False)
-    assert max_prompt_logprob_error(llm, "minimax_m2") > 10 * TOLERANCE
+    assert max_prompt_logprob_error(llm, TINY.reference("minimax_m2")) > 10 * TOLERANCE
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +136,9 @@ def test_missing_correction_bias_is_an_error_unless_the_config_disables_it(tmp_p
 def test_unsupported_config_settings_are_refused(tmp_path: Path, change: dict) -> None:
     with pytest.raises(ModelLoadError, match=next(iter(change))):
         LLM(edited_copy(tmp_path, change))
+
+
+class TestReferenceParity(ReferenceParity):
+    """Every checkpoint of this family against its transformers reference."""
+
+    checkpoints = TINY

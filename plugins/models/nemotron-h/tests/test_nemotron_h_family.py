@@ -19,10 +19,12 @@ from atlas_core.model.layers.moe import MoEFeedForward
 from atlas_core.model.layers.relu2_mlp import SquaredReLUMLP
 from atlas_core.parsing.registry import reasoning_parser_names, tool_parser_names
 from atlas_core.plugins import load_plugins
+from atlas_core.testing.checkpoints import TinyCheckpoints
+from atlas_core.testing.parity import ReferenceParity
 from atlas_model_nemotron_h.blocks import LatentMoE
 from atlas_model_nemotron_h.config import NemotronHSpec
-from tests.conftest import TINY
-from tests.family_checks import edited_fixture
+
+TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 
 
 def test_registers_nemotron_h_with_serving_defaults() -> None:
@@ -112,7 +114,13 @@ def test_bad_configs_are_refused_clearly(change: dict[str, Any], message: str) -
 
 
 def test_checkpoint_that_does_not_fit_the_config_names_the_tensor(tmp_path: Path) -> None:
-    folder = edited_fixture(tmp_path, "nemotron_h", {"ssm_state_size": 32})
+    folder = TINY.edited_copy(tmp_path, "nemotron_h", {"ssm_state_size": 32})
     expected = r"backbone\.layers\.0\.mixer\.in_proj\.weight has shape \(200, 64\).*implies \(264, 64\)"
     with pytest.raises(ModelLoadError, match=expected):
         LLM(folder)
+
+
+class TestReferenceParity(ReferenceParity):
+    """Every checkpoint of this family against its transformers reference."""
+
+    checkpoints = TINY

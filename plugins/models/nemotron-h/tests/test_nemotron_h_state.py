@@ -5,14 +5,17 @@ prefix-cache state snapshots)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from atlas_core import LLM, SamplingParams
 from atlas_core.engine.sequence import Sequence
-from tests.conftest import TINY, reference
-from tests.family_checks import GREEDY, assert_batch_invariant, assert_no_leaks, greedy_alone, mixed_prompts
+from atlas_core.testing.checkpoints import TinyCheckpoints
+from atlas_core.testing.family import GREEDY, assert_batch_invariant, assert_no_leaks, greedy_alone, mixed_prompts
 
+TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 MODEL = TINY / "nemotron_h"
 PROMPTS = mixed_prompts(256, count=14, seed=11, shared_length=33, max_tail_length=69)
 """Fourteen prompts of 1 to 69 own tokens; every third is prefixed by the same 33 tokens (prefix-cache hits)."""
@@ -28,13 +31,13 @@ def prompt_rows(llm: LLM, prompt: list[int]) -> list[dict[int, float]]:
 @pytest.fixture(scope="module")
 def one_shot() -> dict[int, list[dict[int, float]]]:
     llm = LLM(MODEL)
-    ref = reference("nemotron_h")
+    ref = TINY.reference("nemotron_h")
     return {i: prompt_rows(llm, ref[f"prompt_{i}"].tolist()) for i in (2, 3)}
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 16])
 def test_chunked_prefill_gives_the_one_shot_logits(one_shot: dict[int, list[dict[int, float]]], chunk: int) -> None:
-    ref = reference("nemotron_h")
+    ref = TINY.reference("nemotron_h")
     llm = LLM(MODEL, max_num_batched_tokens=chunk)
     for i in (2, 3):  # 19 and 40 tokens: chunks cross the scan's 16-token chunks at every offset
         prompt = ref[f"prompt_{i}"].tolist()

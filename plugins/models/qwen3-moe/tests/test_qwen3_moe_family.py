@@ -14,12 +14,12 @@ from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.mlp import SwiGLUMLP
 from atlas_core.model.layers.moe import MoEFeedForward
 from atlas_core.plugins import load_plugins
-from tests.conftest import TINY
-from tests.family_checks import (
-    INVARIANCE_SETTINGS, assert_batch_invariant, edited_fixture, greedy_alone, max_prompt_logprob_error,
-)
-from tests.test_cli_plugins import run_plugins
-from tests.test_model_parity import TOLERANCE
+from atlas_core.testing.checkpoints import TinyCheckpoints
+from atlas_core.testing.cli import run_plugins
+from atlas_core.testing.family import INVARIANCE_SETTINGS, assert_batch_invariant, greedy_alone
+from atlas_core.testing.parity import TOLERANCE, ReferenceParity, max_prompt_logprob_error
+
+TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 
 
 def moe_blocks(llm: LLM) -> dict[int, MoEFeedForward]:
@@ -72,10 +72,10 @@ def test_router_sends_different_tokens_to_different_experts() -> None:
 def test_reference_catches_wrong_renormalisation(fixture: str) -> None:
     """Flipping ``norm_topk_prob`` moves the log-probs far beyond the parity tolerance."""
     llm = LLM(TINY / fixture)
-    assert max_prompt_logprob_error(llm, fixture) <= TOLERANCE
+    assert max_prompt_logprob_error(llm, TINY.reference(fixture)) <= TOLERANCE
     for moe in moe_blocks(llm).values():
         moe.spec = dataclasses.replace(moe.spec, normalize_top_k=not moe.spec.normalize_top_k)
-    assert max_prompt_logprob_error(llm, fixture) > 10 * TOLERANCE
+    assert max_prompt_logprob_error(llm, TINY.reference(fixture)) > 10 * TOLERANCE
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +89,12 @@ def test_greedy_tokens_are_batch_invariant(alone: list[list[int]], settings: dic
 
 
 def test_sliding_window_checkpoints_are_refused(tmp_path: Path) -> None:
-    folder = edited_fixture(tmp_path, "qwen3_moe", {"use_sliding_window": True, "sliding_window": 16})
+    folder = TINY.edited_copy(tmp_path, "qwen3_moe", {"use_sliding_window": True, "sliding_window": 16})
     with pytest.raises(ModelLoadError, match="use_sliding_window"):
         LLM(folder)
+
+
+class TestReferenceParity(ReferenceParity):
+    """Every checkpoint of this family against its transformers reference."""
+
+    checkpoints = TINY

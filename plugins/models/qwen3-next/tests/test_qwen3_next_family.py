@@ -1,8 +1,8 @@
 """atlas-model-qwen3-next: registration and serving defaults, the checkpoint forms (fused / split GDN
 projections, vision-language prefix, ``mtp.*`` heads), weight rearrangements and config errors.
 
-Logit parity with transformers runs for every fixture in ``tests/test_model_parity.py``; the engine's
-recurrent-state invariants in ``tests/test_engine_hybrid_state.py``.
+Logit parity with transformers runs for every checkpoint in `TestReferenceParity`; the engine's
+recurrent-state invariants in core's ``tests/test_engine_hybrid_state.py``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.gated_delta_net import GatedDeltaNet, GatedDeltaNetShape
 from atlas_core.model.layers.moe import MoEFeedForward
 from atlas_core.plugins import load_plugins
+from atlas_core.testing.checkpoints import TinyCheckpoints
+from atlas_core.testing.parity import ReferenceParity
 from atlas_model_qwen3_next.projections import gdn_in_proj_from_fused, split_gated_query
-from tests.conftest import TINY
-from tests.family_checks import edited_fixture
+
+TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
 
@@ -128,16 +130,22 @@ def test_fused_projections_regroup_by_value_head() -> None:
 )
 def test_config_errors_name_the_problem(tmp_path: Path, name: str, changes: dict, message: str) -> None:
     with pytest.raises(ModelLoadError, match=message):
-        LLM(edited_fixture(tmp_path, name, changes))
+        LLM(TINY.edited_copy(tmp_path, name, changes))
 
 
 def test_full_attention_interval_replaces_layer_types(tmp_path: Path) -> None:
     """Configs without ``layer_types`` place full attention every ``full_attention_interval`` layers."""
     config = json.loads((TINY / "qwen3_next" / "config.json").read_text())
-    folder = edited_fixture(tmp_path, "qwen3_next", {"full_attention_interval": 2}, edit=lambda c: c.pop("layer_types"))
+    folder = TINY.edited_copy(tmp_path, "qwen3_next", {"full_attention_interval": 2}, edit=lambda c: c.pop("layer_types"))
     prompt = np.random.default_rng(2).integers(0, 256, 20).tolist()
     assert config["layer_types"] == ["linear_attention", "full_attention"] * 2
     model = LLM(folder).loaded.model
     assert [isinstance(layer.mixer, GatedDeltaNet) for layer in model.layers] == [True, False, True, False]
     assert LLM(folder).generate(prompt, GREEDY)[0].outputs[0].token_ids == LLM(TINY / "qwen3_next").generate(
         prompt, GREEDY)[0].outputs[0].token_ids
+
+
+class TestReferenceParity(ReferenceParity):
+    """Every checkpoint of this family against its transformers reference."""
+
+    checkpoints = TINY

@@ -1,4 +1,4 @@
-"""atlas-model-qwen3: registration, per-head q/k norms, serving defaults."""
+"""atlas-model-qwen3: registration, per-head q/k norms, serving defaults, parity with transformers."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ from pathlib import Path
 
 from atlas_core import LLM
 from atlas_core.plugins import load_plugins
+from atlas_core.testing.checkpoints import TinyCheckpoints
+from atlas_core.testing.parity import ReferenceParity
 
-TINY = Path(__file__).parents[4] / "tests" / "fixtures" / "tiny"
+TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 
 
 def test_registers_qwen3_with_serving_defaults() -> None:
@@ -21,3 +23,9 @@ def test_qwen3_layers_have_qk_norm() -> None:
     weights = llm.loaded.model.layers[0].mixer.weights
     assert weights.q_norm is not None and weights.k_norm is not None
     assert llm.loaded.family_defaults["tool_call_parser"] == "hermes"
+
+
+class TestReferenceParity(ReferenceParity):
+    """Every checkpoint of this family against its transformers reference."""
+
+    checkpoints = TINY

@@ -1,12 +1,13 @@
-"""Backend conformance support: the fixtures, tolerances and shared oracles of the conformance suite.
+"""Backend conformance: the fixtures, tolerances and seeds of op-by-op checks against float64 oracles.
 
-The suite (``tests/test_conformance_*.py``) checks every installed backend, op by op, against
-float64 oracles written in the suite. It is parametrised over every ``backend`` registration of the
-plugin registry (test ids are the backend names). A backend whose ``availability()`` gives a reason
-is skipped with that reason; nothing else is ever skipped. The oracles are deliberately plain
-(explicit loops, textbook formulas) and never call a backend, so the NumPy reference backend is
-verified like any other. Oracles used by several test modules live here; the rest sit beside their
-tests.
+Core's suite (``tests/test_conformance_*.py``) and plugins' own op tests check every installed
+backend with these fixtures: ``backend`` is parametrised over every ``backend`` registration of the
+plugin registry (test ids are the backend names), and a backend whose ``availability()`` gives a
+reason is skipped with that reason; nothing else is ever skipped. ``case`` gives each test a `Case`:
+the backend, its `Tolerance` and a fresh random generator, with the checking helpers. Oracles are
+deliberately plain (explicit loops, textbook formulas) and never call a backend, so the NumPy
+reference backend is verified like any other; those several test modules share are in
+`atlas_core.testing.oracles`.
 
 Every test draws fresh random inputs. The seed is printed and quoted in every assertion message;
 ``ATLAS_CONFORMANCE_SEED=<seed>`` replays a failing run. Oracles read the inputs back from the
@@ -15,7 +16,7 @@ as error; tolerances then depend on the backend's ``activation_dtype`` (see ``do
 
 Test modules import the fixtures explicitly::
 
-    from tests.conformance_support import Case, backend, case  # noqa: F401 (fixtures)
+    from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
 """
 
 from __future__ import annotations
@@ -178,55 +179,3 @@ def case(backend: Backend) -> Case:
     seed = _fresh_seed()
     print(f"conformance seed {seed} (replay with {SEED_ENV}={seed})")
     return Case(backend, _tolerance(backend), seed, np.random.default_rng(seed))
-
-
-# ---- float64 oracles shared by several test modules ---------------------------------------------
-def oracle_rope(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate-half on the first ``2 * cos.shape[1]`` dims of every head; the rest is copied."""
-    half = cos.shape[1]
-    out = x.copy()
-    for t, pos in enumerate(positions):
-        first, second = x[t, :, :half], x[t, :, half : 2 * half]
-        out[t, :, :half] = first * cos[pos] - second * sin[pos]
-        out[t, :, half : 2 * half] = second * cos[pos] + first * sin[pos]
-    return out
-
-
-def oracle_argmax(logits: np.ndarray) -> np.ndarray:
-    best = np.zeros(len(logits), dtype=np.int64)
-    for r, row in enumerate(logits):
-        for j in range(1, len(row)):
-            if row[j] > row[best[r]]:
-                best[r] = j
-    return best
-
-
-# ---- input builders shared by several test modules ----------------------------------------------
-MAX_POSITIONS = 64
-
-
-@dataclass
-class RopeTables:
-    cos_dev: Array
-    sin_dev: Array
-    cos: np.ndarray
-    sin: np.ndarray
-
-
-def rope_tables(case: Case, rotary_dim: int) -> RopeTables:
-    """``[MAX_POSITIONS, rotary_dim / 2]`` tables with a random attention factor already applied."""
-    inv_freq = 10000.0 ** (-np.arange(0, rotary_dim, 2) / rotary_dim)
-    angles = np.arange(MAX_POSITIONS)[:, None] * inv_freq[None, :]
-    factor = case.rng.uniform(0.8, 1.3)
-    cos_dev, cos = case.upload((np.cos(angles) * factor).astype(np.float32))
-    sin_dev, sin = case.upload((np.sin(angles) * factor).astype(np.float32))
-    return RopeTables(cos_dev, sin_dev, cos, sin)
-
-
-
-def tie_rows(case: Case, rows: int, vocab: int) -> np.ndarray:
-    """Small integer logits (exact in every dtype) so the maximum is shared by several ids."""
-    logits = case.rng.integers(-3, 3, size=(rows, vocab)).astype(np.float32)
-    for row in logits:  # the row maximum at two far-apart ids at least
-        row[case.rng.integers(0, vocab // 2)] = row[case.rng.integers(vocab // 2, vocab)] = 3.0
-    return logits

@@ -1,26 +1,19 @@
-"""Engine and reference checks that core's tests and every model family's tests run on the tiny
-checkpoints (family plugins call them with their own fixture folders):
+"""Engine invariants every model family must keep, checked on its tiny checkpoints.
 
-* engine invariants: a sequence's greedy tokens are the same alone or batched, with chunked prefill,
-  or with prefix caching, and every KV block and state slot is free afterwards;
-* reference sensitivity: how far a (deliberately altered) model's prompt log-probs are from the
-  transformers reference, to show the parity test would catch a missing bias, scale or step;
-* edited copies of a fixture, for tests of configs and checkpoints a loader must refuse or accept.
+A sequence's greedy tokens are the same alone or batched with others, with chunked prefill, with
+prefix caching and with tiny blocks, and every KV block and recurrent-state slot is free again
+afterwards. Family plugins call these with their own checkpoint folders (core's tests with the
+checkpoints they borrow); `INVARIANCE_SETTINGS` are the engine settings to try.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from atlas_core import LLM, SamplingParams
-from tests.conftest import TINY, reference
-from tests.test_model_parity import full_prompt_logprobs
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 """Twelve greedy tokens, EOS ignored: the completion every invariance check compares."""
@@ -91,27 +84,3 @@ def assert_batch_invariant(
     if expect_cache_hits:
         assert sum(output.num_cached_tokens for output in outputs) > 0
         assert llm.engine.blocks.hit_rate > 0
-
-
-def max_prompt_logprob_error(llm: LLM, fixture: str) -> float:
-    """Largest |log-prob difference| between ``llm`` and fixture ``fixture``'s reference over every
-    position of its four prompts (the quantity `test_model_parity` bounds by 1e-3)."""
-    ref = reference(fixture)
-    return max(
-        float(np.abs(full_prompt_logprobs(llm, ref[f"prompt_{i}"].tolist()) - ref[f"logprobs_{i}"]).max())
-        for i in range(4)
-    )
-
-
-def edited_fixture(
-    tmp_path: Path, fixture: str, changes: dict[str, Any] | None = None, *, edit: Callable[[dict[str, Any]], None] | None = None,
-) -> Path:
-    """A copy of tiny checkpoint ``fixture`` in ``tmp_path / fixture`` whose config.json has ``changes``
-    merged in (top-level keys) and then ``edit(config)`` applied in place (nested changes, deletions)."""
-    folder = tmp_path / fixture
-    shutil.copytree(TINY / fixture, folder)
-    config = json.loads((folder / "config.json").read_text()) | (changes or {})
-    if edit is not None:
-        edit(config)
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder

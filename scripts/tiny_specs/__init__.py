@@ -1,1 +1,0 @@
-"""One module per model family, each exporting ``SPECS: list[Spec]`` (see `tiny_checkpoint_specs`)."""
