@@ -20,7 +20,7 @@ from atlas_core.hookspecs import HOOK_KINDS
 from atlas_core.plugins import PluginInfo, PluginRegistry, Registration, load_plugins, normalize_name
 
 KIND_ORDER = list(HOOK_KINDS.values())
-"""Registrations are shown grouped by kind, in hook order: backend, model, layer, comm, storage."""
+"""Registrations are shown grouped by kind, in hook order (`HOOK_KINDS`: backend, model, layer, ...)."""
 
 BASE_CLASSES = {
     "backend": "atlas_core.backends.base:Backend",

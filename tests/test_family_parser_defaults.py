@@ -1,5 +1,6 @@
-"""Every installed model family's serving defaults name parsers that exist, so serving a family
-with its defaults never fails on an unknown parser name."""
+"""Every installed model family's serving defaults name registered parsers (core's or a plugin's,
+through the ``register_tool_parsers`` / ``register_reasoning_parsers`` hooks) that load, so serving
+a family with its defaults never fails on an unknown or broken parser name."""
 
 from __future__ import annotations
 
