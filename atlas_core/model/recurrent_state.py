@@ -57,6 +57,7 @@ class RecurrentState:
         self.specs: dict[int, dict[str, StateArraySpec]] = {}
         self.num_slots = 0
         self._arrays: dict[int, dict[str, Array]] | None = None
+        self._backend: Backend | None = None
 
     def add_layer(self, layer_index: int, **arrays: StateArraySpec) -> None:
         """Declare the named state arrays of layer ``layer_index`` (before `allocate`)."""
@@ -77,6 +78,7 @@ class RecurrentState:
         if num_slots < 0:
             raise ValueError(f"num_slots must be >= 0, got {num_slots}")
         self.num_slots = num_slots
+        self._backend = backend
         self._arrays = {
             layer: {
                 name: backend.zeros((num_slots, *spec.shape), spec.dtype or backend.activation_dtype)
@@ -100,15 +102,18 @@ class RecurrentState:
 
     def copy(self, sources: Sequence[int], destinations: Sequence[int]) -> None:
         """Copy rows ``sources[i] -> destinations[i]`` in every array; all sources are read before any
-        destination is written, so the pairs may overlap."""
+        destination is written, so the pairs may overlap. The row indices are uploaded once and every
+        array is gathered and scattered on the backend (device to device: no state goes through the host)."""
         if len(sources) != len(destinations):
             raise ValueError(f"{len(sources)} sources but {len(destinations)} destinations")
         if not sources:
             return
         for slot in (*sources, *destinations):
             self._check(slot)
-        src, dst = np.asarray(sources, dtype=np.int64), np.asarray(destinations, dtype=np.int64)
-        for layer in self._all():
+        layers = self._all()
+        upload = self._backend.from_numpy  # type: ignore[union-attr]  # allocate() set it with the arrays
+        src, dst = upload(np.asarray(sources, dtype=np.int32)), upload(np.asarray(destinations, dtype=np.int32))
+        for layer in layers:
             for array in layer.values():
                 array[dst] = array[src]
 

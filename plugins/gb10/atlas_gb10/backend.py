@@ -109,7 +109,7 @@ class CudaBackend(Backend):
     def decode_graphs(self, model: Any, kv: Any) -> Any:
         from atlas_gb10.graphs import CudaDecodeGraphs, graphs_enabled
 
-        if model.has_recurrent_state or not graphs_enabled():
+        if not graphs_enabled():
             return None
         return CudaDecodeGraphs(self, model, kv)
 

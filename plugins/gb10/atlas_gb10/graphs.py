@@ -5,12 +5,15 @@ bucket``: a graph's attention work list covers contexts up to that many splits (
 is fixed by its own position, so empty splits change no bits); larger buckets use direct mode.
 
 Inputs live in fixed device buffers sized for `MAX_BATCH` sequences; a step copies the batch into
-them, pads the bucket (context 0, KV slot -1: pad rows read and write nothing) and replays. Graphs
-are captured lazily, the first time a bucket is needed: an eager warm-up on the capture stream fills
-a memory pool of the graph's own with every buffer the forward allocates, then the same forward is
-captured with that pool, so nothing is allocated from the shared pool and the buffers stay owned by
-the graph. Each graph has its own pool: one graph's scratch memory must never overlap the logits or
-the work list that another graph keeps between replays.
+them, pads the bucket (context 0, KV slot -1, state slot -1: pad rows read and write nothing) and
+replays. Recurrent layers read their sequences' state slots from the buffer as attention reads the
+block tables, so hybrid models replay graphs too (their state rows are updated in place). Graphs are
+captured lazily, the first time a bucket is needed: an eager warm-up on the capture stream fills a
+memory pool of the graph's own with every buffer the forward allocates (with every slot -1, so it
+touches no KV and no state), then the same forward is captured with that pool, so nothing is
+allocated from the shared pool and the buffers stay owned by the graph. Each graph has its own pool:
+one graph's scratch memory must never overlap the logits or the work list that another graph keeps
+between replays.
 A model whose forward cannot be captured (a host fallback op, say) runs eagerly, with one log line.
 """
 
@@ -96,9 +99,9 @@ class CudaDecodeGraphs:
         graph, logits = self.graphs[key][:2]
         self.backend.kernels.function("elementwise", "decode_inputs")(
             (size,), (128,),
-            (batch.input_ids, batch.positions, meta.seq_lens, meta.slot_mapping, meta.block_tables, np.int32(width),
-             np.int32(b), self.input_ids, self.positions, self.seq_lens, self.slot_mapping, self.block_tables,
-             np.int32(self.table_width)),
+            (batch.input_ids, batch.positions, meta.seq_lens, meta.slot_mapping, batch.state_slots, meta.block_tables,
+             np.int32(width), np.int32(b), self.input_ids, self.positions, self.seq_lens, self.slot_mapping,
+             self.state_slots, self.block_tables, np.int32(self.table_width)),
         )
         graph.launch(stream=self.cp.cuda.get_current_stream())
         self.replays += 1
@@ -123,8 +126,9 @@ class CudaDecodeGraphs:
         batch = self._batch(size)
         runner = backend.attention_runner
         cp.cuda.Device().synchronize()
-        self.seq_lens[:size] = 0  # the warm-up reads no KV and writes none
+        self.seq_lens[:size] = 0  # the warm-up reads no KV and writes none, and no recurrent state
         self.slot_mapping[:size] = -1
+        self.state_slots[:size] = -1
         cp.cuda.Device().synchronize()
         graph = None
         pool = cp.cuda.MemoryPool()

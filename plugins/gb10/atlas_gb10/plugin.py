@@ -17,3 +17,5 @@ def register_gpu_backends(register: Register) -> None:
 @hookimpl
 def register_op_implementations(register: Register) -> None:
     register("moe", "atlas_gb10.moe:CudaMoEOps", backend="cuda")
+    register("gated_delta", "atlas_gb10.gated_delta:CudaGatedDeltaOps", backend="cuda")
+    register("mamba2", "atlas_gb10.mamba2:CudaMamba2Ops", backend="cuda")

@@ -221,13 +221,14 @@ extern "C" __global__ void __launch_bounds__(QKR_WARPS * 32) qk_norm_rope_write_
 }
 
 // Fill the fixed input buffers of a captured decode graph from one step's batch of `b` sequences,
-// padding the bucket up to `size` (context 0, KV slot -1: pad rows read and write nothing).
+// padding the bucket up to `size` (context 0, KV slot -1, state slot -1: pad rows read and write nothing).
 // One block per row of the bucket; block tables are copied `width` entries per row (dst row stride W).
 extern "C" __global__ void decode_inputs(const int* __restrict__ ids, const int* __restrict__ positions,
                                          const int* __restrict__ seq_lens, const int* __restrict__ slots,
-                                         const int* __restrict__ tables, int width, int b, int* __restrict__ d_ids,
-                                         int* __restrict__ d_positions, int* __restrict__ d_seq_lens,
-                                         int* __restrict__ d_slots, int* __restrict__ d_tables, int table_stride) {
+                                         const int* __restrict__ state_slots, const int* __restrict__ tables, int width,
+                                         int b, int* __restrict__ d_ids, int* __restrict__ d_positions,
+                                         int* __restrict__ d_seq_lens, int* __restrict__ d_slots,
+                                         int* __restrict__ d_state_slots, int* __restrict__ d_tables, int table_stride) {
     const int row = blockIdx.x;
     const bool real = row < b;
     if (threadIdx.x == 0) {
@@ -235,6 +236,7 @@ extern "C" __global__ void decode_inputs(const int* __restrict__ ids, const int*
         d_positions[row] = real ? positions[row] : 0;
         d_seq_lens[row] = real ? seq_lens[row] : 0;
         d_slots[row] = real ? slots[row] : -1;
+        d_state_slots[row] = real ? state_slots[row] : -1;
     }
     if (real)
         for (int i = threadIdx.x; i < width; i += blockDim.x)
