@@ -45,10 +45,13 @@ def test_no_plugin_imports_the_core_test_suite() -> None:
     assert offenders == [], f"import atlas_core.testing instead of core's tests package: {offenders}"
 
 
-def run(command: list[str | Path], **kwargs: object) -> subprocess.CompletedProcess[str]:
+def run(
+    command: list[str | Path], *, cwd: Path | None = None, env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run ``command``, failing the test with its output when it exits with an error."""
-    result = subprocess.run([str(part) for part in command], capture_output=True, text=True, **kwargs)
-    assert result.returncode == 0, f"{' '.join(map(str, command))} exited {result.returncode}:\n{result.stdout}{result.stderr}"
+    result = subprocess.run([str(part) for part in command], capture_output=True, text=True, cwd=cwd, env=env)
+    shown = " ".join(str(part) for part in command)
+    assert result.returncode == 0, f"{shown} exited {result.returncode}:\n{result.stdout}{result.stderr}"
     return result
 
 
@@ -69,8 +72,8 @@ def test_a_family_plugin_passes_its_tests_with_only_core_installed(tmp_path: Pat
     run([uv, "pip", "install", "--offline", "--quiet", "--no-deps", "--python", venv / "bin" / "python",
          *sorted(wheels.glob("*.whl"))], env=uv_env)
 
-    python = [venv / "bin" / "python", "-I"]
-    listed = run([*python, "-c", "import importlib.metadata as m; print(*sorted(d.metadata['Name'] for d in m.distributions()))"])
+    python: list[str | Path] = [venv / "bin" / "python", "-I"]
+    listed = run([*python, "-c", "import importlib.metadata as m; print(*(d.name for d in m.distributions()))"])
     assert sorted(name for name in listed.stdout.split() if name.startswith("atlas")) == ["atlas-core", distribution]
     tests = run([*python, "-m", "pytest", "-q", "-p", "no:cacheprovider", REPOSITORY / folder], cwd=tmp_path,
                 env=env | {"ATLAS_PLUGINS_STRICT": "1"})

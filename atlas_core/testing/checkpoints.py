@@ -43,7 +43,8 @@ class TinyCheckpoints:
                 if not (folder / "config.json").is_file():
                     continue
                 if folder.name in self.folders:
-                    raise ValueError(f"two tiny checkpoints named {folder.name!r}: {self.folders[folder.name]}, {folder}")
+                    duplicate = self.folders[folder.name]
+                    raise ValueError(f"two tiny checkpoints named {folder.name!r}: {duplicate}, {folder}")
                 self.folders[folder.name] = folder
         self._llms: dict[tuple[str, str], LLM] = {}
 
@@ -106,7 +107,7 @@ def require_family(folder: Path) -> None:
     if distribution is None:
         broken = [f"{plugin.label}: {'; '.join(plugin.errors)}" for plugin in registry.plugins if plugin.errors]
         if broken:
-            pytest.fail(f"{folder.name}: no plugin reads model_type {model_type!r}, and plugins failed to load: {broken}")
+            pytest.fail(f"{folder.name}: no plugin reads model_type {model_type!r}; plugins failed to load: {broken}")
         pytest.skip(f"{folder.name}: no installed plugin reads model_type {model_type!r}", allow_module_level=True)
     try:
         metadata.distribution(distribution)

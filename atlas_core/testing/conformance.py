@@ -72,7 +72,11 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 
 def _fresh_seed() -> int:
     fixed = os.environ.get(SEED_ENV)
-    return int(fixed) if fixed else int(np.random.SeedSequence().entropy)
+    if fixed:
+        return int(fixed)
+    entropy = np.random.SeedSequence().entropy  # fresh from the OS: one int
+    assert isinstance(entropy, int)
+    return entropy
 
 
 @dataclass

@@ -54,7 +54,8 @@ def assert_prompt_logprobs_match(llm: LLM, reference: dict[str, np.ndarray], wha
     """Every prompt position's log-softmax row is the reference's within `TOLERANCE`."""
     for i in range(REFERENCE_PROMPTS):
         ours = full_prompt_logprobs(llm, reference[f"prompt_{i}"].tolist())
-        np.testing.assert_allclose(ours, reference[f"logprobs_{i}"], atol=TOLERANCE, rtol=0, err_msg=f"{what} prompt {i}")
+        want = reference[f"logprobs_{i}"]
+        np.testing.assert_allclose(ours, want, atol=TOLERANCE, rtol=0, err_msg=f"{what} prompt {i}")
 
 
 def assert_greedy_decode_matches(llm: LLM, reference: dict[str, np.ndarray], what: str) -> None:
@@ -66,6 +67,7 @@ def assert_greedy_decode_matches(llm: LLM, reference: dict[str, np.ndarray], wha
     for i, output in enumerate(llm.generate(prompts, params)):
         completion = output.outputs[0]
         assert completion.token_ids == reference[f"greedy_{i}"].tolist(), f"{what} prompt {i}"
+        assert completion.logprobs is not None
         expected = reference[f"greedy_logprobs_{i}"]
         got = [step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids, strict=True)]
         want = [expected[j, token] for j, token in enumerate(completion.token_ids)]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from atlas_example_plugin.backend import CountingNumpyBackend
 from atlas_example_plugin.layers import CountingRMSNorm
 
 from atlas_core import LLM
@@ -46,4 +47,5 @@ def test_the_family_runs_the_plugins_norm_layer_and_backend_ops() -> None:
     llm = LLM(TINY / "example_llama", backend="example-numpy")
     llm.generate([1, 2, 3])
     assert CountingRMSNorm.calls > norm_calls
+    assert isinstance(llm.backend, CountingNumpyBackend)
     assert llm.backend.op_calls["attention"] > 0 and llm.backend.op_calls["rms_norm"] > 0

@@ -171,7 +171,9 @@ def test_quantized_checkpoints_are_refused(tmp_path: Path) -> None:
 
 
 def test_rope_dims_that_do_not_fit_are_refused(tmp_path: Path) -> None:
-    folder = TINY.edited_copy(tmp_path, "mistral4", edit=lambda c: c["rope_parameters"].update(partial_rotary_factor=0.5))
+    folder = TINY.edited_copy(
+        tmp_path, "mistral4", edit=lambda c: c["rope_parameters"].update(partial_rotary_factor=0.5)
+    )
     with pytest.raises(ModelLoadError, match="rotate 12 dims per head but qk_rope_head_dim is 8"):
         LLM(folder)
 

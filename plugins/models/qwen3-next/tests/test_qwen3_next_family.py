@@ -136,7 +136,9 @@ def test_config_errors_name_the_problem(tmp_path: Path, name: str, changes: dict
 def test_full_attention_interval_replaces_layer_types(tmp_path: Path) -> None:
     """Configs without ``layer_types`` place full attention every ``full_attention_interval`` layers."""
     config = json.loads((TINY / "qwen3_next" / "config.json").read_text())
-    folder = TINY.edited_copy(tmp_path, "qwen3_next", {"full_attention_interval": 2}, edit=lambda c: c.pop("layer_types"))
+    folder = TINY.edited_copy(
+        tmp_path, "qwen3_next", {"full_attention_interval": 2}, edit=lambda c: c.pop("layer_types")
+    )
     prompt = np.random.default_rng(2).integers(0, 256, 20).tolist()
     assert config["layer_types"] == ["linear_attention", "full_attention"] * 2
     model = LLM(folder).loaded.model
