@@ -10,7 +10,7 @@ install a `StaticAttentionPlan` instead, so nothing reads back or allocates on t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,8 +18,11 @@ import numpy as np
 from atlas_core.backends.base import AttentionMetadata
 
 THREADS = 128
-HEAD_DIM_VARIANTS = (1, 2, 4, 8)
-"""Dims per lane of the attention kernels: head dims up to 32, 64, 128 and 256."""
+HEAD_DIM_VARIANTS = (1, 2, 4, 8, 16)
+"""Dims per lane of the attention kernels: head dims up to 32, 64, 128, 256 and 512 (Gemma 4's global
+layers; 16-row blocks only, so GQA groups of at most 16)."""
+WIDE = 16
+"""The dims per lane of the widest heads: one key/value buffer, the running output in registers."""
 
 
 @dataclass
@@ -30,6 +33,13 @@ class StaticAttentionPlan:
     work: Any
     """Device int32 ``[num_seqs * splits, 4]``: (sequence, 0, split, 0)."""
     splits: int
+    derived: dict[str, Any] = field(default_factory=dict)
+    """Plans other kernels derive from this one (MLA's, whose splits are longer), made during the
+    eager warm-up before capture and kept as long as the graph that holds this plan."""
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.work.shape[0]) // max(self.splits, 1)
 
 
 @dataclass
@@ -54,8 +64,9 @@ class AttentionRunner:
         """Eager forwards: "auto" (split-K when blocks would leave SMs idle), "always" or "never"; results are identical."""
         self._host_meta: tuple[AttentionMetadata, np.ndarray, np.ndarray] | None = None
 
-    def splits_for(self, context: int) -> int:
-        return max(1, math.ceil(context / self.split))
+    def splits_for(self, context: int, split: int | None = None) -> int:
+        """Splits of ``split`` keys (default: attention's) that cover ``context`` keys, at least 1."""
+        return max(1, math.ceil(context / (split or self.split)))
 
     def static_work(self, num_seqs: int, splits: int) -> StaticAttentionPlan:
         """One item per (sequence, split); with a single split, direct mode (no workspace, no combine)."""
@@ -77,13 +88,15 @@ class AttentionRunner:
             raise ValueError(f"attention: {q_heads} query heads are not a multiple of {kv_heads} KV heads")
         group = q_heads // kv_heads
         dpt = next((v for v in HEAD_DIM_VARIANTS if 32 * v >= d), None)
-        if dpt is None or group > 64:
-            raise ValueError(f"attention: head_dim {d} (at most 256) or GQA group {group} (at most 64) not supported")
+        if dpt is None or group > (16 if dpt == WIDE else 64):
+            raise ValueError(
+                f"attention: head_dim {d} (at most 512) or GQA group {group} (at most 64; 16 for heads over 256) not supported"
+            )
         if out is None:
             out = cp.empty(q.shape, dtype=q.dtype)
         if tokens == 0:
             return out
-        plan = self._plan(meta, group, tokens, kv_heads)
+        plan = self._plan(meta, group, tokens, kv_heads, max_rows=16 if dpt == WIDE else 64)
         tile_rows = plan.tile_rows
         if tile_rows == 64 and group <= 16 and self.shared_bytes(64, dpt, d) > self.backend.profile.shared_memory_per_block:
             tile_rows = 16  # same results (a row's arithmetic does not depend on the tile), less shared memory
@@ -121,34 +134,46 @@ class AttentionRunner:
 
     def shared_bytes(self, tile_rows: int, dpt: int, d: int) -> int:
         stride = ((d + 7) & ~7) + 8
-        buffers = 2 if tile_rows == 16 else 1  # ATT_BUFFERS in attention.cu
+        buffers = 2 if tile_rows == 16 and dpt < WIDE else 1  # ATT_BUFFERS in attention.cu
+        running_output = 0 if dpt == WIDE else tile_rows * 32 * dpt * 4  # Ot (O_REGS: in registers)
         return (self.split * 8 + (tile_rows + 2 * buffers * self.tile_n) * stride * 2 + tile_rows * (self.tile_n + 1) * 4
-                + tile_rows * 32 * dpt * 4 + 6 * tile_rows * 4)
+                + running_output + 6 * tile_rows * 4)
 
     def _plan(self, meta: AttentionMetadata, group: int, tokens: int, kv_heads: int, max_rows: int = 64) -> _Plan:
         if self.static is not None:
             return _Plan(self.static.work, int(self.static.work.shape[0]), self.static.splits, 16 if group <= 16 else 64)
-        starts, lengths = self._read_meta(meta)
-        q_lens = np.diff(starts)
+        q_lens, lengths = self.host_lengths(meta)
         tile_rows = 16 if int(q_lens.max(initial=0)) * group <= 16 or max_rows == 16 else 64
-        per_tile = tile_rows // group
-        seqs = np.repeat(np.arange(len(q_lens)), -(-q_lens // per_tile))
-        first = np.concatenate([np.arange(0, n, per_tile) for n in q_lens]) if len(q_lens) else np.zeros(0, np.int64)
-        splits = self.splits_for(int(lengths.max(initial=1)))
-        idle = len(seqs) * kv_heads < self.backend.profile.sm_count
+        work, splits = self.work_list(q_lens, lengths, tile_rows // group, kv_heads, self.split)
+        return _Plan(self.cp.asarray(work), len(work), splits, tile_rows)
+
+    def work_list(
+        self, q_lens: np.ndarray, lengths: np.ndarray, tokens_per_tile: int, blocks_per_item: int, split: int,
+    ) -> tuple[np.ndarray, int]:
+        """The host work list of an eager forward and its split count (0: direct mode).
+
+        One item (sequence, first query token, split or -1, 0) per tile of ``tokens_per_tile`` query
+        tokens of a sequence. When those items, ``blocks_per_item`` blocks each, would leave SMs idle
+        and contexts span several splits of ``split`` keys (or `split_policy` says "always"), every item
+        is cut into its splits; the kernels give the same bits either way.
+        """
+        seqs = np.repeat(np.arange(len(q_lens)), -(-q_lens // tokens_per_tile))
+        first = np.concatenate([np.arange(0, n, tokens_per_tile) for n in q_lens]) if len(q_lens) else np.zeros(0, np.int64)
+        splits = self.splits_for(int(lengths.max(initial=1)), split)
+        idle = len(seqs) * blocks_per_item < self.backend.profile.sm_count
         if self.split_policy == "always" or (self.split_policy == "auto" and splits > 1 and idle):
             work = np.zeros((len(seqs) * splits, 4), dtype=np.int32)
             work[:, 0] = np.repeat(seqs, splits)
             work[:, 1] = np.repeat(first, splits)
             work[:, 2] = np.tile(np.arange(splits), len(seqs))
-        else:
-            splits = 0
-            work = np.zeros((len(seqs), 4), dtype=np.int32)
-            work[:, 0], work[:, 1], work[:, 2] = seqs, first, -1
-        return _Plan(self.cp.asarray(work), len(work), splits, tile_rows)
+            return work, splits
+        work = np.zeros((len(seqs), 4), dtype=np.int32)
+        work[:, 0], work[:, 1], work[:, 2] = seqs, first, -1
+        return work, 0
 
-    def _read_meta(self, meta: AttentionMetadata) -> tuple[np.ndarray, np.ndarray]:
-        """Query starts and context lengths on the host, read once per forward (per metadata object)."""
+    def host_lengths(self, meta: AttentionMetadata) -> tuple[np.ndarray, np.ndarray]:
+        """Query tokens and context length of every sequence on the host, read once per forward (per
+        metadata object, shared by every attention kernel of that forward)."""
         if self._host_meta is None or self._host_meta[0] is not meta:
             self._host_meta = (meta, self.cp.asnumpy(meta.query_start_loc), self.cp.asnumpy(meta.seq_lens))
-        return self._host_meta[1], self._host_meta[2]
+        return np.diff(self._host_meta[1]), self._host_meta[2]

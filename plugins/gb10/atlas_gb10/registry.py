@@ -34,9 +34,11 @@ REGISTRY: dict[tuple[str, str, str], KernelVariant] = {
     (GENERIC, "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 64), ("ATT_SPLIT", 64))),
     (GENERIC, "logits", "bf16"): KernelVariant("logits.cu"),
     (GENERIC, "moe", "bf16"): KernelVariant("moe.cu", (("GEMM_KSPLIT", 8),)),
+    (GENERIC, "mla", "bf16"): KernelVariant("mla.cu", (("MLA_TILE_N", 64), ("MLA_SPLIT", 256))),
     (GENERIC, "recurrent", "bf16"): KernelVariant("recurrent.cu"),
     # GB10: 99 KiB of shared memory per block, so attention uses half-size key tiles.
     ("gb10", "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 32), ("ATT_SPLIT", 64))),
+    ("gb10", "mla", "bf16"): KernelVariant("mla.cu", (("MLA_TILE_N", 32), ("MLA_SPLIT", 256))),
 }
 """(target, op, dtype) -> variant. Lookups fall back to the ``generic`` target."""
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -78,22 +79,49 @@ def paged(backend: CudaBackend, rng: np.random.Generator, lengths: list[tuple[in
     return meta, starts[-1], caches
 
 
+def under_split_policies(backend: CudaBackend, run: Callable[[], object]) -> dict[str, np.ndarray]:
+    """``run()``'s result (on the host) with attention cut into splits "never" and "always"."""
+    runner = backend.attention_runner
+    results = {}
+    try:
+        for policy in ("never", "always"):
+            runner.split_policy = policy
+            results[policy] = host(backend, run())
+    finally:
+        runner.split_policy = "auto"
+    return results
+
+
 @pytest.mark.parametrize("window", [None, 300])
 def test_attention_split_and_direct_modes_give_the_same_bits(backend: CudaBackend, window: int | None) -> None:
     rng = np.random.default_rng(2)
     kv_heads, group, d = 2, 4, 128
     meta, tokens, (k_cache, v_cache) = paged(backend, rng, [(1500, 1), (700, 37), (0, 90), (2100, 1)], kv_heads, d)
     q = backend.from_numpy(rng.standard_normal((tokens, kv_heads * group, d), dtype=np.float32))
-    runner = backend.attention_runner
-    results = {}
-    try:
-        for policy in ("never", "always"):
-            runner.split_policy = policy
-            results[policy] = host(backend, backend.attention(q, k_cache, v_cache, meta, d**-0.5, sliding_window=window))
-    finally:
-        runner.split_policy = "auto"
+    results = under_split_policies(
+        backend, lambda: backend.attention(q, k_cache, v_cache, meta, d**-0.5, sliding_window=window)
+    )
     assert np.isfinite(results["never"]).all()
     np.testing.assert_array_equal(results["always"], results["never"])
+
+
+def test_attention_of_512_wide_heads_matches_the_numpy_backend(backend: CudaBackend) -> None:
+    """Gemma 4's global layers: 512-wide heads (16-row blocks, one key/value buffer, the running output in
+    registers) with GQA 8, against the NumPy backend; split-K and direct mode give the same bits."""
+    from atlas_core.backends.base import AttentionMetadata
+    from atlas_core.backends.numpy_backend import NumpyBackend
+
+    rng = np.random.default_rng(4)
+    kv_heads, group, d = 2, 8, 512
+    meta, tokens, (k_cache, v_cache) = paged(backend, rng, [(300, 1), (0, 40), (70, 1)], kv_heads, d)
+    q = backend.from_numpy(rng.standard_normal((tokens, kv_heads * group, d), dtype=np.float32))
+    results = under_split_policies(backend, lambda: backend.attention(q, k_cache, v_cache, meta, d**-0.5))
+    np.testing.assert_array_equal(results["always"], results["never"])
+    fields = ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")
+    host_meta = AttentionMetadata(*(backend.to_numpy(getattr(meta, f)) for f in fields))
+    inputs = (host(backend, a).astype(np.float32) for a in (q, k_cache, v_cache))
+    want = NumpyBackend().attention(*inputs, host_meta, d**-0.5)
+    assert np.abs(results["never"] - want).max() <= 2e-2 * np.abs(want).max()
 
 
 def test_attention_rows_do_not_depend_on_the_batch(backend: CudaBackend) -> None:

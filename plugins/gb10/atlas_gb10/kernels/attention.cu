@@ -11,7 +11,7 @@
 // Direct mode (split < 0) merges the splits in the block and writes the output; split mode writes the
 // split's (max, sum, accumulator) to a workspace and `attention_combine` merges them. Both give the
 // same bits, so a token's attention does not depend on what else is in the batch or how it is split.
-#include "common.cuh"
+#include "splits.cuh"
 
 #ifndef ATT_TILE_N
 #define ATT_TILE_N 64
@@ -22,29 +22,9 @@
 #define ATT_THREADS 128
 // Decode-sized blocks (16 rows) double-buffer the key/value tiles so that the next tile loads while
 // this one is computed; prefill-sized blocks (64 rows) keep one buffer, and so twice the blocks per SM.
-#define ATT_BUFFERS(TM) ((TM) == 16 ? 2 : 1)
-
-// Fold one split's (m, l, acc) into the running (M, L, O). Empty splits (m = -inf) must be skipped by
-// the caller. Explicit roundings: the same bits wherever it is inlined.
-__device__ __forceinline__ void merge_factors(float M, float m, float* a, float* b, float* M_new) {
-    const float mn = fmaxf(M, m);
-    *a = (M == NEG_INF) ? 0.0f : expf(__fsub_rn(M, mn));
-    *b = expf(__fsub_rn(m, mn));
-    *M_new = mn;
-}
-
-__device__ __forceinline__ float merge_value(float running, float a, float value, float b) {
-    return __fadd_rn(__fmul_rn(running, a), __fmul_rn(value, b));
-}
-
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* global_src) {
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Heads wider than 256 (DPT 16, 16-row blocks only) keep one buffer, and their running output in
+// registers rather than shared memory (O_REGS), to fit GB10's 99 KiB.
+#define ATT_BUFFERS(TM, DPT) ((TM) == 16 && (DPT) <= 8 ? 2 : 1)
 
 // Start copying one tile of keys and values into shared memory (16-byte asynchronous copies when the
 // head dim allows, plain loads otherwise; keys without a slot become zeros).
@@ -84,7 +64,10 @@ __device__ __forceinline__ void load_kv_tile(bf16_t* Kb, bf16_t* Vb, const long 
 
 template <int DPT>
 __device__ __forceinline__ void load_v(const bf16_t* row, int d0, float* v) {
-    if (DPT == 8) {
+    if (DPT == 16) {
+        load_v<8>(row, d0, v);
+        load_v<8>(row, d0 + 8, v + 8);
+    } else if (DPT == 8) {
         const uint4 w = *reinterpret_cast<const uint4*>(row + d0);
         v[0] = bf16_lo(w.x); v[1] = bf16_hi(w.x); v[2] = bf16_lo(w.y); v[3] = bf16_hi(w.y);
         v[4] = bf16_lo(w.z); v[5] = bf16_hi(w.z); v[6] = bf16_lo(w.w); v[7] = bf16_hi(w.w);
@@ -107,15 +90,17 @@ __device__ __forceinline__ void attention_body(
     long long o_s0, long long o_s1, float* __restrict__ ws_acc, float2* __restrict__ ws_ml, int splits, int q_heads,
     int kv_heads, int d, int block_size, float scale, int window, int q_vec) {
     extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int BUFFERS = ATT_BUFFERS(TM, DPT);
+    constexpr bool O_REGS = DPT > 8;  // direct mode's running output: registers, else shared memory (Ot)
     const int d_pad = (d + 7) & ~7;
     const int stride = d_pad + 8;  // padded rows: conflict-free 16-byte reads across rows
     long long* kslot = reinterpret_cast<long long*>(smem);  // flat KV slot of each key of the split, -1: none
     bf16_t* Qs = reinterpret_cast<bf16_t*>(kslot + ATT_SPLIT);
-    bf16_t* Ks = Qs + TM * stride;  // ATT_BUFFERS(TM) tile buffers each for keys and values
-    bf16_t* Vs = Ks + ATT_BUFFERS(TM) * ATT_TILE_N * stride;
-    float* Ps = reinterpret_cast<float*>(Vs + ATT_BUFFERS(TM) * ATT_TILE_N * stride);
+    bf16_t* Ks = Qs + TM * stride;  // BUFFERS tile buffers each for keys and values
+    bf16_t* Vs = Ks + BUFFERS * ATT_TILE_N * stride;
+    float* Ps = reinterpret_cast<float*>(Vs + BUFFERS * ATT_TILE_N * stride);
     float* Ot = Ps + TM * (ATT_TILE_N + 1);
-    float* m_split = Ot + TM * 32 * DPT;
+    float* m_split = Ot + (O_REGS ? 0 : TM * 32 * DPT);
     float* l_split = m_split + TM;
     float* alpha = l_split + TM;
     float* M_tot = alpha + TM;
@@ -142,7 +127,7 @@ __device__ __forceinline__ void attention_body(
         M_tot[r] = NEG_INF;
         L_tot[r] = 0.0f;
     }
-    if (only_split < 0)
+    if (!O_REGS && only_split < 0)
         for (int i = tid; i < TM * 32 * DPT; i += ATT_THREADS) Ot[i] = 0.0f;
     {
         const int chunks = d_pad / 8;
@@ -179,6 +164,11 @@ __device__ __forceinline__ void attention_body(
     const int c_own = tid % ATT_TILE_N, rg = tid / ATT_TILE_N;
     constexpr int PROWS = TM / 4;  // PV layout: rows warp + 4i, dims lane * DPT + e
     const int d_own = lane * DPT;
+    float O[O_REGS ? PROWS : 1][O_REGS ? DPT : 1];  // O_REGS: this thread's part of the running output
+#pragma unroll
+    for (int i = 0; i < (O_REGS ? PROWS : 1); ++i)
+#pragma unroll
+        for (int e = 0; e < (O_REGS ? DPT : 1); ++e) O[i][e] = 0.0f;
 
     for (int s = s_lo; s <= s_hi; ++s) {
         __syncthreads();  // the previous split's merge has read its statistics
@@ -207,9 +197,9 @@ __device__ __forceinline__ void attention_body(
         cp_async_commit();
         for (int it = 0; it < tiles; ++it) {
             const int t0 = tile_lo + it * ATT_TILE_N;
-            bf16_t* Kb = Ks + (ATT_BUFFERS(TM) == 2 ? (it & 1) : 0) * ATT_TILE_N * stride;
-            bf16_t* Vb = Vs + (ATT_BUFFERS(TM) == 2 ? (it & 1) : 0) * ATT_TILE_N * stride;
-            if (ATT_BUFFERS(TM) == 2 && it + 1 < tiles) {  // the next tile streams in while this one is computed
+            bf16_t* Kb = Ks + (BUFFERS == 2 ? (it & 1) : 0) * ATT_TILE_N * stride;
+            bf16_t* Vb = Vs + (BUFFERS == 2 ? (it & 1) : 0) * ATT_TILE_N * stride;
+            if (BUFFERS == 2 && it + 1 < tiles) {  // the next tile streams in while this one is computed
                 load_kv_tile(Ks + ((it + 1) & 1) * ATT_TILE_N * stride, Vs + ((it + 1) & 1) * ATT_TILE_N * stride,
                              kslot + (it + 1) * ATT_TILE_N, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
                 cp_async_commit();
@@ -258,34 +248,13 @@ __device__ __forceinline__ void attention_body(
                 }
             }
             __syncthreads();
-            // ---- online softmax statistics: one warp per row; lane l sums its keys l, l+32, .. in order,
-            // then a fixed shuffle tree, lane 0's result is the row's (the same bits in every block shape)
+            // ---- online softmax statistics, one warp per row; P overwrites the scores
             for (int r = warp; r < rows; r += ATT_THREADS / 32) {
                 float* pr = Ps + r * (ATT_TILE_N + 1);
-                float mt = NEG_INF;
-                for (int c = lane; c < ATT_TILE_N; c += 32) mt = fmaxf(mt, pr[c]);
-                mt = warp_max(mt);
-                if (mt == NEG_INF) {  // every key of this tile is masked for this row: state unchanged
-                    for (int c = lane; c < ATT_TILE_N; c += 32) pr[c] = 0.0f;
-                    if (lane == 0) alpha[r] = 1.0f;
-                    continue;
-                }
-                const float m_old = m_split[r];
-                const float m_new = fmaxf(m_old, mt);
-                const float a = (m_old == NEG_INF) ? 0.0f : expf(__fsub_rn(m_old, m_new));
-                float sum = 0.0f;
-                for (int c = lane; c < ATT_TILE_N; c += 32) {
-                    const float p = expf(__fsub_rn(pr[c], m_new));
+                softmax_tile_row<ATT_TILE_N>(pr, m_split + r, l_split + r, alpha + r, lane, [&](int c, float p) {
                     pr[c] = p;
-                    sum = __fadd_rn(sum, p);
-                }
-                sum = __shfl_sync(0xffffffffu, warp_sum(sum), 0);
-                __syncwarp();
-                if (lane == 0) {
-                    l_split[r] = __fadd_rn(__fmul_rn(l_split[r], a), sum);
-                    m_split[r] = m_new;
-                    alpha[r] = a;
-                }
+                    return p;
+                });
             }
             __syncthreads();
             // ---- acc = acc * alpha + P V, keys in order
@@ -310,7 +279,7 @@ __device__ __forceinline__ void attention_body(
                 }
             }
             __syncthreads();  // every thread is done with this buffer before it is refilled
-            if (ATT_BUFFERS(TM) == 1 && it + 1 < tiles) {
+            if (BUFFERS == 1 && it + 1 < tiles) {
                 load_kv_tile(Ks, Vs, kslot + (it + 1) * ATT_TILE_N, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
                 cp_async_commit();
             }
@@ -343,8 +312,12 @@ __device__ __forceinline__ void attention_body(
                     float a, bb, M_new;
                     merge_factors(M_tot[r], m_split[r], &a, &bb, &M_new);
 #pragma unroll
-                    for (int e = 0; e < DPT; ++e)
-                        Ot[r * 32 * DPT + d_own + e] = merge_value(Ot[r * 32 * DPT + d_own + e], a, acc[i][e], bb);
+                    for (int e = 0; e < DPT; ++e) {
+                        if constexpr (O_REGS)
+                            O[i][e] = merge_value(O[i][e], a, acc[i][e], bb);
+                        else
+                            Ot[r * 32 * DPT + d_own + e] = merge_value(Ot[r * 32 * DPT + d_own + e], a, acc[i][e], bb);
+                    }
                     __syncwarp();
                     if (lane == 0) {
                         L_tot[r] = merge_value(L_tot[r], a, l_split[r], bb);
@@ -354,7 +327,22 @@ __device__ __forceinline__ void attention_body(
             }
         }
     }
-    if (only_split < 0) {
+    if (O_REGS && only_split < 0) {
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < PROWS; ++i) {
+            const int r = warp + 4 * i;
+            if (r < rows) {
+                const long long t = q_begin + tile_tok + r / group;
+                const int h = hk * group + r % group;
+                const float L = L_tot[r];
+#pragma unroll
+                for (int e = 0; e < DPT; ++e)
+                    if (d_own + e < d)
+                        out[t * o_s0 + h * o_s1 + d_own + e] = float_to_bf16(L > 0.0f ? __fdiv_rn(O[i][e], L) : 0.0f);
+            }
+        }
+    } else if (only_split < 0) {
         __syncthreads();
         for (int i = tid; i < rows * d; i += ATT_THREADS) {
             const int r = i / d, j = i - r * d;
@@ -383,53 +371,16 @@ ATTENTION_KERNEL(16, 1)
 ATTENTION_KERNEL(16, 2)
 ATTENTION_KERNEL(16, 4)
 ATTENTION_KERNEL(16, 8)
+ATTENTION_KERNEL(16, 16)
 ATTENTION_KERNEL(64, 1)
 ATTENTION_KERNEL(64, 2)
 ATTENTION_KERNEL(64, 4)
 ATTENTION_KERNEL(64, 8)
 
-// Merge the split partials of every (token, head) row in split order and write the output.
-// One warp per row; rows = tokens * q_heads; head dims up to 32 * COMBINE_MAX_DPT. The lanes read the
-// (max, sum) of 32 splits at once and share them by shuffles, so empty splits (past a context, m = -inf)
-// cost no memory round trip; each lane merges its dims in split order (the same bits as direct mode).
-#define COMBINE_MAX_DPT 8
+// Merge the split partials of every (token, head) row (`combine_splits`); head dims up to 32 * COMBINE_MAX_DPT.
+#define COMBINE_MAX_DPT 16
 extern "C" __global__ void attention_combine(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml,
                                              int splits, bf16_t* __restrict__ out, long long o_s0, long long o_s1,
                                              int q_heads, int d, long long rows) {
-    const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (row >= rows) return;
-    const int lane = threadIdx.x & 31;
-    const long long t = row / q_heads;
-    const int h = (int)(row - t * q_heads);
-    float O[COMBINE_MAX_DPT];
-#pragma unroll
-    for (int i = 0; i < COMBINE_MAX_DPT; ++i) O[i] = 0.0f;
-    float M = NEG_INF, L = 0.0f;
-    for (int s0 = 0; s0 < splits; s0 += 32) {
-        float2 mine;
-        mine.x = NEG_INF;
-        mine.y = 0.0f;
-        if (s0 + lane < splits) mine = ws_ml[row * splits + s0 + lane];
-        const int count = min(32, splits - s0);
-        for (int k = 0; k < count; ++k) {
-            const float m = __shfl_sync(0xffffffffu, mine.x, k);
-            const float l = __shfl_sync(0xffffffffu, mine.y, k);
-            if (m == NEG_INF) continue;  // the same for every lane
-            float a, b, M_new;
-            merge_factors(M, m, &a, &b, &M_new);
-            const float* acc = ws_acc + (row * splits + s0 + k) * d;
-#pragma unroll
-            for (int i = 0; i < COMBINE_MAX_DPT; ++i) {
-                const int j = lane + 32 * i;
-                if (j < d) O[i] = merge_value(O[i], a, acc[j], b);
-            }
-            L = merge_value(L, a, l, b);
-            M = M_new;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < COMBINE_MAX_DPT; ++i) {
-        const int j = lane + 32 * i;
-        if (j < d) out[t * o_s0 + h * o_s1 + j] = float_to_bf16(L > 0.0f ? __fdiv_rn(O[i], L) : 0.0f);
-    }
+    combine_splits<COMBINE_MAX_DPT>(ws_acc, ws_ml, splits, out, o_s0, o_s1, q_heads, d, rows);
 }

@@ -348,3 +348,48 @@ extern "C" __global__ void sigmoid_gate_bf16(const bf16_t* __restrict__ x, long 
         out[i] = float_to_bf16(bf16_to_float(x[r * ldx + c]) / (1.0f + expf(-g)));
     }
 }
+
+// The Gemma family's elementwise ops (its `gemma` op group): out[r, c] = op(x[r, c], y[r, c]) for rows of
+// `cols` elements, x and y with their own row strides (one layer's slice of a stacked array included) and
+// contiguous rows; out contiguous [rows, cols]; fp32 math. Unary ops ignore y (null).
+struct SoftCap {
+    float cap;
+    __device__ float operator()(float x, float) const { return __fmul_rn(tanhf(__fdiv_rn(x, cap)), cap); }
+};
+
+struct Scale {
+    float factor;
+    __device__ float operator()(float x, float) const { return __fmul_rn(x, factor); }
+};
+
+struct AddScaled {
+    float factor;
+    __device__ float operator()(float x, float y) const { return __fmul_rn(__fadd_rn(x, y), factor); }
+};
+
+struct GeluTanhGate {
+    __device__ float operator()(float gate, float up) const { return __fmul_rn(GeluTanh{}(gate), up); }
+};
+
+template <typename Op>
+__device__ void map_rows(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ y, long long ldy,
+                         bf16_t* __restrict__ out, int cols, long long rows, Op op) {
+    const long long n = rows * cols;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / cols;
+        const int c = (int)(i - r * cols);
+        const float yv = y ? bf16_to_float(y[r * ldy + c]) : 0.0f;
+        out[i] = float_to_bf16(op(bf16_to_float(x[r * ldx + c]), yv));
+    }
+}
+
+#define GEMMA_KERNEL(NAME, OP)                                                                                       \
+    extern "C" __global__ void NAME(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ y,       \
+                                    long long ldy, bf16_t* __restrict__ out, int cols, long long rows, float value) { \
+        map_rows(x, ldx, y, ldy, out, cols, rows, OP);                                                               \
+    }
+
+GEMMA_KERNEL(gemma_soft_cap_bf16, SoftCap{value})
+GEMMA_KERNEL(gemma_scale_bf16, Scale{value})
+GEMMA_KERNEL(gemma_add_scaled_bf16, AddScaled{value})
+GEMMA_KERNEL(gemma_gelu_tanh_gate_bf16, GeluTanhGate{})

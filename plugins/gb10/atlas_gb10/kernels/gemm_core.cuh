@@ -61,35 +61,21 @@ __device__ __forceinline__ int gathered_row(const int* __restrict__ x_rows, int 
     return r >= M ? -1 : (x_rows ? x_rows[r] : r);
 }
 
-// One (MT x 16) x (NT x 8) output tile at rows m0.. and columns n0..: rows below M are computed. Row r of the
-// product reads row x_rows[r] of x when x_rows is given (a gather, e.g. tokens grouped by expert), else row r;
-// it is written to row r of out. A row's result depends only on its x row, w and K, never on m0 or M.
+// acc[i][j] (this lane's fragments of the tile at rows m0.., columns n0..) += the products of the 32-wide K
+// chunks [c_begin, c_end), chunk after chunk in order, two mma steps each; U chunks are loaded before they
+// are multiplied. Row r of the product reads row x_rows[r] of x when x_rows is given, else row r.
 template <int MT, int NT, int U, bool VEC>
-__device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
-                                          const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
-                                          bf16_t* __restrict__ out, long long ldo, int m0, int M, int n0, int N, int K) {
-    __shared__ float partial[GEMM_KSPLIT][MT * NT * 4][32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const int chunks = (K + 31) / 32;
-    const int per_warp = (chunks + GEMM_KSPLIT - 1) / GEMM_KSPLIT;
-    const int c_begin = warp * per_warp;
-    const int c_end = min(chunks, c_begin + per_warp);
-
-    float acc[MT][NT][4];
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-
+__device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
+                                           const bf16_t* __restrict__ w, int m0, int M, int n0, int N, int K,
+                                           int c_begin, int c_end, float (&acc)[MT][NT][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     for (int c = c_begin; c < c_end; c += U) {
         Frag8 b[U][NT];
         Frag8 a[U][MT][2];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int k = (c + u) * 32 + q * 8;
-            const int kk = (c + u) < c_end ? k : K;  // past the warp's range: load nothing
+            const int kk = (c + u) < c_end ? k : K;  // past the range: load nothing
 #pragma unroll
             for (int j = 0; j < NT; ++j) b[u][j] = load8<VEC>(w, K, n0 + j * 8 + g, N, kk, K);
 #pragma unroll
@@ -112,6 +98,31 @@ __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ x, long lon
             }
         }
     }
+}
+
+// One (MT x 16) x (NT x 8) output tile at rows m0.. and columns n0..: rows below M are computed. Row r of the
+// product reads row x_rows[r] of x when x_rows is given (a gather, e.g. tokens grouped by expert), else row r;
+// it is written to row r of out. A row's result depends only on its x row, w and K, never on m0 or M.
+template <int MT, int NT, int U, bool VEC>
+__device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
+                                          const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
+                                          bf16_t* __restrict__ out, long long ldo, int m0, int M, int n0, int N, int K) {
+    __shared__ float partial[GEMM_KSPLIT][MT * NT * 4][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int chunks = (K + 31) / 32;
+    const int per_warp = (chunks + GEMM_KSPLIT - 1) / GEMM_KSPLIT;
+    const int c_begin = warp * per_warp;
+    const int c_end = min(chunks, c_begin + per_warp);
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+    mma_chunks<MT, NT, U, VEC>(x, ldx, x_rows, w, m0, M, n0, N, K, c_begin, c_end, acc);
 
 #pragma unroll
     for (int i = 0; i < MT; ++i)

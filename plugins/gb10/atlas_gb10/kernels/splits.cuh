@@ -1,0 +1,109 @@
+// Split-K ("flash-decoding") pieces shared by the attention kernels (attention.cu, mla.cu): merging the
+// (max, sum, accumulator) partials of key splits in split order with explicit roundings, the combine
+// kernel body that merges them from a workspace, a row's online-softmax step over one key tile, and the
+// cp.async copies that stream key tiles into shared memory.
+//
+// A row's attention is canonically: an online softmax over each split of its keys (splits aligned to
+// key 0), the splits then merged in order by `merge_factors` / `merge_value`. A kernel that merges its
+// splits itself (direct mode) and `combine_splits` over a workspace give the same bits.
+#pragma once
+#include "common.cuh"
+
+// Fold one split's (m, l, acc) into the running (M, L, O). Empty splits (m = -inf) must be skipped by
+// the caller. Explicit roundings: the same bits wherever it is inlined.
+__device__ __forceinline__ void merge_factors(float M, float m, float* a, float* b, float* M_new) {
+    const float mn = fmaxf(M, m);
+    *a = (M == NEG_INF) ? 0.0f : expf(__fsub_rn(M, mn));
+    *b = expf(__fsub_rn(m, mn));
+    *M_new = mn;
+}
+
+__device__ __forceinline__ float merge_value(float running, float a, float value, float b) {
+    return __fadd_rn(__fmul_rn(running, a), __fmul_rn(value, b));
+}
+
+// One row's online-softmax step over a tile of TILE_N scores (-inf: masked), by one warp: lane l takes keys
+// l, l + 32, ... in order, then a fixed shuffle tree, so the row's statistics are the same bits in every
+// block shape. p = exp(score - new max) goes to `store(c, p)`, which returns the value to add to the row
+// sum (a caller that rounds p sums what it rounded); lane 0 updates the split's (m, l) and writes the
+// factor alpha for the row's accumulator. A tile masked for the whole row stores zeros, alpha = 1.
+template <int TILE_N, typename Store>
+__device__ __forceinline__ void softmax_tile_row(const float* scores, float* m_split, float* l_split, float* alpha,
+                                                 int lane, Store store) {
+    float mt = NEG_INF;
+    for (int c = lane; c < TILE_N; c += 32) mt = fmaxf(mt, scores[c]);
+    mt = warp_max(mt);
+    if (mt == NEG_INF) {  // every key of this tile is masked for this row: state unchanged
+        for (int c = lane; c < TILE_N; c += 32) store(c, 0.0f);
+        if (lane == 0) *alpha = 1.0f;
+        return;
+    }
+    const float m_old = *m_split;
+    const float m_new = fmaxf(m_old, mt);
+    const float a = (m_old == NEG_INF) ? 0.0f : expf(__fsub_rn(m_old, m_new));
+    float sum = 0.0f;
+    for (int c = lane; c < TILE_N; c += 32) sum = __fadd_rn(sum, store(c, expf(__fsub_rn(scores[c], m_new))));
+    sum = __shfl_sync(0xffffffffu, warp_sum(sum), 0);
+    __syncwarp();
+    if (lane == 0) {
+        *l_split = __fadd_rn(__fmul_rn(*l_split, a), sum);
+        *m_split = m_new;
+        *alpha = a;
+    }
+}
+
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* global_src) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// Merge the split partials of every (token, head) row in split order and write the output: row =
+// t * q_heads + h, its split s at ws_ml[row * splits + s] (max, sum) and ws_acc[(row * splits + s) * d ..].
+// One warp per row; head dims up to 32 * MAX_DPT. The lanes read the (max, sum) of 32 splits at once and
+// share them by shuffles, so empty splits (past a context, m = -inf) cost no memory round trip; each
+// lane merges its dims in split order (the same bits as a kernel's direct mode).
+template <int MAX_DPT>
+__device__ __forceinline__ void combine_splits(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml,
+                                               int splits, bf16_t* __restrict__ out, long long o_s0, long long o_s1,
+                                               int q_heads, int d, long long rows) {
+    const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= rows) return;
+    const int lane = threadIdx.x & 31;
+    const long long t = row / q_heads;
+    const int h = (int)(row - t * q_heads);
+    float O[MAX_DPT];
+#pragma unroll
+    for (int i = 0; i < MAX_DPT; ++i) O[i] = 0.0f;
+    float M = NEG_INF, L = 0.0f;
+    for (int s0 = 0; s0 < splits; s0 += 32) {
+        float2 mine;
+        mine.x = NEG_INF;
+        mine.y = 0.0f;
+        if (s0 + lane < splits) mine = ws_ml[row * splits + s0 + lane];
+        const int count = min(32, splits - s0);
+        for (int k = 0; k < count; ++k) {
+            const float m = __shfl_sync(0xffffffffu, mine.x, k);
+            const float l = __shfl_sync(0xffffffffu, mine.y, k);
+            if (m == NEG_INF) continue;  // the same for every lane
+            float a, b, M_new;
+            merge_factors(M, m, &a, &b, &M_new);
+            const float* acc = ws_acc + (row * splits + s0 + k) * d;
+#pragma unroll
+            for (int i = 0; i < MAX_DPT; ++i) {
+                const int j = lane + 32 * i;
+                if (j < d) O[i] = merge_value(O[i], a, acc[j], b);
+            }
+            L = merge_value(L, a, l, b);
+            M = M_new;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MAX_DPT; ++i) {
+        const int j = lane + 32 * i;
+        if (j < d) out[t * o_s0 + h * o_s1 + j] = float_to_bf16(L > 0.0f ? __fdiv_rn(O[i], L) : 0.0f);
+    }
+}
