@@ -84,7 +84,8 @@ def test_precedence_flag_env_family_default() -> None:
     assert (settings["ratio"], settings.sources["ratio"]) == (0.25, "env")
     assert settings["fast"] is False and settings["keys"] == ["a", "b"]
     assert (settings["mode"], settings.sources["mode"]) == ("a", "default")  # an empty variable is unset
-    unknown = settings.apply_family_defaults({"count": 1, "ratio": 1.0, "mode": "b", "path": "x", "colour": 1}, fixed=["path"])
+    family = {"count": 1, "ratio": 1.0, "mode": "b", "path": "x", "colour": 1}
+    unknown = settings.apply_family_defaults(family, fixed=["path"])
     assert unknown == ["path", "colour"]
     assert (settings["mode"], settings.sources["mode"]) == ("b", "family")
     assert (settings["count"], settings["ratio"], settings["path"]) == (9, 0.25, None)
@@ -94,7 +95,8 @@ def test_precedence_flag_env_family_default() -> None:
 def test_bad_environment_value_is_a_config_error_naming_variable_and_accepted_values() -> None:
     with pytest.raises(ConfigError, match=r"^environment variable ATLAS_MODE: expected one of a, b, got 'c'$"):
         Settings(SAMPLE, {}, {"ATLAS_MODE": "c"})
-    with pytest.raises(ConfigError, match=r"^environment variable ATLAS_EXTRA: expected a JSON object, got text that is not valid JSON"):
+    not_json = r"^environment variable ATLAS_EXTRA: expected a JSON object, got text that is not valid JSON"
+    with pytest.raises(ConfigError, match=not_json):
         Settings(SAMPLE, {}, {"ATLAS_EXTRA": "{oops"})
 
 

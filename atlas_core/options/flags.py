@@ -11,7 +11,8 @@ from atlas_core.options.parsers import Parser
 
 
 def _flag_type(parse: Parser) -> Parser:
-    """``parse`` with its `ValueError` turned into argparse's error: ``argument --port: expected an integer, got 'x'``."""
+    """``parse`` with its `ValueError` turned into argparse's error, so that a bad flag reads
+    ``argument --port: expected an integer, got 'x'``."""
 
     def convert(text: str) -> Any:
         try:

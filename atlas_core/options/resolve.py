@@ -19,7 +19,9 @@ class Settings:
     accepts.
     """
 
-    def __init__(self, options: Sequence[Option], given: Mapping[str, Any], env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, options: Sequence[Option], given: Mapping[str, Any], env: Mapping[str, str] | None = None
+    ) -> None:
         env = os.environ if env is None else env
         self.options = {opt.name: opt for opt in options}
         self.values: dict[str, Any] = {}

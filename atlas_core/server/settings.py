@@ -30,16 +30,19 @@ class ServeOptions:
         default_help="the model's name",
     )
     tool_call_parser: str | None = option(
-        None, metavar="NAME", help="tool-call format of the model's output, or 'none'", default_help="the family's, else none"
+        None, metavar="NAME", help="tool-call format of the model's output, or 'none'",
+        default_help="the family's, else none",
     )
     reasoning_parser: str | None = option(
-        None, metavar="NAME", help="reasoning format of the model's output, or 'none'", default_help="the family's, else none"
+        None, metavar="NAME", help="reasoning format of the model's output, or 'none'",
+        default_help="the family's, else none",
     )
     chat_template: str | None = option(
         None, metavar="FILE_OR_JINJA", help="replace the model's chat template", default_help="the model's"
     )
     default_chat_template_kwargs: dict[str, Any] = option(
-        default_factory=dict, metavar="JSON", help='chat template variables for every request, e.g. \'{"enable_thinking": false}\''
+        default_factory=dict, metavar="JSON",
+        help='chat template variables for every request, e.g. \'{"enable_thinking": false}\''
     )
     api_key: list[str] = option(
         default_factory=list, repeat=True, metavar="KEY", help="require this key on /v1/* and tokenize; repeatable",
