@@ -1,22 +1,32 @@
 """`AsyncEngine`: many asyncio consumers, one engine thread.
 
-The engine runs `LLMEngine.step` in a dedicated thread; requests are submitted from the event
-loop and each consumer receives its `RequestOutput` updates through its own asyncio queue.
-Cancelling a consumer (client disconnect) aborts its request and frees its KV blocks.
+The engine thread is the only one that touches the `LLMEngine`: it runs `LLMEngine.step` and, between
+steps, the commands consumers send it (add a request, abort one, abort all). Consumers never wait
+for the engine: submitting a command only appends it to a queue, so the event loop stays free while
+a forward step runs, however long. Each consumer receives its `RequestOutput` updates through its own
+asyncio queue. Cancelling a consumer (client disconnect) aborts its request and frees its KV blocks
+at the engine thread's next turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import queue
 import threading
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 from atlas_core.engine.llm_engine import LLMEngine
 from atlas_core.engine.outputs import RequestOutput
 from atlas_core.engine.sampling_params import SamplingParams
+
+log = logging.getLogger("atlas.engine")
+
+T = TypeVar("T")
 
 
 class AsyncEngine:
@@ -24,7 +34,7 @@ class AsyncEngine:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self._lock = threading.Lock()
+        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
         self._ids = itertools.count()
@@ -33,20 +43,41 @@ class AsyncEngine:
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stopping:
-            with self._lock:
-                busy = self.engine.has_unfinished()
-                outputs = self._step() if busy else []
-            for output in outputs:
+        while True:
+            self._run_commands()
+            if self._stopping:
+                return
+            busy = self.engine.has_unfinished()
+            for output in self._step() if busy else []:
                 self._deliver(output.request_id, output)
             if not busy:
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
 
+    def _run_commands(self) -> None:
+        """Run every queued command (engine thread), each result or exception into its future."""
+        while True:
+            try:
+                command, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                future.set_result(command())
+            except Exception as exc:  # reported to whoever submitted the command
+                future.set_exception(exc)
+
+    def _submit(self, command: Callable[[], T]) -> Future[T]:
+        """Queue ``command`` for the engine thread (any thread may call this; it never blocks)."""
+        future: Future[T] = Future()
+        self._commands.put((command, future))
+        self._wake.set()
+        return future
+
     def _step(self) -> list[RequestOutput]:
         try:
             return self.engine.step()
         except Exception as exc:  # a failed step fails its requests, never the engine thread
+            log.exception("engine step failed")
             failed = list(self.engine.requests)
             for request_id in failed:
                 self.engine.abort(request_id)
@@ -56,48 +87,60 @@ class AsyncEngine:
     def _deliver(self, request_id: str, item: RequestOutput | Exception) -> None:
         target = self._queues.get(request_id)
         if target is not None:
-            loop, queue = target
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            loop, queue_ = target
+            loop.call_soon_threadsafe(queue_.put_nowait, item)
+
+    def _add(self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Engine thread: queue the request in the engine; an invalid one is reported to its consumer."""
+        try:
+            self.engine.add_request(request_id, prompt, prompt_ids, params)
+        except Exception as exc:
+            self._deliver(request_id, exc)
 
     async def generate(
         self, prompt: str | None, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's output after every step that changed it; the last one has ``finished``.
 
-        Invalid requests raise `InvalidRequestError` before the first yield.
+        Invalid requests raise `InvalidRequestError` before the first yield. Closing the iterator
+        early aborts the request (at the engine thread's next turn).
         """
         request_id = request_id or f"req-{next(self._ids)}"
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._queues[request_id] = (asyncio.get_running_loop(), queue)
+        queue_: asyncio.Queue[Any] = asyncio.Queue()
+        self._queues[request_id] = (asyncio.get_running_loop(), queue_)
+        finished = False
         try:
-            with self._lock:
-                self.engine.add_request(request_id, prompt, prompt_ids, params)
-            self._wake.set()
+            self._submit(lambda: self._add(request_id, prompt, prompt_ids, params))
             while True:
-                item = await queue.get()
+                item = await queue_.get()
                 if isinstance(item, Exception):
+                    finished = True  # failed requests are already out of the engine
                     raise item
                 yield item
                 if item.finished:
+                    finished = True
                     return
         finally:
             self._queues.pop(request_id, None)
-            with self._lock:
-                self.engine.abort(request_id)
+            if not finished:
+                self._submit(lambda: self.engine.abort(request_id))
 
-    def abort_all(self) -> int:
+    def _abort_all(self) -> int:
+        """Engine thread: end every request in flight; its consumer receives its output finished with
+        reason ``abort``."""
+        ended = 0
+        for request_id in list(self._queues):
+            request = self.engine.requests.get(request_id)
+            if request is not None:
+                self.engine.abort(request_id)
+                self._deliver(request_id, request.output())
+                ended += 1
+        return ended
+
+    async def abort_all(self) -> int:
         """End every request in flight: its consumer receives its output finished with reason
         ``abort`` (so a stream ends cleanly) and its KV blocks are freed. Returns how many."""
-        ended = []
-        with self._lock:
-            for request_id in list(self._queues):
-                request = self.engine.requests.get(request_id)
-                if request is not None:
-                    self.engine.abort(request_id)
-                    ended.append((request_id, request.output()))
-        for request_id, output in ended:
-            self._deliver(request_id, output)
-        return len(ended)
+        return await asyncio.wrap_future(self._submit(self._abort_all))
 
     async def drain(self, timeout: float) -> int:
         """Graceful shutdown: wait up to ``timeout`` seconds for the requests in flight to finish,
@@ -105,9 +148,10 @@ class AsyncEngine:
         deadline = time.monotonic() + timeout
         while self._queues and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        return self.abort_all()
+        return await self.abort_all()
 
     def shutdown(self) -> None:
+        """Stop the engine thread once the commands already queued have run."""
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout=5)
