@@ -178,7 +178,9 @@ class Backend(ABC):
 
     @abstractmethod
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype | type) -> Array:
-        """A zero-filled array."""
+        """A zero-filled array whose memory is committed now: a host backend must not hand out lazily
+        mapped pages, or the KV cache (allocated once at start) would grow the process block by block
+        as requests use it."""
 
     # ---- ops ----------------------------------------------------------------------------
     @abstractmethod

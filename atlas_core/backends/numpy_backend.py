@@ -26,7 +26,9 @@ class NumpyBackend(Backend):
         return np.asarray(x)
 
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype | type) -> Array:
-        return np.zeros(shape, dtype=dtype)
+        out = np.empty(shape, dtype=dtype)
+        out.fill(0)  # resident now: np.zeros' pages would be committed one by one as KV blocks get used
+        return out
 
     def embedding(self, weight: Array, ids: Array) -> Array:
         return weight[ids].astype(np.float32, copy=False)
