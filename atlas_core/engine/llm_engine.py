@@ -101,6 +101,17 @@ class LLMEngine:
         bad = [t for t in (*params.logit_bias, *params.stop_token_ids) if not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(f"token ids {bad[:5]} in logit_bias / stop_token_ids are outside [0, {vocab})")
+        if params.top_k > vocab:
+            raise InvalidRequestError(
+                f"top_k={params.top_k} is more than the vocabulary ({vocab} tokens); send at most {vocab}, or 0 or -1 "
+                "for no top-k limit"
+            )
+        room = self.max_seq_len - len(prompt_ids)
+        if params.min_tokens > room:
+            raise InvalidRequestError(
+                f"min_tokens={params.min_tokens} is more than the context leaves after the prompt (max_seq_len "
+                f"{self.max_seq_len} minus {len(prompt_ids)} prompt tokens = {room}); ask for at most {room}"
+            )
         if self.state_slots is not None and params.n > self.state_slots.num_slots:
             raise InvalidRequestError(
                 f"n={params.n} exceeds max_num_seqs={self.state_slots.num_slots}: on a model with recurrent layers "

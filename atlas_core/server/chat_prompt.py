@@ -57,11 +57,13 @@ def render_text(runtime: ModelRuntime, setup: ChatSetup) -> str:
     )
 
 
-def render(runtime: ModelRuntime, setup: ChatSetup) -> RenderedPrompt:
-    """Render and tokenize; 400 as `render_text`, or when the prompt leaves no room to answer."""
+def render(runtime: ModelRuntime, setup: ChatSetup, *, check_length: bool = True) -> RenderedPrompt:
+    """Render and tokenize; 400 as `render_text`, or (``check_length``) when the prompt leaves no
+    room to answer. Blocking work: routes run it in a worker thread."""
     text = render_text(runtime, setup)
     ids = runtime.tokenizer.encode(text, add_special_tokens=False)
-    check_prompt_length(len(ids), runtime.max_seq_len)
+    if check_length:
+        check_prompt_length(len(ids), runtime.max_seq_len)
     return RenderedPrompt(text, ids)
 
 

@@ -67,6 +67,8 @@ def run_serve(args: argparse.Namespace) -> int:
             model_names=list(settings["served_model_name"] or []), api_keys=keys,
             request_timeout=settings["request_timeout"], max_body_bytes=settings["max_body_bytes"],
             cors_allow_origins=list(settings["cors_allow_origins"] or []), shutdown_timeout=settings["shutdown_timeout"],
+            max_sequences_per_request=settings["max_sequences_per_request"],
+            max_tokens_per_request=settings["max_tokens_per_request"],
         )
     )
     server = make_server(state, host, port)

@@ -3,18 +3,27 @@
 `generate` yields a request's `RequestOutput` after every engine step that changed it. Closing
 the iterator (a client that went away, a timeout) aborts the engine request, which frees its KV
 blocks. `start` waits for the first output so that a request the engine rejects becomes an HTTP
-error before any response byte is sent.
+error before any response byte is sent. `unless_disconnected` ends the wait for a response (first
+output or final result) as soon as the client hangs up, which aborts the work behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+from litestar.types import Receive
 
 from atlas_core.engine.outputs import RequestOutput
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.server.errors import APIError
 from atlas_core.server.state import ServerState
+
+T = TypeVar("T")
+
+CLIENT_CLOSED = 499
+"""Status recorded (in the request metrics) for a request whose client hung up before its response."""
 
 
 async def generate(
@@ -115,3 +124,27 @@ async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tu
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Return once the client has closed the connection (the request body was already read, so the
+    ASGI server's next message is ``http.disconnect``)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
+    """The result of ``work``; if the client disconnects first, ``work`` is cancelled (closing its
+    streams aborts their engine requests) and `APIError` 499 is raised (no one reads it)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if not task.cancelled():
+        return task.result()
+    raise APIError(CLIENT_CLOSED, "the client closed the connection before the response was ready")

@@ -33,21 +33,25 @@ class Prompt:
     from_text: bool
 
 
-def prompts_of(runtime: ModelRuntime, request: CompletionRequest) -> list[Prompt]:
-    """The request's prompts, tokenized (token-id prompts are decoded for ``echo``); 400 when empty,
-    mixed, or too long."""
+def prompt_items(request: CompletionRequest) -> list[str | list[int]]:
+    """The request's prompts, each a string or a list of token ids (not yet tokenized); 400 when
+    empty or mixed."""
     raw = request.prompt
     if isinstance(raw, str):
-        items: list[str | list[int]] = [raw]
-    elif raw and all(isinstance(item, int) for item in raw):
-        items = [list(raw)]  # type: ignore[arg-type]
-    elif raw and all(isinstance(item, (str, list)) for item in raw):
-        items = list(raw)  # type: ignore[arg-type]
-    else:
-        raise invalid(
-            "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists "
-            "(not empty, not mixed)", param="prompt",
-        )
+        return [raw]
+    if raw and all(isinstance(item, int) for item in raw):
+        return [list(raw)]  # type: ignore[arg-type]
+    if raw and all(isinstance(item, (str, list)) for item in raw):
+        return list(raw)  # type: ignore[arg-type]
+    raise invalid(
+        "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists "
+        "(not empty, not mixed)", param="prompt",
+    )
+
+
+def prompts_of(runtime: ModelRuntime, items: list[str | list[int]]) -> list[Prompt]:
+    """``items`` (from `prompt_items`) tokenized (token-id prompts are decoded for ``echo``); 400
+    when a token id is outside the vocabulary or a prompt is too long."""
     tokenizer = runtime.tokenizer
     vocab = runtime.vocab_size
     prompts = []

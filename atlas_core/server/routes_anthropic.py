@@ -7,22 +7,23 @@ tens of thousands), so a value beyond what the context leaves is served up to th
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
-from litestar import post
+from litestar import Request, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
 from atlas_core.server.anthropic_messages import MessageContext, message_response, message_stream
 from atlas_core.server.anthropic_prompt import anthropic_setup
-from atlas_core.server.chat_prompt import render, render_text
+from atlas_core.server.chat_prompt import render
 from atlas_core.server.constraints import REASONING_EFFORT_BUDGET, constraint_fields
 from atlas_core.server.errors import invalid
-from atlas_core.server.generation import final, generate, start
+from atlas_core.server.generation import final, generate, start, unless_disconnected
 from atlas_core.server.output_parsing import ParserSpec
-from atlas_core.server.sampling import sampling_params
+from atlas_core.server.sampling import check_request_work, sampling_params
 from atlas_core.server.schemas_anthropic import (
     CountTokensRequest,
     MessageResponse,
@@ -40,21 +41,26 @@ TAGS = ["Anthropic"]
 
 
 @post("/v1/messages", status_code=200, tags=TAGS, summary="Create a message (streamed when stream is true)")
-async def create_message(data: JSONBody[MessagesRequest], server: NamedDependency[ServerState]) -> MessageResponse | Stream:
+async def create_message(
+    data: JSONBody[MessagesRequest], server: NamedDependency[ServerState], request: Request[Any, Any, Any]
+) -> MessageResponse | Stream:
     runtime = server.runtime_for(data.model)
     if data.max_tokens < 1:
         raise invalid(f"max_tokens must be at least 1, got {data.max_tokens}", param="max_tokens")
     setup = anthropic_setup(server, data)
-    prompt = render(runtime, setup)
+    prompt = await asyncio.to_thread(render, runtime, setup)
     fields = SamplerFields(temperature=data.temperature, top_p=data.top_p, top_k=data.top_k, stop=data.stop_sequences)
     max_tokens = min(data.max_tokens, runtime.max_seq_len - len(prompt.ids))
+    check_request_work(server.config, [len(prompt.ids)], 1, max_tokens, runtime.max_seq_len)
     parsers = ParserSpec(server, setup, prompt.text)
-    params = sampling_params(fields, max_tokens=max_tokens, **_constraints(data, parsers, runtime))
+    constraints = await asyncio.to_thread(_constraints, data, parsers, runtime)
+    params = sampling_params(fields, max_tokens=max_tokens, **constraints)
     ctx = MessageContext(message_id=f"msg_{uuid.uuid4().hex}", model=server.model_name, parsers=parsers)
     stream = generate(server, prompt.text, prompt.ids, params)
     if data.stream:
-        return event_stream(message_stream(await start(stream), ctx, len(prompt.ids)), anthropic_error_event)
-    return message_response(await final(stream), ctx)
+        started = await unless_disconnected(request.receive, start(stream))
+        return event_stream(message_stream(started, ctx, len(prompt.ids)), anthropic_error_event)
+    return message_response(await unless_disconnected(request.receive, final(stream)), ctx)
 
 
 def _constraints(data: MessagesRequest, parsers: ParserSpec, runtime: ModelRuntime) -> dict[str, Any]:
@@ -72,8 +78,8 @@ def _constraints(data: MessagesRequest, parsers: ParserSpec, runtime: ModelRunti
 async def count_tokens(data: JSONBody[CountTokensRequest], server: NamedDependency[ServerState]) -> TokenCount:
     runtime = server.runtime_for(data.model)
     setup = anthropic_setup(server, data)
-    text = render_text(runtime, setup)
-    return TokenCount(len(runtime.tokenizer.encode(text, add_special_tokens=False)))
+    prompt = await asyncio.to_thread(render, runtime, setup, check_length=False)
+    return TokenCount(len(prompt.ids))
 
 
 ROUTES = [create_message, count_tokens]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from litestar import Request, Response, get, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from atlas_core.server.chat_prompt import openai_setup, render_text
+from atlas_core.server.chat_prompt import openai_setup, render
 from atlas_core.server.errors import invalid
 from atlas_core.server.schemas_openai import (
     ChatCompletionRequest,
@@ -33,10 +34,9 @@ async def tokenize(data: JSONBody[TokenizeRequest], server: NamedDependency[Serv
             messages=data.messages, tools=data.tools, chat_template_kwargs=data.chat_template_kwargs,
             add_generation_prompt=data.add_generation_prompt,
         )
-        text = render_text(runtime, openai_setup(server, chat))
-        ids = runtime.tokenizer.encode(text, add_special_tokens=False)
+        ids = (await asyncio.to_thread(render, runtime, openai_setup(server, chat), check_length=False)).ids
     else:
-        ids = runtime.tokenizer.encode(data.prompt or "", add_special_tokens=data.add_special_tokens)
+        ids = await asyncio.to_thread(runtime.tokenizer.encode, data.prompt or "", add_special_tokens=data.add_special_tokens)
     return TokenizeResponse(count=len(ids), max_model_len=runtime.max_seq_len, tokens=ids)
 
 
@@ -47,7 +47,7 @@ async def detokenize(data: JSONBody[DetokenizeRequest], server: NamedDependency[
     bad = [t for t in data.tokens if not 0 <= t < vocab]
     if bad:
         raise invalid(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="tokens")
-    return DetokenizeResponse(prompt=runtime.tokenizer.decode(data.tokens))
+    return DetokenizeResponse(prompt=await asyncio.to_thread(runtime.tokenizer.decode, data.tokens))
 
 
 @get("/health", tags=["Server"], summary="200 when serving; 503 while the model loads or the server shuts down")

@@ -6,8 +6,9 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
-from litestar import get, post
+from litestar import Request, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
@@ -16,12 +17,18 @@ from atlas_core.engine.outputs import RequestOutput
 from atlas_core.server.chat_prompt import openai_setup, render
 from atlas_core.server.constraints import REASONING_EFFORT_BUDGET, constraint_fields
 from atlas_core.server.errors import invalid
-from atlas_core.server.generation import final, generate, start
+from atlas_core.server.generation import final, generate, start, unless_disconnected
 from atlas_core.server.logprob_format import TokenTexts
 from atlas_core.server.openai_chat import ChatContext, chat_completion, chat_stream
-from atlas_core.server.openai_completions import CompletionContext, completion_response, completion_stream, prompts_of
+from atlas_core.server.openai_completions import (
+    CompletionContext,
+    completion_response,
+    completion_stream,
+    prompt_items,
+    prompts_of,
+)
 from atlas_core.server.output_parsing import ParserSpec
-from atlas_core.server.sampling import check_max_tokens, sampling_params
+from atlas_core.server.sampling import check_max_tokens, check_request_work, check_sequences, sampling_params
 from atlas_core.server.schemas_openai import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -38,18 +45,22 @@ TAGS = ["OpenAI"]
 
 
 @post("/v1/chat/completions", status_code=200, tags=TAGS, summary="Create a chat completion (streamed when stream is true)")
-async def chat_completions(data: JSONBody[ChatCompletionRequest], server: NamedDependency[ServerState]) -> ChatCompletion | Stream:
+async def chat_completions(
+    data: JSONBody[ChatCompletionRequest], server: NamedDependency[ServerState], request: Request[Any, Any, Any]
+) -> ChatCompletion | Stream:
     runtime = server.runtime_for(data.model)
+    check_sequences(server.config, 1, data.n)
     setup = openai_setup(server, data)
-    prompt = render(runtime, setup)
+    prompt = await asyncio.to_thread(render, runtime, setup)
     max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
     check_max_tokens(max_tokens, runtime.max_seq_len, param="max_completion_tokens" if data.max_completion_tokens is not None else "max_tokens")
+    check_request_work(server.config, [len(prompt.ids)], data.n, max_tokens, runtime.max_seq_len)
     if data.top_logprobs is not None and not data.logprobs:
         raise invalid("top_logprobs needs logprobs: true", param="top_logprobs")
     top = (data.top_logprobs or 0) if data.logprobs else None
     parsers = ParserSpec(server, setup, prompt.text)
-    constraints = constraint_fields(
-        parsers, runtime.tokenizer, response_format=data.response_format,
+    constraints = await asyncio.to_thread(
+        constraint_fields, parsers, runtime.tokenizer, response_format=data.response_format,
         thinking_tokens=REASONING_EFFORT_BUDGET.get(data.reasoning_effort or ""),
     )
     params = sampling_params(data, max_tokens=max_tokens, logprobs=top, **constraints)
@@ -60,17 +71,23 @@ async def chat_completions(data: JSONBody[ChatCompletionRequest], server: NamedD
     )
     stream = generate(server, prompt.text, prompt.ids, params)
     if data.stream:
-        return event_stream(chat_stream(await start(stream), ctx, data.n), openai_error_event)
-    return chat_completion(await final(stream), ctx)
+        started = await unless_disconnected(request.receive, start(stream))
+        return event_stream(chat_stream(started, ctx, data.n), openai_error_event)
+    return chat_completion(await unless_disconnected(request.receive, final(stream)), ctx)
 
 
 @post("/v1/completions", status_code=200, tags=TAGS, summary="Create a text completion (streamed when stream is true)")
-async def completions(data: JSONBody[CompletionRequest], server: NamedDependency[ServerState]) -> Completion | Stream:
+async def completions(
+    data: JSONBody[CompletionRequest], server: NamedDependency[ServerState], request: Request[Any, Any, Any]
+) -> Completion | Stream:
     runtime = server.runtime_for(data.model)
     if data.suffix:
         raise invalid("suffix is not supported (no fill-in-the-middle); leave it out", param="suffix")
-    prompts = prompts_of(runtime, data)
+    items = prompt_items(data)
+    check_sequences(server.config, len(items), data.n)
+    prompts = await asyncio.to_thread(prompts_of, runtime, items)
     check_max_tokens(data.max_tokens, runtime.max_seq_len)
+    check_request_work(server.config, [len(p.ids) for p in prompts], data.n, data.max_tokens, runtime.max_seq_len)
     params = sampling_params(
         data, max_tokens=data.max_tokens, logprobs=data.logprobs,
         prompt_logprobs=data.logprobs if data.echo and data.logprobs is not None else None,
@@ -82,8 +99,9 @@ async def completions(data: JSONBody[CompletionRequest], server: NamedDependency
     )
     streams = [generate(server, p.text if p.from_text else None, p.ids, params) for p in prompts]
     if data.stream:
-        return event_stream(completion_stream(await _start_all(streams), prompts, ctx), openai_error_event)
-    return completion_response(await _finish_all(streams), prompts, ctx)
+        started = await unless_disconnected(request.receive, _start_all(streams))
+        return event_stream(completion_stream(started, prompts, ctx), openai_error_event)
+    return completion_response(await unless_disconnected(request.receive, _finish_all(streams)), prompts, ctx)
 
 
 def _include_usage(options: StreamOptions | None) -> bool:

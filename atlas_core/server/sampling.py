@@ -8,6 +8,7 @@ from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.errors import InvalidRequestError
 from atlas_core.server.errors import APIError, invalid
 from atlas_core.server.schemas_openai import SamplerFields
+from atlas_core.server.state import ServerConfig
 
 
 def check_prompt_length(num_tokens: int, max_seq_len: int) -> None:
@@ -32,6 +33,37 @@ def check_max_tokens(max_tokens: int | None, max_seq_len: int, *, param: str = "
         raise invalid(
             f"{param}={max_tokens} is more than the model's context (max_seq_len {max_seq_len}); ask for at most "
             f"{max_seq_len} minus the prompt's tokens", param=param,
+        )
+
+
+def check_sequences(config: ServerConfig, num_prompts: int, n: int) -> None:
+    """400 when ``num_prompts`` prompts of ``n`` completions each exceed ``max_sequences_per_request``
+    (checked before anything is tokenized)."""
+    limit = config.max_sequences_per_request
+    if num_prompts * n > limit:
+        asked = f"{num_prompts} prompts times n={n}" if num_prompts > 1 else f"n={n}"
+        raise invalid(
+            f"this request asks for {num_prompts * n} completions ({asked}); this server accepts at most {limit} per "
+            "request (--max-sequences-per-request): send fewer prompts or a smaller n", param="n",
+        )
+
+
+def check_request_work(
+    config: ServerConfig, prompt_lengths: list[int], n: int, max_tokens: int | None, max_seq_len: int
+) -> None:
+    """400 when the work a request may create exceeds the server's per-request limits: its
+    completions (prompts times ``n``, `check_sequences`), and its tokens: every prompt's tokens plus,
+    for each of its ``n`` completions, the tokens it may generate (``max_tokens``, at most the rest of
+    the context; None: the rest of the context)."""
+    check_sequences(config, len(prompt_lengths), n)
+    total = sum(length + n * min(max_tokens or max_seq_len, max_seq_len - length) for length in prompt_lengths)
+    limit = config.max_tokens_per_request
+    if total > limit:
+        raise invalid(
+            f"this request may create up to {total} tokens (prompt tokens plus n={n} completions of up to "
+            f"{'max_tokens' if max_tokens else 'the rest of the context'} each); this server accepts at most {limit} "
+            "per request (--max-tokens-per-request): set a smaller max_tokens, n or fewer prompts",
+            param="max_tokens",
         )
 
 

@@ -59,6 +59,14 @@ class ServeOptions:
     shutdown_timeout: float = option(
         30.0, metavar="SECONDS", help="on shutdown, how long in-flight requests may continue before they are ended"
     )
+    max_sequences_per_request: int = option(
+        256, metavar="N", help="most completions one request may ask for (prompts times n); more is a 400"
+    )
+    max_tokens_per_request: int = option(
+        2**20, metavar="TOKENS",
+        help="most tokens one request may create: its prompt tokens plus, for each completion, the tokens it may "
+        "generate (max_tokens, else the rest of the context); more is a 400",
+    )
 
 
 SERVE_OPTIONS = options_of(ModelChoice, EngineConfig, ServeOptions)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas_core.engine.async_engine import AsyncEngine
+from atlas_core.errors import ConfigError
 from atlas_core.server.errors import APIError
 from atlas_core.server.metrics import ServerMetrics
 from atlas_core.server.settings import ServeOptions
@@ -25,7 +26,8 @@ class ServerConfig:
     ``chat_template_kwargs`` override them key by key. ``api_keys``: when non-empty, `/v1/*` and
     tokenize need one of them. ``request_timeout``: seconds from arrival to the last token (None:
     no limit). ``shutdown_timeout``: seconds in-flight requests may keep running after a shutdown
-    signal before they are ended.
+    signal before they are ended. ``max_sequences_per_request`` / ``max_tokens_per_request`` bound
+    the work one request may create (`atlas_core.server.sampling.check_request_work`).
     """
 
     model_names: list[str] = field(default_factory=list)
@@ -37,6 +39,13 @@ class ServerConfig:
     max_body_bytes: int = ServeOptions.max_body_bytes
     cors_allow_origins: list[str] = field(default_factory=list)
     shutdown_timeout: float = ServeOptions.shutdown_timeout
+    max_sequences_per_request: int = ServeOptions.max_sequences_per_request
+    max_tokens_per_request: int = ServeOptions.max_tokens_per_request
+
+    def __post_init__(self) -> None:
+        for name in ("max_sequences_per_request", "max_tokens_per_request"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
 
 
 @dataclass

@@ -55,6 +55,7 @@ CHAT_CASES: list[tuple[str, Any, str, str | None]] = [
     ("tools without a parser", {"messages": ASK, "tools": TOOLS}, "no tool-call parser", "tools"),
     ("required without tools", {"messages": ASK, "tool_choice": "required"}, "needs at least one tool", "tool_choice"),
     ("stop token out of vocab", {"messages": ASK, "stop_token_ids": [10**9]}, "outside [0,", None),
+    ("absurd top_k", {"messages": ASK, "top_k": 10**18}, "top_k=1000000000000000000 is more than the vocabulary", None),
     ("tool message without id", {"messages": [{"role": "tool", "content": "x"}]}, "a tool message needs tool_call_id", None),
 ]
 
