@@ -246,6 +246,23 @@ def test_chatml_rendering(source: str) -> None:
     assert template.render(MESSAGES) == CHATML_EXPECTED + "<|im_start|>assistant\n"
 
 
+@pytest.mark.parametrize("content", ["Once upon", "Once upon  "])
+def test_continue_final_message_leaves_the_last_message_open(content: str) -> None:
+    messages = [*MESSAGES, {"role": "assistant", "content": content}]
+    rendered = ChatTemplate(CHATML).render(messages, add_generation_prompt=False, continue_final_message=True)
+    assert rendered == CHATML_EXPECTED + "<|im_start|>assistant\n" + content
+    with pytest.raises(InvalidRequestError, match="cannot both be true"):
+        ChatTemplate(CHATML).render(messages, continue_final_message=True)
+    with pytest.raises(InvalidRequestError, match="does not render the last message's content"):
+        ChatTemplate("{{ messages | length }}").render(messages, add_generation_prompt=False, continue_final_message=True)
+
+
+@pytest.mark.parametrize("name", ["messages", "tools", "add_generation_prompt", "continue_final_message"])
+def test_template_variables_cannot_replace_the_named_arguments(name: str) -> None:
+    with pytest.raises(InvalidRequestError, match=f"chat_template_kwargs must not set {name}"):
+        ChatTemplate(CHATML).render(MESSAGES, variables={name: True})
+
+
 def test_enable_thinking_kwarg(byte_backend: Backend) -> None:
     tok = make(byte_backend, chat_template=CHATML_THINKING)
     on = tok.apply_chat_template(MESSAGES, chat_template_kwargs={"enable_thinking": True})

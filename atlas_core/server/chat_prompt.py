@@ -31,6 +31,7 @@ class ChatSetup:
     parallel_tool_calls: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         if not self.tools:
@@ -53,7 +54,7 @@ def render_text(runtime: ModelRuntime, setup: ChatSetup) -> str:
         raise invalid("messages must not be empty", param="messages")
     return runtime.tokenizer.apply_chat_template(
         setup.messages, tools=setup.template_tools(), add_generation_prompt=setup.add_generation_prompt,
-        chat_template_kwargs=setup.template_kwargs,
+        continue_final_message=setup.continue_final_message, chat_template_kwargs=setup.template_kwargs,
     )
 
 
@@ -108,6 +109,7 @@ def openai_setup(state: ServerState, request: ChatCompletionRequest) -> ChatSetu
         parallel_tool_calls=request.parallel_tool_calls,
         template_kwargs=template_kwargs(state, request.chat_template_kwargs, enable_thinking=thinks),
         add_generation_prompt=request.add_generation_prompt,
+        continue_final_message=request.continue_final_message,
     )
 
 

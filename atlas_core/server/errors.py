@@ -108,6 +108,13 @@ def as_api_error(exc: Exception) -> APIError:
         return APIError(exc.status_code, _http_message(exc))
     if isinstance(exc, AtlasError):
         return APIError(500, str(exc))
+    if isinstance(exc, UnicodeError):  # decoding the body
+        return APIError(400, f"the request body is not valid Unicode ({exc}); send JSON encoded as UTF-8")
+    if isinstance(exc, RecursionError):  # decoding the body, or walking a JSON Schema in it
+        return APIError(
+            400, "the request is nested too deeply to process (objects and arrays, or a JSON Schema, nested hundreds "
+            "of levels); nest it less deeply",
+        )
     log.exception("unexpected error while serving a request", exc_info=exc)
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
 

@@ -32,7 +32,7 @@ async def tokenize(data: JSONBody[TokenizeRequest], server: NamedDependency[Serv
     if data.messages is not None:
         chat = ChatCompletionRequest(
             messages=data.messages, tools=data.tools, chat_template_kwargs=data.chat_template_kwargs,
-            add_generation_prompt=data.add_generation_prompt,
+            add_generation_prompt=data.add_generation_prompt, continue_final_message=data.continue_final_message,
         )
         ids = (await asyncio.to_thread(render, runtime, openai_setup(server, chat), check_length=False)).ids
     else:

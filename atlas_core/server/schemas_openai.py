@@ -142,6 +142,7 @@ class ChatCompletionRequest(SamplerFields, kw_only=True):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     user: str | None = None
 
 
@@ -292,6 +293,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     tools: list[ChatTool] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 

@@ -149,25 +149,40 @@ class ChatTemplate:
         *,
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         special_token_strings: Mapping[str, str] | None = None,
-        **kwargs: Any,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         """Render the prompt text for `messages` (see `normalize_messages`).
 
         The template sees ``messages``, ``tools`` (None when not given, as in transformers),
         ``add_generation_prompt``, each entry of `special_token_strings` (``bos_token``, ...)
-        and each of `kwargs` (chat_template_kwargs such as ``enable_thinking``); `kwargs` may
-        override special tokens but never the three named arguments.
+        and each of `variables` (chat_template_kwargs such as ``enable_thinking``); `variables` may
+        override special tokens but never the named arguments (`RESERVED_KWARGS`: an
+        `InvalidRequestError`). ``continue_final_message``: the text ends with the last message's
+        content, left open for the model to continue (as transformers does; it cannot be combined
+        with ``add_generation_prompt``).
 
         Raises `InvalidRequestError` when the template calls ``raise_exception`` (its message is
         forwarded), attempts an operation the sandbox forbids, or fails for any other reason.
         """
-        context: dict[str, Any] = {**(special_token_strings or {}), **kwargs}
-        context.update(
-            messages=normalize_messages(messages), tools=tools, add_generation_prompt=add_generation_prompt
-        )
+        variables = variables or {}
+        reserved = sorted(RESERVED_KWARGS & variables.keys())
+        if reserved:
+            raise InvalidRequestError(
+                f"chat_template_kwargs must not set {', '.join(reserved)}: the request's own field of that name "
+                "does; send it there instead"
+            )
+        if continue_final_message and add_generation_prompt:
+            raise InvalidRequestError(
+                "continue_final_message and add_generation_prompt cannot both be true: to continue the last "
+                "message, send add_generation_prompt false"
+            )
+        normalized = normalize_messages(messages)
+        context: dict[str, Any] = {**(special_token_strings or {}), **variables}
+        context.update(messages=normalized, tools=tools, add_generation_prompt=add_generation_prompt)
         try:
-            return self._template.render(context)
+            text = self._template.render(context)
         except _TemplateRaised as e:
             raise InvalidRequestError(f"the chat template rejected the request: {e.message}") from e
         except jinja2.exceptions.SecurityError as e:
@@ -178,6 +193,28 @@ class ChatTemplate:
             raise InvalidRequestError(
                 f"{self.origin}: the chat template failed to render these messages: {type(e).__name__}: {e}"
             ) from e
+        return _open_final_message(text, normalized) if continue_final_message else text
 
 
-__all__ = ["ChatTemplate", "normalize_messages"]
+RESERVED_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message"})
+"""Template variables that only `ChatTemplate.render`'s own arguments set."""
+
+
+def _open_final_message(text: str, messages: list[dict[str, Any]]) -> str:
+    """``text`` cut just after the last message's content (transformers' ``continue_final_message``):
+    whatever the template closes the turn with is dropped. `InvalidRequestError` when the content
+    cannot be found in ``text``."""
+    final = messages[-1].get("content") if messages else None
+    if not isinstance(final, str) or not final.strip():
+        raise InvalidRequestError("continue_final_message needs a last message with text content to continue")
+    at = text.rfind(final.strip())
+    if at < 0:
+        raise InvalidRequestError(
+            "continue_final_message: the chat template does not render the last message's content as it is, so "
+            "there is no place to continue from; leave continue_final_message out"
+        )
+    kept = final.lstrip() if text[at : at + len(final.lstrip())] == final.lstrip() else final.strip()
+    return text[: at + len(kept)]
+
+
+__all__ = ["RESERVED_KWARGS", "ChatTemplate", "normalize_messages"]

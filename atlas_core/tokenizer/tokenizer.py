@@ -166,12 +166,16 @@ class Tokenizer:
         *,
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> str:
-        """Render `messages` (and `tools`) to prompt text with the model's chat template.
+        """Render `messages` (and `tools`) to prompt text with the model's chat template
+        (`ChatTemplate.render`; ``continue_final_message`` leaves the last message open).
 
         Raises `InvalidRequestError` when the model has no chat template, the template is not
-        valid Jinja, calls ``raise_exception`` (message forwarded), or fails to render.
+        valid Jinja, calls ``raise_exception`` (message forwarded), or fails to render, and for
+        kwargs that name a reserved variable or both ``add_generation_prompt`` and
+        ``continue_final_message``.
         """
         source = self.tool_chat_template if tools and self.tool_chat_template else self.chat_template
         if not source:
@@ -188,8 +192,9 @@ class Tokenizer:
             messages,
             tools=tools,
             add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
             special_token_strings=self.special_token_strings,
-            **(chat_template_kwargs or {}),
+            variables=chat_template_kwargs,
         )
 
 

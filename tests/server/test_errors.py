@@ -28,6 +28,17 @@ def http(server: LiveServer) -> Iterator[httpx.Client]:
         yield client
 
 
+def DEEP_SCHEMA(levels: int) -> bytes:  # noqa: N802 (reads as a constant in the case table)
+    """A JSON Schema of objects nested ``levels`` deep, as JSON text (too deep for `json.dumps`)."""
+    return b'{"type": "object", "properties": {"a": ' * levels + b'{"type": "string"}' + b"}}" * levels
+
+
+SCHEMA_REQUEST = (
+    b'{"messages": [{"role": "user", "content": "[ask]"}], '
+    b'"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": %s}}}'
+)
+
+
 CHAT_CASES: list[tuple[str, Any, str, str | None]] = [
     ("malformed JSON", b'{"messages": [', "not valid JSON", None),
     ("not an object", b"[1, 2]", "Expected `object`", None),
@@ -56,6 +67,19 @@ CHAT_CASES: list[tuple[str, Any, str, str | None]] = [
     ("required without tools", {"messages": ASK, "tool_choice": "required"}, "needs at least one tool", "tool_choice"),
     ("stop token out of vocab", {"messages": ASK, "stop_token_ids": [10**9]}, "outside [0,", None),
     ("absurd top_k", {"messages": ASK, "top_k": 10**18}, "top_k=1000000000000000000 is more than the vocabulary", None),
+    ("lone surrogate", b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "not valid JSON", None),
+    ("500-deep schema", SCHEMA_REQUEST % DEEP_SCHEMA(500), "nested too deeply", None),
+    ("150-deep schema", SCHEMA_REQUEST % DEEP_SCHEMA(150), "nested too deeply", None),
+    *[
+        (f"chat_template_kwargs {key}", {"messages": ASK, "chat_template_kwargs": {key: value}},
+         f"chat_template_kwargs must not set {key}", None)
+        for key, value in [("add_generation_prompt", True), ("tools", []), ("messages", ASK)]
+    ],
+    (
+        "continue_final_message with add_generation_prompt",
+        {"messages": [*ASK, {"role": "assistant", "content": "Sure"}], "continue_final_message": True},
+        "continue_final_message and add_generation_prompt cannot both be true", None,
+    ),
     ("tool message without id", {"messages": [{"role": "tool", "content": "x"}]}, "a tool message needs tool_call_id", None),
 ]
 
@@ -147,6 +171,32 @@ def test_completions_and_tokenizer_errors(http: httpx.Client) -> None:
         response = http.post(path, json=body)
         assert response.status_code == 400, (path, body, response.text)
         assert words in response.json()["error"]["message"], (path, body)
+
+
+POST_ROUTES = [
+    "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/tokenize", "/detokenize",
+]
+
+
+@pytest.mark.parametrize("path", POST_ROUTES)
+def test_undecodable_bodies_are_400_on_every_route(http: httpx.Client, path: str) -> None:
+    bodies = [
+        (b'{"messages": [{"role": "user", "content": "\xff\xfe"}], "prompt": "\xff"}', "not valid Unicode"),
+        (b"[" * 10_000 + b"]" * 10_000, "nested too deeply"),
+        (b'{"prompt": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", "nested too deeply"),
+    ]
+    for body, words in bodies:
+        response = http.post(path, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 400, (body[:20], response.text)
+        assert words in response.text
+
+
+def test_continue_final_message_leaves_the_last_message_open(http: httpx.Client) -> None:
+    messages = [*ASK, {"role": "assistant", "content": "The answer is"}]
+    body = {"messages": messages, "continue_final_message": True, "add_generation_prompt": False}
+    tokens = http.post("/tokenize", json=body).json()["tokens"]
+    text = http.post("/detokenize", json={"tokens": tokens}).json()["prompt"]
+    assert text.endswith("assistant\nThe answer is")
 
 
 def test_still_serving_after_all_that(server: LiveServer, http: httpx.Client) -> None:
