@@ -1,14 +1,13 @@
 """Running the app under uvicorn with a graceful shutdown.
 
-On SIGINT/SIGTERM uvicorn stops listening and waits for open connections; `DrainingServer`
-starts `ServerState.drain` at that moment, so in-flight requests get ``shutdown_timeout`` seconds
-to finish and are then ended cleanly (streams close with an error event) before uvicorn's own
-deadline, which is a few seconds later, would cut connections.
+On SIGINT/SIGTERM `DrainingServer` first runs `ServerState.drain` while still listening: new
+requests get a 503 (not a refused connection), in-flight ones get ``shutdown_timeout`` seconds to
+finish and are then ended cleanly (streams close with an error event). Only then does uvicorn stop
+listening and wait for the open connections, with a deadline a few seconds later.
 """
 
 from __future__ import annotations
 
-import asyncio
 import socket
 
 import uvicorn
@@ -27,9 +26,8 @@ class DrainingServer(uvicorn.Server):
         self.state = state
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        drained = asyncio.ensure_future(self.state.drain())
+        await self.state.drain()  # the sockets stay open meanwhile, so new requests get the 503
         await super().shutdown(sockets)
-        await drained
 
     @property
     def bound_port(self) -> int:

@@ -118,3 +118,29 @@ def test_request_timeout(scripted: ScriptedFactory) -> None:
     lines = [line[len("data: ") :] for line in streamed.text.splitlines() if line.startswith("data: ")]
     assert lines[-1] == "[DONE]" and json.loads(lines[-2])["error"]["type"] == "timeout_error"
     wait_until_idle(server, start)
+
+
+def test_requests_arriving_during_the_drain_get_503(scripted: ScriptedFactory) -> None:
+    server = scripted({"[long]": LONG}, delay_s=0.02, shutdown_timeout=3)
+    ended: dict[str, list[str]] = {}
+
+    def consume() -> None:
+        body = {"messages": ASK, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=30) as response:
+            ended["long"] = [line for line in response.iter_lines() if line.startswith("data: ")]
+
+    stream = threading.Thread(target=consume)
+    stream.start()
+    deadline = time.monotonic() + 10
+    while not server.engine.requests and time.monotonic() < deadline:
+        time.sleep(0.01)
+    server.server.should_exit = True  # what SIGTERM does
+    while not server.state.shutting_down and time.monotonic() < deadline:
+        time.sleep(0.01)
+    refused = httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK}, timeout=10)
+    assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+    health = httpx.get(server.url + "/health", timeout=10)
+    assert health.status_code == 503 and health.json() == {"status": "shutting_down"}
+    stream.join(timeout=30)
+    server.stop()
+    assert ended["long"][-1] == "data: [DONE]" and "shutting down" in ended["long"][-2]
