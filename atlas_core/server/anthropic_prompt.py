@@ -46,6 +46,7 @@ def anthropic_setup(state: ServerState, request: CountTokensRequest) -> ChatSetu
     return ChatSetup(
         messages=messages, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
         template_kwargs=template_kwargs(state, None, enable_thinking=enable_thinking),
+        special_tokens_in_content=state.config.enable_special_tokens_in_content,
     )
 
 

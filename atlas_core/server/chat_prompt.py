@@ -16,6 +16,7 @@ from atlas_core.server.errors import invalid
 from atlas_core.server.sampling import check_prompt_length
 from atlas_core.server.schemas_openai import ChatCompletionRequest, ChatMessage, ImagePart, NamedToolChoice
 from atlas_core.server.state import ModelRuntime, ServerState
+from atlas_core.tokenizer.chat_encoding import EncodedChat, encode_chat
 
 ToolChoice = str | dict[str, str]
 """``"auto"``, ``"none"``, ``"required"`` or ``{"name": tool}``."""
@@ -32,6 +33,7 @@ class ChatSetup:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    special_tokens_in_content: bool = False
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         if not self.tools:
@@ -42,30 +44,21 @@ class ChatSetup:
         ]
 
 
-@dataclass
-class RenderedPrompt:
-    text: str
-    ids: list[int]
-
-
-def render_text(runtime: ModelRuntime, setup: ChatSetup) -> str:
-    """The prompt text; 400 when there are no messages or the template rejects them."""
+def render(runtime: ModelRuntime, setup: ChatSetup, *, check_length: bool = True) -> EncodedChat:
+    """Render and tokenize (`encode_chat`: special-token strings in the content are plain text
+    unless ``setup.special_tokens_in_content``); 400 when there are no messages, the template
+    rejects them, or (``check_length``) the prompt leaves no room to answer. Blocking work: routes
+    run it in a worker thread."""
     if not setup.messages:
         raise invalid("messages must not be empty", param="messages")
-    return runtime.tokenizer.apply_chat_template(
-        setup.messages, tools=setup.template_tools(), add_generation_prompt=setup.add_generation_prompt,
-        continue_final_message=setup.continue_final_message, chat_template_kwargs=setup.template_kwargs,
+    prompt = encode_chat(
+        runtime.tokenizer, setup.messages, tools=setup.template_tools(),
+        add_generation_prompt=setup.add_generation_prompt, continue_final_message=setup.continue_final_message,
+        chat_template_kwargs=setup.template_kwargs, special_tokens_in_content=setup.special_tokens_in_content,
     )
-
-
-def render(runtime: ModelRuntime, setup: ChatSetup, *, check_length: bool = True) -> RenderedPrompt:
-    """Render and tokenize; 400 as `render_text`, or (``check_length``) when the prompt leaves no
-    room to answer. Blocking work: routes run it in a worker thread."""
-    text = render_text(runtime, setup)
-    ids = runtime.tokenizer.encode(text, add_special_tokens=False)
     if check_length:
-        check_prompt_length(len(ids), runtime.max_seq_len)
-    return RenderedPrompt(text, ids)
+        check_prompt_length(len(prompt.ids), runtime.max_seq_len)
+    return prompt
 
 
 def check_tool_choice(tools: list[ToolDefinition], choice: ToolChoice) -> None:
@@ -110,6 +103,7 @@ def openai_setup(state: ServerState, request: ChatCompletionRequest) -> ChatSetu
         template_kwargs=template_kwargs(state, request.chat_template_kwargs, enable_thinking=thinks),
         add_generation_prompt=request.add_generation_prompt,
         continue_final_message=request.continue_final_message,
+        special_tokens_in_content=state.config.enable_special_tokens_in_content,
     )
 
 

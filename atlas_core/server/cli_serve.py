@@ -69,6 +69,7 @@ def run_serve(args: argparse.Namespace) -> int:
             cors_allow_origins=list(settings["cors_allow_origins"] or []), shutdown_timeout=settings["shutdown_timeout"],
             max_sequences_per_request=settings["max_sequences_per_request"],
             max_tokens_per_request=settings["max_tokens_per_request"],
+            enable_special_tokens_in_content=settings["enable_special_tokens_in_content"],
         )
     )
     server = make_server(state, host, port)

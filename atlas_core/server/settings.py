@@ -67,6 +67,10 @@ class ServeOptions:
         help="most tokens one request may create: its prompt tokens plus, for each completion, the tokens it may "
         "generate (max_tokens, else the rest of the context); more is a 400",
     )
+    enable_special_tokens_in_content: bool = option(
+        False, help="tokenize special-token strings inside message content (e.g. <|im_start|>) as special tokens; "
+        "off: content is plain text, only the chat template's own markup is special",
+    )
 
 
 SERVE_OPTIONS = options_of(ModelChoice, EngineConfig, ServeOptions)

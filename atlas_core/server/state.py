@@ -28,6 +28,8 @@ class ServerConfig:
     no limit). ``shutdown_timeout``: seconds in-flight requests may keep running after a shutdown
     signal before they are ended. ``max_sequences_per_request`` / ``max_tokens_per_request`` bound
     the work one request may create (`atlas_core.server.sampling.check_request_work`).
+    ``enable_special_tokens_in_content``: special-token strings inside chat messages are special
+    tokens (off: plain text; `atlas_core.tokenizer.chat_encoding`).
     """
 
     model_names: list[str] = field(default_factory=list)
@@ -41,6 +43,7 @@ class ServerConfig:
     shutdown_timeout: float = ServeOptions.shutdown_timeout
     max_sequences_per_request: int = ServeOptions.max_sequences_per_request
     max_tokens_per_request: int = ServeOptions.max_tokens_per_request
+    enable_special_tokens_in_content: bool = ServeOptions.enable_special_tokens_in_content
 
     def __post_init__(self) -> None:
         for name in ("max_sequences_per_request", "max_tokens_per_request"):
