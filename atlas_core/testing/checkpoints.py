@@ -27,6 +27,9 @@ from atlas_core.plugins import get_registry
 REFERENCE_PROMPTS = 4
 """How many prompts every ``reference.npz`` holds (``prompt_0`` .. ``prompt_3``)."""
 
+SHARED_KV_CACHE_GIB = 1 / 16
+"""KV cache of each `TinyCheckpoints.shared_llm` on a host backend: ample for tiny checkpoints."""
+
 
 class TinyCheckpoints:
     """The checkpoints directly under one or more folders, by folder name.
@@ -70,14 +73,19 @@ class TinyCheckpoints:
     def shared_llm(self, name: str, backend: str = "numpy") -> LLM:
         """One `LLM` per checkpoint and backend, loaded on first use and kept as long as this object
         (so a broken family fails the tests that use it, once each). Callers must leave it idle: every
-        request they add is finished or aborted before they return."""
+        request they add is finished or aborted before they return. On host backends its KV cache takes
+        `SHARED_KV_CACHE_GIB`: a session keeps one per checkpoint, and host KV memory is resident."""
         key = (name, backend)
         if key not in self._llms:
-            self._llms[key] = LLM(self / name, backend=backend)
+            self._llms[key] = LLM(self / name, backend=backend, kv_cache_memory_gib=SHARED_KV_CACHE_GIB)
         return self._llms[key]
 
     def edited_copy(
-        self, destination: Path, name: str, changes: dict[str, Any] | None = None, *,
+        self,
+        destination: Path,
+        name: str,
+        changes: dict[str, Any] | None = None,
+        *,
         edit: Callable[[dict[str, Any]], None] | None = None,
     ) -> Path:
         """A copy of checkpoint ``name`` in ``destination / name`` whose config.json has ``changes``
@@ -112,6 +120,7 @@ def require_family(folder: Path) -> None:
     try:
         metadata.distribution(distribution)
     except metadata.PackageNotFoundError:
-        pytest.skip(f"{folder.name}: model_type {model_type!r} needs {distribution}, which is not installed",
-                    allow_module_level=True)
-
+        pytest.skip(
+            f"{folder.name}: model_type {model_type!r} needs {distribution}, which is not installed",
+            allow_module_level=True,
+        )
