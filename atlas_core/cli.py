@@ -17,7 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
     from atlas_core.cli_run import add_chat_parser, add_generate_parser
     from atlas_core.server.cli_serve import add_serve_parser
 
-    parser = argparse.ArgumentParser(prog="atlas", description="Atlas: LLM inference engine and OpenAI-compatible server")
+    parser = argparse.ArgumentParser(
+        prog="atlas", description="Atlas: LLM inference engine and OpenAI-compatible server"
+    )
     parser.add_argument("--version", action="version", version=f"atlas {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_serve_parser(commands)

@@ -49,7 +49,8 @@ def add_plugins_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     )
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
     parser.add_argument(
-        "--check", action="store_true",
+        "--check",
+        action="store_true",
         help="also import every registered target; backends report whether they can run here",
     )
     parser.set_defaults(handler=run_plugins_command)
@@ -158,7 +159,9 @@ def check_registration(registration: Registration) -> dict[str, str | None]:
         reason = target.availability()
     except Exception as exc:
         return {"status": "failed", "detail": f"availability() raised {type(exc).__name__}: {exc}"}
-    return {"status": "available", "detail": None} if reason is None else {"status": "unavailable", "detail": str(reason)}
+    return (
+        {"status": "available", "detail": None} if reason is None else {"status": "unavailable", "detail": str(reason)}
+    )
 
 
 def _format_metadata(metadata: dict[str, Any]) -> str:

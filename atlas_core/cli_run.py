@@ -85,7 +85,9 @@ def add_generate_parser(commands: Any) -> None:
     parser = commands.add_parser("generate", help="complete one prompt and print the result")
     add_flags(parser, ENGINE_OPTIONS)
     parser.add_argument("prompt", help="the prompt text")
-    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template as a user message")
+    parser.add_argument(
+        "--chat", action="store_true", help="wrap the prompt in the model's chat template as a user message"
+    )
     add_sampling_args(parser)
     parser.set_defaults(handler=run_generate)
 

@@ -204,7 +204,9 @@ def _collect(manager: pluggy.PluginManager, module: ModuleType, info: PluginInfo
 def _builtin_info() -> PluginInfo:
     from atlas_core.version import __version__
 
-    return PluginInfo(name="atlas-core", distribution="atlas-core", version=__version__, module="atlas_core.builtin_plugin")
+    return PluginInfo(
+        name="atlas-core", distribution="atlas-core", version=__version__, module="atlas_core.builtin_plugin"
+    )
 
 
 def load_plugins(entry_points: Iterable[importlib_metadata.EntryPoint] | None = None) -> PluginRegistry:

@@ -129,9 +129,7 @@ def make_prompts(seed: int, vocab: int, lengths: tuple[int, ...]) -> list[np.nda
 
 
 def log_softmax(logits: torch.Tensor) -> np.ndarray:
-    return (
-        torch.log_softmax(logits.to(torch.float32), dim=-1).numpy().astype(np.float32)
-    )
+    return torch.log_softmax(logits.to(torch.float32), dim=-1).numpy().astype(np.float32)
 
 
 def top2_margin(logits: torch.Tensor) -> float:
@@ -155,9 +153,7 @@ def check_rope(config, model) -> None:
         assert torch.allclose(inv_freq, default), "default rope mismatch"
         return
     if rope_type == "linear":
-        assert torch.allclose(inv_freq, default / rope["factor"]), (
-            "linear rope mismatch"
-        )
+        assert torch.allclose(inv_freq, default / rope["factor"]), "linear rope mismatch"
         return
     changed = ~torch.isclose(inv_freq, default, rtol=1e-6, atol=0)
     kept = int((~changed).sum())
@@ -198,9 +194,7 @@ def reference_for(model, prompts: list[np.ndarray]) -> dict[str, np.ndarray]:
 
             gen = model.generate(
                 input_ids=ids,
-                attention_mask=torch.ones_like(
-                    ids
-                ),  # token 0 == pad must not be masked
+                attention_mask=torch.ones_like(ids),  # token 0 == pad must not be masked
                 do_sample=False,
                 max_new_tokens=NEW_TOKENS,
                 min_new_tokens=NEW_TOKENS,
@@ -213,9 +207,7 @@ def reference_for(model, prompts: list[np.ndarray]) -> dict[str, np.ndarray]:
             new = gen.sequences[0, ids.shape[1] :]
             assert new.shape[0] == NEW_TOKENS, new.shape
             step_logits = torch.stack([lg[0] for lg in gen.logits])  # [10, vocab], raw
-            assert torch.equal(step_logits.argmax(-1), new), (
-                "greedy token != argmax of its logits"
-            )
+            assert torch.equal(step_logits.argmax(-1), new), "greedy token != argmax of its logits"
             out[f"greedy_{i}"] = new.numpy().astype(np.int64)
             out[f"greedy_logprobs_{i}"] = log_softmax(step_logits)
             margins.append(top2_margin(step_logits))
@@ -223,9 +215,7 @@ def reference_for(model, prompts: list[np.ndarray]) -> dict[str, np.ndarray]:
 
             # cache-free forward over prompt + greedy tokens
             full = gen.sequences[:, :-1]
-            nocache = model(input_ids=full, use_cache=False).logits[
-                0, ids.shape[1] - 1 :
-            ]
+            nocache = model(input_ids=full, use_cache=False).logits[0, ids.shape[1] - 1 :]
             delta = np.abs(log_softmax(nocache) - out[f"greedy_logprobs_{i}"]).max()
             max_delta = max(max_delta, float(delta))
     out["max_abs_logprob_cache_vs_nocache"] = np.float32(max_delta)
@@ -249,10 +239,7 @@ def generate_one(spec: Spec, out_dir: Path) -> dict[str, Any]:
         model.eval()
         reinitialise(model, seed, spec)
         if spec.config_kwargs.get("tie_word_embeddings"):
-            assert (
-                model.lm_head.weight.data_ptr()
-                == model.model.embed_tokens.weight.data_ptr()
-            )
+            assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
         check_rope(model.config, model)
 
         model = model.to(spec.save_dtype)
@@ -262,16 +249,11 @@ def generate_one(spec: Spec, out_dir: Path) -> dict[str, Any]:
         if spec.max_shard_size is not None:
             save_kwargs["max_shard_size"] = spec.max_shard_size
         model.save_pretrained(dest, **save_kwargs)
-        saved_state = {
-            k: v.detach().to(torch.float32).clone()
-            for k, v in model.state_dict().items()
-        }
+        saved_state = {k: v.detach().to(torch.float32).clone() for k, v in model.state_dict().items()}
         del model
 
         # Reload the checkpoint from disk, in float32, and compute references from it.
-        loaded = model_cls.from_pretrained(
-            dest, dtype=torch.float32, attn_implementation="eager"
-        )
+        loaded = model_cls.from_pretrained(dest, dtype=torch.float32, attn_implementation="eager")
         loaded.eval()
         assert loaded.dtype == torch.float32
         loaded_state = loaded.state_dict()
@@ -288,14 +270,8 @@ def generate_one(spec: Spec, out_dir: Path) -> dict[str, Any]:
         if float(ref["min_top2_margin"]) < MIN_MARGIN:
             problems.append(f"min top-2 margin {float(ref['min_top2_margin']):.2e}")
         if float(ref["min_greedy_top2_margin"]) < MIN_GREEDY_MARGIN:
-            problems.append(
-                f"min greedy top-2 margin {float(ref['min_greedy_top2_margin']):.2e}"
-            )
-        if any(
-            int(t) in eos_ids
-            for i in range(len(spec.prompt_lengths))
-            for t in ref[f"greedy_{i}"]
-        ):
+            problems.append(f"min greedy top-2 margin {float(ref['min_greedy_top2_margin']):.2e}")
+        if any(int(t) in eos_ids for i in range(len(spec.prompt_lengths)) for t in ref[f"greedy_{i}"]):
             problems.append(f"greedy continuation contains eos {sorted(eos_ids)}")
         if not problems:
             break
@@ -328,9 +304,7 @@ def generate_one(spec: Spec, out_dir: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--out", type=Path, help="write every fixture into this folder instead of its package's")
-    parser.add_argument(
-        "--only", action="append", default=[], help="fixture name (repeatable)"
-    )
+    parser.add_argument("--only", action="append", default=[], help="fixture name (repeatable)")
     parser.add_argument("--list", action="store_true", help="list the fixtures and their folders, generate nothing")
     args = parser.parse_args(argv)
 
@@ -368,9 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"    rope_parameters={json.dumps(info['rope'])}")
         if not math.isfinite(info["max_delta"]) or info["max_delta"] > 1e-4:
-            raise RuntimeError(
-                f"{spec.name}: HF cache/no-cache mismatch {info['max_delta']}"
-            )
+            raise RuntimeError(f"{spec.name}: HF cache/no-cache mismatch {info['max_delta']}")
     return 0
 
 

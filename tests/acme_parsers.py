@@ -53,7 +53,9 @@ ACME_CALL = '<acme>{"name": "get_time", "arguments": {"zone": "UTC"}}</acme>'
 def acme_plugin(site: Path) -> Iterator[str]:
     """Installs ``atlas-parsers-acme`` and rebuilds the process-wide registry with it (and again
     without it afterwards); yields the distribution name."""
-    install_plugin(site, "atlas-parsers-acme", "1.0", {"acme": "acme_hooks"}, {"acme_hooks": HOOKS, "acme_formats": FORMATS})
+    install_plugin(
+        site, "atlas-parsers-acme", "1.0", {"acme": "acme_hooks"}, {"acme_hooks": HOOKS, "acme_formats": FORMATS}
+    )
     get_registry.cache_clear()
     yield "atlas-parsers-acme"
     get_registry.cache_clear()

@@ -34,7 +34,9 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
             del sys.modules[name]
 
 
-def install_plugin(site: Path, distribution: str, version: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
+def install_plugin(
+    site: Path, distribution: str, version: str, entry_points: dict[str, str], modules: dict[str, str]
+) -> None:
     """Install a distribution into ``site``: ``modules`` (name -> source) and its ``atlas`` entry points."""
     for module, source in modules.items():
         (site / f"{module}.py").write_text(textwrap.dedent(source))

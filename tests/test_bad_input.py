@@ -84,7 +84,9 @@ def test_unsupported_architecture(llama_copy: Path, monkeypatch: pytest.MonkeyPa
     config = json.loads((llama_copy / "config.json").read_text())
     config.update(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"])
     (llama_copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedArchitectureError, match=r"'gemma3_text'.*install atlas-model-gemma.*installed families: .*llama"):
+    with pytest.raises(
+        UnsupportedArchitectureError, match=r"'gemma3_text'.*install atlas-model-gemma.*installed families: .*llama"
+    ):
         LLM(llama_copy)
 
 

@@ -58,7 +58,9 @@ def test_weight_traffic_counts_every_weight_once(name: str) -> None:
     traffic = weight_traffic(llm.loaded.model)
     assert traffic.total_bytes == 4 * elements  # float32 on the numpy backend; RoPE tables are not weights
     embedding = traffic.embedding_bytes
-    assert traffic.bytes_per_step == (traffic.total_bytes if traffic.tied_embeddings else traffic.total_bytes - embedding)
+    assert traffic.bytes_per_step == (
+        traffic.total_bytes if traffic.tied_embeddings else traffic.total_bytes - embedding
+    )
     assert traffic.tied_embeddings == (name == "qwen3_tied")
     assert decode_roofline(10e9, traffic, 4) == pytest.approx(4 * 10e9 / traffic.bytes_per_step)
 
@@ -71,7 +73,16 @@ def test_bench_without_subcommand_lists_both(capsys: pytest.CaptureFixture[str])
 
 def test_latency_uses_the_given_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
     code, out = bench(
-        capsys, "latency", str(TINY / "llama"), *CEILINGS, "--tokens", "12", "--prompt-len", "8", "--batch-size", "3",
+        capsys,
+        "latency",
+        str(TINY / "llama"),
+        *CEILINGS,
+        "--tokens",
+        "12",
+        "--prompt-len",
+        "8",
+        "--batch-size",
+        "3",
     )
     assert code == 0
     step_bytes = check_header(out, "latency", "llama")
@@ -97,13 +108,27 @@ def test_latency_uses_the_given_bandwidth(capsys: pytest.CaptureFixture[str]) ->
 
 def test_throughput_generates_exactly_the_requested_tokens(capsys: pytest.CaptureFixture[str]) -> None:
     code, out = bench(
-        capsys, "throughput", str(TINY / "llama"), *CEILINGS, "--num-requests", "6", "--min-len", "4", "--max-len", "20",
+        capsys,
+        "throughput",
+        str(TINY / "llama"),
+        *CEILINGS,
+        "--num-requests",
+        "6",
+        "--min-len",
+        "4",
+        "--max-len",
+        "20",
     )
     assert code == 0
     check_header(out, "throughput", "llama")
     workload = make_workload(6, 4, 20, 0, 256, 512)
     assert all(4 <= n <= 20 for n in workload.output_lens) and all(4 <= len(p) <= 20 for p in workload.prompts)
-    assert numbers(out, "workload", "# requests, input and output lengths uniform in \\[#, #\\], seed #") == (6, 4, 20, 0)
+    assert numbers(out, "workload", "# requests, input and output lengths uniform in \\[#, #\\], seed #") == (
+        6,
+        4,
+        20,
+        0,
+    )
     assert "clamped" not in out
     inputs, outputs, requested, total = numbers(out, "tokens", "input #, output # \\(requested #\\), total #")
     assert outputs == requested == sum(workload.output_lens)
@@ -120,8 +145,18 @@ def test_throughput_generates_exactly_the_requested_tokens(capsys: pytest.Captur
 
 def test_throughput_clamps_lengths_to_max_seq_len(capsys: pytest.CaptureFixture[str]) -> None:
     code, out = bench(
-        capsys, "throughput", str(TINY / "qwen3"), *CEILINGS, "--num-requests", "3", "--min-len", "8", "--max-len", "1024",
-        "--max-seq-len", "64",
+        capsys,
+        "throughput",
+        str(TINY / "qwen3"),
+        *CEILINGS,
+        "--num-requests",
+        "3",
+        "--min-len",
+        "8",
+        "--max-len",
+        "1024",
+        "--max-seq-len",
+        "64",
     )
     assert code == 0
     assert numbers(out, "clamped", "8/1024 -> #/# so that prompt \\+ output <= max_seq_len #") == (8, 32, 64)

@@ -85,7 +85,11 @@ def test_the_special_token_pattern_finds_the_longest_token_quickly() -> None:
     specials = {f"<unused{i}>" for i in range(5000)} | {"<s>", "<s>x", "<|im_end|>"}
     pattern = re.compile(_trie_pattern(specials))
     assert pattern.findall("a<unused12>b<unused4999>c<s>xd<s>y<unused5000><|im_end|>") == [
-        "<unused12>", "<unused4999>", "<s>x", "<s>", "<|im_end|>",
+        "<unused12>",
+        "<unused4999>",
+        "<s>x",
+        "<s>",
+        "<|im_end|>",
     ]
     start = time.monotonic()
     assert not pattern.search("<div class=x>hello <b>world</b></div> " * 20000)

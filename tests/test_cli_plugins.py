@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,12 +59,18 @@ def test_json_structure(capsys: pytest.CaptureFixture[str]) -> None:
     example = plugins["atlas-example-plugin"]
     assert (example["module"], example["errors"]) == ("atlas_example_plugin", [])
     assert example["registrations"][0] == {
-        "kind": "backend", "name": "example-numpy", "target": "atlas_example_plugin.backend:CountingNumpyBackend",
+        "kind": "backend",
+        "name": "example-numpy",
+        "target": "atlas_example_plugin.backend:CountingNumpyBackend",
         "metadata": {"priority": -10},
     }
     assert [(r["kind"], r["name"]) for r in example["registrations"]] == [
-        ("backend", "example-numpy"), ("model", "example_llama"), ("layer", "example_rms_norm"), ("comm", "example-recording"),
-        ("tool_parser", "example_calls"), ("reasoning_parser", "example_thoughts"),
+        ("backend", "example-numpy"),
+        ("model", "example_llama"),
+        ("layer", "example_rms_norm"),
+        ("comm", "example-recording"),
+        ("tool_parser", "example_calls"),
+        ("reasoning_parser", "example_thoughts"),
     ]
     assert plugins["atlas-model-qwen3"]["registrations"][0]["metadata"]["defaults"]["tool_call_parser"] == "hermes"
 
@@ -74,10 +78,21 @@ def test_json_structure(capsys: pytest.CaptureFixture[str]) -> None:
 def test_check_imports_every_target(capsys: pytest.CaptureFixture[str]) -> None:
     plugins = by_distribution(json.loads(run_plugins(capsys, "--check", "--json")))
     checks = {(r["kind"], r["name"]): r["check"] for p in plugins.values() for r in p["registrations"]}
-    assert checks[("backend", "numpy")] == checks[("backend", "example-numpy")] == {"status": "available", "detail": None}
-    for key in [("model", "llama"), ("model", "qwen3"), ("model", "example_llama"), ("layer", "example_rms_norm"),
-                ("comm", "single"), ("comm", "example-recording"), ("tool_parser", "hermes"),
-                ("tool_parser", "example_calls"), ("reasoning_parser", "qwen3"), ("reasoning_parser", "example_thoughts")]:
+    assert (
+        checks[("backend", "numpy")] == checks[("backend", "example-numpy")] == {"status": "available", "detail": None}
+    )
+    for key in [
+        ("model", "llama"),
+        ("model", "qwen3"),
+        ("model", "example_llama"),
+        ("layer", "example_rms_norm"),
+        ("comm", "single"),
+        ("comm", "example-recording"),
+        ("tool_parser", "hermes"),
+        ("tool_parser", "example_calls"),
+        ("reasoning_parser", "qwen3"),
+        ("reasoning_parser", "example_thoughts"),
+    ]:
         assert checks[key] == {"status": "ok", "detail": None}, key
 
     lines = run_plugins(capsys, "--check").splitlines()
@@ -88,7 +103,11 @@ def test_check_imports_every_target(capsys: pytest.CaptureFixture[str]) -> None:
 def test_broken_plugins_are_listed_with_error_lines(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
     healthy = int(run_plugins(capsys).splitlines()[-1].split()[0])
     install(site, "atlas-broken", "broken", 'raise RuntimeError("boom at import")\n')
-    install(site, "atlas-fork", "fork", """
+    install(
+        site,
+        "atlas-fork",
+        "fork",
+        """
         from atlas_core.hookspecs import hookimpl
 
         @hookimpl
@@ -97,7 +116,8 @@ def test_broken_plugins_are_listed_with_error_lines(site: Path, capsys: pytest.C
 
         class NotALoader:
             pass
-    """)
+    """,
+    )
     lines = run_plugins(capsys).splitlines()
     start = lines.index("broken  atlas-broken 1.0")
     assert lines[start + 1] == "  error: import failed: RuntimeError: boom at import"
@@ -116,7 +136,11 @@ def test_broken_plugins_are_listed_with_error_lines(site: Path, capsys: pytest.C
 def test_check_reports_targets_that_do_not_load(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = run_plugins(capsys, "--check").splitlines()[-1].split()
     healthy, errors = int(before[0]), int(before[2]) if before[2] != "no" else 0
-    install(site, "atlas-shaky", "shaky", """
+    install(
+        site,
+        "atlas-shaky",
+        "shaky",
+        """
         from atlas_core.hookspecs import hookimpl
 
         @hookimpl
@@ -129,11 +153,15 @@ def test_check_reports_targets_that_do_not_load(site: Path, capsys: pytest.Captu
 
         class NotALoader:
             pass
-    """, extra={"shaky_backend": 'raise ImportError("no module named cupy")\n'})
+    """,
+        extra={"shaky_backend": 'raise ImportError("no module named cupy")\n'},
+    )
     lines = run_plugins(capsys, "--check").splitlines()
     start = lines.index("shaky  atlas-shaky 1.0")
     assert lines[start + 1] == "  backend missing-lib -> shaky_backend:Backend (priority=50)"
-    assert lines[start + 2].startswith("  error: backend missing-lib: backend 'missing-lib' from atlas-shaky 1.0 cannot be imported")
+    assert lines[start + 2].startswith(
+        "  error: backend missing-lib: backend 'missing-lib' from atlas-shaky 1.0 cannot be imported"
+    )
     assert lines[start + 2].endswith("ImportError: no module named cupy")
     assert lines[start + 4] == (
         "  error: model not_a_loader: shaky_plugin:NotALoader is not a subclass of atlas_core.model.loader:ModelWeightLoader"

@@ -28,7 +28,11 @@ def oracle_write_kv(cache: np.ndarray, new: np.ndarray, slots: np.ndarray) -> np
 
 
 def oracle_attention(
-    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, scale: float,
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    meta: AttentionMetadata,
+    scale: float,
     sliding_window: int | None = None,
 ) -> np.ndarray:
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -110,15 +114,24 @@ def test_qk_norm_rope_write_kv(
     q_dev, k_dev, v_dev = (view.reshape(tokens, -1, head_dim) for view in views)
     q, k, v = (part.reshape(tokens, -1, head_dim) for part in (qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]))
     weights = {
-        name: case.upload(case.normal(head_dim) + 1.0, weight=True) if name in norms else (None, None)
-        for name in "qk"
+        name: case.upload(case.normal(head_dim) + 1.0, weight=True) if name in norms else (None, None) for name in "qk"
     }
     k_cache_dev, k_cache = case.upload(case.normal(num_blocks, block_size, kv_heads, head_dim))
     v_cache_dev, v_cache = case.upload(case.normal(num_blocks, block_size, kv_heads, head_dim))
 
     got = case.backend.qk_norm_rope_write_kv(
-        q_dev, k_dev, v_dev, weights["q"][0], weights["k"][0], eps, pos_dev, tables.cos_dev, tables.sin_dev,
-        k_cache_dev, v_cache_dev, slots_dev,
+        q_dev,
+        k_dev,
+        v_dev,
+        weights["q"][0],
+        weights["k"][0],
+        eps,
+        pos_dev,
+        tables.cos_dev,
+        tables.sin_dev,
+        k_cache_dev,
+        v_cache_dev,
+        slots_dev,
     )
     want_q = oracle_rope(oracle_head_norm(q, weights["q"][1], eps), pos, tables.cos, tables.sin)
     want_k = oracle_rope(oracle_head_norm(k, weights["k"][1], eps), pos, tables.cos, tables.sin)
@@ -199,14 +212,24 @@ def paged_batch(case: Case, scenario: str, kv_heads: int, head_dim: int) -> Page
     v_cache_dev, v_cache = case.upload(case.normal(*cache_shape))
     scale = float(case.rng.uniform(0.7, 1.5)) * head_dim**-0.5
     return PagedBatch(
-        upload_meta(case, host_meta), host_meta, np.asarray(positions), block_size, k_cache_dev, v_cache_dev,
-        k_cache, v_cache, scale,
+        upload_meta(case, host_meta),
+        host_meta,
+        np.asarray(positions),
+        block_size,
+        k_cache_dev,
+        v_cache_dev,
+        k_cache,
+        v_cache,
+        scale,
     )
 
 
 def upload_meta(case: Case, host_meta: AttentionMetadata) -> AttentionMetadata:
     return AttentionMetadata(
-        *(case.backend.from_numpy(getattr(host_meta, name)) for name in ("query_start_loc", "seq_lens", "block_tables", "slot_mapping"))
+        *(
+            case.backend.from_numpy(getattr(host_meta, name))
+            for name in ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")
+        )
     )
 
 

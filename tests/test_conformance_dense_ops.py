@@ -123,7 +123,6 @@ def test_gelu_tanh_mul(case: Case, tokens: int, inner: int) -> None:
         )
 
 
-
 # ---- rotary embedding ----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("tokens", "q_heads", "kv_heads", "head_dim", "rotary_dim"),
@@ -145,7 +144,6 @@ def test_rope(case: Case, tokens: int, q_heads: int, kv_heads: int, head_dim: in
     for name, got, before in (("q", q_dev, q), ("k", k_dev, k)):
         case.assert_close(got, oracle_rope(before, pos, tables.cos, tables.sin), f"rope {name}")
         case.assert_equal(case.host(got)[..., rotary_dim:], before[..., rotary_dim:], f"rope {name} tail dims")
-
 
 
 # ---- logits ops ----------------------------------------------------------------------------------

@@ -15,15 +15,24 @@ from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fi
 
 
 # ---- float64 oracles -----------------------------------------------------------------------------
-def oracle_gdn_gates(a: np.ndarray, b: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def oracle_gdn_gates(
+    a: np.ndarray, b: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     x = a + dt_bias
     softplus = np.where(x > 30, x, np.log1p(np.exp(np.minimum(x, 30))))
     return -np.exp(a_log) * softplus, 1.0 / (1.0 + np.exp(-b))
 
 
 def oracle_delta_rule(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, state: np.ndarray,
-    starts: list[int], slots: list[int], scale: float,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    g: np.ndarray,
+    beta: np.ndarray,
+    state: np.ndarray,
+    starts: list[int],
+    slots: list[int],
+    scale: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Token by token, head by head, straight from the op's contract; returns (out, new state)."""
     state = state.copy()
@@ -67,7 +76,8 @@ def delta_inputs(case: Case, lengths: list[int], key_heads: int = 2, value_heads
     tokens = sum(lengths)
     num_slots = len(lengths) + 2
     host = {
-        "q": case.normal(tokens, key_heads, dk), "k": case.normal(tokens, key_heads, dk),
+        "q": case.normal(tokens, key_heads, dk),
+        "k": case.normal(tokens, key_heads, dk),
         "v": case.normal(tokens, value_heads, dv),
     }
     dev = {name: case.upload(x) for name, x in host.items()}
@@ -81,7 +91,9 @@ def delta_inputs(case: Case, lengths: list[int], key_heads: int = 2, value_heads
     return dev, g_dev, beta_dev, g.astype(np.float64), beta.astype(np.float64), state, slots, starts
 
 
-@pytest.mark.parametrize("lengths", [[1], [1, 1, 1], [5, 1, 70], [150, 3]], ids=["decode", "decode3", "mixed", "chunks"])
+@pytest.mark.parametrize(
+    "lengths", [[1], [1, 1, 1], [5, 1, 70], [150, 3]], ids=["decode", "decode3", "mixed", "chunks"]
+)
 def test_gated_delta_rule(case: Case, lengths: list[int]) -> None:
     """Every sequence continues from its own (nonzero) state row; other rows stay as they were."""
     dev, g_dev, beta_dev, g, beta, state, slots, starts = delta_inputs(case, lengths)
@@ -105,18 +117,38 @@ def test_gated_delta_rule_continues_across_calls(case: Case) -> None:
     (q_dev, _), (k_dev, _), (v_dev, _) = dev["q"], dev["k"], dev["v"]
     slot = case.backend.from_numpy(np.asarray(slots[:1], dtype=np.int32))
     whole_state = case.backend.from_numpy(state.copy(), dtype=np.dtype(np.float32))
-    whole = case.raw(case.backend.ops(GatedDeltaOps).gated_delta_rule(
-        q_dev, k_dev, v_dev, g_dev, beta_dev, whole_state, case.backend.from_numpy(np.asarray([0, length], dtype=np.int32)),
-        slot, scale=0.3,
-    ))
+    whole = case.raw(
+        case.backend.ops(GatedDeltaOps).gated_delta_rule(
+            q_dev,
+            k_dev,
+            v_dev,
+            g_dev,
+            beta_dev,
+            whole_state,
+            case.backend.from_numpy(np.asarray([0, length], dtype=np.int32)),
+            slot,
+            scale=0.3,
+        )
+    )
     pieces_state = case.backend.from_numpy(state.copy(), dtype=np.dtype(np.float32))
     parts = []
     for start, end in [(0, 3), (3, 70), (70, 71), (71, 89), (89, 90)]:
         span = slice(start, end)
-        parts.append(case.raw(case.backend.ops(GatedDeltaOps).gated_delta_rule(
-            q_dev[span], k_dev[span], v_dev[span], g_dev[span], beta_dev[span], pieces_state,
-            case.backend.from_numpy(np.asarray([0, end - start], dtype=np.int32)), slot, scale=0.3,
-        )))
+        parts.append(
+            case.raw(
+                case.backend.ops(GatedDeltaOps).gated_delta_rule(
+                    q_dev[span],
+                    k_dev[span],
+                    v_dev[span],
+                    g_dev[span],
+                    beta_dev[span],
+                    pieces_state,
+                    case.backend.from_numpy(np.asarray([0, end - start], dtype=np.int32)),
+                    slot,
+                    scale=0.3,
+                )
+            )
+        )
     case.assert_values(np.concatenate(parts).astype(np.float64), whole.astype(np.float64), "pieces vs one call")
     case.assert_values(case.host(pieces_state), case.host(whole_state), "final state, pieces vs one call")
 
@@ -125,8 +157,15 @@ def test_gated_delta_rule_rejects_shared_slots(case: Case) -> None:
     dev, g_dev, beta_dev, *_, state, _, starts = delta_inputs(case, [2, 2])
     with pytest.raises(ValueError, match="share a state slot"):
         case.backend.ops(GatedDeltaOps).gated_delta_rule(
-            dev["q"][0], dev["k"][0], dev["v"][0], g_dev, beta_dev, case.backend.from_numpy(state),
-            case.backend.from_numpy(starts), case.backend.from_numpy(np.asarray([1, 1], dtype=np.int32)), scale=1.0,
+            dev["q"][0],
+            dev["k"][0],
+            dev["v"][0],
+            g_dev,
+            beta_dev,
+            case.backend.from_numpy(state),
+            case.backend.from_numpy(starts),
+            case.backend.from_numpy(np.asarray([1, 1], dtype=np.int32)),
+            scale=1.0,
         )
 
 
@@ -150,7 +189,8 @@ def test_chunked_form_equals_recurrent_form(length: int, chunk_size: int) -> Non
     k = rng.standard_normal((length, heads, dk))
     k /= np.linalg.norm(k, axis=-1, keepdims=True)
     args = [
-        (rng.standard_normal((length, heads, dk)) * dk**-0.5).astype(np.float32), k.astype(np.float32),
+        (rng.standard_normal((length, heads, dk)) * dk**-0.5).astype(np.float32),
+        k.astype(np.float32),
         rng.standard_normal((length, heads, dv)).astype(np.float32),
         -rng.uniform(0.0, 2.0, (length, heads)).astype(np.float32),
         rng.uniform(0.0, 1.0, (length, heads)).astype(np.float32),

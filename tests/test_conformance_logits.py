@@ -79,7 +79,8 @@ def random_entries(case: Case, rows: int, vocab: int) -> Entries:
         return [options[int(i)] for i in case.rng.integers(len(options), size=n)]
 
     entries = Entries(
-        repetition=pick([1.0, 0.8, 1.3, 2.0], rows), presence=pick([0.0, 0.5, -0.4, 1.5], rows),
+        repetition=pick([1.0, 0.8, 1.3, 2.0], rows),
+        presence=pick([0.0, 0.5, -0.4, 1.5], rows),
         frequency=pick([0.0, 0.25, -0.1, 1.1], rows),
     )
     for r in range(rows):
@@ -129,10 +130,22 @@ def test_adjust_logits_sign_rules(case: Case) -> None:
     """Hand-computed values, exact in every activation dtype: positive logits are divided by the
     repetition penalty, others multiplied; presence and frequency count output occurrences only."""
     logits = np.array([[2.0, -2.0, 3.0, -1.0, 0.0, 4.0, 1.0], [2.0, -2.0, 3.0, -1.0, 0.0, 4.0, 1.0]], np.float32)
-    entries = Entries(repetition=[2.0, 0.5], presence=[0.5, 0.0], frequency=[0.25, 1.0], penalties=[
-        (0, 0, 0, True), (0, 1, 0, True), (0, 2, 2, False), (0, 3, 4, True), (0, 4, 1, False),
-        (1, 0, 0, True), (1, 1, 2, True), (1, 2, 0, True),
-    ], biases=[(0, 5, -1.5), (0, 5, 0.5), (1, 6, -np.inf), (1, 0, 0.25)])
+    entries = Entries(
+        repetition=[2.0, 0.5],
+        presence=[0.5, 0.0],
+        frequency=[0.25, 1.0],
+        penalties=[
+            (0, 0, 0, True),
+            (0, 1, 0, True),
+            (0, 2, 2, False),
+            (0, 3, 4, True),
+            (0, 4, 1, False),
+            (1, 0, 0, True),
+            (1, 1, 2, True),
+            (1, 2, 0, True),
+        ],
+        biases=[(0, 5, -1.5), (0, 5, 0.5), (1, 6, -np.inf), (1, 0, 0.25)],
+    )
     want = np.array([[1.0, -4.0, 0.5, -3.5, -0.75, 3.0, 1.0], [4.25, -3.0, 6.0, -1.0, 0.0, 4.0, -np.inf]])
     got = check_adjust(case, logits, entries.build(), "adjust_logits sign rules")
     case.assert_values(got, want, "adjust_logits sign rules (hand-computed)")
@@ -163,8 +176,12 @@ def test_banned_tokens_are_never_sampled(case: Case) -> None:
     banned = case.rng.random((rows, vocab)) < 0.25
     banned[np.arange(rows), logits.argmax(axis=1)] = True
     banned[np.arange(rows), case.rng.integers(vocab, size=rows)] = False
-    entries = Entries(repetition=[1.0] * rows, presence=[0.0] * rows, frequency=[0.0] * rows,
-                      biases=[(int(r), int(t), -np.inf) for r, t in np.argwhere(banned)])
+    entries = Entries(
+        repetition=[1.0] * rows,
+        presence=[0.0] * rows,
+        frequency=[0.0] * rows,
+        biases=[(int(r), int(t), -np.inf) for r, t in np.argwhere(banned)],
+    )
     adjusted = check_adjust(case, logits, entries.build(), "adjust_logits bans")
     logits_dev = case.backend.from_numpy(adjusted.astype(np.float32))
     zeros = np.zeros(rows, dtype=np.float32)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlas_core.backends.ops.mamba2 import Mamba2Ops
 from atlas_core.backends.base import Array
 from atlas_core.backends.numpy_backend import NumpyBackend
+from atlas_core.backends.ops.mamba2 import Mamba2Ops
 from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
 
 F32 = np.dtype(np.float32)
@@ -44,8 +44,18 @@ def oracle_conv(
 
 
 def oracle_scan(
-    x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.ndarray, C: np.ndarray, D: np.ndarray, dt_bias: np.ndarray,
-    state: np.ndarray, starts: list[int], slots: list[int], dt_min: float, dt_max: float,
+    x: np.ndarray,
+    dt: np.ndarray,
+    A: np.ndarray,
+    B: np.ndarray,
+    C: np.ndarray,
+    D: np.ndarray,
+    dt_bias: np.ndarray,
+    state: np.ndarray,
+    starts: list[int],
+    slots: list[int],
+    dt_min: float,
+    dt_max: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     heads, groups = x.shape[1], B.shape[1]
     y, state = np.zeros_like(x), state.copy()
@@ -60,7 +70,9 @@ def oracle_scan(
     return y, state
 
 
-def oracle_gated_rms_norm(x: np.ndarray, gate: np.ndarray, weight: np.ndarray, eps: float, group_size: int) -> np.ndarray:
+def oracle_gated_rms_norm(
+    x: np.ndarray, gate: np.ndarray, weight: np.ndarray, eps: float, group_size: int
+) -> np.ndarray:
     out = np.zeros_like(x)
     for t in range(x.shape[0]):
         for g0 in range(0, x.shape[1], group_size):
@@ -125,7 +137,7 @@ def assert_state(case: Case, got: Array, want: np.ndarray, before: np.ndarray, s
 def test_causal_conv1d(case: Case, lengths: list[int], kernel: int, bias: bool) -> None:
     channels, num_slots = 11, 6
     tokens = sum(lengths)
-    (x_dev, x), = views(case, case.normal(tokens, channels, scale=2.0))
+    ((x_dev, x),) = views(case, case.normal(tokens, channels, scale=2.0))
     w_dev, w = case.upload(case.normal(channels, kernel), weight=True)
     b_dev, b = case.upload(case.normal(channels), weight=True) if bias else (None, None)
     state_dev, state = case.upload(case.normal(num_slots, channels, kernel - 1))
@@ -177,7 +189,9 @@ def test_mamba2_decode(case: Case, batch: int, groups: int) -> None:
     _, starts, slots_dev, slots = batch_layout(case, [1] * batch, num_slots)
     want, want_state = oracle_scan(x, dt, a, b, c, d, bias, state, starts, slots, 0.0, np.inf)
     with case.unchanged("mamba2_decode", x=x_dev, dt=dt_dev, B=b_dev, C=c_dev, A=a_dev, D=d_dev, dt_bias=bias_dev):
-        got = case.backend.ops(Mamba2Ops).mamba2_decode(x_dev, dt_dev, a_dev, b_dev, c_dev, d_dev, bias_dev, state_dev, slots_dev)
+        got = case.backend.ops(Mamba2Ops).mamba2_decode(
+            x_dev, dt_dev, a_dev, b_dev, c_dev, d_dev, bias_dev, state_dev, slots_dev
+        )
     case.assert_close(got, want, "mamba2_decode output")
     assert_state(case, state_dev, want_state, state, slots, "mamba2_decode")
 
@@ -195,19 +209,43 @@ def test_chunked_scan_equals_recurrent_steps(case: Case, chunk: int) -> None:
     pieces = []
     for lo, hi in ((0, 11), (11, tokens)):
         starts = case.backend.from_numpy(np.array([0, hi - lo], dtype=np.int32))
-        pieces.append(case.host(case.backend.ops(Mamba2Ops).mamba2_scan(
-            up["x"][lo:hi], up["dt"][lo:hi], up["A"], up["B"][lo:hi], up["C"][lo:hi], up["D"], up["dt_bias"], chunked,
-            starts, slot, chunk,
-        )))
+        pieces.append(
+            case.host(
+                case.backend.ops(Mamba2Ops).mamba2_scan(
+                    up["x"][lo:hi],
+                    up["dt"][lo:hi],
+                    up["A"],
+                    up["B"][lo:hi],
+                    up["C"][lo:hi],
+                    up["D"],
+                    up["dt_bias"],
+                    chunked,
+                    starts,
+                    slot,
+                    chunk,
+                )
+            )
+        )
     steps = [
-        case.host(case.backend.ops(Mamba2Ops).mamba2_decode(
-            up["x"][t : t + 1], up["dt"][t : t + 1], up["A"], up["B"][t : t + 1], up["C"][t : t + 1], up["D"],
-            up["dt_bias"], stepped, slot,
-        ))
+        case.host(
+            case.backend.ops(Mamba2Ops).mamba2_decode(
+                up["x"][t : t + 1],
+                up["dt"][t : t + 1],
+                up["A"],
+                up["B"][t : t + 1],
+                up["C"][t : t + 1],
+                up["D"],
+                up["dt_bias"],
+                stepped,
+                slot,
+            )
+        )
         for t in range(tokens)
     ]
     case.assert_values(np.concatenate(pieces), np.concatenate(steps), f"chunked (chunk {chunk}) vs recurrent outputs")
-    case.assert_values(case.host(chunked)[1], case.host(stepped)[1], f"chunked (chunk {chunk}) vs recurrent final state")
+    case.assert_values(
+        case.host(chunked)[1], case.host(stepped)[1], f"chunked (chunk {chunk}) vs recurrent final state"
+    )
     case.assert_equal(case.host(chunked)[0], initial[0].astype(np.float64), "the other slot must not change")
 
 
@@ -221,14 +259,20 @@ def test_gated_rms_norm(case: Case, tokens: int, width: int, group_size: int) ->
     w_dev, w = case.upload(case.normal(width) + 1.0, weight=True)
     with case.unchanged("gated_rms_norm", x=x_dev, gate=gate_dev, weight=w_dev):
         got = case.backend.ops(Mamba2Ops).gated_rms_norm(x_dev, gate_dev, w_dev, eps, group_size)
-    case.assert_close(got, oracle_gated_rms_norm(x, gate, w, eps, group_size), f"gated_rms_norm (groups of {group_size})")
+    case.assert_close(
+        got, oracle_gated_rms_norm(x, gate, w, eps, group_size), f"gated_rms_norm (groups of {group_size})"
+    )
 
 
 @pytest.mark.parametrize(("tokens", "width"), [(1, 13), (6, 32)])
 def test_relu_squared(case: Case, tokens: int, width: int) -> None:
     x_dev, x = case.upload(case.normal(tokens, width, scale=3.0))
     with case.unchanged("relu_squared", x=x_dev):
-        case.check_out_variants(lambda out: case.backend.ops(Mamba2Ops).relu_squared(x_dev, out=out), np.maximum(x, 0.0) ** 2, "relu_squared")
+        case.check_out_variants(
+            lambda out: case.backend.ops(Mamba2Ops).relu_squared(x_dev, out=out),
+            np.maximum(x, 0.0) ** 2,
+            "relu_squared",
+        )
 
 
 def test_rope_with_zero_width_tables_rotates_nothing(case: Case) -> None:
@@ -260,16 +304,28 @@ class CopyingBackend(NumpyBackend):
 def test_host_fallback_writes_the_state_back() -> None:
     """On a backend without its own kernels, the in-place state updates reach the backend's arrays."""
     backend, rng = CopyingBackend(), np.random.default_rng(0)
-    starts, slots = backend.from_numpy(np.array([0, 3], dtype=np.int32)), backend.from_numpy(np.array([1], dtype=np.int32))
+    starts, slots = (
+        backend.from_numpy(np.array([0, 3], dtype=np.int32)),
+        backend.from_numpy(np.array([1], dtype=np.int32)),
+    )
     conv_state = backend.zeros((2, 6, 3), np.float32)
     x = rng.standard_normal((3, 6)).astype(np.float32)
-    backend.ops(Mamba2Ops).causal_conv1d(x, rng.standard_normal((6, 4)).astype(np.float32), None, conv_state, starts, slots)
+    backend.ops(Mamba2Ops).causal_conv1d(
+        x, rng.standard_normal((6, 4)).astype(np.float32), None, conv_state, starts, slots
+    )
     np.testing.assert_array_equal(conv_state[1], x.T)
     np.testing.assert_array_equal(conv_state[0], 0)
     ssm_state = backend.zeros((2, 2, 3, 4), np.float32)
     ones = np.ones(2, dtype=np.float32)
-    args = (rng.standard_normal((3, 2, 3)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32), -ones,
-            rng.standard_normal((3, 1, 4)).astype(np.float32), rng.standard_normal((3, 1, 4)).astype(np.float32), ones, ones)
+    args = (
+        rng.standard_normal((3, 2, 3)).astype(np.float32),
+        rng.standard_normal((3, 2)).astype(np.float32),
+        -ones,
+        rng.standard_normal((3, 1, 4)).astype(np.float32),
+        rng.standard_normal((3, 1, 4)).astype(np.float32),
+        ones,
+        ones,
+    )
     backend.ops(Mamba2Ops).mamba2_scan(*args, ssm_state, starts, slots, 2)
     assert np.abs(ssm_state[1]).max() > 0 and not ssm_state[0].any()
     before = ssm_state[1].copy()

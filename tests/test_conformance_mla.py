@@ -16,11 +16,17 @@ import dataclasses
 import numpy as np
 import pytest
 
-from atlas_core.backends.ops.mla import MLAOps
 from atlas_core.backends.base import AttentionMetadata
+from atlas_core.backends.ops.mla import MLAOps
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache, KVPlan, LatentKVLayout
-from atlas_core.model.layers.mla import MLAShape, MLAWeights, MultiHeadLatentAttention, deinterleave_rope_rows, split_kv_b
+from atlas_core.model.layers.mla import (
+    MLAShape,
+    MLAWeights,
+    MultiHeadLatentAttention,
+    deinterleave_rope_rows,
+    split_kv_b,
+)
 from atlas_core.model.layers.norm import RMSNorm
 from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
 from atlas_core.testing.oracles import rope_tables
@@ -43,7 +49,11 @@ def oracle_head_linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
 
 
 def oracle_latent_attention(
-    q_latent: np.ndarray, q_rope: np.ndarray, cache: np.ndarray, meta: AttentionMetadata, scale: float,
+    q_latent: np.ndarray,
+    q_rope: np.ndarray,
+    cache: np.ndarray,
+    meta: AttentionMetadata,
+    scale: float,
     row_scale: np.ndarray | None,
 ) -> np.ndarray:
     block_size, width = cache.shape[1], q_latent.shape[2]
@@ -76,7 +86,9 @@ def test_head_linear(case: Case, tokens: int, heads: int, k: int, n: int) -> Non
     want = oracle_head_linear(x, weight)
     with case.unchanged("mla_head_linear", x=x_dev, weight=weight_dev):
         case.check_out_variants(
-            lambda out: case.backend.ops(MLAOps).mla_head_linear(x_dev, weight_dev, out=out), want, f"mla_head_linear {x.shape}x{weight.shape}"
+            lambda out: case.backend.ops(MLAOps).mla_head_linear(x_dev, weight_dev, out=out),
+            want,
+            f"mla_head_linear {x.shape}x{weight.shape}",
         )
 
 
@@ -168,7 +180,12 @@ def oracle_interleaved_rope(x: np.ndarray, position: int, cos: np.ndarray, sin: 
 
 
 def oracle_mla(
-    ck: Checkpoint, x: np.ndarray, batch: PagedBatch, cos: np.ndarray, sin: np.ndarray, scale: float,
+    ck: Checkpoint,
+    x: np.ndarray,
+    batch: PagedBatch,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    scale: float,
     row_scale: np.ndarray | None,
 ) -> np.ndarray:
     """The expanded MLA forward of this step's tokens ``x [T, hidden]``; cached positions' latent rows
@@ -197,7 +214,9 @@ def oracle_mla(
                 keys_nope = context[: position + 1, :LATENT] @ kv_b[h, : s.nope_dim].T
                 values = context[: position + 1, :LATENT] @ kv_b[h, s.nope_dim :].T
                 keys = np.concatenate([keys_nope, context[: position + 1, LATENT:]], axis=1)
-                query = np.concatenate([q[t, h, : s.nope_dim], oracle_interleaved_rope(q[t, h, s.nope_dim :], position, cos, sin)])
+                query = np.concatenate(
+                    [q[t, h, : s.nope_dim], oracle_interleaved_rope(q[t, h, s.nope_dim :], position, cos, sin)]
+                )
                 scores = keys @ query * factor
                 weights = np.exp(scores - scores.max())
                 heads_out.append(weights @ values / weights.sum())
@@ -233,14 +252,20 @@ def layer_weights(case: Case, ck: Checkpoint) -> MLAWeights:
 @pytest.mark.parametrize("position_scaled", [False, True], ids=["plain", "position-scale"])
 @pytest.mark.parametrize("q_lora_rank", [None, 12], ids=["q_proj", "q_lora"])
 @pytest.mark.parametrize("scenario", ["mixed", "decode_batch", "prefill"])
-def test_absorbed_layer_matches_expanded_mla(case: Case, scenario: str, q_lora_rank: int | None, position_scaled: bool) -> None:
+def test_absorbed_layer_matches_expanded_mla(
+    case: Case, scenario: str, q_lora_rank: int | None, position_scaled: bool
+) -> None:
     hidden = 20
     ck = random_checkpoint(case, hidden, q_lora_rank)
     # the checkpoint as the backend holds it (the oracle must not count weight rounding)
-    ck = dataclasses.replace(ck, **{
-        f.name: case.host(case.backend.from_numpy(getattr(ck, f.name), weight=True))
-        for f in dataclasses.fields(ck) if isinstance(getattr(ck, f.name), np.ndarray)
-    })
+    ck = dataclasses.replace(
+        ck,
+        **{
+            f.name: case.host(case.backend.from_numpy(getattr(ck, f.name), weight=True))
+            for f in dataclasses.fields(ck)
+            if isinstance(getattr(ck, f.name), np.ndarray)
+        },
+    )
     batch = paged_batch(case, scenario, 1, LATENT + ROPE)
     tokens = len(batch.positions)
     x_dev, x = case.upload(case.normal(tokens, hidden))
@@ -250,8 +275,14 @@ def test_absorbed_layer_matches_expanded_mla(case: Case, scenario: str, q_lora_r
     if position_scaled:
         position_scale_dev, position_scale = case.upload(1.0 + 0.1 * np.log1p(np.arange(64) // 5).astype(np.float32))
     layer = MultiHeadLatentAttention(
-        case.backend, layer_weights(case, ck), layer_index=0, shape=ck.shape, rope_cos=tables.cos_dev,
-        rope_sin=tables.sin_dev, scale=scale, position_scale=position_scale_dev,
+        case.backend,
+        layer_weights(case, ck),
+        layer_index=0,
+        shape=ck.shape,
+        rope_cos=tables.cos_dev,
+        rope_sin=tables.sin_dev,
+        scale=scale,
+        position_scale=position_scale_dev,
     )
     kv = KVCache(case.backend, [LatentKVLayout(LATENT, ROPE)], KVPlan(batch.k_cache.shape[0], batch.block_size, 0))
     assert kv.values == [None], f"a latent layout has no value array {case.tag}"
@@ -266,6 +297,11 @@ def test_absorbed_layer_matches_expanded_mla(case: Case, scenario: str, q_lora_r
     want = oracle_mla(ck, x, batch, tables.cos, tables.sin, scale, position_scale)
     got = layer(x_dev, forward, kv)
     wide = dataclasses.replace(
-        case, tol=dataclasses.replace(case.tol, rtol=case.tol.rtol * PIPELINE_TOLERANCE_FACTOR, atol=case.tol.atol * PIPELINE_TOLERANCE_FACTOR)
+        case,
+        tol=dataclasses.replace(
+            case.tol, rtol=case.tol.rtol * PIPELINE_TOLERANCE_FACTOR, atol=case.tol.atol * PIPELINE_TOLERANCE_FACTOR
+        ),
     )
-    wide.assert_close(got, want, f"absorbed MLA layer vs expanded MLA ({scenario}, q_lora_rank={q_lora_rank}, {batch.describe()})")
+    wide.assert_close(
+        got, want, f"absorbed MLA layer vs expanded MLA ({scenario}, q_lora_rank={q_lora_rank}, {batch.describe()})"
+    )

@@ -24,9 +24,7 @@ LAYER_MARGIN = 0.02
 
 
 # ---- float64 oracles -----------------------------------------------------------------------------
-def oracle_route(
-    logits: np.ndarray, spec: RouterSpec, bias: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray, float]:
+def oracle_route(logits: np.ndarray, spec: RouterSpec, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, float]:
     """``(weights[T, k], ids[T, k], smallest decision margin)`` token by token."""
     tokens, experts = logits.shape
     weights = np.zeros((tokens, spec.top_k))
@@ -42,10 +40,15 @@ def oracle_route(
         choice = scores + (bias if bias is not None else 0.0)
         eligible = list(range(experts))
         if spec.num_groups > 1:
-            group_scores = [sum(sorted(choice[g * per_group : (g + 1) * per_group])[-2:]) for g in range(spec.num_groups)]
+            group_scores = [
+                sum(sorted(choice[g * per_group : (g + 1) * per_group])[-2:]) for g in range(spec.num_groups)
+            ]
             ranked_groups = sorted(range(spec.num_groups), key=lambda g: -group_scores[g])
             if spec.top_k_groups < spec.num_groups:
-                margin = min(margin, group_scores[ranked_groups[spec.top_k_groups - 1]] - group_scores[ranked_groups[spec.top_k_groups]])
+                margin = min(
+                    margin,
+                    group_scores[ranked_groups[spec.top_k_groups - 1]] - group_scores[ranked_groups[spec.top_k_groups]],
+                )
             kept = set(ranked_groups[: spec.top_k_groups])
             eligible = [e for e in eligible if e // per_group in kept]
         ranked = sorted(eligible, key=lambda e: -choice[e])
@@ -102,11 +105,14 @@ ROUTER_CASES = {
     "softmax-normalized": (RouterSpec(8, 2, normalize_top_k=True), False),
     "sigmoid-bias-normalized": (RouterSpec(8, 2, scoring="sigmoid", normalize_top_k=True), True),
     "sigmoid-bias-groups-scaled": (
-        RouterSpec(16, 4, scoring="sigmoid", normalize_top_k=True, num_groups=4, top_k_groups=2, routed_scaling_factor=2.5),
+        RouterSpec(
+            16, 4, scoring="sigmoid", normalize_top_k=True, num_groups=4, top_k_groups=2, routed_scaling_factor=2.5
+        ),
         True,
     ),
     "softmax-groups-scaled": (
-        RouterSpec(12, 3, normalize_top_k=True, num_groups=3, top_k_groups=2, routed_scaling_factor=1.5), False
+        RouterSpec(12, 3, normalize_top_k=True, num_groups=3, top_k_groups=2, routed_scaling_factor=1.5),
+        False,
     ),
 }
 
@@ -132,10 +138,14 @@ def test_moe_route_bias_changes_selection_not_weights(case: Case) -> None:
     logits_dev, logits = case.upload(case.normal(5, 8))
     bias = np.zeros(8, dtype=np.float32)
     bias[3] = 10.0
-    weights, ids = case.backend.ops(MoEOps).moe_route(logits_dev, spec, case.backend.from_numpy(bias, dtype=np.dtype(np.float32)))
+    weights, ids = case.backend.ops(MoEOps).moe_route(
+        logits_dev, spec, case.backend.from_numpy(bias, dtype=np.dtype(np.float32))
+    )
     ids, weights = case.raw(ids), case.host(weights)
     case.assert_equal(ids[:, 0].astype(np.int64), np.full(5, 3), "moe_route: the biased expert ranks first")
-    case.assert_values(weights[:, 0], sigmoid(logits[:, 3]), "moe_route: the biased expert's weight is its sigmoid score")
+    case.assert_values(
+        weights[:, 0], sigmoid(logits[:, 3]), "moe_route: the biased expert's weight is its sigmoid score"
+    )
 
 
 # ---- moe_experts ---------------------------------------------------------------------------------
@@ -147,7 +157,9 @@ def test_moe_experts(case: Case, activation: str, tokens: int) -> None:
     x_dev, x = case.upload(case.normal(tokens, hidden))
     w_in_dev, w_in = case.upload(case.normal(experts, in_rows, hidden, scale=hidden**-0.5), weight=True)
     w_out_dev, w_out = case.upload(case.normal(experts, hidden, inter, scale=inter**-0.5), weight=True)
-    ids = np.stack([case.rng.choice(experts - 2, size=top_k, replace=False) for _ in range(tokens)])  # experts 6, 7 idle
+    ids = np.stack(
+        [case.rng.choice(experts - 2, size=top_k, replace=False) for _ in range(tokens)]
+    )  # experts 6, 7 idle
     if tokens > 1:
         ids[0] = [1, 1, 4]  # the same expert twice counts twice
     ids_dev, ids = case.upload(ids.astype(np.int32))
@@ -203,8 +215,12 @@ def test_moe_feed_forward_with_gated_shared_expert_and_separate_router_input(cas
         return v * shared_scale
 
     moe = MoEFeedForward(
-        case.backend, router_weight_dev, RoutedExperts(case.backend, w_in_dev, w_out_dev, "silu"), spec,
-        shared_expert=shared_expert, shared_expert_gate=gate_dev,
+        case.backend,
+        router_weight_dev,
+        RoutedExperts(case.backend, w_in_dev, w_out_dev, "silu"),
+        spec,
+        shared_expert=shared_expert,
+        shared_expert_gate=gate_dev,
     )
     want = oracle_experts(x, w_in, w_out, weights, ids, "silu") + sigmoid(x @ gate.T) * x * shared_scale
     case.assert_close(moe(x_dev, router_input=router_input_dev), want, "MoEFeedForward")

@@ -34,9 +34,7 @@ class Knobs:
 
     def as_float32(self) -> Knobs:
         """The values the backend sees (SamplingTensors carries float32)."""
-        return Knobs(
-            _f32(self.temperature), self.top_k, _f32(self.top_p), _f32(self.min_p), _f32(self.top_n_sigma)
-        )
+        return Knobs(_f32(self.temperature), self.top_k, _f32(self.top_p), _f32(self.min_p), _f32(self.top_n_sigma))
 
 
 def oracle_std(values: list[float]) -> float:
@@ -102,7 +100,6 @@ def sampling_tensors(rows: int, knobs: list[Knobs] | Knobs, uniform: np.ndarray)
         uniform=np.asarray(uniform, dtype=np.float32),
         top_n_sigma=np.asarray([k.top_n_sigma for k in per_row], dtype=np.float32),
     )
-
 
 
 # ---- input builders ------------------------------------------------------------------------------

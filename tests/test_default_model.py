@@ -21,7 +21,9 @@ def test_prompt_logprobs_match_transformers_oracle(default_llm: object) -> None:
     with np.load(FIXTURES / "smollm2_oracle.npz") as oracle:
         data = dict(oracle)
     prompt = data["prompt_ids"].tolist()
-    output = default_llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0, prompt_logprobs=20, ignore_eos=True))[0]
+    output = default_llm.generate(
+        prompt, SamplingParams(max_tokens=12, temperature=0, prompt_logprobs=20, ignore_eos=True)
+    )[0]
     worst = 0.0
     for position in range(1, len(prompt)):
         ours = output.prompt_logprobs[position]

@@ -35,7 +35,9 @@ def test_n_completions_share_the_prompt_and_differ(llm: LLM) -> None:
 
 def test_n_greedy_completions_equal_the_reference(llm: LLM) -> None:
     ref = reference("llama")
-    output = llm.generate(ref["prompt_2"].tolist(), SamplingParams(n=3, temperature=0, max_tokens=10, ignore_eos=True))[0]
+    output = llm.generate(ref["prompt_2"].tolist(), SamplingParams(n=3, temperature=0, max_tokens=10, ignore_eos=True))[
+        0
+    ]
     assert all(c.token_ids == ref["greedy_2"].tolist() for c in output.outputs)
 
 
@@ -119,15 +121,26 @@ def test_min_tokens_suppresses_stop_tokens_until_reached(llm: LLM) -> None:
 def test_logit_bias_and_stop_token_ids(llm: LLM) -> None:
     output = llm.generate([9, 9, 9], SamplingParams(temperature=0, max_tokens=5, logit_bias={77: 100.0}))[0].outputs[0]
     assert output.token_ids == [77] * 5
-    stopped = llm.generate([9, 9, 9], SamplingParams(temperature=0, max_tokens=5, logit_bias={77: 100.0}, stop_token_ids=[77]))[0]
+    stopped = llm.generate(
+        [9, 9, 9], SamplingParams(temperature=0, max_tokens=5, logit_bias={77: 100.0}, stop_token_ids=[77])
+    )[0]
     assert stopped.outputs[0].token_ids == [77] and stopped.outputs[0].stop_reason == 77
 
 
 def test_repetition_penalty_changes_a_repetitive_greedy_run(llm: LLM) -> None:
-    plain = llm.generate([3, 3, 3, 3], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].outputs[0].token_ids
-    penalised = llm.generate(
-        [3, 3, 3, 3], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, frequency_penalty=2.0, presence_penalty=2.0)
-    )[0].outputs[0].token_ids
+    plain = (
+        llm.generate([3, 3, 3, 3], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0]
+        .outputs[0]
+        .token_ids
+    )
+    penalised = (
+        llm.generate(
+            [3, 3, 3, 3],
+            SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, frequency_penalty=2.0, presence_penalty=2.0),
+        )[0]
+        .outputs[0]
+        .token_ids
+    )
     assert len(set(penalised)) > len(set(plain))
 
 

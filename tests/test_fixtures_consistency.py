@@ -66,9 +66,7 @@ def _read_safetensors_header(path: Path) -> dict:
         count = int(np.prod(info["shape"], dtype=np.int64))
         assert stop - begin == count * SAFETENSORS_DTYPES[info["dtype"]], name
         end = max(end, stop)
-    assert end == data_len, (
-        f"{path.name}: data section is {data_len} bytes, tensors end at {end}"
-    )
+    assert end == data_len, f"{path.name}: data section is {data_len} bytes, tensors end at {end}"
     return header
 
 
@@ -89,9 +87,7 @@ def _load_tensor_index(folder: Path) -> dict[str, dict]:
                 tensors[name] = {**info, "file": shard}
         assert set(tensors) == set(weight_map)
     else:
-        assert single.exists(), (
-            "no model.safetensors and no model.safetensors.index.json"
-        )
+        assert single.exists(), "no model.safetensors and no model.safetensors.index.json"
         for name, info in _read_safetensors_header(single).items():
             tensors[name] = {**info, "file": single.name}
     return tensors
@@ -211,9 +207,7 @@ def test_reference_npz(name):
         assert lp.dtype == np.float32
         assert lp.shape == (prompt.size, vocab)
         assert np.isfinite(lp).all() and (lp <= 0).all()
-        np.testing.assert_allclose(
-            np.exp(lp.astype(np.float64)).sum(-1), 1.0, atol=1e-4
-        )
+        np.testing.assert_allclose(np.exp(lp.astype(np.float64)).sum(-1), 1.0, atol=1e-4)
 
         greedy = ref[f"greedy_{i}"]
         assert greedy.dtype == np.int64 and greedy.shape == (NEW_TOKENS,)
@@ -223,9 +217,7 @@ def test_reference_npz(name):
         assert glp.dtype == np.float32
         assert glp.shape == (NEW_TOKENS, vocab)
         assert np.isfinite(glp).all() and (glp <= 0).all()
-        np.testing.assert_allclose(
-            np.exp(glp.astype(np.float64)).sum(-1), 1.0, atol=1e-4
-        )
+        np.testing.assert_allclose(np.exp(glp.astype(np.float64)).sum(-1), 1.0, atol=1e-4)
         np.testing.assert_array_equal(glp.argmax(-1), greedy)
 
         # The first decode step sees exactly the prompt: same distribution as the last prompt row.
@@ -246,23 +238,13 @@ def test_reference_npz(name):
         top2 = np.sort(rows, axis=-1)[:, -2:]
         return top2[:, 1] - top2[:, 0]
 
-    greedy_rows = np.concatenate(
-        [ref[f"greedy_logprobs_{i}"] for i in range(N_PROMPTS)]
-    )
-    all_rows = np.concatenate(
-        [greedy_rows] + [ref[f"logprobs_{i}"] for i in range(N_PROMPTS)]
-    )
-    np.testing.assert_allclose(
-        margins(greedy_rows).min(), ref["min_greedy_top2_margin"], atol=1e-5
-    )
-    np.testing.assert_allclose(
-        margins(all_rows).min(), ref["min_top2_margin"], atol=1e-5
-    )
+    greedy_rows = np.concatenate([ref[f"greedy_logprobs_{i}"] for i in range(N_PROMPTS)])
+    all_rows = np.concatenate([greedy_rows] + [ref[f"logprobs_{i}"] for i in range(N_PROMPTS)])
+    np.testing.assert_allclose(margins(greedy_rows).min(), ref["min_greedy_top2_margin"], atol=1e-5)
+    np.testing.assert_allclose(margins(all_rows).min(), ref["min_top2_margin"], atol=1e-5)
     assert float(ref["min_greedy_top2_margin"]) >= 5e-3, "greedy references are fragile"
 
     eos = cfg.get("eos_token_id")
     eos_ids = set() if eos is None else set(eos if isinstance(eos, list) else [eos])
     for i in range(N_PROMPTS):
-        assert not eos_ids & set(ref[f"greedy_{i}"].tolist()), (
-            "greedy continuation hits EOS"
-        )
+        assert not eos_ids & set(ref[f"greedy_{i}"].tolist()), "greedy continuation hits EOS"

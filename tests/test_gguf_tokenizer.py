@@ -109,5 +109,3 @@ def test_unknown_pre_tokenizer_falls_back_to_gpt2_with_a_warning(
     tokenizer = build_tokenizer_from_gguf(tmp_path / "t.gguf")
     assert "brand-new" in caplog.text
     assert tokenizer.decode(tokenizer.encode("Hello world", add_special_tokens=False)) == "Hello world"
-
-

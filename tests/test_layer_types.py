@@ -24,12 +24,23 @@ FAMILY_LAYERS = {
     "deepseek_v3": {"rms_norm", "mla", "swiglu_mlp", "moe", "routed_experts", "pre_norm_decoder_layer"},
     "gemma3": {"rms_norm", "attention", "geglu_mlp", "sandwich_decoder_layer"},
     "gemma4": {
-        "rms_norm", "attention", "shared_kv_attention", "geglu_mlp", "sandwich_decoder_layer", "per_layer_inputs",
+        "rms_norm",
+        "attention",
+        "shared_kv_attention",
+        "geglu_mlp",
+        "sandwich_decoder_layer",
+        "per_layer_inputs",
         "per_layer_input_gate",
     },
     "gemma4_moe": {"rms_norm", "attention", "geglu_mlp", "moe", "routed_experts"},
     "qwen3_next": {
-        "rms_norm", "gated_delta_net", "gated_attention", "swiglu_mlp", "moe", "routed_experts", "pre_norm_decoder_layer",
+        "rms_norm",
+        "gated_delta_net",
+        "gated_attention",
+        "swiglu_mlp",
+        "moe",
+        "routed_experts",
+        "pre_norm_decoder_layer",
     },
     "nemotron_h": {"rms_norm", "mamba2", "attention", "relu2_mlp", "moe", "routed_experts"},
 }
@@ -47,7 +58,11 @@ def test_every_core_layer_type_is_registered_and_imports() -> None:
 def test_the_families_cover_every_registered_layer_type() -> None:
     """Core's layer types and the family plugins' own (Gemma's per-layer inputs and sandwich layer)."""
     registry = load_plugins()
-    shipped = {r.name for r in registry.registrations("layer") if r.plugin.distribution.startswith(("atlas-core", "atlas-model-"))}
+    shipped = {
+        r.name
+        for r in registry.registrations("layer")
+        if r.plugin.distribution.startswith(("atlas-core", "atlas-model-"))
+    }
     assert set().union(*FAMILY_LAYERS.values()) == shipped
 
 

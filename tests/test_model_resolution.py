@@ -29,7 +29,9 @@ def test_repo_id_resolves_from_the_cache_offline(monkeypatch: pytest.MonkeyPatch
     resolved = resolve_model("tiny-org/tiny-llama")
     assert resolved.path == snapshot and resolved.kind == "folder" and resolved.name == "tiny-org/tiny-llama"
     ref = reference("llama")
-    output = LLM("tiny-org/tiny-llama").generate(ref["prompt_1"].tolist(), SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    output = LLM("tiny-org/tiny-llama").generate(
+        ref["prompt_1"].tolist(), SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    )
     assert output[0].outputs[0].token_ids == ref["greedy_1"].tolist()
 
 

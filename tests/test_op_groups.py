@@ -53,13 +53,21 @@ def install_toy(site: Path, implementations: dict[str, str]) -> None:
     install_plugin(site, "atlas-ops-toy", "1.0", {"toy": "toy_ops"}, {"toy_ops": GROUP_SOURCE})
     for index, (distribution, target) in enumerate(implementations.items()):
         module = f"toy_native_{index}"
-        install_plugin(site, distribution, "1.0", {module: module}, {module: f'''
+        install_plugin(
+            site,
+            distribution,
+            "1.0",
+            {module: module},
+            {
+                module: f'''
             from atlas_core.hookspecs import hookimpl
 
             @hookimpl
             def register_op_implementations(register):
                 register("toy", "{target}", backend="numpy")
-        '''})
+        '''
+            },
+        )
 
 
 def test_a_plugin_group_runs_through_its_host_fallback(site: Path) -> None:

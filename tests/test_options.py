@@ -60,18 +60,52 @@ def test_declaration_gives_flag_env_variable_and_help() -> None:
 
 def test_flags_with_and_without_defaults() -> None:
     assert parse([], with_defaults=True) == {
-        "path": None, "count": 3, "ratio": 0.5, "fast": True, "mode": "a", "names": [], "keys": [], "extra": {},
+        "path": None,
+        "count": 3,
+        "ratio": 0.5,
+        "fast": True,
+        "mode": "a",
+        "names": [],
+        "keys": [],
+        "extra": {},
     }
     assert parse([], with_defaults=False) == {}
-    given = parse(["p", "--count", "4", "--no-fast", "--mode", "b", "--names", "x", "y", "--key", "k1", "--key", "k2",
-                   "--extra", '{"t": 1}'], with_defaults=False)
-    assert given == {"path": "p", "count": 4, "fast": False, "mode": "b", "names": ["x", "y"], "keys": ["k1", "k2"],
-                     "extra": {"t": 1}}
+    given = parse(
+        [
+            "p",
+            "--count",
+            "4",
+            "--no-fast",
+            "--mode",
+            "b",
+            "--names",
+            "x",
+            "y",
+            "--key",
+            "k1",
+            "--key",
+            "k2",
+            "--extra",
+            '{"t": 1}',
+        ],
+        with_defaults=False,
+    )
+    assert given == {
+        "path": "p",
+        "count": 4,
+        "fast": False,
+        "mode": "b",
+        "names": ["x", "y"],
+        "keys": ["k1", "k2"],
+        "extra": {"t": 1},
+    }
 
 
 def test_bad_flag_values_are_parser_errors(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv, message in [(["--count", "x"], "argument --count: expected an integer, got 'x'"),
-                          (["--mode", "c"], "argument --mode: expected one of a, b, got 'c'")]:
+    for argv, message in [
+        (["--count", "x"], "argument --count: expected an integer, got 'x'"),
+        (["--mode", "c"], "argument --mode: expected one of a, b, got 'c'"),
+    ]:
         with pytest.raises(SystemExit):
             parse(argv, with_defaults=True)
         assert message in capsys.readouterr().err
@@ -112,9 +146,11 @@ def test_a_setting_type_without_parser_is_refused_at_declaration() -> None:
 
 
 def test_engine_config_errors_are_config_errors_not_request_errors() -> None:
-    for kwargs, message in [({"max_num_seqs": 0}, "max_num_seqs must be at least 1, got 0"),
-                            ({"scheduling_policy": "lifo"}, "scheduling_policy must be one of fifo, slo, got 'lifo'"),
-                            ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in")]:
+    for kwargs, message in [
+        ({"max_num_seqs": 0}, "max_num_seqs must be at least 1, got 0"),
+        ({"scheduling_policy": "lifo"}, "scheduling_policy must be one of fifo, slo, got 'lifo'"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in"),
+    ]:
         with pytest.raises(ConfigError, match=message) as caught:
             EngineConfig(**kwargs)
         assert not isinstance(caught.value, InvalidRequestError)
@@ -124,9 +160,17 @@ def test_engine_config_errors_are_config_errors_not_request_errors() -> None:
 def test_engine_settings_are_the_engine_config_fields_with_options() -> None:
     names = [opt.name for opt in ENGINE_OPTIONS]
     assert names[:2] == ["model", "backend"]
-    assert set(names[2:]) == {"max_seq_len", "max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens",
-                              "enable_prefix_caching", "scheduling_policy", "gpu_memory_utilization",
-                              "kv_cache_memory_gib", "max_state_snapshots"}
+    assert set(names[2:]) == {
+        "max_seq_len",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "max_prefill_tokens",
+        "enable_prefix_caching",
+        "scheduling_policy",
+        "gpu_memory_utilization",
+        "kv_cache_memory_gib",
+        "max_state_snapshots",
+    }
     assert all(getattr(EngineConfig(), opt.name) == opt.default for opt in ENGINE_OPTIONS[2:])
 
 

@@ -107,8 +107,14 @@ def test_core_packages_form_no_cycle() -> None:
 def test_the_layering_named_in_the_architecture() -> None:
     """Model code sits below the engine, grammars below the engine, the CLI above bench."""
     graph = package_graph()
-    for lower, upper in [("model", "engine"), ("batch", "engine"), ("batch", "model"), ("parsing", "engine"),
-                         ("bench", "cli"), ("options", "engine")]:
+    for lower, upper in [
+        ("model", "engine"),
+        ("batch", "engine"),
+        ("batch", "model"),
+        ("parsing", "engine"),
+        ("bench", "cli"),
+        ("options", "engine"),
+    ]:
         assert upper not in graph[lower], f"{lower} imports {upper} ({graph[lower][upper]})"
 
 

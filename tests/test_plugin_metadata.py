@@ -54,39 +54,49 @@ def test_a_misspelt_key_fails_only_that_plugins_hook(site: Path) -> None:
     ("hook", "call", "message"),
     [
         (
-            "register_gpu_backends", 'register("b", "m:B", priority="high")',
+            "register_gpu_backends",
+            'register("b", "m:B", priority="high")',
             "registers backend 'b' with priority='high'; priority must be of type int: Expected `int`, got `str`",
         ),
         (
-            "register_gpu_backends", 'register("b", "m:B", priority=True)',
+            "register_gpu_backends",
+            'register("b", "m:B", priority=True)',
             "priority must be of type int: Expected `int`, got `bool`",
         ),
         (
-            "register_model_loaders", 'register("m", "m:L", architectures=["MForCausalLM", 3])',
+            "register_model_loaders",
+            'register("m", "m:L", architectures=["MForCausalLM", 3])',
             "architectures must be of type list[str]: Expected `str`, got `int` - at `$[1]`",
         ),
         (
-            "register_model_loaders", 'register("m", "m:L", defaults="hermes")',
+            "register_model_loaders",
+            'register("m", "m:L", defaults="hermes")',
             "defaults must be of type dict[str, Any]",
         ),
         (
-            "register_op_implementations", 'register("moe", "m:NativeMoE")',
+            "register_op_implementations",
+            'register("moe", "m:NativeMoE")',
             "registers op group implementation 'moe' without the required metadata key 'backend' "
             "(accepted: backend (str))",
         ),
         (
-            "register_tool_parsers", 'register("t", "m:T", models=["x"])',
+            "register_tool_parsers",
+            'register("t", "m:T", models=["x"])',
             "registers tool-call parser 't' with the unknown metadata key 'models' "
             "(register_tool_parsers accepts no metadata)",
         ),
     ],
 )
 def test_wrong_types_and_missing_keys_are_errors(site: Path, hook: str, call: str, message: str) -> None:
-    install(site, "typed-plugin", hook_module(f"""
+    install(
+        site,
+        "typed-plugin",
+        hook_module(f"""
         @hookimpl
         def {hook}(register):
             {call}
-    """))
+    """),
+    )
     [error] = plugin(load_plugins(), "typed-plugin").errors
     assert error.startswith(f"{hook} failed: PluginError: typed-plugin 1.0 registers ") and message in error
 
@@ -94,5 +104,7 @@ def test_wrong_types_and_missing_keys_are_errors(site: Path, hook: str, call: st
 def test_strict_mode_reraises_naming_plugin_and_key(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     install(site, "typo-plugin", TYPO)
     monkeypatch.setenv("ATLAS_PLUGINS_STRICT", "1")
-    with pytest.raises(PluginError, match=r"^typo-plugin 1\.0 registers backend 'typo-gpu' with the unknown metadata key 'prority'"):
+    with pytest.raises(
+        PluginError, match=r"^typo-plugin 1\.0 registers backend 'typo-gpu' with the unknown metadata key 'prority'"
+    ):
         load_plugins()

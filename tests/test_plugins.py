@@ -103,7 +103,9 @@ def test_example_parsers_pass_the_checks_of_every_format() -> None:
     from atlas_core.testing.parsers import TOOLS
 
     check_plugin_tool_format("example_calls", "atlas-example-plugin", '<|call|>get_time{"zone": "UTC"}<|end|>')
-    message = OutputParser.parse("<|thinking|>Rome.<|/thinking|>Sure.", reasoning_parser="example_thoughts", tools=TOOLS)
+    message = OutputParser.parse(
+        "<|thinking|>Rome.<|/thinking|>Sure.", reasoning_parser="example_thoughts", tools=TOOLS
+    )
     assert (message.reasoning, message.content) == ("Rome.", "Sure.")
 
 
@@ -121,7 +123,11 @@ def test_allowlist_loads_only_named_plugin_and_core(monkeypatch: pytest.MonkeyPa
 
 def test_allowlist_with_several_names_and_no_match(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ATLAS_PLUGINS", "example,atlas-model-qwen3")
-    assert {p.distribution for p in load_plugins().plugins} == {"atlas-core", "atlas-example-plugin", "atlas-model-qwen3"}
+    assert {p.distribution for p in load_plugins().plugins} == {
+        "atlas-core",
+        "atlas-example-plugin",
+        "atlas-model-qwen3",
+    }
     monkeypatch.setenv("ATLAS_PLUGINS", "no-such-plugin")
     assert [p.distribution for p in load_plugins().plugins] == ["atlas-core"]
 
@@ -194,11 +200,14 @@ def test_broken_plugins_are_reported_and_skipped(site: Path) -> None:
     assert_installed_plugins_intact(registry)
 
 
-@pytest.mark.parametrize(("distribution", "error", "message"), [
-    ("broken-import", RuntimeError, "boom at import"),
-    ("broken-hook", ValueError, "hook exploded"),
-    ("broken-target", PluginError, "package.module:Attribute"),
-])
+@pytest.mark.parametrize(
+    ("distribution", "error", "message"),
+    [
+        ("broken-import", RuntimeError, "boom at import"),
+        ("broken-hook", ValueError, "hook exploded"),
+        ("broken-target", PluginError, "package.module:Attribute"),
+    ],
+)
 def test_strict_mode_reraises(
     site: Path, monkeypatch: pytest.MonkeyPatch, distribution: str, error: type[Exception], message: str
 ) -> None:
@@ -212,14 +221,20 @@ def test_strict_mode_reraises(
 
 
 def test_duplicate_name_raises_naming_both_distributions(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_plugin(site, "atlas-model-llama-fork", "2.0", {"llama_fork": "llama_fork_plugin"}, {
-        "llama_fork_plugin": hook_module("""
+    install_plugin(
+        site,
+        "atlas-model-llama-fork",
+        "2.0",
+        {"llama_fork": "llama_fork_plugin"},
+        {
+            "llama_fork_plugin": hook_module("""
             @hookimpl
             def register_model_loaders(register):
                 register("llama", "llama_fork_plugin:ForkLoader")
                 register("llama_fork_only", "llama_fork_plugin:ForkLoader")
         """),
-    })
+        },
+    )
     registry = load_plugins()
     for lookup in (registry.find, registry.get):
         with pytest.raises(PluginError) as raised:
@@ -239,14 +254,20 @@ def test_duplicate_name_raises_naming_both_distributions(site: Path, monkeypatch
 def test_listing_does_not_import_targets(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from atlas_core.backends.select import select_backend
 
-    install_plugin(site, "atlas-backend-heavy", "0.3", {"heavy": "heavy_plugin"}, {
-        "heavy_plugin": hook_module("""
+    install_plugin(
+        site,
+        "atlas-backend-heavy",
+        "0.3",
+        {"heavy": "heavy_plugin"},
+        {
+            "heavy_plugin": hook_module("""
             @hookimpl
             def register_gpu_backends(register):
                 register("heavy", "heavy_backend:HeavyBackend", priority=100)
         """),
-        "heavy_backend": 'raise ImportError("needs a GPU library that is not installed")\n',
-    })
+            "heavy_backend": 'raise ImportError("needs a GPU library that is not installed")\n',
+        },
+    )
     registry = load_plugins()
     info = plugin(registry, "atlas-backend-heavy")
     assert info.errors == [] and [r.name for r in info.registrations] == ["heavy"]
@@ -277,7 +298,9 @@ def test_loading_the_registry_imports_no_target_module() -> None:
 # ---- (f) hook tracing -----------------------------------------------------------------------------------
 
 
-def test_trace_hooks_prints_hook_calls_to_stderr(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_trace_hooks_prints_hook_calls_to_stderr(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     load_plugins()
     assert capsys.readouterr().err == ""
 

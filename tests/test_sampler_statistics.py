@@ -24,16 +24,26 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     return p / p.sum()
 
 
-def draws(row: np.ndarray, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-          top_n_sigma: float = 0.0) -> np.ndarray:
+def draws(
+    row: np.ndarray,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    top_n_sigma: float = 0.0,
+) -> np.ndarray:
     """The tokens drawn for ``GRID`` evenly spaced uniforms ``(i + 0.5) / GRID``."""
 
     def full(value: float, dtype: type) -> np.ndarray:
         return np.full(GRID, value, dtype=dtype)
 
     params = SamplingTensors(
-        temperature=full(temperature, np.float32), top_k=full(top_k, np.int32), top_p=full(top_p, np.float32),
-        min_p=full(min_p, np.float32), uniform=((np.arange(GRID) + 0.5) / GRID).astype(np.float32),
+        temperature=full(temperature, np.float32),
+        top_k=full(top_k, np.int32),
+        top_p=full(top_p, np.float32),
+        min_p=full(min_p, np.float32),
+        uniform=((np.arange(GRID) + 0.5) / GRID).astype(np.float32),
         top_n_sigma=full(top_n_sigma, np.float32),
     )
     tokens = BACKEND.sample(np.tile(row.astype(np.float32), (GRID, 1)), params)
@@ -157,9 +167,15 @@ def test_temperature_sharpens_and_flattens(seed: int) -> None:
 
 
 # ---- penalties and biases -----------------------------------------------------------------------
-def adjustments(rows: int, *, repetition: float = 1.0, presence: float = 0.0, frequency: float = 0.0,
-                penalties: list[tuple[int, int, int, bool]] = (), biases: list[tuple[int, int, float]] = ()
-                ) -> LogitAdjustments:
+def adjustments(
+    rows: int,
+    *,
+    repetition: float = 1.0,
+    presence: float = 0.0,
+    frequency: float = 0.0,
+    penalties: list[tuple[int, int, int, bool]] = (),
+    biases: list[tuple[int, int, float]] = (),
+) -> LogitAdjustments:
     adj = LogitAdjustments.none(rows)
     adj.repetition_penalty[:], adj.presence_penalty[:], adj.frequency_penalty[:] = repetition, presence, frequency
     if penalties:

@@ -46,7 +46,10 @@ def test_no_plugin_imports_the_core_test_suite() -> None:
 
 
 def run(
-    command: list[str | Path], *, cwd: Path | None = None, env: dict[str, str] | None = None,
+    command: list[str | Path],
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``command``, failing the test with its output when it exits with an error."""
     result = subprocess.run([str(part) for part in command], capture_output=True, text=True, cwd=cwd, env=env)
@@ -65,17 +68,49 @@ def test_a_family_plugin_passes_its_tests_with_only_core_installed(tmp_path: Pat
     env = {name: value for name, value in os.environ.items() if not name.startswith(("ATLAS_", "VIRTUAL_ENV"))}
     uv_env = env | {"UV_PROJECT_ENVIRONMENT": str(venv)}
 
-    run([uv, "sync", "--frozen", "--offline", "--quiet", "--package", distribution, "--no-default-groups",
-         "--group", "test", "--no-install-workspace", "--python", sys.executable], cwd=REPOSITORY, env=uv_env)
+    run(
+        [
+            uv,
+            "sync",
+            "--frozen",
+            "--offline",
+            "--quiet",
+            "--package",
+            distribution,
+            "--no-default-groups",
+            "--group",
+            "test",
+            "--no-install-workspace",
+            "--python",
+            sys.executable,
+        ],
+        cwd=REPOSITORY,
+        env=uv_env,
+    )
     for source in (REPOSITORY, REPOSITORY / folder):
         run([uv, "build", "--wheel", "--offline", "--quiet", "--out-dir", wheels, source], cwd=REPOSITORY, env=uv_env)
-    run([uv, "pip", "install", "--offline", "--quiet", "--no-deps", "--python", venv / "bin" / "python",
-         *sorted(wheels.glob("*.whl"))], env=uv_env)
+    run(
+        [
+            uv,
+            "pip",
+            "install",
+            "--offline",
+            "--quiet",
+            "--no-deps",
+            "--python",
+            venv / "bin" / "python",
+            *sorted(wheels.glob("*.whl")),
+        ],
+        env=uv_env,
+    )
 
     python: list[str | Path] = [venv / "bin" / "python", "-I"]
     listed = run([*python, "-c", "import importlib.metadata as m; print(*(d.name for d in m.distributions()))"])
     assert sorted(name for name in listed.stdout.split() if name.startswith("atlas")) == ["atlas-core", distribution]
-    tests = run([*python, "-m", "pytest", "-q", "-p", "no:cacheprovider", REPOSITORY / folder], cwd=tmp_path,
-                env=env | {"ATLAS_PLUGINS_STRICT": "1"})
+    tests = run(
+        [*python, "-m", "pytest", "-q", "-p", "no:cacheprovider", REPOSITORY / folder],
+        cwd=tmp_path,
+        env=env | {"ATLAS_PLUGINS_STRICT": "1"},
+    )
     summary = tests.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"\d+ passed in [\d.]+s( \([\d:]+\))?", summary), tests.stdout

@@ -180,9 +180,7 @@ def test_from_folder_generation_config_int_eos(tmp_path: Path, byte_backend: Bac
 
 
 def test_from_folder_falls_back_to_config_json(tmp_path: Path, byte_backend: Backend) -> None:
-    folder = write_folder(
-        tmp_path / "m", byte_backend, config__json={"bos_token_id": 0, "eos_token_id": [1, 3]}
-    )
+    folder = write_folder(tmp_path / "m", byte_backend, config__json={"bos_token_id": 0, "eos_token_id": [1, 3]})
     tok = Tokenizer.from_folder(folder)
     assert tok is not None
     assert (tok.bos_token_id, tok.eos_token_ids) == (0, [1, 3])
@@ -254,7 +252,9 @@ def test_continue_final_message_leaves_the_last_message_open(content: str) -> No
     with pytest.raises(InvalidRequestError, match="cannot both be true"):
         ChatTemplate(CHATML).render(messages, continue_final_message=True)
     with pytest.raises(InvalidRequestError, match="does not render the last message's content"):
-        ChatTemplate("{{ messages | length }}").render(messages, add_generation_prompt=False, continue_final_message=True)
+        ChatTemplate("{{ messages | length }}").render(
+            messages, add_generation_prompt=False, continue_final_message=True
+        )
 
 
 @pytest.mark.parametrize("name", ["messages", "tools", "add_generation_prompt", "continue_final_message"])
@@ -273,8 +273,7 @@ def test_enable_thinking_kwarg(byte_backend: Backend) -> None:
 
 def test_raise_exception_message_is_forwarded(byte_backend: Backend) -> None:
     source = (
-        "{% if messages[0]['role'] != 'user' %}"
-        "{{ raise_exception('Conversation must start with user') }}{% endif %}ok"
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation must start with user') }}{% endif %}ok"
     )
     tok = make(byte_backend, chat_template=source)
     assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "ok"
@@ -289,9 +288,7 @@ def test_tools_rendered_with_transformers_tojson() -> None:
     )
     tool = {"type": "function", "function": {"name": "météo", "parameters": {"city": "<b>"}}}
     rendered = ChatTemplate(source).render(MESSAGES, tools=[tool])
-    assert rendered.startswith(
-        json.dumps(tool, ensure_ascii=False) + "\n"
-    )  # no \\u escapes, no HTML escaping
+    assert rendered.startswith(json.dumps(tool, ensure_ascii=False) + "\n")  # no \\u escapes, no HTML escaping
     assert rendered.endswith(json.dumps([tool], ensure_ascii=False, indent=2))
     assert ChatTemplate(source).render(MESSAGES) == "null"  # tools=None, as transformers passes
 

@@ -114,8 +114,13 @@ class LogitAdjustments:
             repetition_penalty=np.ones(num_rows, dtype=np.float32),
             presence_penalty=np.zeros(num_rows, dtype=np.float32),
             frequency_penalty=np.zeros(num_rows, dtype=np.float32),
-            penalty_rows=ints, penalty_tokens=ints, output_counts=ints, in_prompt=np.zeros(0, dtype=bool),
-            bias_rows=ints, bias_tokens=ints, bias_values=floats,
+            penalty_rows=ints,
+            penalty_tokens=ints,
+            output_counts=ints,
+            in_prompt=np.zeros(0, dtype=bool),
+            bias_rows=ints,
+            bias_tokens=ints,
+            bias_values=floats,
         )
 
     @property
@@ -192,9 +197,7 @@ class Backend(ABC):
         """``x[T, K] @ weight[N, K].T (+ bias[N])`` -> ``[T, N]``."""
 
     @abstractmethod
-    def rms_norm(
-        self, x: Array, weight: Array, eps: float, residual: Array | None = None
-    ) -> tuple[Array, Array]:
+    def rms_norm(self, x: Array, weight: Array, eps: float, residual: Array | None = None) -> tuple[Array, Array]:
         """Fused residual add + RMSNorm over the last axis.
 
         ``s = x + residual`` (or ``x`` when residual is None); returns
@@ -223,8 +226,19 @@ class Backend(ABC):
         slots ``slot_mapping[T]``; a slot of -1 skips that token."""
 
     def qk_norm_rope_write_kv(
-        self, q: Array, k: Array, v: Array, q_norm_weight: Array | None, k_norm_weight: Array | None, eps: float,
-        positions: Array, cos: Array, sin: Array, k_cache: Array, v_cache: Array, slot_mapping: Array,
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        q_norm_weight: Array | None,
+        k_norm_weight: Array | None,
+        eps: float,
+        positions: Array,
+        cos: Array,
+        sin: Array,
+        k_cache: Array,
+        v_cache: Array,
+        slot_mapping: Array,
     ) -> Array:
         """The attention layer's steps between the QKV projection and attention, as one op:
         per-head RMSNorm of q and of k (each skipped when its weight is None), `rope` on both, then
@@ -243,8 +257,14 @@ class Backend(ABC):
 
     @abstractmethod
     def attention(
-        self, q: Array, k_cache: Array, v_cache: Array, meta: AttentionMetadata, scale: float,
-        out: Array | None = None, sliding_window: int | None = None,
+        self,
+        q: Array,
+        k_cache: Array,
+        v_cache: Array,
+        meta: AttentionMetadata,
+        scale: float,
+        out: Array | None = None,
+        sliding_window: int | None = None,
     ) -> Array:
         """Causal paged attention with GQA (``Hq`` a multiple of ``Hk``) for a varlen batch mixing
         prefill chunks and decode tokens. ``q[T, Hq, D]`` -> ``[T, Hq, D]``; keys and values are

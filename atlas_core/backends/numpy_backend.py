@@ -79,8 +79,14 @@ class NumpyBackend(Backend):
         v_cache.reshape(flat_shape)[slots] = v[keep]
 
     def attention(
-        self, q: Array, k_cache: Array, v_cache: Array, meta: AttentionMetadata, scale: float,
-        out: Array | None = None, sliding_window: int | None = None,
+        self,
+        q: Array,
+        k_cache: Array,
+        v_cache: Array,
+        meta: AttentionMetadata,
+        scale: float,
+        out: Array | None = None,
+        sliding_window: int | None = None,
     ) -> Array:
         out = np.empty_like(q) if out is None else out
         block_size, num_kv_heads, head_dim = k_cache.shape[1:]
@@ -111,8 +117,10 @@ class NumpyBackend(Backend):
             probs = np.exp(scores)
             probs /= probs.sum(axis=-1, keepdims=True)
             mixed = np.matmul(probs.reshape(num_kv_heads, group * q_len, ctx - first), values.transpose(1, 0, 2))
-            out[start:end] = mixed.reshape(num_kv_heads, group, q_len, head_dim).transpose(2, 0, 1, 3).reshape(
-                q_len, num_kv_heads * group, head_dim
+            out[start:end] = (
+                mixed.reshape(num_kv_heads, group, q_len, head_dim)
+                .transpose(2, 0, 1, 3)
+                .reshape(q_len, num_kv_heads * group, head_dim)
             )
         return out
 
@@ -154,7 +162,12 @@ class NumpyBackend(Backend):
 
 
 def _sample_row(
-    logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float, uniform: float,
+    logits: np.ndarray,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    uniform: float,
     top_n_sigma: float = 0.0,
 ) -> int:
     """One row of `Backend.sample` (float64 for a stable reference). Every filter keeps a prefix of

@@ -20,10 +20,13 @@ log = logging.getLogger("atlas.backends")
 G = TypeVar("G", bound=OpGroup)
 
 
-def native_registrations(registry: PluginRegistry, backend_name: str, group_name: str | None = None) -> list[Registration]:
+def native_registrations(
+    registry: PluginRegistry, backend_name: str, group_name: str | None = None
+) -> list[Registration]:
     """The ``op_impl`` registrations for ``backend_name`` (of ``group_name`` only, when given)."""
     return [
-        r for r in registry.registrations("op_impl")
+        r
+        for r in registry.registrations("op_impl")
         if r.metadata.get("backend") == backend_name and (group_name is None or r.name == group_name)
     ]
 

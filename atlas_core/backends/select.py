@@ -11,7 +11,9 @@ def _instantiate(registry: PluginRegistry, registration: Registration) -> Backen
     backend_class = registration.load()
     reason = backend_class.availability()
     if reason is not None:
-        raise BackendUnavailableError(f"backend {registration.name!r} ({registration.plugin.label}) cannot run here: {reason}")
+        raise BackendUnavailableError(
+            f"backend {registration.name!r} ({registration.plugin.label}) cannot run here: {reason}"
+        )
     backend = backend_class()
     backend.plugin_registry = registry
     return backend

@@ -96,7 +96,11 @@ class KVPlan:
 
 
 def plan_kv_cache(
-    layouts: list[AnyKVLayout], default_dtype: np.dtype, block_size: int, budget_bytes: int, max_seq_len: int,
+    layouts: list[AnyKVLayout],
+    default_dtype: np.dtype,
+    block_size: int,
+    budget_bytes: int,
+    max_seq_len: int,
     budget_source: str,
 ) -> KVPlan:
     """Blocks that fit in ``budget_bytes``; `KVCacheTooSmallError` if not one ``max_seq_len`` sequence.

@@ -25,12 +25,15 @@ copy bandwidth, matrix-product FLOP/s) unless given with --bandwidth-gbps / --pe
 
 def add_random_weights_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--random-weights", action="store_true",
+        "--random-weights",
+        action="store_true",
         help="MODEL is a preset (llama-3-8b, qwen3-0.6b, qwen3-30b-a3b) or a config.json path: build that shape with "
         "random bf16 weights instead of loading a checkpoint (no download, no tokenizer)",
     )
     parser.add_argument(
-        "--num-layers", type=int, default=None,
+        "--num-layers",
+        type=int,
+        default=None,
         help="with --random-weights: keep only the first N layers (a shape too large for the device)",
     )
 
@@ -43,7 +46,9 @@ def make_llm(args: argparse.Namespace) -> Any:
 
         model = values.pop("model")
         if model is None:
-            raise InvalidRequestError("--random-weights needs MODEL: a preset (llama-3-8b, qwen3-0.6b) or a config.json path")
+            raise InvalidRequestError(
+                "--random-weights needs MODEL: a preset (llama-3-8b, qwen3-0.6b) or a config.json path"
+            )
         return random_weights_llm(model, num_layers=args.num_layers, **values)
     from atlas_core.engine.llm import LLM
 
@@ -51,8 +56,18 @@ def make_llm(args: argparse.Namespace) -> Any:
 
 
 def add_ceiling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bandwidth-gbps", type=float, default=None, help="memory bandwidth ceiling in GB/s (default: measured, an array copy: 512 MiB on host backends, 2 GiB on devices)")
-    parser.add_argument("--peak-gflops", type=float, default=None, help="matrix-product ceiling in GFLOP/s (default: measured, a 1024^3 product)")
+    parser.add_argument(
+        "--bandwidth-gbps",
+        type=float,
+        default=None,
+        help="memory bandwidth ceiling in GB/s (default: measured, an array copy: 512 MiB on host backends, 2 GiB on devices)",
+    )
+    parser.add_argument(
+        "--peak-gflops",
+        type=float,
+        default=None,
+        help="matrix-product ceiling in GFLOP/s (default: measured, a 1024^3 product)",
+    )
 
 
 def add_bench_parser(commands: Any) -> None:
@@ -60,14 +75,17 @@ def add_bench_parser(commands: Any) -> None:
     from atlas_core.bench.throughput import run_throughput
 
     parser = commands.add_parser(
-        "bench", help="latency and throughput benchmarks beside their rooflines", description=DESCRIPTION,
+        "bench",
+        help="latency and throughput benchmarks beside their rooflines",
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.set_defaults(handler=lambda args: print_help(parser))
     subcommands = parser.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
 
     latency = subcommands.add_parser(
-        "latency", help="prefill time and decode tok/s at --batch-size, against the bandwidth roofline",
+        "latency",
+        help="prefill time and decode tok/s at --batch-size, against the bandwidth roofline",
         description="Prefill time and decode speed of --batch-size prompts of --prompt-len tokens, greedy, "
         "ignore_eos; decode beside its roofline: batch x bandwidth / weight bytes read per step.",
     )
@@ -80,7 +98,8 @@ def add_bench_parser(commands: Any) -> None:
     latency.set_defaults(handler=run_latency)
 
     throughput = subcommands.add_parser(
-        "throughput", help="offline throughput on random requests (the nano-vllm / mini-sglang workload)",
+        "throughput",
+        help="offline throughput on random requests (the nano-vllm / mini-sglang workload)",
         description="--num-requests requests of random token ids; input and output lengths uniform in "
         "[--min-len, --max-len] (clamped to max_seq_len / 2), ignore_eos, all submitted at once through "
         "LLM.generate. Prints total time, output and total tok/s, requests/s.",

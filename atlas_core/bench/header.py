@@ -49,7 +49,9 @@ def device_line(backend: Any) -> str:
             f"NumPy {np.__version__} with {blas_name()}{threads}, Python {platform.python_version()}"
         )
     described = getattr(backend, "device_name", None) or getattr(backend, "device", None)
-    return f"{backend.name} backend" + (f" on {described}" if described else "") + f", host {cpu_model()} ({cores} cores)"
+    return (
+        f"{backend.name} backend" + (f" on {described}" if described else "") + f", host {cpu_model()} ({cores} cores)"
+    )
 
 
 def checkpoint_dtypes(loaded: Any) -> str:
@@ -66,7 +68,9 @@ def checkpoint_dtypes(loaded: Any) -> str:
                 sizes[tensor.type.name] += tensor.n_bytes
             total = sum(sizes.values()) or 1
             shares = [(name, 100 * size / total) for name, size in sizes.most_common()]
-            return "GGUF " + ", ".join(f"{name} {share:.0f}%" if share >= 1 else f"{name} <1%" for name, share in shares)
+            return "GGUF " + ", ".join(
+                f"{name} {share:.0f}%" if share >= 1 else f"{name} <1%" for name, share in shares
+            )
         except Exception:  # noqa: BLE001 - informational only
             return "GGUF"
     dtype = loaded.config.get("torch_dtype") or loaded.config.get("dtype") or "?"
@@ -80,7 +84,11 @@ def describe_bytes(n: int) -> str:
 def print_header(title: str, llm: Any, traffic: WeightTraffic) -> None:
     engine, config = llm.engine, llm.engine.config
     stored = ", ".join(f"{dtype} {describe_bytes(size)}" for dtype, size in traffic.dtypes.items())
-    embedding = "tied to the lm_head, read in full" if traffic.tied_embeddings else "embedding table excluded: a step gathers rows"
+    embedding = (
+        "tied to the lm_head, read in full"
+        if traffic.tied_embeddings
+        else "embedding table excluded: a step gathers rows"
+    )
     capacity = getattr(engine, "kv_capacity_tokens", None)
     shown = {"max_seq_len", "max_num_seqs", "max_num_batched_tokens", "block_size"}
     others = ", ".join(f"{f.name} {getattr(config, f.name)}" for f in dataclasses.fields(config) if f.name not in shown)
@@ -96,7 +104,9 @@ def print_header(title: str, llm: Any, traffic: WeightTraffic) -> None:
         f"KV capacity {capacity if capacity is not None else '?'} tokens"
     )
     print(f"engine config {others}")
-    print(f"weights/step  {traffic.bytes_per_step} bytes ({describe_bytes(traffic.bytes_per_step)}) read per forward step ({embedding})")
+    print(
+        f"weights/step  {traffic.bytes_per_step} bytes ({describe_bytes(traffic.bytes_per_step)}) read per forward step ({embedding})"
+    )
     if traffic.expert_banks:
         bank = traffic.expert_banks[0]
         print(
@@ -111,7 +121,10 @@ def ceilings(args: argparse.Namespace, backend: Any) -> tuple[float, float]:
     if args.bandwidth_gbps is not None:
         bandwidth, how = args.bandwidth_gbps * 1e9, "given with --bandwidth-gbps"
     else:
-        bandwidth, how = measure_copy_bandwidth(backend), "measured: array copy (512 MiB on host, 2 GiB on a device), read + write, best of 5"
+        bandwidth, how = (
+            measure_copy_bandwidth(backend),
+            "measured: array copy (512 MiB on host, 2 GiB on a device), read + write, best of 5",
+        )
     print(f"bandwidth     {bandwidth / 1e9:.2f} GB/s ({how})")
     if args.peak_gflops is not None:
         peak, how = args.peak_gflops * 1e9, "given with --peak-gflops"

@@ -40,7 +40,9 @@ def check_fits(llm: Any, batch: int, prompt_len: int, tokens: int) -> None:
     if prompt_len < 1 or tokens < 2 or batch < 1:
         raise InvalidRequestError("latency needs --prompt-len >= 1, --tokens >= 2 and --batch-size >= 1")
     if prompt_len + tokens > engine.max_seq_len:
-        raise InvalidRequestError(f"--prompt-len {prompt_len} + --tokens {tokens} exceeds max_seq_len {engine.max_seq_len}")
+        raise InvalidRequestError(
+            f"--prompt-len {prompt_len} + --tokens {tokens} exceeds max_seq_len {engine.max_seq_len}"
+        )
     if batch > engine.config.max_num_seqs:
         raise InvalidRequestError(f"--batch-size {batch} exceeds --max-num-seqs {engine.config.max_num_seqs}; raise it")
     capacity = getattr(engine, "kv_capacity_tokens", None)
@@ -63,7 +65,9 @@ def run_latency(args: argparse.Namespace) -> int:
     bandwidth, peak = ceilings(args, llm.backend)
     rng = np.random.default_rng(0)
     vocab = llm.loaded.model.vocab_size
-    print(f"workload      batch {batch} x {prompt_len}-token prompts, {tokens} tokens generated each (greedy, ignore_eos)")
+    print(
+        f"workload      batch {batch} x {prompt_len}-token prompts, {tokens} tokens generated each (greedy, ignore_eos)"
+    )
 
     def run(max_tokens: int) -> tuple[float, Any]:
         prompts = latency_prompts(rng, batch, prompt_len, vocab)
@@ -86,12 +90,16 @@ def run_latency(args: argparse.Namespace) -> int:
         f"{prefill_flops / prefill / 1e9:.2f} GFLOP/s = {100 * prefill_flops / prefill / peak:.0f}% of matmul peak "
         "(includes sampling the first tokens)"
     )
-    print(f"decode        {per_seq:.1f} tok/s per sequence, {aggregate:.1f} tok/s aggregate (batch {batch}, {steps} steps in {decode_time:.3f} s)")
+    print(
+        f"decode        {per_seq:.1f} tok/s per sequence, {aggregate:.1f} tok/s aggregate (batch {batch}, {steps} steps in {decode_time:.3f} s)"
+    )
     roofline = decode_roofline(bandwidth, traffic, batch)
     print(
         f"roofline      {roofline / batch:.1f} tok/s per sequence, {roofline:.1f} tok/s aggregate at {bandwidth / 1e9:.2f} GB/s "
         f"-> {100 * aggregate / roofline:.0f}% of roofline, {per_seq * traffic.bytes_for(batch) / 1e9:.2f} GB/s achieved"
     )
     compute = decode_compute_bound(peak, traffic)
-    print(f"compute bound {compute:.1f} tok/s aggregate at {peak / 1e9:.2f} GFLOP/s -> {100 * aggregate / compute:.0f}% of it")
+    print(
+        f"compute bound {compute:.1f} tok/s aggregate at {peak / 1e9:.2f} GFLOP/s -> {100 * aggregate / compute:.0f}% of it"
+    )
     return 0

@@ -24,24 +24,60 @@ from atlas_core.errors import ModelLoadError
 
 PRESETS: dict[str, dict[str, Any]] = {
     "llama-3-8b": {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-        "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
-        "hidden_act": "silu", "torch_dtype": "bfloat16",
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
     },
     "qwen3-30b-a3b": {
-        "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048,
-        "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
-        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], "num_hidden_layers": 48,
-        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
-        "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
-        "hidden_act": "silu", "torch_dtype": "bfloat16",
+        "model_type": "qwen3_moe",
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
     },
     "qwen3-0.6b": {
-        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024, "intermediate_size": 3072,
-        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-        "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": True, "hidden_act": "silu", "torch_dtype": "bfloat16",
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
     },
 }
 """Shapes of real models (their published config.json values that matter here)."""
@@ -59,7 +95,9 @@ def load_config(reference: str) -> tuple[str, dict[str, Any]]:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise ModelLoadError(f"--random-weights: {reference!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json path")
+        raise ModelLoadError(
+            f"--random-weights: {reference!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json path"
+        )
     return path.parent.name or str(path), json.loads(path.read_text())
 
 
@@ -116,13 +154,19 @@ def random_weights_llm(
     chosen = select_backend(registry, backend)
     registration = registry.find("model", config.get("model_type", ""))
     if registration is None:
-        raise ModelLoadError(f"--random-weights {reference}: no installed family plugin for model_type {config.get('model_type')!r}")
+        raise ModelLoadError(
+            f"--random-weights {reference}: no installed family plugin for model_type {config.get('model_type')!r}"
+        )
     loader_class = registration.load()
     source = RandomWeightSource(config, loader_class.checkpoint_shapes(config))
     model = loader_class(source, chosen, registry, f"random weights ({name})").build()
     loaded = LoadedModel(
-        name=f"{name} (random weights)", resolved=ResolvedModel(Path(reference), "random", name), config=config,
-        model=model, tokenizer=None, family_defaults=dict(registration.metadata.get("defaults", {})),
+        name=f"{name} (random weights)",
+        resolved=ResolvedModel(Path(reference), "random", name),
+        config=config,
+        model=model,
+        tokenizer=None,
+        family_defaults=dict(registration.metadata.get("defaults", {})),
     )
     llm = LLM.__new__(LLM)
     llm.backend, llm.loaded = chosen, loaded

@@ -93,7 +93,9 @@ def model_weights(model: Any, max_depth: int = 6) -> tuple[dict[int, Any], list[
         elif isinstance(value, dict):
             items = value.values()
         elif hasattr(value, "__dict__"):
-            items = [item for name, item in vars(value).items() if name not in NON_WEIGHT_ATTRIBUTES and name != "backend"]
+            items = [
+                item for name, item in vars(value).items() if name not in NON_WEIGHT_ATTRIBUTES and name != "backend"
+            ]
         else:
             return
         for item in items:
@@ -114,8 +116,10 @@ def expert_banks(objects: list[Any]) -> dict[int, ExpertBank]:
         if isinstance(spec, RouterSpec) and hasattr(experts, "w_in") and hasattr(experts, "w_out"):
             arrays = (experts.w_in, experts.w_out)
             bank = ExpertBank(
-                nbytes=sum(int(a.nbytes) for a in arrays), params=sum(int(np.prod(a.shape)) for a in arrays),
-                num_experts=spec.num_experts, top_k=spec.top_k,
+                nbytes=sum(int(a.nbytes) for a in arrays),
+                params=sum(int(np.prod(a.shape)) for a in arrays),
+                num_experts=spec.num_experts,
+                top_k=spec.top_k,
             )
             banks.update({id(a): bank for a in arrays})
     return banks

@@ -38,10 +38,14 @@ class Workload:
         return sum(self.output_lens)
 
 
-def make_workload(num_requests: int, min_len: int, max_len: int, seed: int, vocab_size: int, max_seq_len: int) -> Workload:
+def make_workload(
+    num_requests: int, min_len: int, max_len: int, seed: int, vocab_size: int, max_seq_len: int
+) -> Workload:
     """Draw the requests. Lengths are clamped to ``max_seq_len // 2`` so prompt + output fits."""
     if num_requests < 1 or min_len < 1 or max_len < min_len:
-        raise InvalidRequestError(f"need --num-requests >= 1 and 1 <= --min-len <= --max-len, got {num_requests}, {min_len}, {max_len}")
+        raise InvalidRequestError(
+            f"need --num-requests >= 1 and 1 <= --min-len <= --max-len, got {num_requests}, {min_len}, {max_len}"
+        )
     limit = max_seq_len // 2
     top = min(max_len, limit)
     bottom = min(min_len, top)
@@ -52,7 +56,9 @@ def make_workload(num_requests: int, min_len: int, max_len: int, seed: int, voca
     return Workload(prompts, [int(n) for n in output_lens], bottom, top, clamped=(top, bottom) != (max_len, min_len))
 
 
-def ceiling_time(workload: Workload, traffic: WeightTraffic, bandwidth: float, peak: float, config: Any) -> tuple[float, float, int]:
+def ceiling_time(
+    workload: Workload, traffic: WeightTraffic, bandwidth: float, peak: float, config: Any
+) -> tuple[float, float, int]:
     """(compute seconds, weight-read seconds, fewest forward steps) the workload needs at best.
 
     Steps: a request needs its prefill chunks then one step per further output token; a step
@@ -63,7 +69,9 @@ def ceiling_time(workload: Workload, traffic: WeightTraffic, bandwidth: float, p
     compute = traffic.flops(body_tokens, workload.output_tokens) / peak
     budget = config.max_num_batched_tokens
     chunk = min(budget, getattr(config, "max_prefill_tokens", None) or budget)
-    sequential = max(-(-len(p) // chunk) + out - 1 for p, out in zip(workload.prompts, workload.output_lens, strict=True))
+    sequential = max(
+        -(-len(p) // chunk) + out - 1 for p, out in zip(workload.prompts, workload.output_lens, strict=True)
+    )
     steps = max(sequential, -(-body_tokens // budget), -(-workload.output_tokens // config.max_num_seqs))
     return compute, steps * traffic.bytes_per_step / bandwidth, steps
 
@@ -77,7 +85,9 @@ def run_throughput(args: argparse.Namespace) -> int:
 
     llm = make_llm(args)
     engine = llm.engine
-    workload = make_workload(args.num_requests, args.min_len, args.max_len, args.seed, llm.loaded.model.vocab_size, engine.max_seq_len)
+    workload = make_workload(
+        args.num_requests, args.min_len, args.max_len, args.seed, llm.loaded.model.vocab_size, engine.max_seq_len
+    )
     traffic = weight_traffic(llm.loaded.model)
     print_header("throughput", llm, traffic)
     bandwidth, peak = ceilings(args, llm.backend)
@@ -92,7 +102,9 @@ def run_throughput(args: argparse.Namespace) -> int:
         )
     params = [
         SamplingParams(
-            max_tokens=out, temperature=args.temperature, ignore_eos=True,
+            max_tokens=out,
+            temperature=args.temperature,
+            ignore_eos=True,
             seed=None if args.temperature == 0 else args.seed + i,
         )
         for i, out in enumerate(workload.output_lens)
@@ -107,7 +119,9 @@ def run_throughput(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     generated = sum(len(output.outputs[0].token_ids) for output in outputs)
     total = workload.input_tokens + generated
-    print(f"tokens        input {workload.input_tokens}, output {generated} (requested {workload.output_tokens}), total {total}")
+    print(
+        f"tokens        input {workload.input_tokens}, output {generated} (requested {workload.output_tokens}), total {total}"
+    )
     print(f"time          {elapsed:.3f} s")
     print(
         f"throughput    {generated / elapsed:.1f} output tok/s, {total / elapsed:.1f} total tok/s, "

@@ -93,7 +93,12 @@ class BlockManager:
         return self._ref[block]
 
     def allocate_prompt(
-        self, table: BlockTable, token_ids: Sequence[int], *, use_cache: bool, reusable: Callable[[int], bool] | None = None,
+        self,
+        table: BlockTable,
+        token_ids: Sequence[int],
+        *,
+        use_cache: bool,
+        reusable: Callable[[int], bool] | None = None,
     ) -> int | None:
         """Give an empty ``table`` blocks covering all ``len(token_ids)`` tokens; return how many leading
         tokens already have their KV (a multiple of ``block_size``), or None when free blocks are short.

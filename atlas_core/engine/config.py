@@ -20,7 +20,9 @@ class ModelChoice:
     """Which model to run, and on which backend (`LLM`'s ``model`` and ``backend`` arguments)."""
 
     model: str | None = option(
-        None, positional=True, help="model folder, .gguf file or Hugging Face repo id",
+        None,
+        positional=True,
+        help="model folder, .gguf file or Hugging Face repo id",
         default_help="the built-in SmolLM2-135M-Instruct",
     )
     backend: str | None = option(None, help="backend name", default_help="the best available; see `atlas plugins`")
@@ -58,7 +60,8 @@ class EngineConfig:
     gpu_memory_utilization: float = option(0.9, help="fraction of GPU memory the engine may use, KV cache included")
     kv_cache_memory_gib: float = option(1.0, help="KV cache size on CPU backends, GiB")
     max_state_snapshots: int | None = option(
-        None, help="hybrid recurrent models: saved recurrent states backing the prefix cache",
+        None,
+        help="hybrid recurrent models: saved recurrent states backing the prefix cache",
         default_help="--max-num-seqs; 0 turns prefix reuse off for them",
     )
 

@@ -30,11 +30,15 @@ class LLM:
     arguments are `EngineConfig` fields (``max_seq_len``, ``max_num_seqs``, ...).
     """
 
-    def __init__(self, model: str | os.PathLike[str] | None = None, *, backend: str | None = None, **engine_args: Any) -> None:
+    def __init__(
+        self, model: str | os.PathLike[str] | None = None, *, backend: str | None = None, **engine_args: Any
+    ) -> None:
         registry = get_registry()
         self.backend = select_backend(registry, backend)
         config = EngineConfig(**engine_args)
-        self.loaded = load_model(model, self.backend, registry, max_positions=config.max_seq_len or config.default_max_seq_len)
+        self.loaded = load_model(
+            model, self.backend, registry, max_positions=config.max_seq_len or config.default_max_seq_len
+        )
         self.engine = LLMEngine(self.loaded, self.backend, config)
         self._ids = itertools.count()
 
@@ -44,7 +48,9 @@ class LLM:
 
     def require_tokenizer(self) -> Any:
         if self.loaded.tokenizer is None:
-            raise InvalidRequestError(f"{self.loaded.resolved.path} has no tokenizer.json; pass prompts as token id lists")
+            raise InvalidRequestError(
+                f"{self.loaded.resolved.path} has no tokenizer.json; pass prompts as token id lists"
+            )
         return self.loaded.tokenizer
 
     def _prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
@@ -59,8 +65,11 @@ class LLM:
         return None, [int(t) for t in prompt]
 
     def generate(
-        self, prompts: PromptInput | Seq[PromptInput], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-        *, use_tqdm: bool = False,
+        self,
+        prompts: PromptInput | Seq[PromptInput],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Complete every prompt; outputs come back in prompt order."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
@@ -80,9 +89,14 @@ class LLM:
         return self._run(order, use_tqdm)
 
     def chat(
-        self, messages: list[Message] | list[list[Message]], sampling_params: SamplingParams | None = None, *,
-        tools: list[dict[str, Any]] | None = None, add_generation_prompt: bool = True,
-        chat_template_kwargs: dict[str, Any] | None = None, use_tqdm: bool = False,
+        self,
+        messages: list[Message] | list[list[Message]],
+        sampling_params: SamplingParams | None = None,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Render each conversation with the model's chat template and complete it."""
         tokenizer = self.require_tokenizer()
@@ -90,7 +104,9 @@ class LLM:
         prompts = []
         for conversation in conversations:
             text = tokenizer.apply_chat_template(
-                conversation, tools=tools, add_generation_prompt=add_generation_prompt,
+                conversation,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
                 chat_template_kwargs=chat_template_kwargs,
             )
             prompts.append({"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})

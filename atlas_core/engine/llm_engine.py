@@ -5,16 +5,16 @@ from __future__ import annotations
 import logging
 
 from atlas_core.backends.base import Backend
+from atlas_core.batch.kv_cache import KVCache, plan_kv_cache
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.config import EngineConfig, kv_budget
-from atlas_core.batch.kv_cache import KVCache, plan_kv_cache
+from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.engine.outputs import RequestOutput
 from atlas_core.engine.runner import ModelRunner, ScheduledChunk
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.engine.scheduler import Scheduler, SchedulerConfig
 from atlas_core.engine.sequence import Request
 from atlas_core.engine.state_slots import StateSlotPool, StateSnapshots
-from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.errors import InvalidRequestError
 from atlas_core.model.load import LoadedModel
 
@@ -44,18 +44,28 @@ class LLMEngine:
         if state_bytes:
             budget -= state_bytes
             source += f" minus {state_bytes / 2**20:.1f} MiB of recurrent state ({num_seq_slots + num_snapshots} slots)"
-        plan = plan_kv_cache(model.kv_layouts, backend.activation_dtype, config.block_size, budget, self.max_seq_len, source)
+        plan = plan_kv_cache(
+            model.kv_layouts, backend.activation_dtype, config.block_size, budget, self.max_seq_len, source
+        )
         self.kv_plan = plan
         full_length_seqs = plan.capacity_tokens // self.max_seq_len
         if full_length_seqs < config.max_num_seqs:
             log.info(
                 "KV cache: %d tokens hold %d sequences of max_seq_len=%d at once (max_num_seqs=%d); longer "
                 "concurrent work is preempted and recomputed. Guaranteed without preemption: max_num_seqs=%d, "
-                "or max_seq_len=%d at max_num_seqs=%d.", plan.capacity_tokens, full_length_seqs, self.max_seq_len,
-                config.max_num_seqs, full_length_seqs, plan.capacity_tokens // config.max_num_seqs, config.max_num_seqs,
+                "or max_seq_len=%d at max_num_seqs=%d.",
+                plan.capacity_tokens,
+                full_length_seqs,
+                self.max_seq_len,
+                config.max_num_seqs,
+                full_length_seqs,
+                plan.capacity_tokens // config.max_num_seqs,
+                config.max_num_seqs,
             )
         self.kv = KVCache(backend, model.kv_layouts, plan)
-        self.blocks = BlockManager(plan.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
+        self.blocks = BlockManager(
+            plan.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
+        )
         self.state_slots, snapshots = None, None
         if model.has_recurrent_state:
             model.allocate_state(num_seq_slots + num_snapshots)
@@ -86,7 +96,9 @@ class LLMEngine:
     def kv_capacity_tokens(self) -> int:
         return self.kv_plan.capacity_tokens
 
-    def add_request(self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams) -> Request:
+    def add_request(
+        self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams
+    ) -> Request:
         """Queue a request; invalid prompts or parameters raise `InvalidRequestError`."""
         vocab = self.loaded.model.vocab_size
         if not prompt_ids:
@@ -119,7 +131,9 @@ class LLMEngine:
             )
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        request = Request(request_id, prompt, prompt_ids, params, self.loaded.tokenizer, self.eos_token_ids, self.max_seq_len)
+        request = Request(
+            request_id, prompt, prompt_ids, params, self.loaded.tokenizer, self.eos_token_ids, self.max_seq_len
+        )
         self.guided.add(request)
         self.requests[request_id] = request
         self.scheduler.add(request.seqs[0])

@@ -14,10 +14,10 @@ import numpy as np
 from atlas_core.backends.base import Array, AttentionMetadata, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache, slots_for
+from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.engine.logprobs import position_logprobs
 from atlas_core.engine.sampling_inputs import logit_adjustments, sampling_tensors
 from atlas_core.engine.sequence import Sequence
-from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.model.transformer import TransformerModel
 from atlas_core.tokenizer import Tokenizer
 
@@ -66,8 +66,13 @@ class ModelRunner:
     """Runs the model over scheduled chunks and appends sampled tokens to their sequences."""
 
     def __init__(
-        self, model: TransformerModel, backend: Backend, kv: KVCache, tokenizer: Tokenizer | None,
-        decode_graphs: DecodeGraphs | None = None, guided: GuidedDecoding | None = None,
+        self,
+        model: TransformerModel,
+        backend: Backend,
+        kv: KVCache,
+        tokenizer: Tokenizer | None,
+        decode_graphs: DecodeGraphs | None = None,
+        guided: GuidedDecoding | None = None,
     ) -> None:
         self.model, self.backend, self.kv, self.tokenizer = model, backend, kv, tokenizer
         self.decode_graphs = decode_graphs
@@ -94,7 +99,9 @@ class ModelRunner:
                 first_position = max(start + 1, len(recorded))
                 count = max(0, min(end, seq.num_prompt_tokens - 1) - (first_position - 1))
                 rows.prompt_rows.append((seq, len(logits_rows), first_position, count))
-                logits_rows.extend(range(first_row + first_position - 1 - start, first_row + first_position - 1 - start + count))
+                logits_rows.extend(
+                    range(first_row + first_position - 1 - start, first_row + first_position - 1 - start + count)
+                )
             if chunk.samples:
                 for target in (seq, *chunk.followers):
                     rows.sample_rows.append((target, len(logits_rows)))

@@ -51,7 +51,9 @@ def logit_adjustments(
         bias_tokens.extend(entries)
         bias_values.extend(entries.values())
     no_bans = np.zeros(0, dtype=np.int32)
-    ban_rows, ban_tokens = (bans[0].astype(np.int32), bans[1].astype(np.int32)) if bans is not None else (no_bans, no_bans)
+    ban_rows, ban_tokens = (
+        (bans[0].astype(np.int32), bans[1].astype(np.int32)) if bans is not None else (no_bans, no_bans)
+    )
     params = [seq.params for seq in seqs]
     return LogitAdjustments(
         repetition_penalty=np.asarray([p.repetition_penalty for p in params], dtype=np.float32),
@@ -63,5 +65,7 @@ def logit_adjustments(
         in_prompt=np.asarray(in_prompt, dtype=bool),
         bias_rows=np.concatenate([np.asarray(bias_rows, dtype=np.int32), ban_rows]),
         bias_tokens=np.concatenate([np.asarray(bias_tokens, dtype=np.int32), ban_tokens]),
-        bias_values=np.concatenate([np.asarray(bias_values, dtype=np.float32), np.full(len(ban_rows), -np.inf, np.float32)]),
+        bias_values=np.concatenate(
+            [np.asarray(bias_values, dtype=np.float32), np.full(len(ban_rows), -np.inf, np.float32)]
+        ),
     )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from atlas_core.parsing.structured import StructuredOutput, ThinkingBudget
 from atlas_core.errors import InvalidRequestError
+from atlas_core.parsing.structured import StructuredOutput, ThinkingBudget
 
 MAX_LOGPROBS = 20
 MAX_N = 128
@@ -72,9 +72,15 @@ class SamplingParams:
             (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
             (0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"),
             (self.top_n_sigma >= 0.0, f"top_n_sigma must be >= 0, got {self.top_n_sigma}"),
-            (0.0 < self.repetition_penalty <= 10.0, f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}"),
+            (
+                0.0 < self.repetition_penalty <= 10.0,
+                f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}",
+            ),
             (-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
-            (-2.0 <= self.frequency_penalty <= 2.0, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (
+                -2.0 <= self.frequency_penalty <= 2.0,
+                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
+            ),
             (
                 all(-100.0 <= v <= 100.0 for v in self.logit_bias.values()),
                 "logit_bias values must be in [-100, 100]",

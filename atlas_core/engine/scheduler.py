@@ -59,14 +59,19 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, blocks: BlockManager, state_slots: StateSlotPool | None,
+        self,
+        config: SchedulerConfig,
+        blocks: BlockManager,
+        state_slots: StateSlotPool | None,
         snapshots: StateSnapshots | None = None,
     ) -> None:
         self.config = config
         self.blocks = blocks
         self.state_slots = state_slots
         self.snapshots = snapshots
-        self._decode_snapshots: dict[Sequence, int] = {}  # content id of each sequence's latest snapshot past its prompt
+        self._decode_snapshots: dict[
+            Sequence, int
+        ] = {}  # content id of each sequence's latest snapshot past its prompt
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0

@@ -33,7 +33,9 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """One completion. ``num_computed`` leading tokens of ``token_ids`` have their KV in ``table``."""
 
-    def __init__(self, request: Request, index: int, tokenizer: Tokenizer | None, eos_token_ids: list[int], max_seq_len: int) -> None:
+    def __init__(
+        self, request: Request, index: int, tokenizer: Tokenizer | None, eos_token_ids: list[int], max_seq_len: int
+    ) -> None:
         params = request.params
         self.request = request
         self.index = index
@@ -120,8 +122,14 @@ class Request:
     """A request and its ``n`` sequences; ``pending_forks`` wait for the first one's prefill."""
 
     def __init__(
-        self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams,
-        tokenizer: Tokenizer | None, eos_token_ids: list[int], max_seq_len: int,
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        tokenizer: Tokenizer | None,
+        eos_token_ids: list[int],
+        max_seq_len: int,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -130,7 +138,9 @@ class Request:
         self.arrival_time = time.monotonic()
         self.seqs = [Sequence(self, i, tokenizer, eos_token_ids, max_seq_len) for i in range(params.n)]
         self.pending_forks = self.seqs[1:]
-        self.prompt_logprobs: list[PositionLogprobs | None] | None = [None] if params.prompt_logprobs is not None else None
+        self.prompt_logprobs: list[PositionLogprobs | None] | None = (
+            [None] if params.prompt_logprobs is not None else None
+        )
         self.num_cached_tokens = 0
         self.error: str | None = None
 

@@ -16,13 +16,24 @@ from atlas_core.tokenizer import Tokenizer
 from atlas_core.weights.source import WeightSource
 
 KNOWN_FAMILY_PACKAGES = {
-    "llama": "atlas-model-llama", "mistral": "atlas-model-llama", "qwen2": "atlas-model-llama",
-    "qwen3": "atlas-model-qwen3", "qwen3_moe": "atlas-model-qwen3-moe",
-    "gemma3_text": "atlas-model-gemma", "gemma4_text": "atlas-model-gemma", "gemma3": "atlas-model-gemma",
+    "llama": "atlas-model-llama",
+    "mistral": "atlas-model-llama",
+    "qwen2": "atlas-model-llama",
+    "qwen3": "atlas-model-qwen3",
+    "qwen3_moe": "atlas-model-qwen3-moe",
+    "gemma3_text": "atlas-model-gemma",
+    "gemma4_text": "atlas-model-gemma",
+    "gemma3": "atlas-model-gemma",
     "gemma4": "atlas-model-gemma",
-    "deepseek_v3": "atlas-model-deepseek", "mistral4": "atlas-model-deepseek", "minimax_m2": "atlas-model-minimax",
-    "qwen3_next": "atlas-model-qwen3-next", "qwen3_5": "atlas-model-qwen3-next", "qwen3_5_moe": "atlas-model-qwen3-next",
-    "qwen3_5_text": "atlas-model-qwen3-next", "qwen3_5_moe_text": "atlas-model-qwen3-next", "mistral3": "atlas-model-deepseek",
+    "deepseek_v3": "atlas-model-deepseek",
+    "mistral4": "atlas-model-deepseek",
+    "minimax_m2": "atlas-model-minimax",
+    "qwen3_next": "atlas-model-qwen3-next",
+    "qwen3_5": "atlas-model-qwen3-next",
+    "qwen3_5_moe": "atlas-model-qwen3-next",
+    "qwen3_5_text": "atlas-model-qwen3-next",
+    "qwen3_5_moe_text": "atlas-model-qwen3-next",
+    "mistral3": "atlas-model-deepseek",
     "nemotron_h": "atlas-model-nemotron-h",
 }
 
@@ -58,7 +69,10 @@ def load_tokenizer(resolved: ResolvedModel, source: WeightSource) -> Tokenizer |
 
 
 def load_model(
-    reference: str | os.PathLike[str] | None, backend: Backend, registry: PluginRegistry, *,
+    reference: str | os.PathLike[str] | None,
+    backend: Backend,
+    registry: PluginRegistry,
+    *,
     max_positions: int | None = None,
 ) -> LoadedModel:
     """Load ``reference`` (see `resolve_model`) onto ``backend`` with the family registered for it.

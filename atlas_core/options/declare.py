@@ -43,8 +43,14 @@ class OptionInfo:
 
 
 def option(
-    default: Any = MISSING, *, default_factory: Callable[[], Any] | None = None, help: str,
-    default_help: str | None = None, flag: str | None = None, metavar: str | None = None, repeat: bool = False,
+    default: Any = MISSING,
+    *,
+    default_factory: Callable[[], Any] | None = None,
+    help: str,
+    default_help: str | None = None,
+    flag: str | None = None,
+    metavar: str | None = None,
+    repeat: bool = False,
     positional: bool = False,
 ) -> Any:
     """A `dataclasses.field` (``default``, or ``default_factory`` for lists and dicts) that is also

@@ -77,7 +77,12 @@ def choice_parser(choices: tuple[str, ...]) -> Parser:
 
 
 PARSERS: dict[type, Parser] = {
-    bool: parse_bool, int: parse_int, float: parse_float, str: parse_str, list: parse_list, dict: parse_json_object,
+    bool: parse_bool,
+    int: parse_int,
+    float: parse_float,
+    str: parse_str,
+    list: parse_list,
+    dict: parse_json_object,
 }
 """The parser of each setting type (``list`` is ``list[str]``, ``dict`` a JSON object)."""
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from atlas_core.options.declare import Option
 
+
 class Settings:
     """Resolved values of ``options``, each with its source in `sources` (``flag``, ``env``,
     ``family`` or ``default``): ``given`` (flags, by setting name) first, then the

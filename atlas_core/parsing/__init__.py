@@ -17,7 +17,6 @@ Constraints, set on `SamplingParams` (``structured=``, ``thinking_budget=``)::
     needs_special_tokens(tokenizer, reasoning_parser, tool_parser)   # -> detokenize with skip_special_tokens=False
 """
 
-from atlas_core.parsing.structured import StructuredOutput, StructuredOutputError, ThinkingBudget
 from atlas_core.parsing.constraints import (
     needs_special_tokens,
     response_format_constraint,
@@ -27,6 +26,7 @@ from atlas_core.parsing.constraints import (
 from atlas_core.parsing.errors import ToolSchemaError, UnknownParserError
 from atlas_core.parsing.output_parser import OutputParser, ToolChoice
 from atlas_core.parsing.registry import reasoning_parser_names, tool_parser_names
+from atlas_core.parsing.structured import StructuredOutput, StructuredOutputError, ThinkingBudget
 from atlas_core.parsing.types import (
     ContentDelta,
     ParsedMessage,

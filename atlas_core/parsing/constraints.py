@@ -12,10 +12,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from atlas_core.parsing.structured import StructuredOutput, StructuredOutputError, ThinkingBudget, json_schema_rule
 from atlas_core.parsing.errors import ToolSchemaError
 from atlas_core.parsing.output_parser import ToolChoice, tool_choice_name
 from atlas_core.parsing.registry import reasoning_format, tool_format
+from atlas_core.parsing.structured import StructuredOutput, StructuredOutputError, ThinkingBudget, json_schema_rule
 from atlas_core.parsing.tools.base import Literal
 from atlas_core.parsing.tools.grammar import quoted
 from atlas_core.parsing.types import ToolDefinition

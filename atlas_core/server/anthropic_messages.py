@@ -73,9 +73,14 @@ def message_response(output: RequestOutput, ctx: MessageContext) -> MessageRespo
     content.extend(ToolUseContent(id=c.id, name=c.name, input=_tool_input(c.arguments)) for c in message.tool_calls)
     stop = stop_reason(completion, parser.called_tools)
     return MessageResponse(
-        id=ctx.message_id, model=ctx.model, content=content, stop_reason=stop.stop_reason, stop_sequence=stop.stop_sequence,
+        id=ctx.message_id,
+        model=ctx.model,
+        content=content,
+        stop_reason=stop.stop_reason,
+        stop_sequence=stop.stop_sequence,
         usage=MessageUsage(
-            input_tokens=len(output.prompt_token_ids), output_tokens=len(completion.token_ids),
+            input_tokens=len(output.prompt_token_ids),
+            output_tokens=len(completion.token_ids),
             cache_read_input_tokens=output.num_cached_tokens,
         ),
     )
@@ -114,14 +119,22 @@ class _Blocks:
             elif isinstance(event, ToolCallStart):
                 out += self._switch(("tool", event.index), ToolUseContent(id=event.id, name=event.name, input={}))
             elif isinstance(event, ToolCallArgumentsDelta) and self.kind == ("tool", event.index):
-                out.append(named_sse("content_block_delta", ContentBlockDelta(self.index, InputJSONDelta(event.fragment))))
+                out.append(
+                    named_sse("content_block_delta", ContentBlockDelta(self.index, InputJSONDelta(event.fragment)))
+                )
         return out
 
 
-async def message_stream(stream: AsyncIterator[RequestOutput], ctx: MessageContext, num_prompt_tokens: int) -> AsyncIterator[bytes]:
+async def message_stream(
+    stream: AsyncIterator[RequestOutput], ctx: MessageContext, num_prompt_tokens: int
+) -> AsyncIterator[bytes]:
     """The ``text/event-stream`` body of a streamed message."""
     start = MessageResponse(
-        id=ctx.message_id, model=ctx.model, content=[], stop_reason=None, stop_sequence=None,
+        id=ctx.message_id,
+        model=ctx.model,
+        content=[],
+        stop_reason=None,
+        stop_sequence=None,
         usage=MessageUsage(input_tokens=num_prompt_tokens, output_tokens=0),
     )
     yield named_sse("message_start", MessageStart(start))

@@ -37,14 +37,21 @@ def anthropic_setup(state: ServerState, request: CountTokensRequest) -> ChatSetu
     tools = []
     for i, tool in enumerate(request.tools or []):
         if tool.type not in (None, "custom"):
-            raise invalid(f"tool {tool.name!r} has type {tool.type!r}: server tools are not supported", param=f"tools[{i}]")
-        tools.append(ToolDefinition(tool.name, tool.description, tool.input_schema or {"type": "object", "properties": {}}))
+            raise invalid(
+                f"tool {tool.name!r} has type {tool.type!r}: server tools are not supported", param=f"tools[{i}]"
+            )
+        tools.append(
+            ToolDefinition(tool.name, tool.description, tool.input_schema or {"type": "object", "properties": {}})
+        )
     choice, parallel = _tool_choice(request, bool(tools))
     check_tool_choice(tools, choice)
     thinking = request.thinking
     enable_thinking = None if thinking is None else not isinstance(thinking, ThinkingDisabled)
     return ChatSetup(
-        messages=messages, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
+        messages=messages,
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
         template_kwargs=template_kwargs(state, None, enable_thinking=enable_thinking),
         special_tokens_in_content=state.config.enable_special_tokens_in_content,
     )
@@ -86,7 +93,9 @@ def _convert(message: Message, index: int) -> list[dict[str, Any]]:
         elif isinstance(block, ToolUseBlock):
             if message.role != "assistant":
                 raise invalid("tool_use blocks belong in assistant messages", param=where)
-            calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input}})
+            calls.append(
+                {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input}}
+            )
         elif isinstance(block, ToolResultBlock):
             if message.role != "user":
                 raise invalid("tool_result blocks belong in user messages", param=where)
@@ -115,4 +124,3 @@ def _result_text(block: ToolResultBlock, where: str) -> str:
             raise invalid("tool results may hold text only: the served model reads text only", param=where)
         text = "\n".join(part.text for part in content)
     return f"Error: {text}" if block.is_error else text
-

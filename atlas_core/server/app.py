@@ -51,7 +51,9 @@ def create_app(state: ServerState) -> Litestar:
     config = state.config
     guards = [api_key_guard(config.api_keys)] if config.api_keys else []
     model_routes = Router(
-        path="/", route_handlers=[*routes_openai.ROUTES, *routes_anthropic.ROUTES, *routes_misc.PROTECTED_ROUTES], guards=guards
+        path="/",
+        route_handlers=[*routes_openai.ROUTES, *routes_anthropic.ROUTES, *routes_misc.PROTECTED_ROUTES],
+        guards=guards,
     )
     cors = (
         CORSConfig(allow_origins=config.cors_allow_origins, allow_methods=["*"], allow_headers=["*"])
@@ -73,7 +75,9 @@ def create_app(state: ServerState) -> Litestar:
         request_max_body_size=config.max_body_bytes,
         cors_config=cors,
         openapi_config=OpenAPIConfig(
-            title="Atlas", version=__version__, description="OpenAI- and Anthropic-compatible LLM inference server",
+            title="Atlas",
+            version=__version__,
+            description="OpenAI- and Anthropic-compatible LLM inference server",
         ),
         on_shutdown=[drain],
         signature_namespace={"ServerState": ServerState, "Any": Any},

@@ -38,7 +38,8 @@ def api_key_guard(keys: Sequence[str]) -> Guard:
         key = presented_key(connection)
         if key is None:
             raise APIError(
-                401, "missing API key: send 'Authorization: Bearer KEY' (OpenAI clients) or 'x-api-key: KEY' "
+                401,
+                "missing API key: send 'Authorization: Bearer KEY' (OpenAI clients) or 'x-api-key: KEY' "
                 "(Anthropic clients)",
             )
         candidate = key.encode()

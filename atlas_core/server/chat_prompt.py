@@ -39,7 +39,10 @@ class ChatSetup:
         if not self.tools:
             return None
         return [
-            {"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.parameters}}
+            {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description or "", "parameters": t.parameters},
+            }
             for t in self.tools
         ]
 
@@ -52,9 +55,13 @@ def render(runtime: ModelRuntime, setup: ChatSetup, *, check_length: bool = True
     if not setup.messages:
         raise invalid("messages must not be empty", param="messages")
     prompt = encode_chat(
-        runtime.tokenizer, setup.messages, tools=setup.template_tools(),
-        add_generation_prompt=setup.add_generation_prompt, continue_final_message=setup.continue_final_message,
-        chat_template_kwargs=setup.template_kwargs, special_tokens_in_content=setup.special_tokens_in_content,
+        runtime.tokenizer,
+        setup.messages,
+        tools=setup.template_tools(),
+        add_generation_prompt=setup.add_generation_prompt,
+        continue_final_message=setup.continue_final_message,
+        chat_template_kwargs=setup.template_kwargs,
+        special_tokens_in_content=setup.special_tokens_in_content,
     )
     if check_length:
         check_prompt_length(len(prompt.ids), runtime.max_seq_len)
@@ -68,7 +75,9 @@ def check_tool_choice(tools: list[ToolDefinition], choice: ToolChoice) -> None:
     if isinstance(choice, dict):
         names = [t.name for t in tools]
         if choice["name"] not in names:
-            raise invalid(f"tool_choice names {choice['name']!r}, which is not among the tools {names}", param="tool_choice")
+            raise invalid(
+                f"tool_choice names {choice['name']!r}, which is not among the tools {names}", param="tool_choice"
+            )
 
 
 def template_kwargs(state: ServerState, request_kwargs: dict[str, Any] | None, **overrides: Any) -> dict[str, Any]:
@@ -85,7 +94,9 @@ REASONING_EFFORT_THINKS = {"none": False, "minimal": False, "low": True, "medium
 def openai_setup(state: ServerState, request: ChatCompletionRequest) -> ChatSetup:
     """`ChatSetup` of an OpenAI chat completion request."""
     tools = [
-        ToolDefinition(t.function.name, t.function.description, t.function.parameters or {"type": "object", "properties": {}})
+        ToolDefinition(
+            t.function.name, t.function.description, t.function.parameters or {"type": "object", "properties": {}}
+        )
         for t in request.tools or []
     ]
     choice: ToolChoice
@@ -113,7 +124,9 @@ def _openai_message(message: ChatMessage, index: int) -> dict[str, Any]:
     content = message.content
     if isinstance(content, list):
         if any(isinstance(part, ImagePart) for part in content):
-            raise invalid("image content is not supported: the served model reads text only", param=f"messages[{index}].content")
+            raise invalid(
+                "image content is not supported: the served model reads text only", param=f"messages[{index}].content"
+            )
         content = "\n".join(part.text for part in content)
     out["content"] = content if content is not None else ""
     if message.name is not None:

@@ -33,7 +33,9 @@ def add_serve_parser(commands: Any) -> None:
     Flags that are not given stay out of the parsed namespace, so that `Settings` can fill them in
     from the environment and the family's defaults."""
     parser = commands.add_parser(
-        "serve", help="serve a model over OpenAI- and Anthropic-compatible HTTP APIs", epilog=EPILOG,
+        "serve",
+        help="serve a model over OpenAI- and Anthropic-compatible HTTP APIs",
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Serve a model: /v1/chat/completions, /v1/completions, /v1/models, /v1/messages, "
         "/tokenize, /detokenize, /health, /metrics, /openapi.json.",
@@ -54,19 +56,25 @@ def run_serve(args: argparse.Namespace) -> int:
     from atlas_core.server.uvicorn_server import make_server
 
     settings = serve_settings(args)
-    keys = list(settings["api_key"] or []) + (read_keys_file(settings["api_keys_file"]) if settings["api_keys_file"] else [])
+    keys = list(settings["api_key"] or []) + (
+        read_keys_file(settings["api_keys_file"]) if settings["api_keys_file"] else []
+    )
     host, port = settings["host"], settings["port"]
     if host not in LOOPBACK and not keys:
         print(
             f"\n{'!' * 78}\nWARNING: listening on {host} WITHOUT authentication: anyone who can reach this machine can\n"
             f"use the model. Pass --api-key KEY (or ATLAS_API_KEY) to require a key.\n{'!' * 78}\n",
-            file=sys.stderr, flush=True,
+            file=sys.stderr,
+            flush=True,
         )
     state = ServerState(
         ServerConfig(
-            model_names=list(settings["served_model_name"] or []), api_keys=keys,
-            request_timeout=settings["request_timeout"], max_body_bytes=settings["max_body_bytes"],
-            cors_allow_origins=list(settings["cors_allow_origins"] or []), shutdown_timeout=settings["shutdown_timeout"],
+            model_names=list(settings["served_model_name"] or []),
+            api_keys=keys,
+            request_timeout=settings["request_timeout"],
+            max_body_bytes=settings["max_body_bytes"],
+            cors_allow_origins=list(settings["cors_allow_origins"] or []),
+            shutdown_timeout=settings["shutdown_timeout"],
             max_sequences_per_request=settings["max_sequences_per_request"],
             max_tokens_per_request=settings["max_tokens_per_request"],
             enable_special_tokens_in_content=settings["enable_special_tokens_in_content"],

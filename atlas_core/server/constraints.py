@@ -28,7 +28,10 @@ REASONING_EFFORT_BUDGET = {"low": 1024, "medium": 4096}
 
 
 def constraint_fields(
-    parsers: ParserSpec, tokenizer: Tokenizer, *, response_format: ResponseFormat | None = None,
+    parsers: ParserSpec,
+    tokenizer: Tokenizer,
+    *,
+    response_format: ResponseFormat | None = None,
     thinking_tokens: int | None = None,
 ) -> dict[str, Any]:
     """``structured``, ``thinking_budget`` and ``skip_special_tokens`` for `SamplingParams`."""
@@ -37,16 +40,25 @@ def constraint_fields(
     wants_json = response_format is not None and not isinstance(response_format, TextFormat)
     tool_forced = parsers.tool_parser is not None and setup.tool_choice not in ("auto", "none")
     if wants_json and tool_forced:
-        raise invalid("response_format cannot be combined with a required or named tool_choice", param="response_format")
+        raise invalid(
+            "response_format cannot be combined with a required or named tool_choice", param="response_format"
+        )
     if tool_forced:
         assert parsers.tool_parser is not None
         fields["structured"] = tool_call_constraint(
-            parsers.tool_parser, setup.tools, setup.tool_choice, tokenizer=tokenizer, reasoning_parser=reasoning,
-            prompt_text=parsers.prompt_text, parallel_tool_calls=setup.parallel_tool_calls,
+            parsers.tool_parser,
+            setup.tools,
+            setup.tool_choice,
+            tokenizer=tokenizer,
+            reasoning_parser=reasoning,
+            prompt_text=parsers.prompt_text,
+            parallel_tool_calls=setup.parallel_tool_calls,
         )
     elif wants_json:
         fields["structured"] = response_format_constraint(
-            msgspec.to_builtins(response_format), tokenizer=tokenizer, reasoning_parser=reasoning,
+            msgspec.to_builtins(response_format),
+            tokenizer=tokenizer,
+            reasoning_parser=reasoning,
             prompt_text=parsers.prompt_text,
         )
     if thinking_tokens is not None and reasoning is not None:

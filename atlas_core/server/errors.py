@@ -22,14 +22,30 @@ log = logging.getLogger("atlas.server")
 ANTHROPIC_PREFIX = "/v1/messages"
 
 _OPENAI_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error", 422: "invalid_request_error",
-    429: "rate_limit_error", 503: "service_unavailable", 504: "timeout_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+    504: "timeout_error",
 }
 _ANTHROPIC_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    405: "invalid_request_error", 408: "timeout_error", 413: "request_too_large", 422: "invalid_request_error",
-    429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
 }
 
 
@@ -112,7 +128,8 @@ def as_api_error(exc: Exception) -> APIError:
         return APIError(400, f"the request body is not valid Unicode ({exc}); send JSON encoded as UTF-8")
     if isinstance(exc, RecursionError):  # decoding the body, or walking a JSON Schema in it
         return APIError(
-            400, "the request is nested too deeply to process (objects and arrays, or a JSON Schema, nested hundreds "
+            400,
+            "the request is nested too deeply to process (objects and arrays, or a JSON Schema, nested hundreds "
             "of levels); nest it less deeply",
         )
     log.exception("unexpected error while serving a request", exc_info=exc)

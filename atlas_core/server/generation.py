@@ -44,7 +44,8 @@ async def generate(
                 return
             except TimeoutError:
                 raise APIError(
-                    504, f"the request did not finish within the server's request timeout ({timeout:g} s); ask for "
+                    504,
+                    f"the request did not finish within the server's request timeout ({timeout:g} s); ask for "
                     "fewer tokens or raise --request-timeout",
                 ) from None
             tracker.observe(output)

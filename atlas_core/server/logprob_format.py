@@ -38,9 +38,12 @@ def chat_logprobs(
         text = texts.text(token)
         content.append(
             TokenLogprob(
-                token=text, logprob=position[token].logprob, bytes=list(text.encode()),
+                token=text,
+                logprob=position[token].logprob,
+                bytes=list(text.encode()),
                 top_logprobs=[
-                    TopLogprob(texts.text(t), entry.logprob, list(texts.text(t).encode())) for t, entry in _top(position, top)
+                    TopLogprob(texts.text(t), entry.logprob, list(texts.text(t).encode()))
+                    for t, entry in _top(position, top)
                 ],
             )
         )

@@ -18,7 +18,27 @@ from prometheus_client.registry import Collector
 from atlas_core.engine.llm_engine import LLMEngine
 from atlas_core.engine.outputs import RequestOutput
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 
 class _EngineCollector(Collector):
@@ -29,23 +49,33 @@ class _EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         scheduler, blocks = self.engine.scheduler, self.engine.blocks
-        yield GaugeMetricFamily("atlas_num_sequences_running", "Sequences holding KV blocks", value=len(scheduler.running))
-        yield GaugeMetricFamily("atlas_num_sequences_waiting", "Sequences queued for admission", value=len(scheduler.waiting))
+        yield GaugeMetricFamily(
+            "atlas_num_sequences_running", "Sequences holding KV blocks", value=len(scheduler.running)
+        )
+        yield GaugeMetricFamily(
+            "atlas_num_sequences_waiting", "Sequences queued for admission", value=len(scheduler.waiting)
+        )
         used = 1.0 - blocks.num_free_blocks / blocks.num_blocks if blocks.num_blocks else 0.0
-        yield GaugeMetricFamily("atlas_kv_cache_usage_ratio", "Fraction of KV blocks referenced by sequences", value=used)
+        yield GaugeMetricFamily(
+            "atlas_kv_cache_usage_ratio", "Fraction of KV blocks referenced by sequences", value=used
+        )
         yield GaugeMetricFamily(
             "atlas_kv_cache_capacity_tokens", "Tokens the KV cache holds", value=self.engine.kv_capacity_tokens
         )
         yield GaugeMetricFamily(
-            "atlas_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache over prompt tokens looked up",
+            "atlas_prefix_cache_hit_rate",
+            "Prompt tokens served from the prefix cache over prompt tokens looked up",
             value=blocks.hit_rate,
         )
         yield CounterMetricFamily(
-            "atlas_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",
+            "atlas_prefix_cache_queried_tokens",
+            "Prompt tokens looked up in the prefix cache",
             value=blocks.prefix_cache_queried_tokens,
         )
         yield CounterMetricFamily(
-            "atlas_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache", value=blocks.prefix_cache_hit_tokens
+            "atlas_prefix_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache",
+            value=blocks.prefix_cache_hit_tokens,
         )
 
 
@@ -66,11 +96,16 @@ class ServerMetrics:
             "atlas_requests_finished", "Generation requests finished, by reason", ["finish_reason"], registry=r
         )
         self.ttft = Histogram(
-            "atlas_time_to_first_token_seconds", "Arrival to first generated token", buckets=_LATENCY_BUCKETS, registry=r
+            "atlas_time_to_first_token_seconds",
+            "Arrival to first generated token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.itl = Histogram(
-            "atlas_inter_token_latency_seconds", "Time between consecutive tokens of a completion",
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "atlas_inter_token_latency_seconds",
+            "Time between consecutive tokens of a completion",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.e2e = Histogram(
             "atlas_e2e_request_latency_seconds", "Arrival to last token", buckets=_LATENCY_BUCKETS, registry=r

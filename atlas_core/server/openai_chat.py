@@ -77,14 +77,18 @@ def chat_completion(output: RequestOutput, ctx: ChatContext) -> ChatCompletion:
             ChatChoice(
                 index=completion.index,
                 message=AssistantMessage(
-                    role="assistant", content=message.content if message.content or not calls else None,
-                    reasoning_content=message.reasoning, tool_calls=calls or None,
+                    role="assistant",
+                    content=message.content if message.content or not calls else None,
+                    reasoning_content=message.reasoning,
+                    tool_calls=calls or None,
                 ),
                 finish_reason=finish_reason(completion, parser.called_tools),
                 logprobs=logprobs,
             )
         )
-    return ChatCompletion(id=ctx.response_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage_of(output))
+    return ChatCompletion(
+        id=ctx.response_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage_of(output)
+    )
 
 
 def deltas_of(events: list[StreamEvent]) -> list[ChatDelta]:
@@ -94,18 +98,32 @@ def deltas_of(events: list[StreamEvent]) -> list[ChatDelta]:
     for event in events:
         last = deltas[-1] if deltas else None
         if isinstance(event, ContentDelta):
-            if last is not None and last.content is not None and last.tool_calls is None and last.reasoning_content is None:
+            if (
+                last is not None
+                and last.content is not None
+                and last.tool_calls is None
+                and last.reasoning_content is None
+            ):
                 last.content += event.text
             else:
                 deltas.append(ChatDelta(content=event.text))
         elif isinstance(event, ReasoningDelta):
-            if last is not None and last.reasoning_content is not None and last.content is None and last.tool_calls is None:
+            if (
+                last is not None
+                and last.reasoning_content is not None
+                and last.content is None
+                and last.tool_calls is None
+            ):
                 last.reasoning_content += event.text
             else:
                 deltas.append(ChatDelta(reasoning_content=event.text))
         elif isinstance(event, ToolCallStart):
             function = ToolCallFunctionDelta(name=event.name, arguments="")
-            deltas.append(ChatDelta(tool_calls=[ToolCallDelta(index=event.index, id=event.id, type="function", function=function)]))
+            deltas.append(
+                ChatDelta(
+                    tool_calls=[ToolCallDelta(index=event.index, id=event.id, type="function", function=function)]
+                )
+            )
         elif isinstance(event, ToolCallArgumentsDelta):
             call = last.tool_calls[-1] if last is not None and last.tool_calls else None
             if call is not None and call.index == event.index and call.id is None and call.function is not None:
@@ -156,6 +174,9 @@ async def chat_stream(stream: AsyncIterator[RequestOutput], ctx: ChatContext, n:
             for item in choices[completion.index].advance(completion, ctx):
                 yield chunk([item])
     if ctx.include_usage and last is not None:
-        yield sse(ChatCompletionChunk(id=ctx.response_id, created=ctx.created, model=ctx.model, choices=[], usage=usage_of(last)))
+        yield sse(
+            ChatCompletionChunk(
+                id=ctx.response_id, created=ctx.created, model=ctx.model, choices=[], usage=usage_of(last)
+            )
+        )
     yield DONE
-

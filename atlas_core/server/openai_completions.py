@@ -45,7 +45,8 @@ def prompt_items(request: CompletionRequest) -> list[str | list[int]]:
         return list(raw)  # type: ignore[arg-type]
     raise invalid(
         "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists "
-        "(not empty, not mixed)", param="prompt",
+        "(not empty, not mixed)",
+        param="prompt",
     )
 
 
@@ -81,15 +82,23 @@ class CompletionContext:
 
 
 def _choice_logprobs(
-    output: RequestOutput, ids: list[int], positions: list[PositionLogprobs], ctx: CompletionContext, offset: int,
+    output: RequestOutput,
+    ids: list[int],
+    positions: list[PositionLogprobs],
+    ctx: CompletionContext,
+    offset: int,
     with_prompt: bool,
 ) -> CompletionLogprobs | None:
     """Logprobs of ``ids`` (generated tokens), preceded by the prompt's when ``with_prompt`` (echo)."""
     if ctx.logprobs is None:
         return None
     if with_prompt:
-        prompt_positions: list[PositionLogprobs | None] = list(output.prompt_logprobs or [None] * len(output.prompt_token_ids))
-        return completion_logprobs(prompt_positions + list(positions), list(output.prompt_token_ids) + ids, ctx.logprobs, ctx.texts, offset)
+        prompt_positions: list[PositionLogprobs | None] = list(
+            output.prompt_logprobs or [None] * len(output.prompt_token_ids)
+        )
+        return completion_logprobs(
+            prompt_positions + list(positions), list(output.prompt_token_ids) + ids, ctx.logprobs, ctx.texts, offset
+        )
     return completion_logprobs(positions, ids, ctx.logprobs, ctx.texts, offset)
 
 
@@ -106,14 +115,20 @@ def completion_response(outputs: list[RequestOutput], prompts: list[Prompt], ctx
     for p, (output, prompt) in enumerate(zip(outputs, prompts, strict=True)):
         prefix = prompt.text if ctx.echo else ""
         for completion in output.outputs:
-            logprobs = _choice_logprobs(output, completion.token_ids, completion.logprobs or [], ctx, 0, with_prompt=ctx.echo)
+            logprobs = _choice_logprobs(
+                output, completion.token_ids, completion.logprobs or [], ctx, 0, with_prompt=ctx.echo
+            )
             choices.append(
                 CompletionChoice(
-                    index=p * ctx.n + completion.index, text=prefix + completion.text,
-                    finish_reason=completion.finish_reason, logprobs=logprobs,
+                    index=p * ctx.n + completion.index,
+                    text=prefix + completion.text,
+                    finish_reason=completion.finish_reason,
+                    logprobs=logprobs,
                 )
             )
-    return Completion(id=ctx.response_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage_of(outputs))
+    return Completion(
+        id=ctx.response_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage_of(outputs)
+    )
 
 
 async def completion_stream(
@@ -141,12 +156,16 @@ async def completion_stream(
             offsets[index] = offsets.get(index, 0) + len(echo) + len(text)
             state.finished = completion.finish_reason is not None
             if echo or text or ids or state.finished:
-                yield chunk([
-                    CompletionChoice(
-                        index=index, text=echo + text, finish_reason=completion.finish_reason,
-                        logprobs=logprobs,
-                    )
-                ])
+                yield chunk(
+                    [
+                        CompletionChoice(
+                            index=index,
+                            text=echo + text,
+                            finish_reason=completion.finish_reason,
+                            logprobs=logprobs,
+                        )
+                    ]
+                )
     if ctx.include_usage:
         yield chunk([], usage_of([latest[p] for p in sorted(latest)]))
     yield DONE

@@ -35,7 +35,8 @@ class CompletionParser:
 
     def _keep(self, events: list[StreamEvent]) -> list[StreamEvent]:
         kept = [
-            e for e in events
+            e
+            for e in events
             if not (self.single_call and isinstance(e, (ToolCallStart, ToolCallArgumentsDelta)) and e.index > 0)
         ]
         self.called_tools = self.called_tools or any(isinstance(e, ToolCallStart) for e in kept)
@@ -52,7 +53,8 @@ class ParserSpec:
             if tool_parser is None:
                 raise invalid(
                     "this server has no tool-call parser, so it cannot return tool calls; start it with "
-                    "--tool-call-parser NAME, or send tool_choice 'none'", param="tools",
+                    "--tool-call-parser NAME, or send tool_choice 'none'",
+                    param="tools",
                 )
         self.reasoning_parser = state.config.reasoning_parser
         self.tool_parser = tool_parser
@@ -62,7 +64,10 @@ class ParserSpec:
 
     def new(self) -> CompletionParser:
         parser = OutputParser(
-            reasoning_parser=self.reasoning_parser, tool_parser=self.tool_parser, tools=self.setup.tools,
-            prompt_text=self.prompt_text, tool_choice=self.setup.tool_choice,
+            reasoning_parser=self.reasoning_parser,
+            tool_parser=self.tool_parser,
+            tools=self.setup.tools,
+            prompt_text=self.prompt_text,
+            tool_choice=self.setup.tool_choice,
         )
         return CompletionParser(parser, single_call=not self.setup.parallel_tool_calls)

@@ -69,7 +69,11 @@ def _constraints(data: MessagesRequest, parsers: ParserSpec, runtime: ModelRunti
     if isinstance(data.thinking, ThinkingEnabled):
         budget = data.thinking.budget_tokens
     else:
-        budget = REASONING_EFFORT_BUDGET.get(output.effort or "") if not isinstance(data.thinking, ThinkingDisabled) else None
+        budget = (
+            REASONING_EFFORT_BUDGET.get(output.effort or "")
+            if not isinstance(data.thinking, ThinkingDisabled)
+            else None
+        )
     response_format = JSONSchemaFormat(JSONSchemaSpec(schema=output.format.schema)) if output.format else None
     return constraint_fields(parsers, runtime.tokenizer, response_format=response_format, thinking_tokens=budget)
 

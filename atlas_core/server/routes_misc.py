@@ -31,12 +31,17 @@ async def tokenize(data: JSONBody[TokenizeRequest], server: NamedDependency[Serv
         raise invalid("send exactly one of prompt and messages", param="prompt")
     if data.messages is not None:
         chat = ChatCompletionRequest(
-            messages=data.messages, tools=data.tools, chat_template_kwargs=data.chat_template_kwargs,
-            add_generation_prompt=data.add_generation_prompt, continue_final_message=data.continue_final_message,
+            messages=data.messages,
+            tools=data.tools,
+            chat_template_kwargs=data.chat_template_kwargs,
+            add_generation_prompt=data.add_generation_prompt,
+            continue_final_message=data.continue_final_message,
         )
         ids = (await asyncio.to_thread(render, runtime, openai_setup(server, chat), check_length=False)).ids
     else:
-        ids = await asyncio.to_thread(runtime.tokenizer.encode, data.prompt or "", add_special_tokens=data.add_special_tokens)
+        ids = await asyncio.to_thread(
+            runtime.tokenizer.encode, data.prompt or "", add_special_tokens=data.add_special_tokens
+        )
     return TokenizeResponse(count=len(ids), max_model_len=runtime.max_seq_len, tokens=ids)
 
 

@@ -44,7 +44,12 @@ from atlas_core.server.streaming import event_stream, openai_error_event
 TAGS = ["OpenAI"]
 
 
-@post("/v1/chat/completions", status_code=200, tags=TAGS, summary="Create a chat completion (streamed when stream is true)")
+@post(
+    "/v1/chat/completions",
+    status_code=200,
+    tags=TAGS,
+    summary="Create a chat completion (streamed when stream is true)",
+)
 async def chat_completions(
     data: JSONBody[ChatCompletionRequest], server: NamedDependency[ServerState], request: Request[Any, Any, Any]
 ) -> ChatCompletion | Stream:
@@ -53,20 +58,31 @@ async def chat_completions(
     setup = openai_setup(server, data)
     prompt = await asyncio.to_thread(render, runtime, setup)
     max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
-    check_max_tokens(max_tokens, runtime.max_seq_len, param="max_completion_tokens" if data.max_completion_tokens is not None else "max_tokens")
+    check_max_tokens(
+        max_tokens,
+        runtime.max_seq_len,
+        param="max_completion_tokens" if data.max_completion_tokens is not None else "max_tokens",
+    )
     check_request_work(server.config, [len(prompt.ids)], data.n, max_tokens, runtime.max_seq_len)
     if data.top_logprobs is not None and not data.logprobs:
         raise invalid("top_logprobs needs logprobs: true", param="top_logprobs")
     top = (data.top_logprobs or 0) if data.logprobs else None
     parsers = ParserSpec(server, setup, prompt.text)
     constraints = await asyncio.to_thread(
-        constraint_fields, parsers, runtime.tokenizer, response_format=data.response_format,
+        constraint_fields,
+        parsers,
+        runtime.tokenizer,
+        response_format=data.response_format,
         thinking_tokens=REASONING_EFFORT_BUDGET.get(data.reasoning_effort or ""),
     )
     params = sampling_params(data, max_tokens=max_tokens, logprobs=top, **constraints)
     ctx = ChatContext(
-        response_id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=server.model_name, parsers=parsers,
-        texts=TokenTexts(runtime.tokenizer), top_logprobs=top,
+        response_id=f"chatcmpl-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=server.model_name,
+        parsers=parsers,
+        texts=TokenTexts(runtime.tokenizer),
+        top_logprobs=top,
         include_usage=_include_usage(data.stream_options),
     )
     stream = generate(server, prompt.text, prompt.ids, params)
@@ -89,12 +105,19 @@ async def completions(
     check_max_tokens(data.max_tokens, runtime.max_seq_len)
     check_request_work(server.config, [len(p.ids) for p in prompts], data.n, data.max_tokens, runtime.max_seq_len)
     params = sampling_params(
-        data, max_tokens=data.max_tokens, logprobs=data.logprobs,
+        data,
+        max_tokens=data.max_tokens,
+        logprobs=data.logprobs,
         prompt_logprobs=data.logprobs if data.echo and data.logprobs is not None else None,
     )
     ctx = CompletionContext(
-        response_id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=server.model_name, n=data.n, echo=data.echo,
-        logprobs=data.logprobs, texts=TokenTexts(runtime.tokenizer),
+        response_id=f"cmpl-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=server.model_name,
+        n=data.n,
+        echo=data.echo,
+        logprobs=data.logprobs,
+        texts=TokenTexts(runtime.tokenizer),
         include_usage=_include_usage(data.stream_options),
     )
     streams = [generate(server, p.text if p.from_text else None, p.ids, params) for p in prompts]

@@ -32,7 +32,8 @@ def check_max_tokens(max_tokens: int | None, max_seq_len: int, *, param: str = "
     if max_tokens > max_seq_len:
         raise invalid(
             f"{param}={max_tokens} is more than the model's context (max_seq_len {max_seq_len}); ask for at most "
-            f"{max_seq_len} minus the prompt's tokens", param=param,
+            f"{max_seq_len} minus the prompt's tokens",
+            param=param,
         )
 
 
@@ -44,7 +45,8 @@ def check_sequences(config: ServerConfig, num_prompts: int, n: int) -> None:
         asked = f"{num_prompts} prompts times n={n}" if num_prompts > 1 else f"n={n}"
         raise invalid(
             f"this request asks for {num_prompts * n} completions ({asked}); this server accepts at most {limit} per "
-            "request (--max-sequences-per-request): send fewer prompts or a smaller n", param="n",
+            "request (--max-sequences-per-request): send fewer prompts or a smaller n",
+            param="n",
         )
 
 
@@ -86,15 +88,27 @@ def sampling_params(fields: SamplerFields, *, max_tokens: int | None, **extra: A
     kwargs: dict[str, Any] = {
         name: getattr(fields, name)
         for name in (
-            "temperature", "top_p", "top_k", "min_p", "top_n_sigma", "repetition_penalty", "presence_penalty",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "top_n_sigma",
+            "repetition_penalty",
+            "presence_penalty",
             "frequency_penalty",
         )
         if getattr(fields, name) is not None
     }
     kwargs.update(
-        n=fields.n, max_tokens=max_tokens, min_tokens=fields.min_tokens, seed=fields.seed, stop=fields.stop,
-        stop_token_ids=list(fields.stop_token_ids or []), logit_bias=logit_bias_of(fields.logit_bias),
-        ignore_eos=fields.ignore_eos, include_stop_str_in_output=fields.include_stop_str_in_output,
+        n=fields.n,
+        max_tokens=max_tokens,
+        min_tokens=fields.min_tokens,
+        seed=fields.seed,
+        stop=fields.stop,
+        stop_token_ids=list(fields.stop_token_ids or []),
+        logit_bias=logit_bias_of(fields.logit_bias),
+        ignore_eos=fields.ignore_eos,
+        include_stop_str_in_output=fields.include_stop_str_in_output,
         skip_special_tokens=fields.skip_special_tokens,
     )
     kwargs.update(extra)

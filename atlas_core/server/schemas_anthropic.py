@@ -46,7 +46,9 @@ class RedactedThinkingBlock(msgspec.Struct, tag_field="type", tag="redacted_thin
     data: str
 
 
-RequestBlock = TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+RequestBlock = (
+    TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+)
 
 
 class Message(msgspec.Struct, kw_only=True):

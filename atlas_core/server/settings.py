@@ -26,26 +26,36 @@ class ServeOptions:
     host: str = option("127.0.0.1", help="interface to listen on; anything but loopback needs --api-key")
     port: int = option(8888, help="port")
     served_model_name: list[str] = option(
-        default_factory=list, metavar="NAME", help="names clients may use as `model`; the first is reported",
+        default_factory=list,
+        metavar="NAME",
+        help="names clients may use as `model`; the first is reported",
         default_help="the model's name",
     )
     tool_call_parser: str | None = option(
-        None, metavar="NAME", help="tool-call format of the model's output, or 'none'",
+        None,
+        metavar="NAME",
+        help="tool-call format of the model's output, or 'none'",
         default_help="the family's, else none",
     )
     reasoning_parser: str | None = option(
-        None, metavar="NAME", help="reasoning format of the model's output, or 'none'",
+        None,
+        metavar="NAME",
+        help="reasoning format of the model's output, or 'none'",
         default_help="the family's, else none",
     )
     chat_template: str | None = option(
         None, metavar="FILE_OR_JINJA", help="replace the model's chat template", default_help="the model's"
     )
     default_chat_template_kwargs: dict[str, Any] = option(
-        default_factory=dict, metavar="JSON",
-        help='chat template variables for every request, e.g. \'{"enable_thinking": false}\''
+        default_factory=dict,
+        metavar="JSON",
+        help="chat template variables for every request, e.g. '{\"enable_thinking\": false}'",
     )
     api_key: list[str] = option(
-        default_factory=list, repeat=True, metavar="KEY", help="require this key on /v1/* and tokenize; repeatable",
+        default_factory=list,
+        repeat=True,
+        metavar="KEY",
+        help="require this key on /v1/* and tokenize; repeatable",
         default_help="none, no auth",
     )
     api_keys_file: str | None = option(None, metavar="FILE", help="file of accepted keys, one per line")
@@ -63,12 +73,14 @@ class ServeOptions:
         256, metavar="N", help="most completions one request may ask for (prompts times n); more is a 400"
     )
     max_tokens_per_request: int = option(
-        2**20, metavar="TOKENS",
+        2**20,
+        metavar="TOKENS",
         help="most tokens one request may create: its prompt tokens plus, for each completion, the tokens it may "
         "generate (max_tokens, else the rest of the context); more is a 400",
     )
     enable_special_tokens_in_content: bool = option(
-        False, help="tokenize special-token strings inside message content (e.g. <|im_start|>) as special tokens; "
+        False,
+        help="tokenize special-token strings inside message content (e.g. <|im_start|>) as special tokens; "
         "off: content is plain text, only the chat template's own markup is special",
     )
 

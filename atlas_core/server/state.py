@@ -103,8 +103,10 @@ class ServerState:
     def unknown_model(self, name: str, param: str | None) -> APIError:
         """The 404 for a model this server does not serve, blaming the request field ``param``."""
         return APIError(
-            404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
-            param=param, code="model_not_found",
+            404,
+            f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+            param=param,
+            code="model_not_found",
         )
 
     def check_model(self, name: str | None) -> None:

@@ -37,7 +37,12 @@ class DrainingServer(uvicorn.Server):
 
 def make_server(state: ServerState, host: str, port: int, *, log_level: str = "warning") -> DrainingServer:
     config = uvicorn.Config(
-        create_app(state), host=host, port=port, log_level=log_level, workers=1, lifespan="on",
+        create_app(state),
+        host=host,
+        port=port,
+        log_level=log_level,
+        workers=1,
+        lifespan="on",
         timeout_graceful_shutdown=int(state.config.shutdown_timeout + GRACE_AFTER_DRAIN_S),
     )
     return DrainingServer(config, state)

@@ -62,8 +62,13 @@ def greedy_alone(
 
 
 def assert_batch_invariant(
-    model_dir: Path, alone: list[list[int]], settings: dict[str, Any], *, prompts: list[list[int]] | None = None,
-    expect_cache_hits: bool | None = None, **engine_args: Any,
+    model_dir: Path,
+    alone: list[list[int]],
+    settings: dict[str, Any],
+    *,
+    prompts: list[list[int]] | None = None,
+    expect_cache_hits: bool | None = None,
+    **engine_args: Any,
 ) -> None:
     """All prompts of `greedy_alone` together under ``settings`` (and ``engine_args``) give the same
     tokens as alone, and leave nothing held (`assert_no_leaks`). With prefix caching they run twice,

@@ -41,9 +41,14 @@ class EncodedChat:
 
 
 def encode_chat(
-    tokenizer: Tokenizer, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-    add_generation_prompt: bool = True, continue_final_message: bool = False,
-    chat_template_kwargs: dict[str, Any] | None = None, special_tokens_in_content: bool = False,
+    tokenizer: Tokenizer,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    special_tokens_in_content: bool = False,
 ) -> EncodedChat:
     """Render ``messages`` (and ``tools``) with the model's chat template and tokenize the text.
 
@@ -57,8 +62,11 @@ def encode_chat(
         messages = _protect(messages, literal.pattern, found)
         tools = _protect(tools, literal.pattern, found) if tools is not None else None
     text = tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final_message, chat_template_kwargs=chat_template_kwargs,
+        messages,
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        chat_template_kwargs=chat_template_kwargs,
     )
     if not found:
         return EncodedChat(text, tokenizer.encode(text, add_special_tokens=False))
@@ -87,9 +95,11 @@ class _LiteralSpecials:
             if special or not _SENTINEL.search(text, start, end):
                 ids.extend(token for token, _ in run)
             else:
-                ids.extend(self._plain_backend(at_start=start == 0).encode(
-                    _restore(text[start:end], originals), add_special_tokens=False
-                ).ids)
+                ids.extend(
+                    self._plain_backend(at_start=start == 0)
+                    .encode(_restore(text[start:end], originals), add_special_tokens=False)
+                    .ids
+                )
         return ids
 
     def _plain_backend(self, *, at_start: bool) -> tokenizers.Tokenizer:

@@ -44,9 +44,7 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     """transformers' ``tojson``: plain `json.dumps` (no HTML escaping), non-ASCII kept."""
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 class _GenerationTag(Extension):
@@ -82,9 +80,7 @@ def _flatten_content(content: Any) -> Any:
     if not isinstance(content, list) or not content:
         return content
     for part in content:
-        if not (
-            isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)
-        ):
+        if not (isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)):
             return content
     return "\n".join(part["text"] for part in content)
 
@@ -186,9 +182,7 @@ class ChatTemplate:
         except _TemplateRaised as e:
             raise InvalidRequestError(f"the chat template rejected the request: {e.message}") from e
         except jinja2.exceptions.SecurityError as e:
-            raise InvalidRequestError(
-                f"{self.origin}: the chat template attempted a forbidden operation: {e}"
-            ) from e
+            raise InvalidRequestError(f"{self.origin}: the chat template attempted a forbidden operation: {e}") from e
         except Exception as e:  # a template can fail in arbitrary ways on unexpected input
             raise InvalidRequestError(
                 f"{self.origin}: the chat template failed to render these messages: {type(e).__name__}: {e}"

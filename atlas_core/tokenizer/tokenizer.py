@@ -260,14 +260,11 @@ def _named_templates(value: Any, file: Path) -> tuple[str | None, str | None]:
     if value is None or isinstance(value, str):
         return value, None
     if isinstance(value, list) and all(
-        isinstance(t, Mapping) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
-        for t in value
+        isinstance(t, Mapping) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str) for t in value
     ):
         named = {t["name"]: t["template"] for t in value}
         return named.get("default"), named.get("tool_use")
-    raise ModelLoadError(
-        f"{file}: chat_template must be a string or a list of {{'name', 'template'}} objects"
-    )
+    raise ModelLoadError(f"{file}: chat_template must be a string or a list of {{'name', 'template'}} objects")
 
 
 __all__ = ["Tokenizer"]

@@ -44,7 +44,9 @@ def _read_header(path: Path) -> tuple[int, dict[str, Any]]:
             raise ModelLoadError(f"{path}: not a safetensors file (only {size} bytes)")
         (header_len,) = struct.unpack("<Q", prefix)
         if header_len > min(MAX_HEADER_BYTES, size - 8):
-            raise ModelLoadError(f"{path}: corrupt safetensors header (claims {header_len} header bytes in a {size}-byte file)")
+            raise ModelLoadError(
+                f"{path}: corrupt safetensors header (claims {header_len} header bytes in a {size}-byte file)"
+            )
         try:
             header = json.loads(handle.read(header_len))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -54,12 +56,16 @@ def _read_header(path: Path) -> tuple[int, dict[str, Any]]:
     for name, info in header.items():
         begin, end = info["data_offsets"]
         if data_start + end > size:
-            raise ModelLoadError(f"{path}: tensor {name!r} ends at byte {data_start + end} but the file has {size} bytes (truncated download?)")
+            raise ModelLoadError(
+                f"{path}: tensor {name!r} ends at byte {data_start + end} but the file has {size} bytes (truncated download?)"
+            )
         if info["dtype"] not in DTYPES:
             raise ModelLoadError(f"{path}: tensor {name!r} has dtype {info['dtype']}, which is not supported")
         expected = int(np.prod(info["shape"], dtype=np.int64)) * DTYPES[info["dtype"]].itemsize
         if end - begin != expected:
-            raise ModelLoadError(f"{path}: tensor {name!r} has {end - begin} bytes, its shape {info['shape']} needs {expected}")
+            raise ModelLoadError(
+                f"{path}: tensor {name!r} has {end - begin} bytes, its shape {info['shape']} needs {expected}"
+            )
     return data_start, header
 
 
@@ -115,7 +121,9 @@ class SafetensorsSource:
 
 def _read_config(path: Path) -> dict[str, Any]:
     if not path.exists():
-        raise ModelLoadError(f"{path.parent}: config.json is missing; a model folder needs config.json and safetensors weights")
+        raise ModelLoadError(
+            f"{path.parent}: config.json is missing; a model folder needs config.json and safetensors weights"
+        )
     try:
         config = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

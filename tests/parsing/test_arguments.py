@@ -6,7 +6,6 @@ import pytest
 
 from atlas_core.parsing import OutputParser, ToolDefinition, ToolSchemaError
 from atlas_core.parsing.coercion import coerce
-
 from atlas_core.testing.parsers import TOOLS
 
 SCHEMA = {

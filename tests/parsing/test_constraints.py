@@ -21,7 +21,6 @@ from atlas_core.parsing import (
 from atlas_core.testing.grammars import TOKENIZER, accepts, check_canonical_markup, check_grammar_outputs_parse
 from atlas_core.testing.parsers import TOOLS
 
-
 CORE_PARSERS = sorted(CORE_TOOL_PARSERS)
 
 

@@ -13,7 +13,6 @@ from atlas_core.parsing import response_format_constraint
 from atlas_core.parsing.structured import StructuredOutputError, ThinkingBudget
 from atlas_core.testing.grammars import byte_tokenizer
 
-
 TOKENIZER = byte_tokenizer()
 EOS = TOKENIZER.eos_token_ids[0]
 PADDED_VOCAB = TOKENIZER.vocab_size + 40

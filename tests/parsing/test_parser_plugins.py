@@ -67,11 +67,17 @@ def test_broken_and_clashing_formats_name_the_plugin(site: Path) -> None:
     install_plugin(site, "atlas-parsers-broken", "0.1", {"broken": "broken_formats"}, {"broken_formats": BROKEN})
     get_registry.cache_clear()
     try:
-        with pytest.raises(PluginError, match=r"'not_a_format' from atlas-parsers-broken 0\.1: .* not a subclass of .*ToolFormat"):
+        with pytest.raises(
+            PluginError, match=r"'not_a_format' from atlas-parsers-broken 0\.1: .* not a subclass of .*ToolFormat"
+        ):
             OutputParser(tool_parser="not_a_format", tools=TOOLS)
-        with pytest.raises(PluginError, match=r"'misnamed' from atlas-parsers-broken 0\.1: .* is named 'something_else'"):
+        with pytest.raises(
+            PluginError, match=r"'misnamed' from atlas-parsers-broken 0\.1: .* is named 'something_else'"
+        ):
             OutputParser(reasoning_parser="misnamed")
-        with pytest.raises(PluginError, match=r"'hermes' is registered by both atlas-core .* and atlas-parsers-broken 0\.1"):
+        with pytest.raises(
+            PluginError, match=r"'hermes' is registered by both atlas-core .* and atlas-parsers-broken 0\.1"
+        ):
             OutputParser(tool_parser="hermes", tools=TOOLS)
         OutputParser(tool_parser="json", reasoning_parser="qwen3", tools=TOOLS)  # other names still resolve
         [entry] = [p for p in plugins_report(get_registry(), check=True)["plugins"] if p["name"] == "broken"]

@@ -15,7 +15,6 @@ from atlas_core.parsing import (
 )
 from atlas_core.testing.parsers import TOOLS, check_reasoning_case, check_streams_like_whole, without_ids
 
-
 QWEN_PROMPT_OPEN = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n"
 QWEN_PROMPT_CLOSED = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 

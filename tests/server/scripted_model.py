@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from atlas_core.backends.base import Array, Backend
-from atlas_core.engine.config import EngineConfig
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache, KVLayout, slots_for
+from atlas_core.engine.config import EngineConfig
 from atlas_core.engine.llm_engine import LLMEngine
 from atlas_core.model.load import LoadedModel
 from atlas_core.model.resolve import ResolvedModel
@@ -34,14 +34,24 @@ class ScriptedModel(TransformerModel):
     """See the module docstring. ``scripts`` maps a key found in the prompt to the answer text."""
 
     def __init__(
-        self, backend: Backend, tokenizer: Tokenizer, scripts: dict[str, str], *, delay_s: float = 0.0,
+        self,
+        backend: Backend,
+        tokenizer: Tokenizer,
+        scripts: dict[str, str],
+        *,
+        delay_s: float = 0.0,
         max_position_embeddings: int = 4096,
     ) -> None:
         vocab = tokenizer.vocab_size
         super().__init__(
-            backend, embed_tokens=backend.zeros((1, 1), np.float32), layers=[], final_norm=None,  # type: ignore[arg-type]
-            lm_head=backend.zeros((1, 1), np.float32), kv_layouts=[KVLayout(1, 1, np.dtype(np.float32))],
-            vocab_size=vocab, max_position_embeddings=max_position_embeddings,
+            backend,
+            embed_tokens=backend.zeros((1, 1), np.float32),
+            layers=[],
+            final_norm=None,  # type: ignore[arg-type]
+            lm_head=backend.zeros((1, 1), np.float32),
+            kv_layouts=[KVLayout(1, 1, np.dtype(np.float32))],
+            vocab_size=vocab,
+            max_position_embeddings=max_position_embeddings,
         )
         self.tokenizer = tokenizer
         self.scripts = {key: tokenizer.encode(text, add_special_tokens=False) for key, text in scripts.items()}
@@ -106,7 +116,11 @@ def scripted_engine(
     """An `LLMEngine` serving a `ScriptedModel` with ``tokenizer`` (which needs a ChatML template)."""
     model = ScriptedModel(backend, tokenizer, scripts, delay_s=delay_s)
     loaded = LoadedModel(
-        name="scripted", resolved=ResolvedModel(Path("scripted"), "folder", "scripted"), config={}, model=model,
-        tokenizer=tokenizer, family_defaults={},
+        name="scripted",
+        resolved=ResolvedModel(Path("scripted"), "folder", "scripted"),
+        config={},
+        model=model,
+        tokenizer=tokenizer,
+        family_defaults={},
     )
     return LLMEngine(loaded, backend, EngineConfig(max_seq_len=max_seq_len, kv_cache_memory_gib=0.01))

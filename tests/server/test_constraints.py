@@ -15,7 +15,13 @@ from atlas_core.server.state import ServerConfig, ServerState
 from atlas_core.tokenizer import Tokenizer
 from tests.server.conftest import ScriptedFactory
 
-TOOLS = [ToolDefinition("get_time", "Time in a zone", {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]})]
+TOOLS = [
+    ToolDefinition(
+        "get_time",
+        "Time in a zone",
+        {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]},
+    )
+]
 
 
 def spec(tool_choice: object = "auto", reasoning: str | None = None, tools: list[ToolDefinition] = TOOLS) -> ParserSpec:
@@ -37,7 +43,10 @@ def test_required_and_named_tool_choice_force_the_markup(chatml_tokenizer: Token
 
 
 def test_response_formats(chatml_tokenizer: Tokenizer) -> None:
-    assert constraint_fields(spec(), chatml_tokenizer, response_format=JSONObjectFormat())["structured"].kind == "json_object"
+    assert (
+        constraint_fields(spec(), chatml_tokenizer, response_format=JSONObjectFormat())["structured"].kind
+        == "json_object"
+    )
     schema = JSONSchemaFormat(JSONSchemaSpec(schema={"type": "object", "properties": {"a": {"type": "integer"}}}))
     assert constraint_fields(spec(), chatml_tokenizer, response_format=schema)["structured"].kind == "json_schema"
     with pytest.raises(APIError, match="cannot be combined"):
@@ -55,10 +64,16 @@ def test_named_tool_choice_end_to_end(scripted: ScriptedFactory) -> None:
     call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
     server = scripted({"[ask]": call}, tool_call_parser="hermes")
     sdk = server.openai("x")
-    tools = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}} for t in TOOLS]
+    tools = [
+        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+        for t in TOOLS
+    ]
     response = sdk.chat.completions.create(
-        model="scripted", messages=[{"role": "user", "content": "[ask]"}], tools=tools,
-        tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=0,
+        model="scripted",
+        messages=[{"role": "user", "content": "[ask]"}],
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        temperature=0,
     )
     calls = response.choices[0].message.tool_calls
     assert [(c.function.name, c.function.arguments) for c in calls] == [("get_time", '{"zone": "UTC"}')]

@@ -47,22 +47,57 @@ CHAT_CASES: list[tuple[str, Any, str, str | None]] = [
     ("unknown role", {"messages": [{"role": "wizard", "content": "x"}]}, "`messages[0].role`", "messages[0].role"),
     ("empty messages", {"messages": []}, "messages must not be empty", "messages"),
     ("negative max_tokens", {"messages": ASK, "max_tokens": -5}, "max_tokens must be at least 1, got -5", "max_tokens"),
-    ("zero max_completion_tokens", {"messages": ASK, "max_completion_tokens": 0}, "at least 1", "max_completion_tokens"),
-    ("absurd max_tokens", {"messages": ASK, "max_tokens": 10**12}, "is more than the model's context (max_seq_len 256)", "max_tokens"),
+    (
+        "zero max_completion_tokens",
+        {"messages": ASK, "max_completion_tokens": 0},
+        "at least 1",
+        "max_completion_tokens",
+    ),
+    (
+        "absurd max_tokens",
+        {"messages": ASK, "max_tokens": 10**12},
+        "is more than the model's context (max_seq_len 256)",
+        "max_tokens",
+    ),
     ("prompt too long", {"messages": [{"role": "user", "content": "word " * 400}]}, "prompt too long: ", "messages"),
     ("temperature out of range", {"messages": ASK, "temperature": -1}, "temperature must be in [0, 100]", None),
     ("top_p out of range", {"messages": ASK, "top_p": 7}, "top_p must be in (0, 1]", None),
     ("n out of range", {"messages": ASK, "n": 0}, "n must be between 1 and", None),
     ("top_logprobs alone", {"messages": ASK, "top_logprobs": 3}, "top_logprobs needs logprobs: true", "top_logprobs"),
-    ("too many logprobs", {"messages": ASK, "logprobs": True, "top_logprobs": 50}, "logprobs must be between 0 and 20", None),
-    ("logit_bias key", {"messages": ASK, "logit_bias": {"abc": 1}}, "logit_bias keys must be token ids", "logit_bias"),
-    ("unknown response_format", {"messages": ASK, "response_format": {"type": "yaml"}}, "`response_format.type`", "response_format.type"),
     (
-        "invalid json_schema", {"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 12}}}},
-        "not a valid JSON Schema", None,
+        "too many logprobs",
+        {"messages": ASK, "logprobs": True, "top_logprobs": 50},
+        "logprobs must be between 0 and 20",
+        None,
     ),
-    ("json_schema without schema", {"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "needs", None),
-    ("image content", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]}, "image content is not supported", None),
+    ("logit_bias key", {"messages": ASK, "logit_bias": {"abc": 1}}, "logit_bias keys must be token ids", "logit_bias"),
+    (
+        "unknown response_format",
+        {"messages": ASK, "response_format": {"type": "yaml"}},
+        "`response_format.type`",
+        "response_format.type",
+    ),
+    (
+        "invalid json_schema",
+        {
+            "messages": ASK,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 12}}},
+        },
+        "not a valid JSON Schema",
+        None,
+    ),
+    (
+        "json_schema without schema",
+        {"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        "needs",
+        None,
+    ),
+    (
+        "image content",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]},
+        "image content is not supported",
+        None,
+    ),
     ("tools without a parser", {"messages": ASK, "tools": TOOLS}, "no tool-call parser", "tools"),
     ("required without tools", {"messages": ASK, "tool_choice": "required"}, "needs at least one tool", "tool_choice"),
     ("stop token out of vocab", {"messages": ASK, "stop_token_ids": [10**9]}, "outside [0,", None),
@@ -71,16 +106,26 @@ CHAT_CASES: list[tuple[str, Any, str, str | None]] = [
     ("500-deep schema", SCHEMA_REQUEST % DEEP_SCHEMA(500), "nested too deeply", None),
     ("150-deep schema", SCHEMA_REQUEST % DEEP_SCHEMA(150), "nested too deeply", None),
     *[
-        (f"chat_template_kwargs {key}", {"messages": ASK, "chat_template_kwargs": {key: value}},
-         f"chat_template_kwargs must not set {key}", None)
+        (
+            f"chat_template_kwargs {key}",
+            {"messages": ASK, "chat_template_kwargs": {key: value}},
+            f"chat_template_kwargs must not set {key}",
+            None,
+        )
         for key, value in [("add_generation_prompt", True), ("tools", []), ("messages", ASK)]
     ],
     (
         "continue_final_message with add_generation_prompt",
         {"messages": [*ASK, {"role": "assistant", "content": "Sure"}], "continue_final_message": True},
-        "continue_final_message and add_generation_prompt cannot both be true", None,
+        "continue_final_message and add_generation_prompt cannot both be true",
+        None,
     ),
-    ("tool message without id", {"messages": [{"role": "tool", "content": "x"}]}, "a tool message needs tool_call_id", None),
+    (
+        "tool message without id",
+        {"messages": [{"role": "tool", "content": "x"}]},
+        "a tool message needs tool_call_id",
+        None,
+    ),
 ]
 
 
@@ -104,7 +149,10 @@ def test_unknown_model_is_404_in_each_shape(http: httpx.Client) -> None:
     assert response.json()["error"]["code"] == "model_not_found" and "gpt-9" in response.json()["error"]["message"]
     response = http.post("/v1/messages", json={"model": "claude-9", "max_tokens": 5, "messages": ASK})
     assert response.status_code == 404
-    assert response.json() == {"type": "error", "error": {"type": "not_found_error", "message": response.json()["error"]["message"]}}
+    assert response.json() == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": response.json()["error"]["message"]},
+    }
 
 
 ANTHROPIC_CASES: list[tuple[str, Any, str]] = [
@@ -112,14 +160,33 @@ ANTHROPIC_CASES: list[tuple[str, Any, str]] = [
     ("missing max_tokens", {"model": "scripted", "messages": ASK}, "max_tokens"),
     ("negative max_tokens", {"model": "scripted", "max_tokens": -1, "messages": ASK}, "max_tokens must be at least 1"),
     ("empty messages", {"model": "scripted", "max_tokens": 5, "messages": []}, "messages must not be empty"),
-    ("unknown block", {"model": "scripted", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]}, "`messages[0].content"),
     (
-        "image block", {"model": "scripted", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+        "unknown block",
+        {"model": "scripted", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]},
+        "`messages[0].content",
+    ),
+    (
+        "image block",
+        {
+            "model": "scripted",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
+        },
         "image and document content is not supported",
     ),
-    ("prompt too long", {"model": "scripted", "max_tokens": 5, "messages": [{"role": "user", "content": "word " * 400}]}, "prompt too long"),
     (
-        "server tool", {"model": "scripted", "max_tokens": 5, "messages": ASK, "tools": [{"name": "web_search", "type": "web_search_20250305"}]},
+        "prompt too long",
+        {"model": "scripted", "max_tokens": 5, "messages": [{"role": "user", "content": "word " * 400}]},
+        "prompt too long",
+    ),
+    (
+        "server tool",
+        {
+            "model": "scripted",
+            "max_tokens": 5,
+            "messages": ASK,
+            "tools": [{"name": "web_search", "type": "web_search_20250305"}],
+        },
         "server tools are not supported",
     ),
 ]
@@ -153,7 +220,9 @@ def test_http_level_errors(http: httpx.Client) -> None:
     assert wrong_method.status_code == 405 and wrong_method.json()["error"]["message"]
     huge = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 200_000}]})
     assert huge.status_code == 413 and "--max-body-bytes" in huge.json()["error"]["message"]
-    too_big_messages = http.post("/v1/messages", content=b"{" + b" " * 200_000 + b"}", headers={"content-type": "application/json"})
+    too_big_messages = http.post(
+        "/v1/messages", content=b"{" + b" " * 200_000 + b"}", headers={"content-type": "application/json"}
+    )
     assert too_big_messages.status_code == 413 and too_big_messages.json()["error"]["type"] == "request_too_large"
 
 
@@ -174,7 +243,12 @@ def test_completions_and_tokenizer_errors(http: httpx.Client) -> None:
 
 
 POST_ROUTES = [
-    "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/tokenize", "/detokenize",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/tokenize",
+    "/detokenize",
 ]
 
 

@@ -28,8 +28,16 @@ def operations(scripted: ScriptedFactory) -> dict[str, schemathesis.APIOperation
 
 
 PATHS = [
-    "POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /v1/models/{model_id}",
-    "POST /v1/messages", "POST /v1/messages/count_tokens", "POST /tokenize", "POST /detokenize", "GET /health", "GET /metrics",
+    "POST /v1/chat/completions",
+    "POST /v1/completions",
+    "GET /v1/models",
+    "GET /v1/models/{model_id}",
+    "POST /v1/messages",
+    "POST /v1/messages/count_tokens",
+    "POST /tokenize",
+    "POST /detokenize",
+    "GET /health",
+    "GET /metrics",
 ]
 
 
@@ -40,13 +48,21 @@ def test_the_document_lists_every_operation(operations: dict[str, schemathesis.A
 @pytest.mark.parametrize("name", PATHS)
 def test_no_server_errors(operations: dict[str, schemathesis.APIOperation], name: str) -> None:
     @given(case=operations[name].as_strategy())
-    @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @settings(
+        max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True
+    )
     def check(case: schemathesis.Case) -> None:
         if isinstance(case.body, dict) and "model" in case.body:
             case.body["model"] = "scripted"  # unknown models are a 404 before anything else is looked at
         if case.path_parameters and "model_id" in case.path_parameters:
             case.path_parameters["model_id"] = "scripted"
         response = case.call(timeout=60)
-        assert response.status_code < 500, (case.method, case.path, case.body, response.status_code, response.text[:500])
+        assert response.status_code < 500, (
+            case.method,
+            case.path,
+            case.body,
+            response.status_code,
+            response.text[:500],
+        )
 
     check()

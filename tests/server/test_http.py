@@ -21,14 +21,27 @@ def locked(scripted: ScriptedFactory) -> LiveServer:
 
 
 def test_auth_required_on_model_routes(locked: LiveServer) -> None:
-    for method, path in [("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/messages"), ("POST", "/tokenize"), ("POST", "/detokenize")]:
+    for method, path in [
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/messages"),
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
+    ]:
         response = httpx.request(method, locked.url + path, json={})
         assert response.status_code == 401, path
         assert "missing API key" in (response.json().get("error") or {}).get("message", ""), path
-    wrong = httpx.post(locked.url + "/v1/chat/completions", json={"messages": ASK}, headers={"Authorization": "Bearer first-key-0123456788"})
+    wrong = httpx.post(
+        locked.url + "/v1/chat/completions",
+        json={"messages": ASK},
+        headers={"Authorization": "Bearer first-key-0123456788"},
+    )
     assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
     anthropic_shaped = httpx.post(locked.url + "/v1/messages", json={}, headers={"x-api-key": "nope"})
-    assert anthropic_shaped.json() == {"type": "error", "error": {"type": "authentication_error", "message": "invalid API key"}}
+    assert anthropic_shaped.json() == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "invalid API key"},
+    }
 
 
 def test_health_and_metrics_stay_open(locked: LiveServer) -> None:
@@ -51,14 +64,21 @@ def test_sdks_authenticate_with_either_key(locked: LiveServer) -> None:
 def test_cors(locked: LiveServer, scripted: ScriptedFactory) -> None:
     preflight = httpx.options(
         locked.url + "/v1/chat/completions",
-        headers={"Origin": "https://chat.example", "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"},
+        headers={
+            "Origin": "https://chat.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization",
+        },
     )
     assert preflight.status_code in (200, 204)
     assert preflight.headers["access-control-allow-origin"] == "https://chat.example"
     other = httpx.get(locked.url + "/health", headers={"Origin": "https://evil.example"})
     assert "access-control-allow-origin" not in other.headers
     plain = scripted({"[ask]": "x"})
-    assert "access-control-allow-origin" not in httpx.get(plain.url + "/health", headers={"Origin": "https://chat.example"}).headers
+    assert (
+        "access-control-allow-origin"
+        not in httpx.get(plain.url + "/health", headers={"Origin": "https://chat.example"}).headers
+    )
 
 
 def test_loading_state_answers_503() -> None:
@@ -83,16 +103,25 @@ def test_metrics(scripted: ScriptedFactory) -> None:
         list(sdk.chat.completions.create(model="scripted", messages=long_ask, stream=True))
     httpx.post(server.url + "/v1/chat/completions", json={"messages": []})
     text = httpx.get(server.url + "/metrics").text
-    samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and not line.startswith("#")}
+    samples = {
+        line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and not line.startswith("#")
+    }
     assert samples['atlas_http_requests_total{method="POST",route="/v1/chat/completions",status="200"}'] == 2
     assert samples['atlas_http_requests_total{method="POST",route="/v1/chat/completions",status="400"}'] == 1
     assert samples["atlas_time_to_first_token_seconds_count"] == 2
     generated = samples["atlas_generation_tokens_total"]
-    assert generated == 2 * (len(server.state.runtime.tokenizer.encode("one two three four five", add_special_tokens=False)) + 1)
+    assert generated == 2 * (
+        len(server.state.runtime.tokenizer.encode("one two three four five", add_special_tokens=False)) + 1
+    )
     assert samples["atlas_inter_token_latency_seconds_count"] == generated - 2
     assert samples['atlas_requests_finished_total{finish_reason="stop"}'] == 2
     assert samples["atlas_prompt_tokens_total"] > 0
-    for name in ("atlas_num_sequences_running", "atlas_num_sequences_waiting", "atlas_kv_cache_usage_ratio", "atlas_prefix_cache_hit_rate"):
+    for name in (
+        "atlas_num_sequences_running",
+        "atlas_num_sequences_waiting",
+        "atlas_kv_cache_usage_ratio",
+        "atlas_prefix_cache_hit_rate",
+    ):
         assert name in samples
     assert samples["atlas_prefix_cache_hit_rate"] > 0  # the second request reused the first one's prompt blocks
     assert samples["atlas_num_sequences_running"] == 0
@@ -101,8 +130,18 @@ def test_metrics(scripted: ScriptedFactory) -> None:
 def test_openapi_document(locked: LiveServer) -> None:
     document = httpx.get(locked.url + "/openapi.json").json()
     assert document["openapi"].startswith("3.")
-    for path in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model_id}", "/v1/messages",
-                 "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/health", "/metrics"):
+    for path in (
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/v1/models/{model_id}",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/tokenize",
+        "/detokenize",
+        "/health",
+        "/metrics",
+    ):
         assert path in document["paths"], path
     schemas = document["components"]["schemas"]
     for name in ("ChatCompletionRequest", "ChatCompletion", "CompletionRequest", "MessagesRequest", "MessageResponse"):
@@ -113,7 +152,9 @@ def test_tokenize_and_detokenize(scripted: ScriptedFactory) -> None:
     server = scripted({"[ask]": "x"})
     tokenized = httpx.post(server.url + "/tokenize", json={"prompt": "Hello world"}).json()
     assert tokenized["count"] == len(tokenized["tokens"]) and tokenized["max_model_len"] == 1024
-    assert httpx.post(server.url + "/detokenize", json={"tokens": tokenized["tokens"]}).json() == {"prompt": "Hello world"}
+    assert httpx.post(server.url + "/detokenize", json={"tokens": tokenized["tokens"]}).json() == {
+        "prompt": "Hello world"
+    }
     chat = httpx.post(server.url + "/tokenize", json={"messages": ASK}).json()
     usage = httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK}).json()["usage"]
     assert chat["count"] == usage["prompt_tokens"]

@@ -18,7 +18,9 @@ def test_a_plugin_format_serves_tool_calls_and_reasoning(scripted: ScriptedFacto
 
     whole = sdk.chat.completions.create(model="scripted", messages=ASK, tools=OPENAI_TOOLS)
     message = whole.choices[0].message
-    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [("get_time", {"zone": "UTC"})]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
+        ("get_time", {"zone": "UTC"})
+    ]
     assert (message.content or "", message.model_extra["reasoning_content"]) == ("", "The time first.")
     assert whole.choices[0].finish_reason == "tool_calls"
 

@@ -55,9 +55,7 @@ def test_over_limit_requests_get_a_400_at_once(
     scripted: ScriptedFactory, path: str, body: dict, what: str, change: str
 ) -> None:
     tokens = 200 if path == "/v1/messages" else 300  # a Messages request is one completion of at most 256 tokens
-    server = scripted(
-        {"[long]": LONG}, max_seq_len=256, max_sequences_per_request=32, max_tokens_per_request=tokens
-    )
+    server = scripted({"[long]": LONG}, max_seq_len=256, max_sequences_per_request=32, max_tokens_per_request=tokens)
     start = time.monotonic()
     response = httpx.post(server.url + path, json=body, timeout=30)
     assert response.status_code == 400, response.text

@@ -26,10 +26,25 @@ from atlas_core.tokenizer import Tokenizer
 from tests.conftest import TINY
 
 ISSUE_FLAGS = [
-    "--host", "--port", "--served-model-name", "--backend", "--max-seq-len", "--max-num-seqs", "--max-num-batched-tokens",
-    "--max-prefill-tokens", "--gpu-memory-utilization", "--enable-prefix-caching", "--scheduling-policy", "--tool-call-parser",
-    "--reasoning-parser", "--chat-template", "--default-chat-template-kwargs", "--api-key", "--api-keys-file",
-    "--request-timeout", "--max-body-bytes",
+    "--host",
+    "--port",
+    "--served-model-name",
+    "--backend",
+    "--max-seq-len",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--max-prefill-tokens",
+    "--gpu-memory-utilization",
+    "--enable-prefix-caching",
+    "--scheduling-policy",
+    "--tool-call-parser",
+    "--reasoning-parser",
+    "--chat-template",
+    "--default-chat-template-kwargs",
+    "--api-key",
+    "--api-keys-file",
+    "--request-timeout",
+    "--max-body-bytes",
 ]
 
 
@@ -59,8 +74,15 @@ def parse_serve(*argv: str, env: dict[str, str]) -> Settings:
 
 
 def test_precedence_flag_env_family_default() -> None:
-    env = {"ATLAS_PORT": "7000", "ATLAS_HOST": "0.0.0.0", "ATLAS_MAX_NUM_SEQS": "4", "ATLAS_REASONING_PARSER": "deepseek_r1",
-           "ATLAS_ENABLE_PREFIX_CACHING": "off", "ATLAS_API_KEY": "a,b", "ATLAS_DEFAULT_CHAT_TEMPLATE_KWARGS": '{"x": 1}'}
+    env = {
+        "ATLAS_PORT": "7000",
+        "ATLAS_HOST": "0.0.0.0",
+        "ATLAS_MAX_NUM_SEQS": "4",
+        "ATLAS_REASONING_PARSER": "deepseek_r1",
+        "ATLAS_ENABLE_PREFIX_CACHING": "off",
+        "ATLAS_API_KEY": "a,b",
+        "ATLAS_DEFAULT_CHAT_TEMPLATE_KWARGS": '{"x": 1}',
+    }
     settings = parse_serve("--port", "9000", "--max-num-seqs", "8", env=env)
     assert (settings["port"], settings.sources["port"]) == (9000, "flag")
     assert (settings["host"], settings.sources["host"]) == ("0.0.0.0", "env")
@@ -68,7 +90,9 @@ def test_precedence_flag_env_family_default() -> None:
     assert settings["enable_prefix_caching"] is False and settings["api_key"] == ["a", "b"]
     assert settings["default_chat_template_kwargs"] == {"x": 1}
     assert (settings["max_num_batched_tokens"], settings.sources["max_num_batched_tokens"]) == (2048, "default")
-    unknown = settings.apply_family_defaults({"tool_call_parser": "hermes", "reasoning_parser": "qwen3", "max_num_batched_tokens": 512, "colour": "red"})
+    unknown = settings.apply_family_defaults(
+        {"tool_call_parser": "hermes", "reasoning_parser": "qwen3", "max_num_batched_tokens": 512, "colour": "red"}
+    )
     assert unknown == ["colour"]
     assert (settings["tool_call_parser"], settings.sources["tool_call_parser"]) == ("hermes", "family")
     assert (settings["reasoning_parser"], settings.sources["reasoning_parser"]) == ("deepseek_r1", "env")
@@ -104,7 +128,9 @@ def qwen3_folder(tmp_path: Path, chatml_tokenizer: Tokenizer) -> Path:
     folder = tmp_path / "qwen3"
     shutil.copytree(TINY / "qwen3", folder)
     chatml_tokenizer.backend.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": chatml_tokenizer.chat_template, "eos_token": "<|im_end|>"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": chatml_tokenizer.chat_template, "eos_token": "<|im_end|>"})
+    )
     return folder
 
 
@@ -113,7 +139,12 @@ def qwen3_folder(tmp_path: Path, chatml_tokenizer: Tokenizer) -> Path:
     [
         ([], {}, "hermes", "qwen3"),  # the qwen3 family's registration defaults
         (["--tool-call-parser", "none"], {}, None, "qwen3"),
-        (["--tool-call-parser", "json"], {"ATLAS_REASONING_PARSER": "deepseek_r1", "ATLAS_TOOL_CALL_PARSER": "mistral"}, "json", "deepseek_r1"),
+        (
+            ["--tool-call-parser", "json"],
+            {"ATLAS_REASONING_PARSER": "deepseek_r1", "ATLAS_TOOL_CALL_PARSER": "mistral"},
+            "json",
+            "deepseek_r1",
+        ),
     ],
 )
 def test_family_defaults_reach_the_server(
@@ -131,14 +162,19 @@ def test_family_defaults_reach_the_server(
 
 
 def test_unknown_parser_name_stops_startup(qwen3_folder: Path) -> None:
-    settings = parse_serve(str(qwen3_folder), "--backend", "numpy", "--max-seq-len", "256", "--tool-call-parser", "hermès", env={})
+    settings = parse_serve(
+        str(qwen3_folder), "--backend", "numpy", "--max-seq-len", "256", "--tool-call-parser", "hermès", env={}
+    )
     with pytest.raises(AtlasError, match="valid names: .*hermes"):
         _attach_model(settings, ServerState(ServerConfig()))
 
 
 def atlas_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "atlas_core.cli", "serve", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "atlas_core.cli", "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "OPENBLAS_NUM_THREADS": "1", **(env or {})},
     )
 
@@ -159,7 +195,15 @@ def free_port() -> int:
 
 def test_serve_the_default_model(default_llm: object) -> None:
     port = free_port()
-    process = atlas_serve("--port", str(port), "--max-seq-len", "512", "--kv-cache-memory-gib", "0.1", env={"ATLAS_SERVED_MODEL_NAME": "smol,alias"})
+    process = atlas_serve(
+        "--port",
+        str(port),
+        "--max-seq-len",
+        "512",
+        "--kv-cache-memory-gib",
+        "0.1",
+        env={"ATLAS_SERVED_MODEL_NAME": "smol,alias"},
+    )
     try:
         statuses = []
         deadline = time.monotonic() + 120
@@ -181,8 +225,14 @@ def test_serve_the_default_model(default_llm: object) -> None:
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
         assert [m["id"] for m in models["data"]] == ["smol"]
         chat = httpx.post(
-            f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
-            json={"model": "alias", "messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0, "max_tokens": 12},
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            timeout=60,
+            json={
+                "model": "alias",
+                "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "temperature": 0,
+                "max_tokens": 12,
+            },
         )
         assert "Paris" in chat.json()["choices"][0]["message"]["content"]
     finally:

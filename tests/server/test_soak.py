@@ -52,9 +52,17 @@ def request_mix(client: httpx.Client, i: int) -> None:
         ("/v1/messages", {"model": "scripted", "max_tokens": 30, "messages": ask}),
         (
             "/v1/chat/completions",
-            {"messages": ask, "max_tokens": 8, "response_format": {"type": "json_schema", "json_schema": {
-                "name": "x", "schema": {"type": "object", "properties": {f"k{i}": {"type": "string"}}},
-            }}},
+            {
+                "messages": ask,
+                "max_tokens": 8,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"type": "object", "properties": {f"k{i}": {"type": "string"}}},
+                    },
+                },
+            },
         ),
         ("/v1/chat/completions", {"messages": ask, "n": 3, "seed": i}),
     ]

@@ -49,11 +49,15 @@ def test_disconnect_aborts_and_frees_blocks(scripted: ScriptedFactory) -> None:
     chat = read_events_then_disconnect(server.url + "/v1/chat/completions", {"messages": ASK, "stream": True}, 4)
     assert len(chat) == 4
     wait_until_idle(server, start)
-    message = read_events_then_disconnect(server.url + "/v1/messages", {"model": "scripted", "max_tokens": 900, "messages": ASK, "stream": True}, 5)
+    message = read_events_then_disconnect(
+        server.url + "/v1/messages", {"model": "scripted", "max_tokens": 900, "messages": ASK, "stream": True}, 5
+    )
     assert len(message) == 5
     wait_until_idle(server, start)
     completions = read_events_then_disconnect(
-        server.url + "/v1/completions", {"prompt": ["[long] a", "[long] b"], "stream": True, "max_tokens": 500, "ignore_eos": True}, 3
+        server.url + "/v1/completions",
+        {"prompt": ["[long] a", "[long] b"], "stream": True, "max_tokens": 500, "ignore_eos": True},
+        3,
     )
     assert len(completions) == 3
     wait_until_idle(server, start)
@@ -87,7 +91,10 @@ def test_graceful_shutdown_finishes_short_requests_and_ends_long_ones(scripted: 
 
     def consume(name: str, content: str) -> None:
         body = {"messages": [{"role": "user", "content": content}], "stream": True}
-        with httpx.Client(timeout=30) as client, client.stream("POST", server.url + "/v1/chat/completions", json=body) as response:
+        with (
+            httpx.Client(timeout=30) as client,
+            client.stream("POST", server.url + "/v1/chat/completions", json=body) as response,
+        ):
             results[name] = [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")]
 
     threads = [threading.Thread(target=consume, args=args) for args in (("long", "[long]"), ("short", "[short]"))]

@@ -22,31 +22,50 @@ OUTPUTS: dict[str, tuple[str, str, list[tuple[str, dict[str, Any]]]]] = {
     "hermes": (
         'Checking both.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 3}}\n</tool_call>\n'
         '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>',
-        "Checking both.", [ROME3, UTC],
+        "Checking both.",
+        [ROME3, UTC],
     ),
     "qwen3_coder": (
         "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
         "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>",
-        "", [ROME3, UTC],
+        "",
+        [ROME3, UTC],
     ),
-    "mistral": ('[TOOL_CALLS]get_weather[ARGS]{"city": "Rome", "days": 3}[TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}', "", [ROME3, UTC]),
+    "mistral": (
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Rome", "days": 3}[TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}',
+        "",
+        [ROME3, UTC],
+    ),
     "json": ('{"name": "get_weather", "arguments": {"city": "Paris"}}', "", [PARIS]),
     "nemotron": (
         '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Rome", "days": 3}}, '
         '{"name": "get_time", "arguments": {"zone": "UTC"}}]</TOOLCALL>',
-        "", [ROME3, UTC],
+        "",
+        [ROME3, UTC],
     ),
 }
 MARKERS = ["<tool_call>", "[TOOL_CALLS]", "<TOOLCALL>", '"name"', "<function="]
 
 FUNCTIONS = [
-    {"name": "get_weather", "description": "Weather of a city", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}},
-    {"name": "get_time", "description": "Time in a zone", "parameters": {
-        "type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}},
+    {
+        "name": "get_weather",
+        "description": "Weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+    {
+        "name": "get_time",
+        "description": "Time in a zone",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]},
+    },
 ]
 OPENAI_TOOLS = [{"type": "function", "function": f} for f in FUNCTIONS]
-ANTHROPIC_TOOLS = [{"name": f["name"], "description": f["description"], "input_schema": f["parameters"]} for f in FUNCTIONS]
+ANTHROPIC_TOOLS = [
+    {"name": f["name"], "description": f["description"], "input_schema": f["parameters"]} for f in FUNCTIONS
+]
 ASK = [{"role": "user", "content": "[ask] weather in Rome and the time?"}]
 
 
@@ -67,7 +86,9 @@ def test_openai_tool_calls(scripted: ScriptedFactory, parser: str) -> None:
     assert whole.choices[0].finish_reason == "tool_calls"
     assert len({c.id for c in message.tool_calls}) == len(calls)
 
-    chunks = list(sdk.chat.completions.create(model="scripted", messages=ASK, tools=OPENAI_TOOLS, temperature=0, stream=True))
+    chunks = list(
+        sdk.chat.completions.create(model="scripted", messages=ASK, tools=OPENAI_TOOLS, temperature=0, stream=True)
+    )
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     streamed_content = "".join(d.content or "" for d in deltas)
     assert streamed_content == content and not any(marker in streamed_content for marker in MARKERS)
@@ -93,7 +114,9 @@ def test_anthropic_tool_use_streams_input_json(scripted: ScriptedFactory, parser
     assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == calls
     assert "".join(b.text for b in final.content if b.type == "text") == content
     assert final.stop_reason == "tool_use"
-    fragments = [e.delta.partial_json for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
+    fragments = [
+        e.delta.partial_json for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    ]
     assert len(fragments) >= len(calls)
 
 
@@ -102,7 +125,11 @@ def test_parallel_tool_calls_off_keeps_the_first(scripted: ScriptedFactory) -> N
     sdk = server.openai()
     whole = sdk.chat.completions.create(model="scripted", messages=ASK, tools=OPENAI_TOOLS, parallel_tool_calls=False)
     assert [c.function.name for c in whole.choices[0].message.tool_calls] == ["get_weather"]
-    chunks = list(sdk.chat.completions.create(model="scripted", messages=ASK, tools=OPENAI_TOOLS, parallel_tool_calls=False, stream=True))
+    chunks = list(
+        sdk.chat.completions.create(
+            model="scripted", messages=ASK, tools=OPENAI_TOOLS, parallel_tool_calls=False, stream=True
+        )
+    )
     indices = {tc.index for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []}
     assert indices == {0}
 
@@ -136,13 +163,17 @@ def test_reasoning_split_openai(scripted: ScriptedFactory) -> None:
     assert message.content == "The answer is 42."
     assert message.model_extra["reasoning_content"] == "Six times seven."
     chunks = list(sdk.chat.completions.create(model="scripted", messages=messages, stream=True))
-    reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks if c.choices)
+    reasoning = "".join(
+        (c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks if c.choices
+    )
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert (reasoning, content) == ("Six times seven.", "The answer is 42.")
 
 
 def test_reasoning_history_is_sent_back_to_the_template(scripted: ScriptedFactory) -> None:
-    server = scripted({"[q]": REASONED, "<think>Six times seven.</think>The answer is 42.": "Glad to help."}, reasoning_parser="qwen3")
+    server = scripted(
+        {"[q]": REASONED, "<think>Six times seven.</think>The answer is 42.": "Glad to help."}, reasoning_parser="qwen3"
+    )
     sdk = server.openai()
     messages = [
         {"role": "user", "content": "[q] 6 x 7?"},

@@ -17,7 +17,9 @@ def sse_data(text: str) -> list[str]:
 
 
 def test_chat_completion_json(smol: LiveServer) -> None:
-    response = httpx.post(smol.url + "/v1/chat/completions", json={"messages": QUESTION, "temperature": 0, "max_tokens": 24}, timeout=60)
+    response = httpx.post(
+        smol.url + "/v1/chat/completions", json={"messages": QUESTION, "temperature": 0, "max_tokens": 24}, timeout=60
+    )
     assert response.status_code == 200 and response.headers["content-type"].startswith("application/json")
     body = response.json()
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
@@ -26,13 +28,20 @@ def test_chat_completion_json(smol: LiveServer) -> None:
 
 
 def test_chat_stream_framing(smol: LiveServer) -> None:
-    response = httpx.post(smol.url + "/v1/chat/completions", json={"messages": QUESTION, "temperature": 0, "stream": True}, timeout=60)
+    response = httpx.post(
+        smol.url + "/v1/chat/completions", json={"messages": QUESTION, "temperature": 0, "stream": True}, timeout=60
+    )
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     events = sse_data(response.text)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(event) for event in events[:-1]]
-    assert {chunk["object"] for chunk in chunks} == {"chat.completion.chunk"} and len({chunk["id"] for chunk in chunks}) == 1
-    assert "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks) == "The capital of France is Paris."
+    assert {chunk["object"] for chunk in chunks} == {"chat.completion.chunk"} and len(
+        {chunk["id"] for chunk in chunks}
+    ) == 1
+    assert (
+        "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks)
+        == "The capital of France is Paris."
+    )
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 

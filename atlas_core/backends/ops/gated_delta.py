@@ -46,7 +46,9 @@ def _silu(x: np.ndarray) -> np.ndarray:
 def _sequences(query_start_loc: np.ndarray, state_slots: np.ndarray, num_slots: int) -> list[tuple[int, int, int]]:
     """``(start, end, slot)`` of every sequence with tokens; a `ValueError` for a bad slot."""
     if len(set(np.asarray(state_slots).tolist())) != len(state_slots):
-        raise ValueError(f"two sequences of one batch share a state slot: state_slots={np.asarray(state_slots).tolist()}")
+        raise ValueError(
+            f"two sequences of one batch share a state slot: state_slots={np.asarray(state_slots).tolist()}"
+        )
     spans = []
     for b in range(len(query_start_loc) - 1):
         start, end, slot = int(query_start_loc[b]), int(query_start_loc[b + 1]), int(state_slots[b])
@@ -90,7 +92,12 @@ def gated_delta_recurrent(
 
 
 def gated_delta_chunked(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, state: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    g: np.ndarray,
+    beta: np.ndarray,
+    state: np.ndarray,
     chunk_size: int = CHUNK_SIZE,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The gated delta rule over chunks of ``chunk_size`` tokens, for one sequence (float32); same
@@ -131,8 +138,17 @@ def _l2_normalise(x: np.ndarray) -> np.ndarray:
 
 
 def gated_delta_rule_reference(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, state: np.ndarray,
-    query_start_loc: np.ndarray, state_slots: np.ndarray, *, scale: float, l2norm_qk: bool = True,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    g: np.ndarray,
+    beta: np.ndarray,
+    state: np.ndarray,
+    query_start_loc: np.ndarray,
+    state_slots: np.ndarray,
+    *,
+    scale: float,
+    l2norm_qk: bool = True,
 ) -> np.ndarray:
     """`GatedDeltaOps.gated_delta_rule` on host arrays (``state`` is updated in place): sequences of one
     token take the recurrent form, longer ones the chunked form."""
@@ -164,7 +180,6 @@ def rms_norm_silu_gate_reference(x: np.ndarray, gate: np.ndarray, weight: np.nda
     return (x32 * inv_rms * weight.astype(np.float32) * _silu(gate.astype(np.float32))).astype(np.float32)
 
 
-
 # ---- the op group --------------------------------------------------------------------------------
 class GatedDeltaOps(OpGroup):
     """The gated_delta op group: every op defaults to its NumPy reference run on the host; a backend's
@@ -183,8 +198,18 @@ class GatedDeltaOps(OpGroup):
         return self.backend.from_numpy(g, dtype=f32), self.backend.from_numpy(beta, dtype=f32)
 
     def gated_delta_rule(
-        self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, query_start_loc: Array,
-        state_slots: Array, *, scale: float, l2norm_qk: bool = True,
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        g: Array,
+        beta: Array,
+        state: Array,
+        query_start_loc: Array,
+        state_slots: Array,
+        *,
+        scale: float,
+        l2norm_qk: bool = True,
     ) -> Array:
         """The gated delta rule of every sequence of a varlen batch, continuing from its state.
 

@@ -57,8 +57,12 @@ def _silu(x: np.ndarray) -> np.ndarray:
 
 
 def causal_conv1d_reference(
-    x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, conv_state: np.ndarray,
-    query_start_loc: np.ndarray, state_slots: np.ndarray,
+    x: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    conv_state: np.ndarray,
+    query_start_loc: np.ndarray,
+    state_slots: np.ndarray,
 ) -> np.ndarray:
     """Depthwise causal convolution + SiLU over each sequence, continuing from and updating its state.
 
@@ -102,7 +106,12 @@ def _per_head(groups: np.ndarray, heads: int) -> np.ndarray:
 
 
 def _ssd_chunks(
-    x: np.ndarray, delta: np.ndarray, A: np.ndarray, B: np.ndarray, C: np.ndarray, state: np.ndarray,
+    x: np.ndarray,
+    delta: np.ndarray,
+    A: np.ndarray,
+    B: np.ndarray,
+    C: np.ndarray,
+    state: np.ndarray,
     chunk_size: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One sequence in the chunked form: ``x [L, Hm, P]``, ``delta [L, Hm]``, ``B``/``C [L, Hm, N]``,
@@ -125,9 +134,19 @@ def _ssd_chunks(
 
 
 def mamba2_scan_reference(
-    x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.ndarray, C: np.ndarray, D: np.ndarray,
-    dt_bias: np.ndarray, ssm_state: np.ndarray, query_start_loc: np.ndarray, state_slots: np.ndarray,
-    chunk_size: int, dt_min: float, dt_max: float,
+    x: np.ndarray,
+    dt: np.ndarray,
+    A: np.ndarray,
+    B: np.ndarray,
+    C: np.ndarray,
+    D: np.ndarray,
+    dt_bias: np.ndarray,
+    ssm_state: np.ndarray,
+    query_start_loc: np.ndarray,
+    state_slots: np.ndarray,
+    chunk_size: int,
+    dt_min: float,
+    dt_max: float,
 ) -> np.ndarray:
     """The selective scan over a varlen batch, chunked form (see the module docstring).
 
@@ -148,15 +167,30 @@ def mamba2_scan_reference(
         xs = x[r0:r1].astype(F32)
         delta = _discretise(dt[r0:r1], dt_bias, dt_min, dt_max)
         y, ssm_state[slot] = _ssd_chunks(
-            xs, delta, a, _per_head(B[r0:r1], heads), _per_head(C[r0:r1], heads), ssm_state[slot].astype(F32), chunk_size
+            xs,
+            delta,
+            a,
+            _per_head(B[r0:r1], heads),
+            _per_head(C[r0:r1], heads),
+            ssm_state[slot].astype(F32),
+            chunk_size,
         )
         out[r0:r1] = y + d[:, None] * xs
     return out
 
 
 def mamba2_decode_reference(
-    x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.ndarray, C: np.ndarray, D: np.ndarray,
-    dt_bias: np.ndarray, ssm_state: np.ndarray, state_slots: np.ndarray, dt_min: float, dt_max: float,
+    x: np.ndarray,
+    dt: np.ndarray,
+    A: np.ndarray,
+    B: np.ndarray,
+    C: np.ndarray,
+    D: np.ndarray,
+    dt_bias: np.ndarray,
+    ssm_state: np.ndarray,
+    state_slots: np.ndarray,
+    dt_min: float,
+    dt_max: float,
 ) -> np.ndarray:
     """One recurrence step for each of B sequences (row b is sequence b's next token).
 
@@ -204,7 +238,12 @@ class Mamba2Ops(OpGroup):
     name = "mamba2"
 
     def causal_conv1d(
-        self, x: Array, weight: Array, bias: Array | None, conv_state: Array, query_start_loc: Array,
+        self,
+        x: Array,
+        weight: Array,
+        bias: Array | None,
+        conv_state: Array,
+        query_start_loc: Array,
         state_slots: Array,
     ) -> Array:
         """Depthwise causal conv1d + SiLU per sequence, continuing from ``conv_state [S, C, K-1]`` and
@@ -213,26 +252,63 @@ class Mamba2Ops(OpGroup):
             return on_host(self.backend, causal_conv1d_reference, x, weight, bias, state, query_start_loc, state_slots)
 
     def mamba2_scan(
-        self, x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array, dt_bias: Array, ssm_state: Array,
-        query_start_loc: Array, state_slots: Array, chunk_size: int, dt_min: float = 0.0, dt_max: float = float("inf"),
+        self,
+        x: Array,
+        dt: Array,
+        A: Array,
+        B: Array,
+        C: Array,
+        D: Array,
+        dt_bias: Array,
+        ssm_state: Array,
+        query_start_loc: Array,
+        state_slots: Array,
+        chunk_size: int,
+        dt_min: float = 0.0,
+        dt_max: float = float("inf"),
     ) -> Array:
         """Selective scan over a varlen batch from and into ``ssm_state [S, Hm, P, N]`` (float32, in
         place) -> new ``y [T, Hm, P]`` (`mamba2_scan_reference`). ``chunk_size`` is the block length of
         the chunked form; the values do not depend on it beyond rounding."""
         with host_state(self.backend, ssm_state) as (state,):
             return on_host(
-                self.backend, mamba2_scan_reference, x, dt, A, B, C, D, dt_bias, state, query_start_loc, state_slots,
-                chunk_size, dt_min, dt_max,
+                self.backend,
+                mamba2_scan_reference,
+                x,
+                dt,
+                A,
+                B,
+                C,
+                D,
+                dt_bias,
+                state,
+                query_start_loc,
+                state_slots,
+                chunk_size,
+                dt_min,
+                dt_max,
             )
 
     def mamba2_decode(
-        self, x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array, dt_bias: Array, ssm_state: Array,
-        state_slots: Array, dt_min: float = 0.0, dt_max: float = float("inf"),
+        self,
+        x: Array,
+        dt: Array,
+        A: Array,
+        B: Array,
+        C: Array,
+        D: Array,
+        dt_bias: Array,
+        ssm_state: Array,
+        state_slots: Array,
+        dt_min: float = 0.0,
+        dt_max: float = float("inf"),
     ) -> Array:
         """One scan step per sequence (decode), in place on ``ssm_state`` -> new ``y [B, Hm, P]``
         (`mamba2_decode_reference`); equal to `mamba2_scan` over one-token sequences."""
         with host_state(self.backend, ssm_state) as (state,):
-            return on_host(self.backend, mamba2_decode_reference, x, dt, A, B, C, D, dt_bias, state, state_slots, dt_min, dt_max)
+            return on_host(
+                self.backend, mamba2_decode_reference, x, dt, A, B, C, D, dt_bias, state, state_slots, dt_min, dt_max
+            )
 
     def relu_squared(self, x: Array, out: Array | None = None) -> Array:
         """Squared ReLU ``max(x, 0) ** 2``, the activation of the Mamba-2 hybrids' (Nemotron-H) MLPs:

@@ -38,7 +38,11 @@ def write_latent_reference(cache: np.ndarray, latent: np.ndarray, k_rope: np.nda
 
 
 def latent_attention_reference(
-    q_latent: np.ndarray, q_rope: np.ndarray, cache: np.ndarray, meta: AttentionMetadata, scale: float,
+    q_latent: np.ndarray,
+    q_rope: np.ndarray,
+    cache: np.ndarray,
+    meta: AttentionMetadata,
+    scale: float,
     row_scale: np.ndarray | None = None,
 ) -> np.ndarray:
     """Causal paged attention over the latent cache; see `MLAOps.mla_attention` for the contract."""
@@ -51,7 +55,9 @@ def latent_attention_reference(
         q_len, ctx = end - start, int(meta.seq_lens[b])
         if q_len == 0:
             continue
-        rows = cache[meta.block_tables[b, : -(-ctx // block_size)]].reshape(-1, cache.shape[-1])[:ctx].astype(np.float32)
+        rows = (
+            cache[meta.block_tables[b, : -(-ctx // block_size)]].reshape(-1, cache.shape[-1])[:ctx].astype(np.float32)
+        )
         latent, rope = rows[:, :width], rows[:, width:]
         # [H, q_len, ctx]
         scores = np.matmul(q_latent[start:end].transpose(1, 0, 2), latent.T)
@@ -97,8 +103,14 @@ class MLAOps(OpGroup):
             on_host(self.backend, write_latent_reference, cache_on_host, latent, k_rope, slot_mapping)
 
     def mla_attention(
-        self, q_latent: Array, q_rope: Array, cache: Array, meta: AttentionMetadata, scale: float,
-        row_scale: Array | None = None, out: Array | None = None,
+        self,
+        q_latent: Array,
+        q_rope: Array,
+        cache: Array,
+        meta: AttentionMetadata,
+        scale: float,
+        row_scale: Array | None = None,
+        out: Array | None = None,
     ) -> Array:
         """Causal paged attention over the latent cache (the absorbed form of MLA): one key/value
         head shared by every query head, whose key is the whole cache row and whose value is its
@@ -116,8 +128,13 @@ class MLAOps(OpGroup):
         """
         host_meta = _host_metadata(self.backend, meta)
         result = on_host(
-            self.backend, functools.partial(latent_attention_reference, meta=host_meta), q_latent, q_rope, cache,
-            scale=float(scale), row_scale=row_scale,
+            self.backend,
+            functools.partial(latent_attention_reference, meta=host_meta),
+            q_latent,
+            q_rope,
+            cache,
+            scale=float(scale),
+            row_scale=row_scale,
         )
         return _with_out(result, out)
 
@@ -135,4 +152,3 @@ def _with_out(result: Array, out: Array | None) -> Array:
         return result
     out[...] = result
     return out
-

@@ -73,9 +73,7 @@ class RouterSpec:
         if not 1 <= self.top_k <= self.num_experts:
             raise ValueError(f"RouterSpec.top_k ({self.top_k}) must be between 1 and num_experts ({self.num_experts})")
         if self.num_groups < 1 or self.num_experts % self.num_groups:
-            raise ValueError(
-                f"RouterSpec.num_groups ({self.num_groups}) must divide num_experts ({self.num_experts})"
-            )
+            raise ValueError(f"RouterSpec.num_groups ({self.num_groups}) must divide num_experts ({self.num_experts})")
         if self.num_groups > 1:
             per_group = self.num_experts // self.num_groups
             if per_group < 2:
@@ -200,7 +198,13 @@ class MoEOps(OpGroup):
         return on_host(self.backend, functools.partial(moe_route_reference, spec=spec), router_logits, correction_bias)
 
     def moe_experts(
-        self, x: Array, w_in: Array, w_out: Array, weights: Array, ids: Array, activation: ExpertActivation,
+        self,
+        x: Array,
+        w_in: Array,
+        w_out: Array,
+        weights: Array,
+        ids: Array,
+        activation: ExpertActivation,
     ) -> Array:
         """``out[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t])`` -> ``[T, H]`` activations.
 

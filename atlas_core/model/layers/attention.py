@@ -36,8 +36,17 @@ class Attention:
     """
 
     def __init__(
-        self, backend: Backend, weights: AttentionWeights, *, layer_index: int, num_heads: int,
-        num_kv_heads: int, head_dim: int, rope_cos: Array | None, rope_sin: Array | None, scale: float | None = None,
+        self,
+        backend: Backend,
+        weights: AttentionWeights,
+        *,
+        layer_index: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        rope_cos: Array | None,
+        rope_sin: Array | None,
+        scale: float | None = None,
         sliding_window: int | None = None,
     ) -> None:
         if sliding_window is not None and sliding_window < 1:
@@ -65,8 +74,18 @@ class Attention:
             norm = w.q_norm or w.k_norm
             eps = norm.eps if norm else 0.0
             q = backend.qk_norm_rope_write_kv(
-                q, k, v, w.q_norm.weight if w.q_norm else None, w.k_norm.weight if w.k_norm else None, eps,
-                batch.positions, self.rope_cos, self.rope_sin, k_cache, v_cache, batch.attention.slot_mapping,
+                q,
+                k,
+                v,
+                w.q_norm.weight if w.q_norm else None,
+                w.k_norm.weight if w.k_norm else None,
+                eps,
+                batch.positions,
+                self.rope_cos,
+                self.rope_sin,
+                k_cache,
+                v_cache,
+                batch.attention.slot_mapping,
             )
             return self.attend(q, batch, kv)
         if w.v_norm is not None:

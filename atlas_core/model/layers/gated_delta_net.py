@@ -93,7 +93,12 @@ class GatedDeltaNet:
     state arrays in ``state`` (`GatedDeltaNetShape.state_arrays`)."""
 
     def __init__(
-        self, backend: Backend, weights: GatedDeltaNetWeights, shape: GatedDeltaNetShape, *, layer_index: int,
+        self,
+        backend: Backend,
+        weights: GatedDeltaNetWeights,
+        shape: GatedDeltaNetShape,
+        *,
+        layer_index: int,
         state: RecurrentState,
     ) -> None:
         self.backend, self.weights, self.shape = backend, weights, shape
@@ -109,7 +114,9 @@ class GatedDeltaNet:
         starts = batch.attention.query_start_loc
         projected = backend.linear(x, w.in_proj)
         conv_end, z_end = shape.conv_dim, shape.conv_dim + shape.value_dim
-        mixed = backend.ops(Mamba2Ops).causal_conv1d(projected[:, :conv_end], w.conv, None, arrays["conv"], starts, batch.state_slots)
+        mixed = backend.ops(Mamba2Ops).causal_conv1d(
+            projected[:, :conv_end], w.conv, None, arrays["conv"], starts, batch.state_slots
+        )
         q = mixed[:, : shape.key_dim].reshape(tokens, shape.num_key_heads, shape.key_head_dim)
         k = mixed[:, shape.key_dim : 2 * shape.key_dim].reshape(tokens, shape.num_key_heads, shape.key_head_dim)
         v = mixed[:, 2 * shape.key_dim :].reshape(tokens, shape.num_value_heads, shape.value_head_dim)

@@ -96,7 +96,13 @@ class Mamba2Mixer:
     """
 
     def __init__(
-        self, backend: Backend, weights: Mamba2Weights, shape: Mamba2Shape, *, layer_index: int, state: RecurrentState,
+        self,
+        backend: Backend,
+        weights: Mamba2Weights,
+        shape: Mamba2Shape,
+        *,
+        layer_index: int,
+        state: RecurrentState,
     ) -> None:
         self.backend, self.weights, self.shape = backend, weights, shape
         self.layer_index, self.state = layer_index, state

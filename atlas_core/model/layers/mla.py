@@ -83,8 +83,16 @@ class MultiHeadLatentAttention:
     """Self-attention of one MLA layer over its `LatentKVLayout` cache (a `Mixer`)."""
 
     def __init__(
-        self, backend: Backend, weights: MLAWeights, *, layer_index: int, shape: MLAShape, rope_cos: Array,
-        rope_sin: Array, scale: float, position_scale: Array | None = None,
+        self,
+        backend: Backend,
+        weights: MLAWeights,
+        *,
+        layer_index: int,
+        shape: MLAShape,
+        rope_cos: Array,
+        rope_sin: Array,
+        scale: float,
+        position_scale: Array | None = None,
     ) -> None:
         """``scale``: the softmax scale (``(Dn + R) ** -0.5``, times any YaRN mscale correction).
         ``position_scale``: optional float32 ``[max_positions]`` table multiplying the scores of a

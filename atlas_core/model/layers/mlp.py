@@ -9,7 +9,11 @@ class SwiGLUMLP:
     """``gate_up`` is ``[2I, H]`` (gate rows first), ``down`` is ``[H, I]``; biases optional."""
 
     def __init__(
-        self, backend: Backend, gate_up: Array, down: Array, gate_up_bias: Array | None = None,
+        self,
+        backend: Backend,
+        gate_up: Array,
+        down: Array,
+        gate_up_bias: Array | None = None,
         down_bias: Array | None = None,
     ) -> None:
         self.backend = backend

@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from atlas_core.backends.base import Array, Backend
-from atlas_core.backends.ops.moe import GATED_ACTIVATIONS, MoEOps, ExpertActivation, RouterSpec, Scoring, check_expert_shapes
+from atlas_core.backends.ops.moe import (
+    GATED_ACTIVATIONS,
+    ExpertActivation,
+    MoEOps,
+    RouterSpec,
+    Scoring,
+    check_expert_shapes,
+)
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.transformer import FeedForward
 
@@ -36,8 +43,17 @@ if TYPE_CHECKING:
     from atlas_core.model.loader import ModelWeightLoader
 
 __all__ = [
-    "MINIMAX_EXPERT_NAMES", "NON_GATED_EXPERT_NAMES", "ExpertNames", "Experts", "MoEFeedForward", "RoutedExperts",
-    "RouterSpec", "config_num_experts", "load_moe", "read_experts", "router_spec_from_config",
+    "MINIMAX_EXPERT_NAMES",
+    "NON_GATED_EXPERT_NAMES",
+    "ExpertNames",
+    "Experts",
+    "MoEFeedForward",
+    "RoutedExperts",
+    "RouterSpec",
+    "config_num_experts",
+    "load_moe",
+    "read_experts",
+    "router_spec_from_config",
 ]
 
 NUM_EXPERTS_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
@@ -57,8 +73,14 @@ def config_num_experts(config: dict[str, Any], origin: str = "config.json") -> i
 
 
 def router_spec_from_config(
-    config: dict[str, Any], origin: str = "config.json", *, scoring: Scoring, normalize_top_k: bool,
-    num_groups: int = 1, top_k_groups: int = 1, routed_scaling_factor: float = 1.0,
+    config: dict[str, Any],
+    origin: str = "config.json",
+    *,
+    scoring: Scoring,
+    normalize_top_k: bool,
+    num_groups: int = 1,
+    top_k_groups: int = 1,
+    routed_scaling_factor: float = 1.0,
 ) -> RouterSpec:
     """A `RouterSpec` with the expert count (`config_num_experts`) and ``num_experts_per_tok`` read from
     ``config`` and the rest as given; impossible settings raise `ModelLoadError` naming ``origin``."""
@@ -67,8 +89,12 @@ def router_spec_from_config(
         raise ModelLoadError(f"{origin}: num_experts_per_tok must be an integer, got {top_k!r}")
     try:
         return RouterSpec(
-            num_experts=config_num_experts(config, origin), top_k=top_k, scoring=scoring,
-            normalize_top_k=normalize_top_k, num_groups=num_groups, top_k_groups=top_k_groups,
+            num_experts=config_num_experts(config, origin),
+            top_k=top_k,
+            scoring=scoring,
+            normalize_top_k=normalize_top_k,
+            num_groups=num_groups,
+            top_k_groups=top_k_groups,
             routed_scaling_factor=routed_scaling_factor,
         )
     except ValueError as exc:
@@ -110,9 +136,9 @@ def read_experts(
             )
         return w_in, w_out
     projections = [names.gate, names.up] if gated else [names.up]
-    w_in = np.stack([
-        np.concatenate([loader.tensor(f"{prefix}{e}.{p}.weight") for p in projections]) for e in range(num_experts)
-    ])
+    w_in = np.stack(
+        [np.concatenate([loader.tensor(f"{prefix}{e}.{p}.weight") for p in projections]) for e in range(num_experts)]
+    )
     w_out = np.stack([loader.tensor(f"{prefix}{e}.{names.down}.weight") for e in range(num_experts)])
     return w_in, w_out
 
@@ -139,7 +165,9 @@ class RoutedExperts:
         self.w_in, self.w_out, self.activation = w_in, w_out, activation
 
     @classmethod
-    def upload(cls, backend: Backend, w_in: np.ndarray, w_out: np.ndarray, activation: ExpertActivation) -> RoutedExperts:
+    def upload(
+        cls, backend: Backend, w_in: np.ndarray, w_out: np.ndarray, activation: ExpertActivation
+    ) -> RoutedExperts:
         """Upload host arrays (e.g. from `read_experts`) as weights."""
         check_expert_shapes(w_in.shape, w_out.shape, activation)
         return cls(backend, backend.from_numpy(w_in, weight=True), backend.from_numpy(w_out, weight=True), activation)
@@ -170,8 +198,14 @@ class MoEFeedForward:
     """
 
     def __init__(
-        self, backend: Backend, router_weight: Array, experts: Experts, spec: RouterSpec, *,
-        correction_bias: Array | None = None, shared_expert: FeedForward | None = None,
+        self,
+        backend: Backend,
+        router_weight: Array,
+        experts: Experts,
+        spec: RouterSpec,
+        *,
+        correction_bias: Array | None = None,
+        shared_expert: FeedForward | None = None,
         shared_expert_gate: Array | None = None,
     ) -> None:
         if tuple(router_weight.shape)[:1] != (spec.num_experts,) or experts.num_experts != spec.num_experts:
@@ -210,9 +244,16 @@ class MoEFeedForward:
 
 
 def load_moe(
-    loader: ModelWeightLoader, prefix: str, spec: RouterSpec, *, activation: ExpertActivation = "silu",
-    names: ExpertNames = ExpertNames(), router: str = "gate.weight", experts: str = "experts.",
-    correction_bias: str | None = None, shared_expert: FeedForward | None = None,
+    loader: ModelWeightLoader,
+    prefix: str,
+    spec: RouterSpec,
+    *,
+    activation: ExpertActivation = "silu",
+    names: ExpertNames = ExpertNames(),
+    router: str = "gate.weight",
+    experts: str = "experts.",
+    correction_bias: str | None = None,
+    shared_expert: FeedForward | None = None,
     shared_expert_gate: str | None = None,
 ) -> MoEFeedForward:
     """A `MoEFeedForward` from the checkpoint tensors under ``prefix`` (e.g. ``"model.layers.3.mlp."``):
@@ -231,7 +272,9 @@ def load_moe(
         loader.upload(prefix + router),
         routed,
         spec,
-        correction_bias=None if correction_bias is None else loader.upload_float32(loader.tensor(prefix + correction_bias)),
+        correction_bias=None
+        if correction_bias is None
+        else loader.upload_float32(loader.tensor(prefix + correction_bias)),
         shared_expert=shared_expert,
         shared_expert_gate=None if shared_expert_gate is None else loader.upload(prefix + shared_expert_gate),
     )

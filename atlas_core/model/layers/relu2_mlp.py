@@ -10,7 +10,12 @@ class SquaredReLUMLP:
     """``up`` is ``[I, H]``, ``down`` is ``[H, I]``; biases optional. Called as ``mlp(x [T, H]) -> [T, H]``."""
 
     def __init__(
-        self, backend: Backend, up: Array, down: Array, up_bias: Array | None = None, down_bias: Array | None = None,
+        self,
+        backend: Backend,
+        up: Array,
+        down: Array,
+        up_bias: Array | None = None,
+        down_bias: Array | None = None,
     ) -> None:
         self.backend = backend
         self.up, self.down = up, down

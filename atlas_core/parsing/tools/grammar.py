@@ -6,8 +6,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from atlas_core.parsing.structured import json_schema_rule
 from atlas_core.parsing.coercion import schema_types
+from atlas_core.parsing.structured import json_schema_rule
 from atlas_core.parsing.tools.base import Literal
 from atlas_core.parsing.types import ToolDefinition
 

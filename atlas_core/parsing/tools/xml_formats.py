@@ -78,7 +78,9 @@ class XmlParameterFormat(ToolFormat):
         for i, tool in enumerate(tools):
             params, param_rules = xml_parameter_rules(f"t{i}", tool, self.parameter_open, self.parameter_close, lit)
             functions.append(f"f{i}")
-            rules.append(f"f{i}: {quoted(self.function_open.format(name=tool.name))} {params} {quoted(self.function_close)}")
+            rules.append(
+                f"f{i}: {quoted(self.function_open.format(name=tool.name))} {params} {quoted(self.function_close)}"
+            )
             rules.extend(param_rules)
         return "\n".join([*self._region_rules(functions, lit, parallel), *rules]) + "\n"
 

@@ -76,7 +76,13 @@ class AttentionRunner:
         return StaticAttentionPlan(self.cp.asarray(work), splits if splits > 1 else 0)
 
     def __call__(
-        self, q: Any, k_cache: Any, v_cache: Any, meta: AttentionMetadata, scale: float, out: Any,
+        self,
+        q: Any,
+        k_cache: Any,
+        v_cache: Any,
+        meta: AttentionMetadata,
+        scale: float,
+        out: Any,
         sliding_window: int | None,
     ) -> Any:
         cp = self.cp
@@ -98,7 +104,11 @@ class AttentionRunner:
             return out
         plan = self._plan(meta, group, tokens, kv_heads, max_rows=16 if dpt == WIDE else 64)
         tile_rows = plan.tile_rows
-        if tile_rows == 64 and group <= 16 and self.shared_bytes(64, dpt, d) > self.backend.profile.shared_memory_per_block:
+        if (
+            tile_rows == 64
+            and group <= 16
+            and self.shared_bytes(64, dpt, d) > self.backend.profile.shared_memory_per_block
+        ):
             tile_rows = 16  # same results (a row's arithmetic does not depend on the tile), less shared memory
             plan = self._plan(meta, group, tokens, kv_heads, max_rows=16)
         kernel = self.backend.kernels.function("attention", f"attention_m{tile_rows}_d{dpt}")
@@ -116,19 +126,51 @@ class AttentionRunner:
         os_ = [s // out.itemsize for s in out.strides]
         tables = meta.block_tables
         kernel(
-            (plan.items, kv_heads), (THREADS,),
-            (q, np.int64(qs[0]), np.int64(qs[1]), k_cache, v_cache, meta.query_start_loc, meta.seq_lens, tables,
-             np.int32(tables.shape[1]), plan.work, out, np.int64(os_[0]), np.int64(os_[1]), ws_acc, ws_ml,
-             np.int32(splits), np.int32(q_heads), np.int32(kv_heads), np.int32(d), np.int32(block_size),
-             np.float32(scale), np.int32(sliding_window or 0), np.int32(q_vec)),
+            (plan.items, kv_heads),
+            (THREADS,),
+            (
+                q,
+                np.int64(qs[0]),
+                np.int64(qs[1]),
+                k_cache,
+                v_cache,
+                meta.query_start_loc,
+                meta.seq_lens,
+                tables,
+                np.int32(tables.shape[1]),
+                plan.work,
+                out,
+                np.int64(os_[0]),
+                np.int64(os_[1]),
+                ws_acc,
+                ws_ml,
+                np.int32(splits),
+                np.int32(q_heads),
+                np.int32(kv_heads),
+                np.int32(d),
+                np.int32(block_size),
+                np.float32(scale),
+                np.int32(sliding_window or 0),
+                np.int32(q_vec),
+            ),
             shared_mem=smem,
         )
         if plan.splits:
             rows = tokens * q_heads
             self.backend.kernels.function("attention", "attention_combine")(
-                (math.ceil(rows / 4),), (128,),
-                (ws_acc, ws_ml, np.int32(splits), out, np.int64(os_[0]), np.int64(os_[1]), np.int32(q_heads),
-                 np.int32(d), np.int64(rows)),
+                (math.ceil(rows / 4),),
+                (128,),
+                (
+                    ws_acc,
+                    ws_ml,
+                    np.int32(splits),
+                    out,
+                    np.int64(os_[0]),
+                    np.int64(os_[1]),
+                    np.int32(q_heads),
+                    np.int32(d),
+                    np.int64(rows),
+                ),
             )
         return out
 
@@ -136,19 +178,31 @@ class AttentionRunner:
         stride = ((d + 7) & ~7) + 8
         buffers = 2 if tile_rows == 16 and dpt < WIDE else 1  # ATT_BUFFERS in attention.cu
         running_output = 0 if dpt == WIDE else tile_rows * 32 * dpt * 4  # Ot (O_REGS: in registers)
-        return (self.split * 8 + (tile_rows + 2 * buffers * self.tile_n) * stride * 2 + tile_rows * (self.tile_n + 1) * 4
-                + running_output + 6 * tile_rows * 4)
+        return (
+            self.split * 8
+            + (tile_rows + 2 * buffers * self.tile_n) * stride * 2
+            + tile_rows * (self.tile_n + 1) * 4
+            + running_output
+            + 6 * tile_rows * 4
+        )
 
     def _plan(self, meta: AttentionMetadata, group: int, tokens: int, kv_heads: int, max_rows: int = 64) -> _Plan:
         if self.static is not None:
-            return _Plan(self.static.work, int(self.static.work.shape[0]), self.static.splits, 16 if group <= 16 else 64)
+            return _Plan(
+                self.static.work, int(self.static.work.shape[0]), self.static.splits, 16 if group <= 16 else 64
+            )
         q_lens, lengths = self.host_lengths(meta)
         tile_rows = 16 if int(q_lens.max(initial=0)) * group <= 16 or max_rows == 16 else 64
         work, splits = self.work_list(q_lens, lengths, tile_rows // group, kv_heads, self.split)
         return _Plan(self.cp.asarray(work), len(work), splits, tile_rows)
 
     def work_list(
-        self, q_lens: np.ndarray, lengths: np.ndarray, tokens_per_tile: int, blocks_per_item: int, split: int,
+        self,
+        q_lens: np.ndarray,
+        lengths: np.ndarray,
+        tokens_per_tile: int,
+        blocks_per_item: int,
+        split: int,
     ) -> tuple[np.ndarray, int]:
         """The host work list of an eager forward and its split count (0: direct mode).
 
@@ -158,7 +212,9 @@ class AttentionRunner:
         is cut into its splits; the kernels give the same bits either way.
         """
         seqs = np.repeat(np.arange(len(q_lens)), -(-q_lens // tokens_per_tile))
-        first = np.concatenate([np.arange(0, n, tokens_per_tile) for n in q_lens]) if len(q_lens) else np.zeros(0, np.int64)
+        first = (
+            np.concatenate([np.arange(0, n, tokens_per_tile) for n in q_lens]) if len(q_lens) else np.zeros(0, np.int64)
+        )
         splits = self.splits_for(int(lengths.max(initial=1)), split)
         idle = len(seqs) * blocks_per_item < self.backend.profile.sm_count
         if self.split_policy == "always" or (self.split_policy == "auto" and splits > 1 and idle):

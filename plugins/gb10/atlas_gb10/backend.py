@@ -80,7 +80,9 @@ class CudaBackend(Backend):
         self.profile = detect(cupy)
         self.kernels = KernelLibrary(cupy, self.profile)
         self.uploader = PinnedUploader(cupy)
-        self.device_name = f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()} ({self.profile.name}, {self.profile.arch})"
+        self.device_name = (
+            f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()} ({self.profile.name}, {self.profile.arch})"
+        )
         self.attention_runner = AttentionRunner(self)
         self.logits_ops = LogitsOps(self)
 
@@ -149,7 +151,11 @@ class CudaBackend(Backend):
         mt, nt = self.gemm_tile(m, n)
         kernel = self._kernel("gemm", f"gemm_bf16_m{mt}_n{nt}_{'vec' if vec else 'any'}")
         grid = (math.ceil(n / (8 * nt)), math.ceil(m / (16 * mt)))
-        kernel(grid, (256,), (x, np.int64(ldx), weight, null_or(bias), out, np.int64(ldo), np.int32(m), np.int32(n), np.int32(k)))
+        kernel(
+            grid,
+            (256,),
+            (x, np.int64(ldx), weight, null_or(bias), out, np.int64(ldo), np.int32(m), np.int32(n), np.int32(k)),
+        )
         return out
 
     def gemm_tile(self, m: int, n: int) -> tuple[int, int]:
@@ -177,11 +183,28 @@ class CudaBackend(Backend):
         if rows:
             inner = shape[1] if x.ndim == 3 else 1
             xs, rs = self._row_layout(x), self._row_layout(residual) if residual is not None else (0, 0)
-            args = (x, np.int64(xs[0]), np.int64(xs[1]), null_or(residual), np.int64(rs[0]), np.int64(rs[1]),
-                    np.int32(inner), weight, normed, null_or(summed), np.float32(eps), np.int32(d), np.int64(rows))
-            aligned = d % 8 == 0 and d <= 8192 and all(
-                a is None or (a.data.ptr % 16 == 0 and all(s % 8 == 0 for s in self._row_layout(a)))
-                for a in (x, residual, weight)
+            args = (
+                x,
+                np.int64(xs[0]),
+                np.int64(xs[1]),
+                null_or(residual),
+                np.int64(rs[0]),
+                np.int64(rs[1]),
+                np.int32(inner),
+                weight,
+                normed,
+                null_or(summed),
+                np.float32(eps),
+                np.int32(d),
+                np.int64(rows),
+            )
+            aligned = (
+                d % 8 == 0
+                and d <= 8192
+                and all(
+                    a is None or (a.data.ptr % 16 == 0 and all(s % 8 == 0 for s in self._row_layout(a)))
+                    for a in (x, residual, weight)
+                )
             )
             suffix = "_vec_bf16" if aligned else "_bf16"
             if d <= 1024:
@@ -210,7 +233,16 @@ class CudaBackend(Backend):
         if total:
             blocks = min(math.ceil(total / 256), 8 * max(1, self.profile.sm_count))
             self._kernel("elementwise", kernel_name)(
-                (blocks,), (256,), (x, np.int64(element_strides(x)[0]), out, np.int64(element_strides(out)[0]), np.int32(inner), np.int64(rows))
+                (blocks,),
+                (256,),
+                (
+                    x,
+                    np.int64(element_strides(x)[0]),
+                    out,
+                    np.int64(element_strides(out)[0]),
+                    np.int32(inner),
+                    np.int64(rows),
+                ),
             )
         return out
 
@@ -232,9 +264,22 @@ class CudaBackend(Backend):
         qs, ks = element_strides(q), element_strides(k)
         threads = min(1024, 32 * math.ceil((q.shape[1] + k.shape[1]) * half / 32))
         self._kernel("elementwise", "rope_bf16")(
-            (tokens,), (threads,),
-            (q, np.int64(qs[0]), np.int64(qs[1]), np.int32(q.shape[1]), k, np.int64(ks[0]), np.int64(ks[1]),
-             np.int32(k.shape[1]), positions, cos, sin, np.int32(half)),
+            (tokens,),
+            (threads,),
+            (
+                q,
+                np.int64(qs[0]),
+                np.int64(qs[1]),
+                np.int32(q.shape[1]),
+                k,
+                np.int64(ks[0]),
+                np.int64(ks[1]),
+                np.int32(k.shape[1]),
+                positions,
+                cos,
+                sin,
+                np.int32(half),
+            ),
         )
 
     def write_kv(self, k_cache: Array, v_cache: Array, k: Array, v: Array, slot_mapping: Array) -> None:
@@ -246,14 +291,37 @@ class CudaBackend(Backend):
         ks, vs = element_strides(k), element_strides(v)
         threads = min(1024, 32 * math.ceil(heads * d / 32))
         self._kernel("elementwise", "write_kv_bf16")(
-            (tokens,), (threads,),
-            (k_cache, v_cache, k, np.int64(ks[0]), np.int64(ks[1]), v, np.int64(vs[0]), np.int64(vs[1]), slot_mapping,
-             np.int32(heads), np.int32(d)),
+            (tokens,),
+            (threads,),
+            (
+                k_cache,
+                v_cache,
+                k,
+                np.int64(ks[0]),
+                np.int64(ks[1]),
+                v,
+                np.int64(vs[0]),
+                np.int64(vs[1]),
+                slot_mapping,
+                np.int32(heads),
+                np.int32(d),
+            ),
         )
 
     def qk_norm_rope_write_kv(
-        self, q: Array, k: Array, v: Array, q_norm_weight: Array | None, k_norm_weight: Array | None, eps: float,
-        positions: Array, cos: Array, sin: Array, k_cache: Array, v_cache: Array, slot_mapping: Array,
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        q_norm_weight: Array | None,
+        k_norm_weight: Array | None,
+        eps: float,
+        positions: Array,
+        cos: Array,
+        sin: Array,
+        k_cache: Array,
+        v_cache: Array,
+        slot_mapping: Array,
     ) -> Array:
         """One kernel for the per-head norms, RoPE and the KV write (heads up to ``QKV_FUSED_MAX_HEAD_DIM``
         wide; wider heads take the composed ops)."""
@@ -271,17 +339,45 @@ class CudaBackend(Backend):
             qs, ks, vs = element_strides(q), element_strides(k), element_strides(v)
             warps = min(QKV_FUSED_WARPS, q_heads + 2 * kv_heads)
             self._kernel("elementwise", "qk_norm_rope_write_kv_bf16")(
-                (tokens,), (32 * warps,),
-                (q, np.int64(qs[0]), np.int64(qs[1]), np.int32(q_heads), k, np.int64(ks[0]), np.int64(ks[1]),
-                 v, np.int64(vs[0]), np.int64(vs[1]), np.int32(kv_heads), null_or(q_norm_weight),
-                 null_or(k_norm_weight), np.float32(eps), positions, cos, sin, np.int32(half), out, k_cache,
-                 v_cache, slot_mapping, np.int32(d)),
+                (tokens,),
+                (32 * warps,),
+                (
+                    q,
+                    np.int64(qs[0]),
+                    np.int64(qs[1]),
+                    np.int32(q_heads),
+                    k,
+                    np.int64(ks[0]),
+                    np.int64(ks[1]),
+                    v,
+                    np.int64(vs[0]),
+                    np.int64(vs[1]),
+                    np.int32(kv_heads),
+                    null_or(q_norm_weight),
+                    null_or(k_norm_weight),
+                    np.float32(eps),
+                    positions,
+                    cos,
+                    sin,
+                    np.int32(half),
+                    out,
+                    k_cache,
+                    v_cache,
+                    slot_mapping,
+                    np.int32(d),
+                ),
             )
         return out
 
     def attention(
-        self, q: Array, k_cache: Array, v_cache: Array, meta: AttentionMetadata, scale: float,
-        out: Array | None = None, sliding_window: int | None = None,
+        self,
+        q: Array,
+        k_cache: Array,
+        v_cache: Array,
+        meta: AttentionMetadata,
+        scale: float,
+        out: Array | None = None,
+        sliding_window: int | None = None,
     ) -> Array:
         self.require_bf16("attention", q, k_cache, v_cache, out)
         return self.attention_runner(q, k_cache, v_cache, meta, scale, out, sliding_window)
@@ -304,14 +400,25 @@ class CudaBackend(Backend):
         x, gate = self.contiguous_rows(x), self.contiguous_rows(gate)
         rows, cols = x.shape
         if gate.shape not in ((rows, 1), (rows, cols)):
-            raise ValueError(f"cuda backend: sigmoid_gate takes a gate of shape ({rows}, 1) or {tuple(x.shape)}, got {tuple(gate.shape)}")
+            raise ValueError(
+                f"cuda backend: sigmoid_gate takes a gate of shape ({rows}, 1) or {tuple(x.shape)}, got {tuple(gate.shape)}"
+            )
         out = self.cp.empty((rows, cols), dtype=BF16)
         total = rows * cols
         if total:
             blocks = min(math.ceil(total / 256), 8 * max(1, self.profile.sm_count))
             self._kernel("elementwise", "sigmoid_gate_bf16")(
-                (blocks,), (256,),
-                (x, np.int64(element_strides(x)[0]), gate, np.int64(element_strides(gate)[0]), np.int32(gate.shape[1]),
-                 out, np.int32(cols), np.int64(rows)),
+                (blocks,),
+                (256,),
+                (
+                    x,
+                    np.int64(element_strides(x)[0]),
+                    gate,
+                    np.int64(element_strides(gate)[0]),
+                    np.int32(gate.shape[1]),
+                    out,
+                    np.int32(cols),
+                    np.int64(rows),
+                ),
             )
         return out

@@ -30,8 +30,12 @@ def cache_dir() -> Path:
 
 
 def compile_options(variant: KernelVariant, arch: str) -> tuple[str, ...]:
-    return (f"-arch={arch}", "-std=c++17", "--device-as-default-execution-space",
-            *(f"-D{name}={value}" for name, value in variant.defines))
+    return (
+        f"-arch={arch}",
+        "-std=c++17",
+        "--device-as-default-execution-space",
+        *(f"-D{name}={value}" for name, value in variant.defines),
+    )
 
 
 class KernelCompileError(RuntimeError):
@@ -79,7 +83,9 @@ class KernelLibrary:
 
     @staticmethod
     def _compile(nvrtc: Any, name: str, source: str, headers: tuple[str, ...], options: tuple[str, ...]) -> bytes:
-        program = nvrtc.createProgram(source, name, tuple(h.encode() for h in headers), tuple(n.encode() for n in HEADERS))
+        program = nvrtc.createProgram(
+            source, name, tuple(h.encode() for h in headers), tuple(n.encode() for n in HEADERS)
+        )
         try:
             try:
                 nvrtc.compileProgram(program, options)

@@ -11,7 +11,6 @@ slot check (`atlas_gb10.recurrent.check_state_slots`, skipped under graph captur
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
@@ -38,15 +37,36 @@ class CudaGatedDeltaOps(GatedDeltaOps):
         beta = backend.cp.empty((tokens, heads), dtype=F32)
         if tokens * heads:
             kernel(backend, "gdn_gates_bf16")(
-                (grid_stride_blocks(backend, tokens * heads),), (256,),
-                (a, np.int64(element_strides(a)[0]), b, np.int64(element_strides(b)[0]), float32(backend, a_log),
-                 float32(backend, dt_bias), g, beta, np.int32(heads), np.int64(tokens)),
+                (grid_stride_blocks(backend, tokens * heads),),
+                (256,),
+                (
+                    a,
+                    np.int64(element_strides(a)[0]),
+                    b,
+                    np.int64(element_strides(b)[0]),
+                    float32(backend, a_log),
+                    float32(backend, dt_bias),
+                    g,
+                    beta,
+                    np.int32(heads),
+                    np.int64(tokens),
+                ),
             )
         return g, beta
 
     def gated_delta_rule(
-        self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, query_start_loc: Array,
-        state_slots: Array, *, scale: float, l2norm_qk: bool = True,
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        g: Array,
+        beta: Array,
+        state: Array,
+        query_start_loc: Array,
+        state_slots: Array,
+        *,
+        scale: float,
+        l2norm_qk: bool = True,
     ) -> Array:
         backend = self.backend
         tokens, key_heads, key_dim = q.shape
@@ -71,11 +91,31 @@ class CudaGatedDeltaOps(GatedDeltaOps):
             return out
         qs, ks, vs = element_strides(q), element_strides(k), element_strides(v)
         kernel(backend, "gated_delta_rule_bf16")(
-            (math.ceil(value_dim / 32), value_heads, num_seqs), (32 * math.ceil(key_dim / ROWS_PER_THREAD),),
-            (q, np.int64(qs[0]), np.int64(qs[1]), k, np.int64(ks[0]), np.int64(ks[1]), v, np.int64(vs[0]),
-             np.int64(vs[1]), float32(backend, g), float32(backend, beta), state, query_start_loc, state_slots, out,
-             np.int32(key_heads), np.int32(value_heads), np.int32(key_dim), np.int32(value_dim), np.float32(scale),
-             np.int32(l2norm_qk)),
+            (math.ceil(value_dim / 32), value_heads, num_seqs),
+            (32 * math.ceil(key_dim / ROWS_PER_THREAD),),
+            (
+                q,
+                np.int64(qs[0]),
+                np.int64(qs[1]),
+                k,
+                np.int64(ks[0]),
+                np.int64(ks[1]),
+                v,
+                np.int64(vs[0]),
+                np.int64(vs[1]),
+                float32(backend, g),
+                float32(backend, beta),
+                state,
+                query_start_loc,
+                state_slots,
+                out,
+                np.int32(key_heads),
+                np.int32(value_heads),
+                np.int32(key_dim),
+                np.int32(value_dim),
+                np.float32(scale),
+                np.int32(l2norm_qk),
+            ),
         )
         return out
 

@@ -11,10 +11,10 @@ import math
 from typing import Any
 
 import numpy as np
+from atlas_model_gemma.ops import GemmaOps
 
 from atlas_core.backends.base import Array
 from atlas_gb10.backend import BF16, null_or
-from atlas_model_gemma.ops import GemmaOps
 
 BLOCKS_PER_SM = 8
 """Grid-stride launches use at most this many 256-thread blocks per SM."""
@@ -51,10 +51,18 @@ class CudaGemmaOps(GemmaOps):
         total = out.size
         blocks = min(math.ceil(total / 256), BLOCKS_PER_SM * max(1, backend.profile.sm_count))
         backend.kernels.function("elementwise", kernel)(
-            (blocks,), (256,),
-            (rows_x, np.int64(self._row_stride(rows_x)), null_or(rows_y),
-             np.int64(0 if rows_y is None else self._row_stride(rows_y)), out, np.int32(cols),
-             np.int64(total // cols), np.float32(value)),
+            (blocks,),
+            (256,),
+            (
+                rows_x,
+                np.int64(self._row_stride(rows_x)),
+                null_or(rows_y),
+                np.int64(0 if rows_y is None else self._row_stride(rows_y)),
+                out,
+                np.int32(cols),
+                np.int64(total // cols),
+                np.float32(value),
+            ),
         )
         return out
 

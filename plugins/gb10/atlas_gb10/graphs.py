@@ -75,7 +75,9 @@ class CudaDecodeGraphs:
     def can_run(self, batch: ForwardBatch) -> bool:
         num_seqs = batch.attention.seq_lens.shape[0]
         return (
-            not self.failed and num_seqs <= self.max_batch and batch.num_tokens == num_seqs
+            not self.failed
+            and num_seqs <= self.max_batch
+            and batch.num_tokens == num_seqs
             and batch.attention.block_tables.shape[1] <= self.table_width
         )
 
@@ -98,10 +100,25 @@ class CudaDecodeGraphs:
             self.graphs[key] = captured
         graph, logits = self.graphs[key][:2]
         self.backend.kernels.function("elementwise", "decode_inputs")(
-            (size,), (128,),
-            (batch.input_ids, batch.positions, meta.seq_lens, meta.slot_mapping, batch.state_slots, meta.block_tables,
-             np.int32(width), np.int32(b), self.input_ids, self.positions, self.seq_lens, self.slot_mapping,
-             self.state_slots, self.block_tables, np.int32(self.table_width)),
+            (size,),
+            (128,),
+            (
+                batch.input_ids,
+                batch.positions,
+                meta.seq_lens,
+                meta.slot_mapping,
+                batch.state_slots,
+                meta.block_tables,
+                np.int32(width),
+                np.int32(b),
+                self.input_ids,
+                self.positions,
+                self.seq_lens,
+                self.slot_mapping,
+                self.state_slots,
+                self.block_tables,
+                np.int32(self.table_width),
+            ),
         )
         graph.launch(stream=self.cp.cuda.get_current_stream())
         self.replays += 1
@@ -112,8 +129,10 @@ class CudaDecodeGraphs:
             input_ids=self.input_ids[:size],
             positions=self.positions[:size],
             attention=AttentionMetadata(
-                query_start_loc=self.query_start[: size + 1], seq_lens=self.seq_lens[:size],
-                block_tables=self.block_tables[:size], slot_mapping=self.slot_mapping[:size],
+                query_start_loc=self.query_start[: size + 1],
+                seq_lens=self.seq_lens[:size],
+                block_tables=self.block_tables[:size],
+                slot_mapping=self.slot_mapping[:size],
             ),
             logits_rows=np.arange(size),
             state_slots=self.state_slots[:size],
@@ -146,7 +165,11 @@ class CudaDecodeGraphs:
                 self.stream.synchronize()
         except Exception as exc:  # noqa: BLE001 - a forward that cannot be captured runs eagerly
             self.failed = True
-            log.warning("decode graphs disabled for this model, decode runs eagerly: capture failed (%s: %s)", type(exc).__name__, exc)
+            log.warning(
+                "decode graphs disabled for this model, decode runs eagerly: capture failed (%s: %s)",
+                type(exc).__name__,
+                exc,
+            )
             return None
         finally:
             runner.static = None

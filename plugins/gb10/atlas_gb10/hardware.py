@@ -31,12 +31,24 @@ class HardwareProfile:
 
 
 GB10 = HardwareProfile(
-    name="gb10", description="NVIDIA GB10 Grace Blackwell superchip", arch="sm_121", cpu="aarch64", sm_count=48,
-    memory_bandwidth_gbs=273.0, shared_memory_per_block=99 * 1024, matrix_instructions="mma.sync (no wgmma)",
+    name="gb10",
+    description="NVIDIA GB10 Grace Blackwell superchip",
+    arch="sm_121",
+    cpu="aarch64",
+    sm_count=48,
+    memory_bandwidth_gbs=273.0,
+    shared_memory_per_block=99 * 1024,
+    matrix_instructions="mma.sync (no wgmma)",
 )
 HOPPER = HardwareProfile(
-    name="hopper", description="NVIDIA Hopper (H100 / H200)", arch="sm_90a", cpu="x86_64 or aarch64", sm_count=132,
-    memory_bandwidth_gbs=3350.0, shared_memory_per_block=227 * 1024, matrix_instructions="mma.sync (wgmma capable)",
+    name="hopper",
+    description="NVIDIA Hopper (H100 / H200)",
+    arch="sm_90a",
+    cpu="x86_64 or aarch64",
+    sm_count=132,
+    memory_bandwidth_gbs=3350.0,
+    shared_memory_per_block=227 * 1024,
+    matrix_instructions="mma.sync (wgmma capable)",
 )
 PROFILES: dict[tuple[int, int], HardwareProfile] = {(12, 1): GB10, (9, 0): HOPPER}
 """Known targets by compute capability."""
@@ -45,8 +57,13 @@ PROFILES: dict[tuple[int, int], HardwareProfile] = {(12, 1): GB10, (9, 0): HOPPE
 def generic_profile(major: int, minor: int) -> HardwareProfile:
     """Any other CUDA GPU (compute capability 8.0 or newer: the kernels use mma.sync bf16)."""
     return HardwareProfile(
-        name="generic", description=f"CUDA GPU of compute capability {major}.{minor}", arch=f"sm_{major}{minor}",
-        cpu="any", sm_count=0, memory_bandwidth_gbs=0.0, shared_memory_per_block=48 * 1024,
+        name="generic",
+        description=f"CUDA GPU of compute capability {major}.{minor}",
+        arch=f"sm_{major}{minor}",
+        cpu="any",
+        sm_count=0,
+        memory_bandwidth_gbs=0.0,
+        shared_memory_per_block=48 * 1024,
         matrix_instructions="mma.sync",
     )
 

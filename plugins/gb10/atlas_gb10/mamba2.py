@@ -13,7 +13,6 @@ and walks the sequence's tokens in order, with dt bias, softplus, the dt limits 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
@@ -41,7 +40,12 @@ class CudaMamba2Ops(Mamba2Ops):
     """`Mamba2Ops` with every op a CUDA kernel; inputs, outputs and the state stay on the device."""
 
     def causal_conv1d(
-        self, x: Array, weight: Array, bias: Array | None, conv_state: Array, query_start_loc: Array,
+        self,
+        x: Array,
+        weight: Array,
+        bias: Array | None,
+        conv_state: Array,
+        query_start_loc: Array,
         state_slots: Array,
     ) -> Array:
         backend, cp = self.backend, self.backend.cp
@@ -68,19 +72,41 @@ class CudaMamba2Ops(Mamba2Ops):
         ldx = np.int64(element_strides(x)[0])
         channel_blocks = math.ceil(channels / CONV_THREADS)
         per_sequence = kernel(backend, "conv1d_sequences_bf16")
-        common = (weight, null_or(bias), conv_state, query_start_loc, state_slots, out, np.int32(channels), np.int32(taps))
+        common = (
+            weight,
+            null_or(bias),
+            conv_state,
+            query_start_loc,
+            state_slots,
+            out,
+            np.int32(channels),
+            np.int32(taps),
+        )
         decode_sized = tokens <= 2 * num_seqs
         if not decode_sized:
             kernel(backend, "conv1d_tokens_bf16")(
-                (channel_blocks, min(tokens, MAX_GRID_Y)), (CONV_THREADS,),
+                (channel_blocks, min(tokens, MAX_GRID_Y)),
+                (CONV_THREADS,),
                 (x, ldx, *common, np.int32(num_seqs), np.int32(tokens)),
             )
         per_sequence((channel_blocks, num_seqs), (CONV_THREADS,), (x, ldx, *common, np.int32(decode_sized)))
         return out
 
     def mamba2_scan(
-        self, x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array, dt_bias: Array, ssm_state: Array,
-        query_start_loc: Array, state_slots: Array, chunk_size: int, dt_min: float = 0.0, dt_max: float = float("inf"),
+        self,
+        x: Array,
+        dt: Array,
+        A: Array,
+        B: Array,
+        C: Array,
+        D: Array,
+        dt_bias: Array,
+        ssm_state: Array,
+        query_start_loc: Array,
+        state_slots: Array,
+        chunk_size: int,
+        dt_min: float = 0.0,
+        dt_max: float = float("inf"),
     ) -> Array:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -91,16 +117,37 @@ class CudaMamba2Ops(Mamba2Ops):
         return self._scan(x, dt, A, B, C, D, dt_bias, ssm_state, query_start_loc, state_slots, dt_min, dt_max)
 
     def mamba2_decode(
-        self, x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array, dt_bias: Array, ssm_state: Array,
-        state_slots: Array, dt_min: float = 0.0, dt_max: float = float("inf"),
+        self,
+        x: Array,
+        dt: Array,
+        A: Array,
+        B: Array,
+        C: Array,
+        D: Array,
+        dt_bias: Array,
+        ssm_state: Array,
+        state_slots: Array,
+        dt_min: float = 0.0,
+        dt_max: float = float("inf"),
     ) -> Array:
         if lane_states(B.shape[-1]) is None:
             return super().mamba2_decode(x, dt, A, B, C, D, dt_bias, ssm_state, state_slots, dt_min, dt_max)
         return self._scan(x, dt, A, B, C, D, dt_bias, ssm_state, None, state_slots, dt_min, dt_max)
 
     def _scan(
-        self, x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array, dt_bias: Array, ssm_state: Array,
-        query_start_loc: Array | None, state_slots: Array, dt_min: float, dt_max: float,
+        self,
+        x: Array,
+        dt: Array,
+        A: Array,
+        B: Array,
+        C: Array,
+        D: Array,
+        dt_bias: Array,
+        ssm_state: Array,
+        query_start_loc: Array | None,
+        state_slots: Array,
+        dt_min: float,
+        dt_max: float,
     ) -> Array:
         """`mamba2_scan` over the sequences of ``query_start_loc``, or with None one token per sequence
         (`mamba2_decode`); the state size must have `lane_states`."""
@@ -123,11 +170,34 @@ class CudaMamba2Ops(Mamba2Ops):
             return out
         xs, bs, cs = element_strides(x), element_strides(B), element_strides(C)
         kernel(backend, f"mamba2_scan_n{lane_states(state_size)}_bf16")(
-            (math.ceil(head_dim / SCAN_ROWS_PER_BLOCK), heads, num_seqs), (SCAN_THREADS,),
-            (x, np.int64(xs[0]), np.int64(xs[1]), dt, np.int64(element_strides(dt)[0]), float32(backend, A),
-             float32(backend, D), float32(backend, dt_bias), B, np.int64(bs[0]), np.int64(bs[1]), C, np.int64(cs[0]),
-             np.int64(cs[1]), ssm_state, null_or(query_start_loc), state_slots, out, np.int32(heads), np.int32(groups),
-             np.int32(head_dim), np.int32(state_size), np.float32(dt_min), np.float32(dt_max)),
+            (math.ceil(head_dim / SCAN_ROWS_PER_BLOCK), heads, num_seqs),
+            (SCAN_THREADS,),
+            (
+                x,
+                np.int64(xs[0]),
+                np.int64(xs[1]),
+                dt,
+                np.int64(element_strides(dt)[0]),
+                float32(backend, A),
+                float32(backend, D),
+                float32(backend, dt_bias),
+                B,
+                np.int64(bs[0]),
+                np.int64(bs[1]),
+                C,
+                np.int64(cs[0]),
+                np.int64(cs[1]),
+                ssm_state,
+                null_or(query_start_loc),
+                state_slots,
+                out,
+                np.int32(heads),
+                np.int32(groups),
+                np.int32(head_dim),
+                np.int32(state_size),
+                np.float32(dt_min),
+                np.float32(dt_max),
+            ),
         )
         return out
 
@@ -143,7 +213,15 @@ class CudaMamba2Ops(Mamba2Ops):
             out = backend.cp.empty((rows, cols), dtype=x.dtype)
         if rows * cols:
             kernel(backend, "relu_squared_bf16")(
-                (grid_stride_blocks(backend, rows * cols),), (256,),
-                (x, np.int64(element_strides(x)[0]), out, np.int64(element_strides(out)[0]), np.int32(cols), np.int64(rows)),
+                (grid_stride_blocks(backend, rows * cols),),
+                (256,),
+                (
+                    x,
+                    np.int64(element_strides(x)[0]),
+                    out,
+                    np.int64(element_strides(out)[0]),
+                    np.int32(cols),
+                    np.int64(rows),
+                ),
             )
         return out

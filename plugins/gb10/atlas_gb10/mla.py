@@ -47,8 +47,14 @@ def mla_shared_bytes(m_tiles: int, buffers: int, width: int, tile_n: int, split:
     """Dynamic shared memory of ``mla_attention_m{m_tiles}_*`` for cache rows of ``width`` = L + R
     (the layout of ``mla_attention_body`` in mla.cu)."""
     rows, stride = ROWS_PER_M_TILE * m_tiles, ((width + 15) & ~15) + 8
-    return (split * 8 + rows * stride * 2 + buffers * tile_n * stride * 2 + rows * (tile_n + 8) * 2
-            + rows * (tile_n + 1) * 4 + 10 * rows * 4)
+    return (
+        split * 8
+        + rows * stride * 2
+        + buffers * tile_n * stride * 2
+        + rows * (tile_n + 8) * 2
+        + rows * (tile_n + 1) * 4
+        + 10 * rows * 4
+    )
 
 
 @dataclass(frozen=True)
@@ -87,16 +93,31 @@ class CudaMLAOps(MLAOps):
         tokens, heads, k = x.shape
         n = weight.shape[1]
         if tuple(weight.shape) != (heads, n, k):
-            raise ValueError(f"mla_head_linear: weight {tuple(weight.shape)} does not match x {tuple(x.shape)} ([H, N, K])")
+            raise ValueError(
+                f"mla_head_linear: weight {tuple(weight.shape)} does not match x {tuple(x.shape)} ([H, N, K])"
+            )
         result = self._target(out, (tokens, heads, n))
         if tokens and n:
             xs, os_ = element_strides(x), element_strides(result)
-            vec = k % 8 == 0 and xs[0] % 8 == 0 and xs[1] % 8 == 0 and x.data.ptr % 16 == 0 and weight.data.ptr % 16 == 0
+            vec = (
+                k % 8 == 0 and xs[0] % 8 == 0 and xs[1] % 8 == 0 and x.data.ptr % 16 == 0 and weight.data.ptr % 16 == 0
+            )
             mt, nt = (1, 1) if tokens <= ROWS_PER_M_TILE else (2, 4)
             self._kernel(f"mla_head_linear_m{mt}_n{nt}_{'vec' if vec else 'any'}")(
-                (math.ceil(n / (32 * nt)), math.ceil(tokens / (16 * mt)), heads), (128,),
-                (x, np.int64(xs[0]), np.int64(xs[1]), weight, result, np.int64(os_[0]), np.int64(os_[1]),
-                 np.int32(tokens), np.int32(n), np.int32(k)),
+                (math.ceil(n / (32 * nt)), math.ceil(tokens / (16 * mt)), heads),
+                (128,),
+                (
+                    x,
+                    np.int64(xs[0]),
+                    np.int64(xs[1]),
+                    weight,
+                    result,
+                    np.int64(os_[0]),
+                    np.int64(os_[1]),
+                    np.int32(tokens),
+                    np.int32(n),
+                    np.int32(k),
+                ),
             )
         return written_into(result, out)
 
@@ -117,22 +138,41 @@ class CudaMLAOps(MLAOps):
             return
         ls, rs = element_strides(latent), element_strides(k_rope)
         self._kernel("mla_write_latent_bf16")(
-            (tokens,), (min(1024, 32 * math.ceil((width + rope) / 32)),),
-            (cache, latent, np.int64(ls[0]), np.int64(ls[1]), k_rope, np.int64(rs[0]), np.int64(rs[1]), slot_mapping,
-             np.int32(width), np.int32(rope)),
+            (tokens,),
+            (min(1024, 32 * math.ceil((width + rope) / 32)),),
+            (
+                cache,
+                latent,
+                np.int64(ls[0]),
+                np.int64(ls[1]),
+                k_rope,
+                np.int64(rs[0]),
+                np.int64(rs[1]),
+                slot_mapping,
+                np.int32(width),
+                np.int32(rope),
+            ),
         )
 
     # ---- attention ------------------------------------------------------------------------------
     def mla_attention(
-        self, q_latent: Array, q_rope: Array, cache: Array, meta: AttentionMetadata, scale: float,
-        row_scale: Array | None = None, out: Array | None = None,
+        self,
+        q_latent: Array,
+        q_rope: Array,
+        cache: Array,
+        meta: AttentionMetadata,
+        scale: float,
+        row_scale: Array | None = None,
+        out: Array | None = None,
     ) -> Array:
         backend = self.backend
         backend.require_bf16("mla_attention", q_latent, q_rope, cache, out)
         tokens, heads, latent = q_latent.shape
         width = latent + q_rope.shape[2]
         if cache.shape[-1] != width:
-            raise ValueError(f"mla_attention: cache rows of {cache.shape[-1]} values, latent {latent} + rope {width - latent}")
+            raise ValueError(
+                f"mla_attention: cache rows of {cache.shape[-1]} values, latent {latent} + rope {width - latent}"
+            )
         nw = next((v for v in LATENT_VARIANTS if 32 * v >= latent), None)
         if nw is None or self._fitting_shape(width, 1) is None:  # wider than any kernel or the shared memory
             return super().mla_attention(q_latent, q_rope, cache, meta, scale, row_scale, out)
@@ -143,8 +183,15 @@ class CudaMLAOps(MLAOps):
         return written_into(result, out)
 
     def _launch(
-        self, q_latent: Array, q_rope: Array, cache: Array, meta: AttentionMetadata, scale: float,
-        row_scale: Array | None, out: Array, nw: int,
+        self,
+        q_latent: Array,
+        q_rope: Array,
+        cache: Array,
+        meta: AttentionMetadata,
+        scale: float,
+        row_scale: Array | None,
+        out: Array,
+        nw: int,
     ) -> None:
         cp = self.cp
         tokens, heads, latent = q_latent.shape
@@ -168,19 +215,53 @@ class CudaMLAOps(MLAOps):
         ql, qr, os_ = element_strides(q_latent), element_strides(q_rope), element_strides(out)
         tables = meta.block_tables
         kernel(
-            (plan.items, math.ceil(heads / hpt)), (128 * plan.m_tiles,),
-            (q_latent, np.int64(ql[0]), np.int64(ql[1]), q_rope, np.int64(qr[0]), np.int64(qr[1]), cache,
-             meta.query_start_loc, meta.seq_lens, tables, np.int32(tables.shape[1]), plan.work, out, np.int64(os_[0]),
-             np.int64(os_[1]), ws_acc, ws_ml, np.int32(max(splits, 1)), np.int32(heads), np.int32(hpt),
-             np.int32(latent), np.int32(rope), np.int32(block_size), np.float32(scale), null_or(row_scale),
-             np.int32(plan.buffers)),
+            (plan.items, math.ceil(heads / hpt)),
+            (128 * plan.m_tiles,),
+            (
+                q_latent,
+                np.int64(ql[0]),
+                np.int64(ql[1]),
+                q_rope,
+                np.int64(qr[0]),
+                np.int64(qr[1]),
+                cache,
+                meta.query_start_loc,
+                meta.seq_lens,
+                tables,
+                np.int32(tables.shape[1]),
+                plan.work,
+                out,
+                np.int64(os_[0]),
+                np.int64(os_[1]),
+                ws_acc,
+                ws_ml,
+                np.int32(max(splits, 1)),
+                np.int32(heads),
+                np.int32(hpt),
+                np.int32(latent),
+                np.int32(rope),
+                np.int32(block_size),
+                np.float32(scale),
+                null_or(row_scale),
+                np.int32(plan.buffers),
+            ),
             shared_mem=smem,
         )
         if splits:
             self._kernel("mla_combine")(
-                (math.ceil(rows / 4),), (128,),
-                (ws_acc, ws_ml, np.int32(splits), out, np.int64(os_[0]), np.int64(os_[1]), np.int32(heads),
-                 np.int32(latent), np.int64(rows)),
+                (math.ceil(rows / 4),),
+                (128,),
+                (
+                    ws_acc,
+                    ws_ml,
+                    np.int32(splits),
+                    out,
+                    np.int64(os_[0]),
+                    np.int64(os_[1]),
+                    np.int32(heads),
+                    np.int32(latent),
+                    np.int64(rows),
+                ),
             )
 
     def _fitting_shape(self, width: int, m_tiles: int) -> tuple[int, int] | None:
@@ -215,8 +296,9 @@ class CudaMLAOps(MLAOps):
         q_lens, lengths = runner.host_lengths(meta)
         mt, buffers = self._fitting_shape(width, 1 if int(q_lens.max(initial=0)) <= 1 else 2) or (1, 1)
         hpt = min(heads, ROWS_PER_M_TILE * mt)
-        work, splits = runner.work_list(q_lens, lengths, ROWS_PER_M_TILE * mt // hpt, math.ceil(heads / hpt), self.split)
+        work, splits = runner.work_list(
+            q_lens, lengths, ROWS_PER_M_TILE * mt // hpt, math.ceil(heads / hpt), self.split
+        )
         plan = MLAPlan(self.cp.asarray(work), len(work), splits, mt, buffers)
         self._eager = (meta, key, plan)
         return plan
-

@@ -60,17 +60,35 @@ class CudaMoEOps(MoEOps):
         if tokens:
             bias = None if correction_bias is None else correction_bias.astype(np.float32, copy=False)
             self._kernel("moe_route")(
-                (math.ceil(tokens / ROUTE_WARPS),), (32 * ROUTE_WARPS,),
-                (logits, np.int64(logits.strides[0] // logits.itemsize), null_or(bias), weights, ids, np.int32(tokens),
-                 np.int32(experts), np.int32(spec.top_k), np.int32(spec.scoring == "sigmoid"),
-                 np.int32(spec.num_groups), np.int32(spec.top_k_groups), np.int32(spec.normalize_top_k),
-                 np.float32(spec.routed_scaling_factor)),
+                (math.ceil(tokens / ROUTE_WARPS),),
+                (32 * ROUTE_WARPS,),
+                (
+                    logits,
+                    np.int64(logits.strides[0] // logits.itemsize),
+                    null_or(bias),
+                    weights,
+                    ids,
+                    np.int32(tokens),
+                    np.int32(experts),
+                    np.int32(spec.top_k),
+                    np.int32(spec.scoring == "sigmoid"),
+                    np.int32(spec.num_groups),
+                    np.int32(spec.top_k_groups),
+                    np.int32(spec.normalize_top_k),
+                    np.float32(spec.routed_scaling_factor),
+                ),
                 shared_mem=ROUTE_WARPS * 2 * experts * 4,
             )
         return weights, ids
 
     def moe_experts(
-        self, x: Array, w_in: Array, w_out: Array, weights: Array, ids: Array, activation: ExpertActivation,
+        self,
+        x: Array,
+        w_in: Array,
+        w_out: Array,
+        weights: Array,
+        ids: Array,
+        activation: ExpertActivation,
     ) -> Array:
         check_expert_shapes(tuple(w_in.shape), tuple(w_out.shape), activation)
         cp, backend = self.cp, self.backend
@@ -93,9 +111,19 @@ class CudaMoEOps(MoEOps):
         pair_rows = cp.empty(pairs, dtype=np.int32)
         row_tokens = cp.empty(pairs, dtype=np.int32)
         self._kernel("moe_plan")(
-            (1,), (MAX_ROUTED_EXPERTS,),
-            (ids, np.int32(pairs), np.int32(top_k), np.int32(experts), np.int32(tile_rows), np.int32(max_tiles), tiles,
-             pair_rows, row_tokens),
+            (1,),
+            (MAX_ROUTED_EXPERTS,),
+            (
+                ids,
+                np.int32(pairs),
+                np.int32(top_k),
+                np.int32(experts),
+                np.int32(tile_rows),
+                np.int32(max_tiles),
+                tiles,
+                pair_rows,
+                row_tokens,
+            ),
         )
         gate_up = cp.empty((pairs, in_rows), dtype=x.dtype)
         self._grouped_gemm(x, row_tokens, w_in, gate_up, tiles, m_tiles, n_tiles_in)
@@ -111,9 +139,18 @@ class CudaMoEOps(MoEOps):
         expert_out = cp.empty((pairs, hidden), dtype=x.dtype)
         self._grouped_gemm(hidden_rows, None, w_out, expert_out, tiles, m_tiles, n_tiles_out)
         self._kernel("moe_combine")(
-            (math.ceil(hidden / 256), tokens), (256,),
-            (expert_out, np.int64(hidden), pair_rows, cp.ascontiguousarray(weights, dtype=np.float32), out,
-             np.int64(hidden), np.int32(top_k), np.int32(hidden)),
+            (math.ceil(hidden / 256), tokens),
+            (256,),
+            (
+                expert_out,
+                np.int64(hidden),
+                pair_rows,
+                cp.ascontiguousarray(weights, dtype=np.float32),
+                out,
+                np.int64(hidden),
+                np.int32(top_k),
+                np.int32(hidden),
+            ),
         )
         return out
 
@@ -136,7 +173,18 @@ class CudaMoEOps(MoEOps):
         vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and w.data.ptr % 16 == 0
         kernel = self._kernel(f"moe_gemm_m{m_tiles}_n{n_tiles}_{'vec' if vec else 'any'}")
         kernel(
-            (math.ceil(n / (8 * n_tiles)), max_tiles), (256,),
-            (x, np.int64(ldx), null_or(x_rows), w, out, np.int64(out.strides[0] // out.itemsize), tiles,
-             np.int32(max_tiles), np.int32(n), np.int32(k)),
+            (math.ceil(n / (8 * n_tiles)), max_tiles),
+            (256,),
+            (
+                x,
+                np.int64(ldx),
+                null_or(x_rows),
+                w,
+                out,
+                np.int64(out.strides[0] // out.itemsize),
+                tiles,
+                np.int32(max_tiles),
+                np.int32(n),
+                np.int32(k),
+            ),
         )

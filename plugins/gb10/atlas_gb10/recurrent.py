@@ -101,9 +101,23 @@ def gated_rms_norm(
         layouts = [_row_layout(a, group) for a in (x, gate)]
     (inner_count, x_outer, x_inner, w_inner), (_, g_outer, g_inner, _) = layouts  # type: ignore[misc]
     kernel(backend, "gated_rms_norm_bf16")(
-        (math.ceil(rows / NORM_ROWS_PER_BLOCK),), (32 * NORM_ROWS_PER_BLOCK,),
-        (x, np.int64(x_outer), np.int64(x_inner), gate, np.int64(g_outer), np.int64(g_inner), np.int32(inner_count),
-         backend.cp.ascontiguousarray(weight), np.int64(w_inner), out, np.float32(eps), np.int32(group), np.int64(rows),
-         np.int32(gate_first)),
+        (math.ceil(rows / NORM_ROWS_PER_BLOCK),),
+        (32 * NORM_ROWS_PER_BLOCK,),
+        (
+            x,
+            np.int64(x_outer),
+            np.int64(x_inner),
+            gate,
+            np.int64(g_outer),
+            np.int64(g_inner),
+            np.int32(inner_count),
+            backend.cp.ascontiguousarray(weight),
+            np.int64(w_inner),
+            out,
+            np.float32(eps),
+            np.int32(group),
+            np.int64(rows),
+            np.int32(gate_first),
+        ),
     )
     return out

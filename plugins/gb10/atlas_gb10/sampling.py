@@ -36,7 +36,9 @@ class LogitsOps:
         out = self.cp.empty((rows,), dtype=np.int32)
         if rows:
             kernel, logits = self._row_kernel("argmax", logits)
-            kernel((rows,), (ROW_THREADS,), (logits, np.int64(logits.strides[0] // logits.itemsize), np.int32(vocab), out))
+            kernel(
+                (rows,), (ROW_THREADS,), (logits, np.int64(logits.strides[0] // logits.itemsize), np.int32(vocab), out)
+            )
         return out
 
     def log_softmax(self, logits: Any) -> Any:
@@ -44,7 +46,9 @@ class LogitsOps:
         out = self.cp.empty((rows, vocab), dtype=np.float32)
         if rows:
             kernel, logits = self._row_kernel("log_softmax", logits)
-            kernel((rows,), (ROW_THREADS,), (logits, np.int64(logits.strides[0] // logits.itemsize), np.int32(vocab), out))
+            kernel(
+                (rows,), (ROW_THREADS,), (logits, np.int64(logits.strides[0] // logits.itemsize), np.int32(vocab), out)
+            )
         return out
 
     def adjust(self, logits: Any, adj: LogitAdjustments) -> None:
@@ -60,11 +64,20 @@ class LogitsOps:
         if len(adj.penalty_rows):
             entries = len(adj.penalty_rows)
             kernels.function("logits", "apply_penalties_bf16")(
-                ((entries + 255) // 256,), (256,),
-                (logits, ld, np.int32(entries), cp.asarray(adj.penalty_rows, dtype=np.int32),
-                 cp.asarray(adj.penalty_tokens, dtype=np.int32), cp.asarray(adj.output_counts, dtype=np.int32),
-                 cp.asarray(adj.in_prompt, dtype=np.uint8), cp.asarray(adj.repetition_penalty, dtype=np.float32),
-                 cp.asarray(adj.presence_penalty, dtype=np.float32), cp.asarray(adj.frequency_penalty, dtype=np.float32)),
+                ((entries + 255) // 256,),
+                (256,),
+                (
+                    logits,
+                    ld,
+                    np.int32(entries),
+                    cp.asarray(adj.penalty_rows, dtype=np.int32),
+                    cp.asarray(adj.penalty_tokens, dtype=np.int32),
+                    cp.asarray(adj.output_counts, dtype=np.int32),
+                    cp.asarray(adj.in_prompt, dtype=np.uint8),
+                    cp.asarray(adj.repetition_penalty, dtype=np.float32),
+                    cp.asarray(adj.presence_penalty, dtype=np.float32),
+                    cp.asarray(adj.frequency_penalty, dtype=np.float32),
+                ),
             )
         if len(adj.bias_rows):
             keys = adj.bias_rows.astype(np.int64) * vocab + adj.bias_tokens.astype(np.int64)
@@ -73,9 +86,16 @@ class LogitsOps:
             np.add.at(sums, inverse, adj.bias_values.astype(np.float64))
             entries = len(unique)
             kernels.function("logits", "add_biases_bf16")(
-                ((entries + 255) // 256,), (256,),
-                (logits, ld, np.int32(entries), cp.asarray(unique // vocab, dtype=np.int32),
-                 cp.asarray(unique % vocab, dtype=np.int32), cp.asarray(sums, dtype=np.float32)),
+                ((entries + 255) // 256,),
+                (256,),
+                (
+                    logits,
+                    ld,
+                    np.int32(entries),
+                    cp.asarray(unique // vocab, dtype=np.int32),
+                    cp.asarray(unique % vocab, dtype=np.int32),
+                    cp.asarray(sums, dtype=np.float32),
+                ),
             )
 
     def sample(self, logits: Any, params: SamplingTensors) -> Any:

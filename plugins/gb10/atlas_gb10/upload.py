@@ -62,7 +62,9 @@ class PinnedUploader:
             index, buffer = self._staging()
             staged = np.frombuffer(buffer, dtype=dtype, count=count)
             staged[...] = source[start : start + count]  # dtype conversion happens here, on the host
-            flat[start : start + count].data.copy_from_host_async(staged.ctypes.data, count * dtype.itemsize, self._stream)
+            flat[start : start + count].data.copy_from_host_async(
+                staged.ctypes.data, count * dtype.itemsize, self._stream
+            )
             event = cp.cuda.Event()
             event.record(self._stream)
             self._events[index] = event

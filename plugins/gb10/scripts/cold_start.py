@@ -18,7 +18,10 @@ def once(model: list[str]) -> float:
     start = time.perf_counter()
     process = subprocess.Popen(
         [sys.executable, "-m", "atlas_core.cli", "serve", *model, "--backend", "cuda", "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=os.environ,
     )
     try:
         assert process.stdout is not None
@@ -41,8 +44,11 @@ def main() -> None:
     args = parser.parse_args()
     model = [args.model] if args.model else []
     times = [once(model) for _ in range(args.runs)]
-    print(f"cold start {args.model or 'default model'}: " + ", ".join(f"{t:.2f} s" for t in times)
-          + " (the first run may compile kernels; the rest start with a warm kernel cache)")
+    print(
+        f"cold start {args.model or 'default model'}: "
+        + ", ".join(f"{t:.2f} s" for t in times)
+        + " (the first run may compile kernels; the rest start with a warm kernel cache)"
+    )
 
 
 if __name__ == "__main__":

@@ -29,15 +29,27 @@ def main() -> int:
         for (target, op, dtype), variant in all_variants():
             for arch, flag in TARGETS.items():
                 defines = [f"-D{name}={value}" for name, value in variant.defines]
-                cmd = [args.nvcc, flag, "-std=c++17", "-cubin", "-Xptxas", "-v", *defines,
-                       "-o", f"{tmp}/out.cubin", str(KERNEL_DIR / variant.source)]
+                cmd = [
+                    args.nvcc,
+                    flag,
+                    "-std=c++17",
+                    "-cubin",
+                    "-Xptxas",
+                    "-v",
+                    *defines,
+                    "-o",
+                    f"{tmp}/out.cubin",
+                    str(KERNEL_DIR / variant.source),
+                ]
                 result = subprocess.run(cmd, capture_output=True, text=True, check=False)
                 log = result.stdout + result.stderr
                 spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", log))
                 registers = [int(n) for n in re.findall(r"Used (\d+) registers", log)]
                 status = "ok" if result.returncode == 0 else "FAILED"
-                print(f"{status:6} {arch:7} {target}/{op}/{dtype} {variant.source} {' '.join(defines)}: "
-                      f"{len(registers)} kernels, max {max(registers, default=0)} registers, {spills} bytes spilled")
+                print(
+                    f"{status:6} {arch:7} {target}/{op}/{dtype} {variant.source} {' '.join(defines)}: "
+                    f"{len(registers)} kernels, max {max(registers, default=0)} registers, {spills} bytes spilled"
+                )
                 if result.returncode:
                     failures += 1
                     print(log)

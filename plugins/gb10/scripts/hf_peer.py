@@ -46,9 +46,11 @@ def main() -> None:
         first = min(timed_generate(model, ids, 1) for _ in range(3))
         total = timed_generate(model, ids, args.tokens)
     decode = (args.tokens - 1) / (total - first)
-    print(f"transformers {__import__('transformers').__version__} torch {torch.__version__} {torch.cuda.get_device_name()}: "
-          f"{name} bf16 attn={args.attn}, batch 1, {args.prompt_len}-token prompt: first token {1e3 * first:.1f} ms, "
-          f"decode {decode:.1f} tok/s ({args.tokens} tokens in {total:.2f} s)")
+    print(
+        f"transformers {__import__('transformers').__version__} torch {torch.__version__} {torch.cuda.get_device_name()}: "
+        f"{name} bf16 attn={args.attn}, batch 1, {args.prompt_len}-token prompt: first token {1e3 * first:.1f} ms, "
+        f"decode {decode:.1f} tok/s ({args.tokens} tokens in {total:.2f} s)"
+    )
 
 
 if __name__ == "__main__":

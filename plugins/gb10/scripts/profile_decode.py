@@ -49,14 +49,19 @@ def profile(name: str) -> None:
     graphs = llm.engine.runner.decode_graphs
     graph = next(entry[0] for (size, _), entry in graphs.graphs.items() if size == 1)
     replay_ms = gpu_ms(cp, lambda: graph.launch())
-    print(f"\n{name}: engine decode step {step_ms:.3f} ms, graph replay (GPU) {replay_ms:.3f} ms, host share {step_ms - replay_ms:.3f} ms")
+    print(
+        f"\n{name}: engine decode step {step_ms:.3f} ms, graph replay (GPU) {replay_ms:.3f} ms, host share {step_ms - replay_ms:.3f} ms"
+    )
 
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or hidden // heads
     shapes = {
-        "qkv": ((heads + 2 * kv_heads) * head_dim, hidden), "o": (hidden, heads * head_dim),
-        "gate_up": (2 * inter, hidden), "down": (hidden, inter), "lm_head": (config["vocab_size"], hidden),
+        "qkv": ((heads + 2 * kv_heads) * head_dim, hidden),
+        "o": (hidden, heads * head_dim),
+        "gate_up": (2 * inter, hidden),
+        "down": (hidden, inter),
+        "lm_head": (config["vocab_size"], hidden),
     }
     rng = np.random.default_rng(1)
     for label, (n, k) in shapes.items():
@@ -66,14 +71,18 @@ def profile(name: str) -> None:
             backend.gemm_tile = lambda m, n, tile=tile: tile
             ms = gpu_ms(cp, lambda x=x, w=w: backend.linear(x, w), repeats=200)
             del backend.gemm_tile
-            print(f"  linear {label:8} M=1 N={n} K={k} forced tile {tile}: {1e3 * ms:8.1f} us, {w.nbytes / ms / 1e6:7.1f} GB/s")
+            print(
+                f"  linear {label:8} M=1 N={n} K={k} forced tile {tile}: {1e3 * ms:8.1f} us, {w.nbytes / ms / 1e6:7.1f} GB/s"
+            )
         for m in (1, 8, 64, 256):
             x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(backend.activation_dtype)
             out = cp.empty((m, n), dtype=backend.activation_dtype)
             ms = gpu_ms(cp, lambda x=x, w=w, out=out: backend.linear(x, w, out=out))
             tile = backend.gemm_tile(m, n)
-            print(f"  linear {label:8} M={m:<4} N={n:<7} K={k:<6} tile {tile}: {1e3 * ms:8.1f} us, "
-                  f"{w.nbytes / ms / 1e6:7.1f} GB/s, {2 * m * n * k / ms / 1e9:7.1f} TFLOP/s")
+            print(
+                f"  linear {label:8} M={m:<4} N={n:<7} K={k:<6} tile {tile}: {1e3 * ms:8.1f} us, "
+                f"{w.nbytes / ms / 1e6:7.1f} GB/s, {2 * m * n * k / ms / 1e9:7.1f} TFLOP/s"
+            )
     x = cp.asarray(rng.standard_normal((1, hidden), dtype=np.float32)).astype(backend.activation_dtype)
     wn = cp.ones((hidden,), dtype=backend.activation_dtype)
     print(f"  rms_norm [1, {hidden}] + residual: {1e3 * gpu_ms(cp, lambda: backend.rms_norm(x, wn, 1e-6, x)):.1f} us")
@@ -85,8 +94,10 @@ def profile(name: str) -> None:
     for context in (160, 1024, 8000):
         blocks = -(-context // kv.block_size)
         meta = AttentionMetadata(
-            cp.asarray(np.array([0, 1], np.int32)), cp.asarray(np.array([context], np.int32)),
-            cp.asarray(np.arange(blocks, dtype=np.int32)[None, :]), cp.asarray(np.array([0], np.int32)),
+            cp.asarray(np.array([0, 1], np.int32)),
+            cp.asarray(np.array([context], np.int32)),
+            cp.asarray(np.arange(blocks, dtype=np.int32)[None, :]),
+            cp.asarray(np.array([0], np.int32)),
         )
         q = cp.asarray(rng.standard_normal((1, heads, head_dim), dtype=np.float32)).astype(backend.activation_dtype)
         runner = backend.attention_runner

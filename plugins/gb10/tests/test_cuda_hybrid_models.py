@@ -54,7 +54,12 @@ def test_slot_reuse_and_preemption_keep_outputs(
     budget = (160 * probe.engine.kv_plan.bytes_per_token + state_bytes) / 2**30
     monkeypatch.setattr(CudaBackend, "device_memory", lambda self: None)  # the KV cache gets kv_cache_memory_gib
     llm = LLM(
-        TINY / hybrid, backend="cuda", block_size=4, max_seq_len=128, max_num_seqs=2, max_prefill_tokens=3,
+        TINY / hybrid,
+        backend="cuda",
+        block_size=4,
+        max_seq_len=128,
+        max_num_seqs=2,
+        max_prefill_tokens=3,
         kv_cache_memory_gib=budget,
     )
     outputs = llm.generate(mixed_prompts(llm.loaded.model.vocab_size, count=18), GREEDY)

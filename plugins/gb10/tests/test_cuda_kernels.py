@@ -56,8 +56,14 @@ def test_rms_norm_rows_do_not_depend_on_the_batch(backend: CudaBackend) -> None:
             np.testing.assert_array_equal(got, want[10:13])
 
 
-def paged(backend: CudaBackend, rng: np.random.Generator, lengths: list[tuple[int, int]], kv_heads: int, d: int,
-          block_size: int = 16) -> tuple:
+def paged(
+    backend: CudaBackend,
+    rng: np.random.Generator,
+    lengths: list[tuple[int, int]],
+    kv_heads: int,
+    d: int,
+    block_size: int = 16,
+) -> tuple:
     """A batch over shuffled blocks: (meta on the device, token count, caches)."""
     from atlas_core.backends.base import AttentionMetadata
 
@@ -72,7 +78,8 @@ def paged(backend: CudaBackend, rng: np.random.Generator, lengths: list[tuple[in
     meta = AttentionMetadata(
         backend.from_numpy(np.asarray(starts, dtype=np.int32)),
         backend.from_numpy(np.asarray([c + n for c, n in lengths], dtype=np.int32)),
-        backend.from_numpy(tables), backend.from_numpy(np.zeros(starts[-1], dtype=np.int32)),
+        backend.from_numpy(tables),
+        backend.from_numpy(np.zeros(starts[-1], dtype=np.int32)),
     )
     shape = (len(pool), block_size, kv_heads, d)
     caches = [backend.from_numpy(rng.standard_normal(shape, dtype=np.float32)) for _ in range(2)]
@@ -134,7 +141,9 @@ def test_attention_rows_do_not_depend_on_the_batch(backend: CudaBackend) -> None
     from atlas_core.backends.base import AttentionMetadata
 
     alone_meta = AttentionMetadata(
-        backend.from_numpy(np.array([0, 1], dtype=np.int32)), meta.seq_lens[1:2], meta.block_tables[1:2],
+        backend.from_numpy(np.array([0, 1], dtype=np.int32)),
+        meta.seq_lens[1:2],
+        meta.block_tables[1:2],
         meta.slot_mapping[25:26],
     )
     alone = host(backend, backend.attention(q[25:26], k_cache, v_cache, alone_meta, 0.1))
@@ -154,7 +163,12 @@ def test_warm_kernel_cache_compiles_nothing(tmp_path: Path) -> None:
         """
     )
     env = dict(os.environ, ATLAS_KERNEL_CACHE=str(tmp_path / "cache"))
-    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600, check=False) for _ in range(2)]
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600, check=False
+        )
+        for _ in range(2)
+    ]
     for run in runs:
         assert run.returncode == 0, run.stderr
     assert runs[0].stdout.split()[-1] == "3", runs[0].stdout

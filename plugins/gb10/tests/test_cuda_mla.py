@@ -33,8 +33,9 @@ def host(backend: CudaBackend, x: object) -> np.ndarray:
     return np.asarray(backend.to_numpy(x)).astype(np.float64)
 
 
-def latent_batch(backend: CudaBackend, rng: np.random.Generator, lengths: list[tuple[int, int]], width: int,
-                 block_size: int) -> tuple[AttentionMetadata, AttentionMetadata, object, int]:
+def latent_batch(
+    backend: CudaBackend, rng: np.random.Generator, lengths: list[tuple[int, int]], width: int, block_size: int
+) -> tuple[AttentionMetadata, AttentionMetadata, object, int]:
     """(device meta, host meta, latent cache over shuffled blocks, tokens) for (cached, new) per sequence."""
     needed = [-(-(c + n) // block_size) for c, n in lengths]
     pool = rng.permutation(sum(needed) + 3)
@@ -45,10 +46,17 @@ def latent_batch(backend: CudaBackend, rng: np.random.Generator, lengths: list[t
         offset += needed[b]
         starts.append(starts[-1] + new)
     host_meta = AttentionMetadata(
-        np.asarray(starts, dtype=np.int32), np.asarray([c + n for c, n in lengths], dtype=np.int32), tables,
+        np.asarray(starts, dtype=np.int32),
+        np.asarray([c + n for c, n in lengths], dtype=np.int32),
+        tables,
         np.full(starts[-1], -1, dtype=np.int32),
     )
-    meta = AttentionMetadata(*(backend.from_numpy(getattr(host_meta, f)) for f in ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")))
+    meta = AttentionMetadata(
+        *(
+            backend.from_numpy(getattr(host_meta, f))
+            for f in ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")
+        )
+    )
     cache = backend.from_numpy(rng.standard_normal((len(pool), block_size, 1, width), dtype=np.float32))
     return meta, host_meta, cache, starts[-1]
 
@@ -71,10 +79,13 @@ def attend(backend: CudaBackend, mla: MLAOps, policy: str, *args: object, **kwar
 
 # ---- per-head products -----------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("heads", "k", "n"), [(3, 13, 9), (5, 40, 24), (4, 16, 32), (2, 512, 128), (128, 128, 512)],
+    ("heads", "k", "n"),
+    [(3, 13, 9), (5, 40, 24), (4, 16, 32), (2, 512, 128), (128, 128, 512)],
     ids=["odd", "strided", "tiny-ds", "uv", "deepseek-uk"],
 )
-def test_head_linear_matches_and_rows_do_not_depend_on_the_batch(backend: CudaBackend, mla: MLAOps, heads: int, k: int, n: int) -> None:
+def test_head_linear_matches_and_rows_do_not_depend_on_the_batch(
+    backend: CudaBackend, mla: MLAOps, heads: int, k: int, n: int
+) -> None:
     rng = np.random.default_rng(heads * 1000 + k + n)
     tokens = 40
     wide = backend.from_numpy(rng.standard_normal((tokens, heads, k + 8), dtype=np.float32))
@@ -100,7 +111,9 @@ def test_write_latent_with_odd_widths_and_skipped_slots(backend: CudaBackend, ml
     projection = backend.from_numpy(rng.standard_normal((tokens, 2 + latent_width + rope), dtype=np.float32))
     slots = rng.permutation(blocks * block_size)[:tokens].astype(np.int32)
     slots[::3] = -1
-    mla.mla_write_latent(cache, projection[:, 2 : 2 + latent_width], projection[:, 2 + latent_width :], backend.from_numpy(slots))
+    mla.mla_write_latent(
+        cache, projection[:, 2 : 2 + latent_width], projection[:, 2 + latent_width :], backend.from_numpy(slots)
+    )
     want = before.reshape(-1, latent_width + rope).copy()
     keep = slots >= 0
     want[slots[keep]] = host(backend, projection)[keep, 2:]
@@ -124,18 +137,27 @@ a prefill, a chunk that crosses a split, and a short decode."""
 @pytest.mark.parametrize("row_scaled", [False, True], ids=["plain", "row-scale"])
 @pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
 def test_attention_matches_the_reference_in_split_and_direct_mode(
-    backend: CudaBackend, mla: MLAOps, shape: tuple[int, int, int], row_scaled: bool,
+    backend: CudaBackend,
+    mla: MLAOps,
+    shape: tuple[int, int, int],
+    row_scaled: bool,
 ) -> None:
     heads, latent, rope = shape
     rng = np.random.default_rng(heads + latent + rope)
     meta, host_meta, cache, tokens = latent_batch(backend, rng, LENGTHS, latent + rope, block_size=16)
     q_latent, q_rope = queries(backend, rng, tokens, heads, latent, rope)
-    row_scale = backend.from_numpy(rng.uniform(1.0, 1.4, tokens).astype(np.float32), dtype=np.float32) if row_scaled else None
+    row_scale = (
+        backend.from_numpy(rng.uniform(1.0, 1.4, tokens).astype(np.float32), dtype=np.float32) if row_scaled else None
+    )
     scale = (128 + rope) ** -0.5
     direct = attend(backend, mla, "never", q_latent, q_rope, cache, meta, scale, row_scale)
     split = attend(backend, mla, "always", q_latent, q_rope, cache, meta, scale, row_scale)
     want = latent_attention_reference(
-        host(backend, q_latent), host(backend, q_rope), host(backend, cache), host_meta, scale,
+        host(backend, q_latent),
+        host(backend, q_rope),
+        host(backend, cache),
+        host_meta,
+        scale,
         None if row_scale is None else host(backend, row_scale),
     )
     assert np.isfinite(direct).all()
@@ -155,8 +177,10 @@ def test_attention_rows_do_not_depend_on_the_batch(backend: CudaBackend, mla: ML
     tables, lens = meta.block_tables[1:2], meta.seq_lens[1:2]
     for rows in ([25], [25, 0]):  # alone, and as a graph's bucket of 2 padded with an empty sequence
         alone_meta = AttentionMetadata(
-            cp.arange(len(rows) + 1, dtype=np.int32), cp.concatenate([lens, cp.zeros(1, dtype=np.int32)])[: len(rows)],
-            cp.concatenate([tables, cp.zeros_like(tables)])[: len(rows)], meta.slot_mapping[: len(rows)],
+            cp.arange(len(rows) + 1, dtype=np.int32),
+            cp.concatenate([lens, cp.zeros(1, dtype=np.int32)])[: len(rows)],
+            cp.concatenate([tables, cp.zeros_like(tables)])[: len(rows)],
+            meta.slot_mapping[: len(rows)],
         )
         q = (q_latent[rows], q_rope[rows])
         alone = host(backend, mla.mla_attention(*q, cache, alone_meta, 0.1))

@@ -35,8 +35,20 @@ def installed(name: str) -> bool:
 
 FAMILIES = [name for name in TINY.names if installed(name)]
 GRAPHED = [
-    "llama", "qwen3", "qwen3_moe", "minimax_m2", "qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h", "deepseek_v3",
-    "deepseek_v3_no_q_lora", "mistral4", "gemma3", "gemma4", "gemma4_moe",
+    "llama",
+    "qwen3",
+    "qwen3_moe",
+    "minimax_m2",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "nemotron_h",
+    "deepseek_v3",
+    "deepseek_v3_no_q_lora",
+    "mistral4",
+    "gemma3",
+    "gemma4",
+    "gemma4_moe",
 ]
 """Checkpoints whose decode steps replay as graphs in the graph and batch-invariance tests (hybrids, MLA
 with and without a query low-rank and with Mistral 4's position-scaled scores, and Gemma's own ops and

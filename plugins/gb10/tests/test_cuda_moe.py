@@ -55,7 +55,9 @@ def test_routing_matches_the_reference(backend: CudaBackend, moe: MoEOps, name: 
     if spec.scoring == "sigmoid":
         bias = backend.from_numpy(rng.standard_normal(spec.num_experts, dtype=np.float32) * 0.1, dtype=F32)
     weights, ids = moe.moe_route(logits, spec, bias)
-    want_w, want_ids = moe_route_reference(host(backend, logits), None if bias is None else host(backend, bias), spec=spec)
+    want_w, want_ids = moe_route_reference(
+        host(backend, logits), None if bias is None else host(backend, bias), spec=spec
+    )
     got_ids = backend.to_numpy(ids)
     # a float32 near-tie may be broken either way: count disagreements and accept only those
     mismatched = np.flatnonzero((got_ids != want_ids).any(axis=1))
@@ -87,13 +89,19 @@ def expert_case(
     backend: CudaBackend, rng: np.random.Generator, experts: int, hidden: int, inter: int, activation: str
 ) -> tuple:
     gated = activation != "relu2"
-    w_in = backend.from_numpy(rng.standard_normal((experts, (2 if gated else 1) * inter, hidden), dtype=np.float32) * hidden**-0.5, weight=True)
-    w_out = backend.from_numpy(rng.standard_normal((experts, hidden, inter), dtype=np.float32) * inter**-0.5, weight=True)
+    w_in = backend.from_numpy(
+        rng.standard_normal((experts, (2 if gated else 1) * inter, hidden), dtype=np.float32) * hidden**-0.5,
+        weight=True,
+    )
+    w_out = backend.from_numpy(
+        rng.standard_normal((experts, hidden, inter), dtype=np.float32) * inter**-0.5, weight=True
+    )
     return w_in, w_out
 
 
-def run_experts(backend: CudaBackend, moe: MoEOps, x: np.ndarray, ids: np.ndarray, w_in: object, w_out: object,
-                activation: str) -> tuple[np.ndarray, np.ndarray]:
+def run_experts(
+    backend: CudaBackend, moe: MoEOps, x: np.ndarray, ids: np.ndarray, w_in: object, w_out: object, activation: str
+) -> tuple[np.ndarray, np.ndarray]:
     """(cuda result, float32 reference on the same bf16 inputs)."""
     rng = np.random.default_rng(ids.size)
     weights = rng.uniform(0.1, 1.0, ids.shape).astype(np.float32)
@@ -143,7 +151,9 @@ def test_expert_rows_do_not_depend_on_the_batch(backend: CudaBackend, moe: MoEOp
     experts, top_k, hidden = 64, 6, 256
     w_in, w_out = expert_case(backend, rng, experts, hidden, 128, "silu")
     x = backend.from_numpy(rng.standard_normal((3000, hidden), dtype=np.float32))
-    ids = backend.from_numpy(np.stack([rng.choice(experts, size=top_k, replace=False) for _ in range(3000)]).astype(np.int32))
+    ids = backend.from_numpy(
+        np.stack([rng.choice(experts, size=top_k, replace=False) for _ in range(3000)]).astype(np.int32)
+    )
     weights = backend.from_numpy(rng.uniform(0.1, 1.0, (3000, top_k)), dtype=F32)
     full = backend.to_numpy(moe.moe_experts(x, w_in, w_out, weights, ids, "silu"))
     for rows in ([5], [5, 17, 2999], list(range(100, 130)), [2999, 5, 5]):

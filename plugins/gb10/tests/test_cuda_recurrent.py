@@ -75,7 +75,14 @@ class Delta:
         ops = self.backend.ops(GatedDeltaOps)
         starts, slot_ids = layout(self.backend, lengths, slots)
         return ops.gated_delta_rule(
-            self.q[rows], self.k[rows], self.v[rows], self.g[rows], self.beta[rows], state, starts, slot_ids,
+            self.q[rows],
+            self.k[rows],
+            self.v[rows],
+            self.g[rows],
+            self.beta[rows],
+            state,
+            starts,
+            slot_ids,
             scale=self.dk**-0.5,
         )
 
@@ -84,8 +91,15 @@ class Delta:
         starts = np.concatenate([[0], np.cumsum(lengths)])
         b = self.backend
         out = gated_delta_rule_reference(
-            host(b, self.q), host(b, self.k), host(b, self.v), host(b, self.g), host(b, self.beta), state, starts,
-            np.asarray(slots), scale=self.dk**-0.5,
+            host(b, self.q),
+            host(b, self.k),
+            host(b, self.v),
+            host(b, self.g),
+            host(b, self.beta),
+            state,
+            starts,
+            np.asarray(slots),
+            scale=self.dk**-0.5,
         )
         return out, state
 
@@ -145,8 +159,17 @@ class Scan:
     def run(self, state: Any, rows: slice, lengths: list[int], slots: list[int]) -> Any:
         starts, slot_ids = layout(self.backend, lengths, slots)
         return self.backend.ops(Mamba2Ops).mamba2_scan(
-            self.x[rows], self.dt[rows], self.A, self.B[rows], self.C[rows], self.D, self.dt_bias, state, starts,
-            slot_ids, 128,
+            self.x[rows],
+            self.dt[rows],
+            self.A,
+            self.B[rows],
+            self.C[rows],
+            self.D,
+            self.dt_bias,
+            state,
+            starts,
+            slot_ids,
+            128,
         )
 
     def decode(self, state: Any, rows: slice, slots: list[int]) -> Any:
@@ -159,8 +182,18 @@ class Scan:
         state = self.initial.copy()
         b = self.backend
         out = mamba2_scan_reference(
-            host(b, self.x), host(b, self.dt), host(b, self.A), host(b, self.B), host(b, self.C), host(b, self.D),
-            host(b, self.dt_bias), state, np.concatenate([[0], np.cumsum(lengths)]), np.asarray(slots), 64, 0.0,
+            host(b, self.x),
+            host(b, self.dt),
+            host(b, self.A),
+            host(b, self.B),
+            host(b, self.C),
+            host(b, self.D),
+            host(b, self.dt_bias),
+            state,
+            np.concatenate([[0], np.cumsum(lengths)]),
+            np.asarray(slots),
+            64,
+            0.0,
             float("inf"),
         )
         return out, state
@@ -260,7 +293,9 @@ def test_gated_norms_at_the_real_sizes(backend: CudaBackend) -> None:
     """rms_norm_silu_gate over [T, 32, 128] with the gate a strided view; gated_rms_norm over 8 groups of 512."""
     rng = np.random.default_rng(6)
     core = backend.from_numpy(rng.standard_normal((5, 32, 128), dtype=np.float32))
-    z = backend.from_numpy(rng.standard_normal((5, 32 * 128 + 40), dtype=np.float32))[:, 8 : 8 + 32 * 128].reshape(5, 32, 128)
+    z = backend.from_numpy(rng.standard_normal((5, 32 * 128 + 40), dtype=np.float32))[:, 8 : 8 + 32 * 128].reshape(
+        5, 32, 128
+    )
     w = backend.from_numpy(1 + 0.1 * rng.standard_normal(128, dtype=np.float32), weight=True)
     got = backend.ops(GatedDeltaOps).rms_norm_silu_gate(core, z, w, 1e-6)
     want = rms_norm_silu_gate_reference(host(backend, core), host(backend, z), host(backend, w), 1e-6)

@@ -32,7 +32,11 @@ def test_availability_is_none_or_a_reason() -> None:
 
 def test_atlas_plugins_check_lists_cuda_with_its_status() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "atlas_core.cli", "plugins", "--check"], capture_output=True, text=True, timeout=120, check=False,
+        [sys.executable, "-m", "atlas_core.cli", "plugins", "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert "atlas-gb10" in result.stdout and "cuda" in result.stdout
@@ -70,7 +74,11 @@ def test_split_size_is_the_same_for_every_attention_variant_of_a_target() -> Non
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the compile-only check needs it")
 def test_every_kernel_compiles_for_hopper_and_gb10() -> None:
     result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "compile_check.py")], capture_output=True, text=True, timeout=1200, check=False,
+        [sys.executable, str(SCRIPTS / "compile_check.py")],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "sm_90a" in result.stdout and "sm_121" in result.stdout

@@ -28,7 +28,9 @@ def register_gpu_backends(register: Register) -> None:
 
 @hookimpl
 def register_model_loaders(register: Register) -> None:
-    register("example_llama", "atlas_example_plugin.loader:ExampleLlamaLoader", architectures=["ExampleLlamaForCausalLM"])
+    register(
+        "example_llama", "atlas_example_plugin.loader:ExampleLlamaLoader", architectures=["ExampleLlamaForCausalLM"]
+    )
 
 
 @hookimpl

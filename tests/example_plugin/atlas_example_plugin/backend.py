@@ -9,8 +9,17 @@ from typing import Any
 from atlas_core.backends.numpy_backend import NumpyBackend
 
 COUNTED_OPS = (
-    "embedding", "linear", "rms_norm", "silu_mul", "rope", "write_kv", "attention", "log_softmax", "argmax",
-    "adjust_logits", "sample",
+    "embedding",
+    "linear",
+    "rms_norm",
+    "silu_mul",
+    "rope",
+    "write_kv",
+    "attention",
+    "log_softmax",
+    "argmax",
+    "adjust_logits",
+    "sample",
 )
 """The compute ops of the backend contract (memory ops ``from_numpy``/``to_numpy``/``zeros`` are not counted)."""
 

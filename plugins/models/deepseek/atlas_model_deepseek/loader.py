@@ -62,14 +62,22 @@ class DeepseekV3Loader(ModelWeightLoader):
         for i in self.layer_progress(spec.num_layers):
             p = f"{prefix}layers.{i}."
             attention = attention_type(
-                backend, self._mla_weights(spec, p + "self_attn."), layer_index=i, shape=spec.mla, rope_cos=cos,
-                rope_sin=sin, scale=spec.softmax_scale, position_scale=position_scale,
+                backend,
+                self._mla_weights(spec, p + "self_attn."),
+                layer_index=i,
+                shape=spec.mla,
+                rope_cos=cos,
+                rope_sin=sin,
+                scale=spec.softmax_scale,
+                position_scale=position_scale,
             )
             ffn = self._moe(spec, p + "mlp.") if spec.is_moe_layer(i) else self.gated_mlp(p + "mlp.")
             layers.append(
                 layer_type(
-                    self._norm(p + "input_layernorm.weight", spec), attention,
-                    self._norm(p + "post_attention_layernorm.weight", spec), ffn,
+                    self._norm(p + "input_layernorm.weight", spec),
+                    attention,
+                    self._norm(p + "post_attention_layernorm.weight", spec),
+                    ffn,
                 )
             )
         embed = self.upload(prefix + "embed_tokens.weight")
@@ -110,7 +118,9 @@ class DeepseekV3Loader(ModelWeightLoader):
             kv_width = shape.latent_dim + shape.rope_dim
             kv_in = deinterleave_rope_rows(kv_in, group=kv_width, start=shape.latent_dim, rope_dim=shape.rope_dim)
             if kv_bias is not None:
-                kv_bias = deinterleave_rope_rows(kv_bias, group=kv_width, start=shape.latent_dim, rope_dim=shape.rope_dim)
+                kv_bias = deinterleave_rope_rows(
+                    kv_bias, group=kv_width, start=shape.latent_dim, rope_dim=shape.rope_dim
+                )
         expected_in = (shape.fused_q_width + shape.latent_dim + shape.rope_dim, spec.hidden_size)
         fused_in = np.concatenate([q_in, kv_in])
         if fused_in.shape != expected_in:
@@ -137,7 +147,10 @@ class DeepseekV3Loader(ModelWeightLoader):
 
     def _moe(self, spec: DeepseekSpec, m: str) -> MoEFeedForward:
         return load_moe(
-            self, m, spec.router, correction_bias=self.correction_bias,
+            self,
+            m,
+            spec.router,
+            correction_bias=self.correction_bias,
             shared_expert=self.gated_mlp(m + "shared_experts.") if spec.num_shared_experts else None,
         )
 

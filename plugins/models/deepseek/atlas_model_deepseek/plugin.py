@@ -17,16 +17,22 @@ MISTRAL_DEFAULTS = {"reasoning_parser": "mistral", "tool_call_parser": "mistral"
 @hookimpl
 def register_model_loaders(register: Register) -> None:
     register(
-        "deepseek_v3", "atlas_model_deepseek.loader:DeepseekV3Loader", architectures=["DeepseekV3ForCausalLM"],
+        "deepseek_v3",
+        "atlas_model_deepseek.loader:DeepseekV3Loader",
+        architectures=["DeepseekV3ForCausalLM"],
         defaults=DEEPSEEK_DEFAULTS,
     )
     register(
-        "mistral4", "atlas_model_deepseek.loader:Mistral4Loader", architectures=["Mistral4ForCausalLM"],
+        "mistral4",
+        "atlas_model_deepseek.loader:Mistral4Loader",
+        architectures=["Mistral4ForCausalLM"],
         defaults=MISTRAL_DEFAULTS,
     )
     register(
-        "mistral3", "atlas_model_deepseek.loader:Mistral3Loader",
-        architectures=["Mistral3ForConditionalGeneration"], defaults=MISTRAL_DEFAULTS,
+        "mistral3",
+        "atlas_model_deepseek.loader:Mistral3Loader",
+        architectures=["Mistral3ForConditionalGeneration"],
+        defaults=MISTRAL_DEFAULTS,
     )
 
 

@@ -19,7 +19,12 @@ from atlas_core.plugins import load_plugins
 from atlas_core.testing.checkpoints import TinyCheckpoints
 from atlas_core.testing.cli import run_plugins
 from atlas_core.testing.family import (
-    GREEDY, INVARIANCE_SETTINGS, assert_batch_invariant, assert_no_leaks, greedy_alone, mixed_prompts,
+    GREEDY,
+    INVARIANCE_SETTINGS,
+    assert_batch_invariant,
+    assert_no_leaks,
+    greedy_alone,
+    mixed_prompts,
 )
 from atlas_core.testing.parity import TOLERANCE, ReferenceParity, max_prompt_logprob_error
 
@@ -44,7 +49,11 @@ def test_registers_the_families_with_serving_defaults() -> None:
 def test_atlas_plugins_lists_the_family(capsys: pytest.CaptureFixture[str]) -> None:
     lines = run_plugins(capsys).splitlines()
     assert "deepseek  atlas-model-deepseek 0.1.0" in lines
-    for model_type, loader in (("deepseek_v3", "DeepseekV3Loader"), ("mistral4", "Mistral4Loader"), ("mistral3", "Mistral3Loader")):
+    for model_type, loader in (
+        ("deepseek_v3", "DeepseekV3Loader"),
+        ("mistral4", "Mistral4Loader"),
+        ("mistral3", "Mistral3Loader"),
+    ):
         assert any(line.startswith(f"  model {model_type} -> atlas_model_deepseek.loader:{loader} (") for line in lines)
 
 

@@ -22,19 +22,40 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 
 _COMMON_DEFAULTS: dict[str, Any] = {
-    "hidden_size": 2304, "intermediate_size": 9216, "num_attention_heads": 8, "num_key_value_heads": 4,
-    "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131_072,
-    "rms_norm_eps": 1e-6, "attention_bias": False, "final_logit_softcapping": None, "tie_word_embeddings": True,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "attention_bias": False,
+    "final_logit_softcapping": None,
+    "tie_word_embeddings": True,
 }
 DEFAULTS: dict[Family, dict[str, Any]] = {
-    "gemma3": _COMMON_DEFAULTS | {
-        "vocab_size": 262_208, "num_hidden_layers": 26, "query_pre_attn_scalar": 256, "sliding_window": 4096,
-        "sliding_window_pattern": 6, "use_bidirectional_attention": False,
+    "gemma3": _COMMON_DEFAULTS
+    | {
+        "vocab_size": 262_208,
+        "num_hidden_layers": 26,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+        "use_bidirectional_attention": False,
     },
-    "gemma4": _COMMON_DEFAULTS | {
-        "vocab_size": 262_144, "num_hidden_layers": 30, "sliding_window": 512, "use_bidirectional_attention": None,
-        "vocab_size_per_layer_input": 262_144, "hidden_size_per_layer_input": 256, "attention_k_eq_v": False,
-        "num_kv_shared_layers": 0, "enable_moe_block": False, "global_head_dim": 512,
+    "gemma4": _COMMON_DEFAULTS
+    | {
+        "vocab_size": 262_144,
+        "num_hidden_layers": 30,
+        "sliding_window": 512,
+        "use_bidirectional_attention": None,
+        "vocab_size_per_layer_input": 262_144,
+        "hidden_size_per_layer_input": 256,
+        "attention_k_eq_v": False,
+        "num_kv_shared_layers": 0,
+        "enable_moe_block": False,
+        "global_head_dim": 512,
         "num_global_key_value_heads": None,
     },
 }
@@ -204,10 +225,16 @@ def _gemma4_layers(text: dict[str, Any], types: list[str], origin: str) -> tuple
         shape = {"head_dim": text["head_dim"], "num_key_value_heads": text["num_key_value_heads"]}
         shape |= overrides.get(i, {})
         head_dim = int(shape["head_dim"])
-        layers.append(GemmaLayerSpec(
-            t, window if t == SLIDING else None, head_dim, int(shape["num_key_value_heads"]),
-            _rope(params[t], head_dim, max_positions), sources[i],
-        ))
+        layers.append(
+            GemmaLayerSpec(
+                t,
+                window if t == SLIDING else None,
+                head_dim,
+                int(shape["num_key_value_heads"]),
+                _rope(params[t], head_dim, max_positions),
+                sources[i],
+            )
+        )
     for i, layer in enumerate(layers):
         source = layers[layer.kv_source]
         if (layer.head_dim, layer.num_kv_heads) != (source.head_dim, source.num_kv_heads):

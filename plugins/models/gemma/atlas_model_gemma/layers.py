@@ -52,7 +52,11 @@ class Gemma4DecoderLayer:
     layer_scalar: float
 
     def __call__(
-        self, hidden: Array, residual: Array | None, batch: ForwardBatch, kv: KVCache,
+        self,
+        hidden: Array,
+        residual: Array | None,
+        batch: ForwardBatch,
+        kv: KVCache,
         per_layer_input: Array | None = None,
     ) -> tuple[Array, None]:
         out, residual = self.block(hidden, residual, batch, kv)

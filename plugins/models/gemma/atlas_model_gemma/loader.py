@@ -123,9 +123,16 @@ class GemmaLoader(ModelWeightLoader):
         cos, sin = self._rope_tables(layer)
         attention_class = self.layer_type("shared_kv_attention" if shared else "attention")
         return attention_class(
-            self.backend, weights, layer_index=self.cache_slots[layer.kv_source],
-            num_heads=int(self.spec["num_attention_heads"]), num_kv_heads=layer.num_kv_heads, head_dim=layer.head_dim,
-            rope_cos=cos, rope_sin=sin, scale=self.spec.attention_scale, sliding_window=layer.sliding_window,
+            self.backend,
+            weights,
+            layer_index=self.cache_slots[layer.kv_source],
+            num_heads=int(self.spec["num_attention_heads"]),
+            num_kv_heads=layer.num_kv_heads,
+            head_dim=layer.head_dim,
+            rope_cos=cos,
+            rope_sin=sin,
+            scale=self.spec.attention_scale,
+            sliding_window=layer.sliding_window,
         )
 
     def _rope_tables(self, layer: GemmaLayerSpec) -> tuple[Array, Array]:
@@ -160,9 +167,12 @@ class Gemma4Loader(GemmaLoader):
         if not size:
             return {"per_layer_inputs": None}
         inputs = self.layer_type("per_layer_inputs")(
-            self.backend, self.upload(self.prefix + "embed_tokens_per_layer.weight"),
+            self.backend,
+            self.upload(self.prefix + "embed_tokens_per_layer.weight"),
             self.upload(self.prefix + "per_layer_model_projection.weight"),
-            self.norm(self.prefix + "per_layer_projection_norm.weight"), num_layers=num_layers, size=size,
+            self.norm(self.prefix + "per_layer_projection_norm.weight"),
+            num_layers=num_layers,
+            size=size,
         )
         return {"per_layer_inputs": inputs}
 
@@ -172,16 +182,22 @@ class Gemma4Loader(GemmaLoader):
             block = self.sandwich_layer(i, layer)
         else:
             block = self.sandwich_layer(
-                i, layer, ParallelMoEDecoderLayer, post_dense_norm=self.norm(p + "post_feedforward_layernorm_1.weight"),
+                i,
+                layer,
+                ParallelMoEDecoderLayer,
+                post_dense_norm=self.norm(p + "post_feedforward_layernorm_1.weight"),
                 pre_moe_norm=self.norm(p + "pre_feedforward_layernorm_2.weight"),
-                router_norm=self.unit_norm(int(self.spec["hidden_size"])), moe=self.moe(p),
+                router_norm=self.unit_norm(int(self.spec["hidden_size"])),
+                moe=self.moe(p),
                 post_moe_norm=self.norm(p + "post_feedforward_layernorm_2.weight"),
             )
         gate = None
         if self.spec.per_layer_input_size:
             gate = self.layer_type("per_layer_input_gate")(
-                self.backend, self.upload(p + "per_layer_input_gate.weight"),
-                self.upload(p + "per_layer_projection.weight"), self.norm(p + "post_per_layer_input_norm.weight"),
+                self.backend,
+                self.upload(p + "per_layer_input_gate.weight"),
+                self.upload(p + "per_layer_projection.weight"),
+                self.norm(p + "post_per_layer_input_norm.weight"),
             )
         # transformers initialises a layer_scalar missing from a checkpoint to 1
         scalar = float(self.tensor(p + "layer_scalar").reshape(-1)[0]) if p + "layer_scalar" in self.source else 1.0

@@ -27,7 +27,14 @@ class PerLayerInputs:
     """
 
     def __init__(
-        self, backend: Backend, table: Array, projection: Array, norm: RMSNorm, *, num_layers: int, size: int,
+        self,
+        backend: Backend,
+        table: Array,
+        projection: Array,
+        norm: RMSNorm,
+        *,
+        num_layers: int,
+        size: int,
     ) -> None:
         if tuple(table.shape)[1:] != (num_layers * size,) or tuple(projection.shape)[:1] != (num_layers * size,):
             raise ValueError(
@@ -43,7 +50,9 @@ class PerLayerInputs:
         backend = self.backend
         tokens = embeds.shape[0]
         shape = (tokens, self.num_layers, self.size)
-        token = backend.ops(GemmaOps).scale(backend.embedding(self.table, ids), in_activation_dtype(backend, self.size**0.5))
+        token = backend.ops(GemmaOps).scale(
+            backend.embedding(self.table, ids), in_activation_dtype(backend, self.size**0.5)
+        )
         context = backend.ops(GemmaOps).scale(backend.linear(embeds, self.projection), self.hidden_size**-0.5)
         context = self.norm(context.reshape(shape))[0]
         return backend.ops(GemmaOps).add_scaled(context, token.reshape(shape), 2.0**-0.5)

@@ -120,7 +120,9 @@ TOOL_CASES = [
         [],
         ("output ended before <tool_call|>",),
     ),
-    ToolCallCase("gemma4-plain-text", "gemma4", "a <|tool, <tool_call|> are text", "a <|tool, <tool_call|> are text", []),
+    ToolCallCase(
+        "gemma4-plain-text", "gemma4", "a <|tool, <tool_call|> are text", "a <|tool, <tool_call|> are text", []
+    ),
 ]
 
 REASONING_CASES = [

@@ -11,6 +11,7 @@ import random
 from typing import Any
 
 import pytest
+from atlas_model_gemma.tool_format import read_gemma4_arguments
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +23,6 @@ from atlas_core.parsing import (
     tool_call_constraint,
 )
 from atlas_core.parsing.tools import MarkupError
-from atlas_model_gemma.tool_format import read_gemma4_arguments
 from atlas_core.testing.grammars import SPECIAL, accepts, byte_tokenizer, random_walk
 from atlas_core.testing.parsers import TOOLS, check_streams_like_whole, split
 

@@ -62,9 +62,16 @@ def test_atlas_plugins_lists_the_family_and_imports_its_loaders(capsys: pytest.C
     plugin = by_distribution(json.loads(run_plugins(capsys, "--check", "--json")))["atlas-model-gemma"]
     assert plugin["errors"] == []
     registrations = {(r["kind"], r["name"]): r for r in plugin["registrations"]}
-    assert sorted(name for kind, name in registrations if kind == "model") == ["gemma3", "gemma3_text", "gemma4", "gemma4_text"]
+    assert sorted(name for kind, name in registrations if kind == "model") == [
+        "gemma3",
+        "gemma3_text",
+        "gemma4",
+        "gemma4_text",
+    ]
     assert sorted(name for kind, name in registrations if kind == "layer") == [
-        "per_layer_input_gate", "per_layer_inputs", "sandwich_decoder_layer"
+        "per_layer_input_gate",
+        "per_layer_inputs",
+        "sandwich_decoder_layer",
     ]
     assert ("op_group", "gemma") in registrations
     assert {r["check"]["status"] for r in registrations.values()} == {"ok"}
@@ -97,7 +104,9 @@ def test_gemma3_text_stack_under_model_language_model(tmp_path: Path) -> None:
     """transformers saves Gemma 3 vision-language checkpoints with ``language_model.model.*`` (the
     fixture); the Hub's newer uploads use ``model.language_model.*``: both load."""
     folder = rewrite(
-        "gemma3_multimodal", tmp_path / "renamed", config_of("gemma3_multimodal"),
+        "gemma3_multimodal",
+        tmp_path / "renamed",
+        config_of("gemma3_multimodal"),
         lambda name: name.replace("language_model.model.", "model.language_model.", 1),
     )
     assert_matches_reference(folder, "gemma3_multimodal")
@@ -108,8 +117,13 @@ def test_gemma4_vision_language_checkpoint_loads_its_text_stack(tmp_path: Path) 
     ``model_type`` gemma4, the text config under ``text_config``, weights under ``model.language_model.``
     beside vision weights that are not read; the logits are the text model's."""
     text = config_of("gemma4")
-    config = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "text_config": text,
-              "vision_config": {"model_type": "gemma4_vision", "hidden_size": 16}, "tie_word_embeddings": True}
+    config = {
+        "model_type": "gemma4",
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "text_config": text,
+        "vision_config": {"model_type": "gemma4_vision", "hidden_size": 16},
+        "tie_word_embeddings": True,
+    }
     folder = rewrite(
         "gemma4", tmp_path / "multimodal", config, lambda name: "model.language_model." + name.removeprefix("model.")
     )
@@ -124,8 +138,12 @@ def test_gemma3_hub_style_rope_and_pattern_keys(tmp_path: Path) -> None:
     config = config_of("gemma3")
     for key in ("rope_parameters", "layer_types"):
         del config[key]
-    config |= {"rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
-               "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "sliding_window_pattern": 3}
+    config |= {
+        "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        "sliding_window_pattern": 3,
+    }
     assert_matches_reference(rewrite("gemma3", tmp_path / "hub", config), "gemma3")
 
 
@@ -140,8 +158,15 @@ def test_gemma4_hub_style_global_head_keys(tmp_path: Path) -> None:
 
 def test_sparse_vision_language_config_takes_transformers_defaults() -> None:
     """Hub Gemma 3 vision-language configs list only a few text keys; the rest are transformers' defaults."""
-    config = {"model_type": "gemma3", "text_config": {"hidden_size": 2560, "num_hidden_layers": 34,
-              "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}}
+    config = {
+        "model_type": "gemma3",
+        "text_config": {
+            "hidden_size": 2560,
+            "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "sliding_window": 1024,
+        },
+    }
     spec = parse(config, "gemma3", "config.json")
     assert (spec["num_attention_heads"], spec["num_key_value_heads"], spec["head_dim"]) == (8, 4, 256)
     assert spec.attention_scale == 256**-0.5 and spec.tie_word_embeddings

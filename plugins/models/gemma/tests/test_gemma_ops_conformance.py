@@ -11,9 +11,10 @@ import math
 
 import numpy as np
 import pytest
-
 from atlas_model_gemma.ops import GemmaOps
+
 from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
+
 
 def gemma(case: Case) -> GemmaOps:
     """The backend's implementation of the gemma op group (native where one is registered)."""
@@ -84,6 +85,7 @@ def test_gelu_tanh_gate_agrees_with_gelu_tanh_mul(case: Case) -> None:
     up_dev, up = case.upload(case.normal(5, 16))
     joined_dev, _ = case.upload(np.concatenate([gate, up], axis=-1).astype(np.float32))
     case.assert_values(
-        case.host(gemma(case).gelu_tanh_gate(gate_dev, up_dev)), case.host(case.backend.gelu_tanh_mul(joined_dev)),
+        case.host(gemma(case).gelu_tanh_gate(gate_dev, up_dev)),
+        case.host(case.backend.gelu_tanh_mul(joined_dev)),
         "gelu_tanh_gate vs gelu_tanh_mul",
     )

@@ -57,7 +57,9 @@ class MiniMaxM2Loader(DenseDecoderLoader):
         }
         for key, (value, supported) in unsupported.items():
             if value != supported:
-                raise ModelLoadError(f"{origin}: {key} = {value!r} is not supported for minimax_m2 (only {supported!r})")
+                raise ModelLoadError(
+                    f"{origin}: {key} = {value!r} is not supported for minimax_m2 (only {supported!r})"
+                )
         spec = super().spec()
         return dataclasses.replace(spec, rope=self.rope(spec.head_dim))
 
@@ -86,7 +88,10 @@ class MiniMaxM2Loader(DenseDecoderLoader):
                 "(set use_routing_bias to false in config.json if the model routes without one)"
             )
         return load_moe(
-            self, prefix, self.router_spec(), names=MINIMAX_EXPERT_NAMES,
+            self,
+            prefix,
+            self.router_spec(),
+            names=MINIMAX_EXPERT_NAMES,
             correction_bias=CORRECTION_BIAS if has_bias else None,
         )
 

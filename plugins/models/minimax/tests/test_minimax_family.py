@@ -12,8 +12,8 @@ import pytest
 from atlas_model_minimax.loader import AllHeadsRMSNorm
 from safetensors.numpy import load_file, save_file
 
-from atlas_core.backends.ops.moe import MoEOps
 from atlas_core import LLM
+from atlas_core.backends.ops.moe import MoEOps
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.moe import MoEFeedForward
 from atlas_core.plugins import load_plugins
@@ -61,7 +61,12 @@ def test_layers_have_full_width_qk_norms_partial_rotary_and_sigmoid_routing() ->
         assert layer.mixer.rope_cos.shape[1] == 4  # rotary_dim 8 of head_dim 16
         moe = layer.ffn
         assert isinstance(moe, MoEFeedForward) and moe.correction_bias is not None
-        assert (moe.spec.scoring, moe.spec.normalize_top_k, moe.spec.top_k, moe.spec.num_experts) == ("sigmoid", True, 2, 8)
+        assert (moe.spec.scoring, moe.spec.normalize_top_k, moe.spec.top_k, moe.spec.num_experts) == (
+            "sigmoid",
+            True,
+            2,
+            8,
+        )
 
 
 def test_all_heads_norm_normalises_each_token_over_every_head() -> None:
@@ -132,7 +137,9 @@ def test_missing_correction_bias_is_an_error_unless_the_config_disables_it(tmp_p
     assert llm.loaded.model.layers[0].ffn.correction_bias is None
 
 
-@pytest.mark.parametrize("change", [{"scoring_func": "softmax"}, {"qk_norm_type": "per_head"}, {"shared_intermediate_size": 64}])
+@pytest.mark.parametrize(
+    "change", [{"scoring_func": "softmax"}, {"qk_norm_type": "per_head"}, {"shared_intermediate_size": 64}]
+)
 def test_unsupported_config_settings_are_refused(tmp_path: Path, change: dict) -> None:
     with pytest.raises(ModelLoadError, match=next(iter(change))):
         LLM(edited_copy(tmp_path, change))

@@ -31,8 +31,14 @@ class LatentMoE:
     ``moe`` holds the router, the latent-width experts, and no shared expert."""
 
     def __init__(
-        self, backend: Backend, moe: MoEFeedForward, shared_expert: Callable[[Array], Array], fc1: Array, fc2: Array,
-        fc1_bias: Array | None = None, fc2_bias: Array | None = None,
+        self,
+        backend: Backend,
+        moe: MoEFeedForward,
+        shared_expert: Callable[[Array], Array],
+        fc1: Array,
+        fc2: Array,
+        fc1_bias: Array | None = None,
+        fc2_bias: Array | None = None,
     ) -> None:
         if moe.shared_expert is not None:
             raise ValueError("LatentMoE: the shared expert runs at full width; pass it here, not inside moe")

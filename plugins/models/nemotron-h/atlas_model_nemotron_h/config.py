@@ -21,8 +21,12 @@ LayerKind = Literal["mamba", "attention", "mlp", "moe"]
 
 PATTERN_LETTERS: dict[str, LayerKind] = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 LIST_NAMES: dict[str, LayerKind] = {
-    "linear_attention": "mamba", "mamba": "mamba", "full_attention": "attention", "attention": "attention",
-    "mlp": "mlp", "moe": "moe",
+    "linear_attention": "mamba",
+    "mamba": "mamba",
+    "full_attention": "attention",
+    "attention": "attention",
+    "mlp": "mlp",
+    "moe": "moe",
 }
 
 
@@ -68,7 +72,9 @@ class NemotronHSpec:
         heads = int(config.get("num_attention_heads", 32))
         kv_heads = int(config.get("num_key_value_heads") or heads)
         if heads % kv_heads:
-            raise ModelLoadError(f"{origin}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
+            raise ModelLoadError(
+                f"{origin}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
+            )
         eps = float(config.get("layer_norm_epsilon", 1e-5))
         try:
             mamba = Mamba2Shape(
@@ -112,7 +118,9 @@ def layer_kinds(config: dict[str, Any], origin: str) -> tuple[LayerKind, ...]:
             raise ModelLoadError(f"{origin}: layers_block_type must be a list of layer type names, got {listed!r}")
         unknown = sorted({name for name in listed if name not in LIST_NAMES})
         if unknown:
-            raise ModelLoadError(f"{origin}: unknown layer types {unknown} in layers_block_type (known: {sorted(LIST_NAMES)})")
+            raise ModelLoadError(
+                f"{origin}: unknown layer types {unknown} in layers_block_type (known: {sorted(LIST_NAMES)})"
+            )
         kinds = tuple(LIST_NAMES[name] for name in listed)
     elif isinstance(config.get("hybrid_override_pattern"), str):
         pattern = config["hybrid_override_pattern"]

@@ -20,7 +20,6 @@ from atlas_core.model.layers.moe import NON_GATED_EXPERT_NAMES, read_experts
 from atlas_core.model.loader import ModelWeightLoader
 from atlas_core.model.recurrent_state import RecurrentState
 from atlas_core.model.transformer import TransformerModel
-
 from atlas_model_nemotron_h.blocks import LatentMoE, PreNormBlock
 from atlas_model_nemotron_h.config import NemotronHSpec
 
@@ -94,14 +93,23 @@ class NemotronHLoader(ModelWeightLoader):
             o=self.upload(a + "o_proj.weight"),
         )
         return self.layer_type("attention")(
-            self.backend, weights, layer_index=cache_index, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim, rope_cos=None, rope_sin=None,  # no RoPE in Nemotron-H
+            self.backend,
+            weights,
+            layer_index=cache_index,
+            num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            rope_cos=None,
+            rope_sin=None,  # no RoPE in Nemotron-H
         )
 
     def _mlp(self, m: str, bias: bool) -> Any:
         return self.layer_type("relu2_mlp")(
-            self.backend, self.upload(m + "up_proj.weight"), self.upload(m + "down_proj.weight"),
-            self.optional_upload(bias, m + "up_proj.bias"), self.optional_upload(bias, m + "down_proj.bias"),
+            self.backend,
+            self.upload(m + "up_proj.weight"),
+            self.upload(m + "down_proj.weight"),
+            self.optional_upload(bias, m + "up_proj.bias"),
+            self.optional_upload(bias, m + "down_proj.bias"),
         )
 
     def _moe(self, spec: NemotronHSpec, m: str) -> Any:
@@ -109,7 +117,10 @@ class NemotronHLoader(ModelWeightLoader):
         assert settings is not None
         w_in, w_out = read_experts(self, m + "experts.", settings.router.num_experts, NON_GATED_EXPERT_NAMES)
         width = spec.hidden_size if settings.latent_size is None else settings.latent_size
-        if w_in.shape[1:] != (settings.intermediate_size, width) or w_out.shape[1:] != (width, settings.intermediate_size):
+        if w_in.shape[1:] != (settings.intermediate_size, width) or w_out.shape[1:] != (
+            width,
+            settings.intermediate_size,
+        ):
             raise ModelLoadError(
                 f"{self.origin}: experts under {m}experts. are {w_in.shape} / {w_out.shape}, but the config "
                 f"(moe_intermediate_size {settings.intermediate_size}, width {width}) implies "
@@ -124,7 +135,11 @@ class NemotronHLoader(ModelWeightLoader):
             return moe_type(self.backend, router, experts, settings.router, correction_bias=bias, shared_expert=shared)
         moe = moe_type(self.backend, router, experts, settings.router, correction_bias=bias)
         return LatentMoE(
-            self.backend, moe, shared, self.upload(m + "fc1_latent_proj.weight"), self.upload(m + "fc2_latent_proj.weight"),
+            self.backend,
+            moe,
+            shared,
+            self.upload(m + "fc1_latent_proj.weight"),
+            self.upload(m + "fc2_latent_proj.weight"),
             self.optional_upload(spec.mlp_bias, m + "fc1_latent_proj.bias"),
             self.optional_upload(spec.mlp_bias, m + "fc2_latent_proj.bias"),
         )

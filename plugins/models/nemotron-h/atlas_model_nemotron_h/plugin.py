@@ -11,6 +11,8 @@ def register_model_loaders(register: Register) -> None:
     # call tools as <TOOLCALL>[{"name": ..., "arguments": {...}}, ...]</TOOLCALL> (the "nemotron" parser).
     # Nemotron 3 models share the model_type but use Qwen3-Coder's XML tool calls ("qwen3_coder").
     register(
-        "nemotron_h", "atlas_model_nemotron_h.loader:NemotronHLoader", architectures=["NemotronHForCausalLM"],
+        "nemotron_h",
+        "atlas_model_nemotron_h.loader:NemotronHLoader",
+        architectures=["NemotronHForCausalLM"],
         defaults={"reasoning_parser": "qwen3", "tool_call_parser": "nemotron"},
     )

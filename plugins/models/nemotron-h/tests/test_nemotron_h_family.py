@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from atlas_model_nemotron_h.blocks import LatentMoE
+from atlas_model_nemotron_h.config import NemotronHSpec
 
 from atlas_core import LLM
 from atlas_core.cli_plugins import add_plugins_parser
@@ -21,8 +23,6 @@ from atlas_core.parsing.registry import reasoning_parser_names, tool_parser_name
 from atlas_core.plugins import load_plugins
 from atlas_core.testing.checkpoints import TinyCheckpoints
 from atlas_core.testing.parity import ReferenceParity
-from atlas_model_nemotron_h.blocks import LatentMoE
-from atlas_model_nemotron_h.config import NemotronHSpec
 
 TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 
@@ -81,7 +81,11 @@ def test_pattern_string_and_legacy_names_give_the_same_layers() -> None:
     from_list = NemotronHSpec.from_config(config)
     pattern = {k: v for k, v in config.items() if k != "layers_block_type"} | {"hybrid_override_pattern": "ME*M-"}
     legacy = config | {"layers_block_type": ["mamba", "moe", "attention", "mamba", "mlp"]}
-    assert NemotronHSpec.from_config(pattern).layer_kinds == from_list.layer_kinds == ("mamba", "moe", "attention", "mamba", "mlp")
+    assert (
+        NemotronHSpec.from_config(pattern).layer_kinds
+        == from_list.layer_kinds
+        == ("mamba", "moe", "attention", "mamba", "mlp")
+    )
     assert NemotronHSpec.from_config(legacy).layer_kinds == from_list.layer_kinds
 
 
@@ -98,7 +102,10 @@ def test_original_mamba_aliases_and_time_step_limit_encodings() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"layers_block_type": None, "hybrid_override_pattern": "M*X"}, r"unknown letters \['X'\] in hybrid_override_pattern"),
+        (
+            {"layers_block_type": None, "hybrid_override_pattern": "M*X"},
+            r"unknown letters \['X'\] in hybrid_override_pattern",
+        ),
         ({"layers_block_type": ["mamba", "conv"]}, r"unknown layer types \['conv'\]"),
         ({"layers_block_type": None}, "needs layers_block_type or hybrid_override_pattern"),
         ({"mlp_hidden_act": "silu"}, "mlp_hidden_act 'silu' is not supported"),

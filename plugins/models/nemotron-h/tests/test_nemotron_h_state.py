@@ -80,7 +80,12 @@ def test_preemption_in_the_middle_of_a_prefill_keeps_outputs(alone: list[list[in
     slots = 16  # the recurrent state of every slot comes out of the same budget
     state_bytes = slots * LLM(MODEL, max_num_seqs=1).loaded.model.state_bytes_per_slot()
     llm = LLM(
-        MODEL, block_size=4, max_seq_len=128, max_prefill_tokens=5, enable_prefix_caching=False, max_num_seqs=slots,
+        MODEL,
+        block_size=4,
+        max_seq_len=128,
+        max_prefill_tokens=5,
+        enable_prefix_caching=False,
+        max_num_seqs=slots,
         kv_cache_memory_gib=(state_bytes + 130 * bytes_per_token) / 2**30,
     )
     scheduler = llm.engine.scheduler

@@ -39,7 +39,9 @@ class Qwen3MoeLoader(DenseDecoderLoader):
     def router_spec(self) -> RouterSpec:
         """Softmax over the experts, top ``num_experts_per_tok``, renormalised when ``norm_topk_prob``."""
         return router_spec_from_config(
-            self.config, f"{self.origin}/config.json", scoring="softmax",
+            self.config,
+            f"{self.origin}/config.json",
+            scoring="softmax",
             normalize_top_k=bool(self.config.get("norm_topk_prob", False)),
         )
 
@@ -59,7 +61,8 @@ class Qwen3MoeLoader(DenseDecoderLoader):
                 for name in ("gate_proj", "up_proj", "down_proj"):
                     del shapes[f"{p}{name}.weight"]
                 shapes |= {
-                    p + "gate.weight": (experts, hidden), p + "experts.gate_up_proj": (experts, 2 * inter, hidden),
+                    p + "gate.weight": (experts, hidden),
+                    p + "experts.gate_up_proj": (experts, 2 * inter, hidden),
                     p + "experts.down_proj": (experts, hidden, inter),
                 }
         return shapes
@@ -73,4 +76,8 @@ class Qwen3MoeLoader(DenseDecoderLoader):
 def sparse_layer(config: dict[str, Any], layer: int) -> bool:
     """Whether ``layer`` of a ``config`` has experts (the rule of transformers' ``Qwen3MoeDecoderLayer``)."""
     step = int(config.get("decoder_sparse_step") or 1)
-    return layer not in (config.get("mlp_only_layers") or []) and config_num_experts(config) > 0 and (layer + 1) % step == 0
+    return (
+        layer not in (config.get("mlp_only_layers") or [])
+        and config_num_experts(config) > 0
+        and (layer + 1) % step == 0
+    )

@@ -72,7 +72,9 @@ class HybridSpec:
             interval = int(text.get("full_attention_interval", 4))
             types = [FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(num_layers)]
         if len(types) != num_layers:
-            raise ModelLoadError(f"{origin}: 'layer_types' lists {len(types)} layers, num_hidden_layers is {num_layers}")
+            raise ModelLoadError(
+                f"{origin}: 'layer_types' lists {len(types)} layers, num_hidden_layers is {num_layers}"
+            )
         unknown = sorted(set(types) - {LINEAR_ATTENTION, FULL_ATTENTION})
         if unknown:
             raise ModelLoadError(

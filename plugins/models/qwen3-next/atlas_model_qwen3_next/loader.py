@@ -43,14 +43,19 @@ class Qwen3NextLoader(ModelWeightLoader):
             p = f"{self.prefix}layers.{i}."
             if spec.layer_types[i] == LINEAR_ATTENTION:
                 weights = self._gdn_weights(p + "linear_attn.", spec)
-                mixer: Mixer = self.layer_type("gated_delta_net")(self.backend, weights, spec.gdn, layer_index=i, state=state)
+                mixer: Mixer = self.layer_type("gated_delta_net")(
+                    self.backend, weights, spec.gdn, layer_index=i, state=state
+                )
             else:
                 mixer = self._attention(p + "self_attn.", spec, kv_index=len(kv_layouts))
                 kv_layouts.append(KVLayout(decoder.num_kv_heads, decoder.head_dim))
             ffn = self._moe(p + "mlp.", spec) if i in spec.moe_layers else self.gated_mlp(p + "mlp.")
             layers.append(
                 self.layer_type("pre_norm_decoder_layer")(
-                    self._norm(p + "input_layernorm.weight"), mixer, self._norm(p + "post_attention_layernorm.weight"), ffn
+                    self._norm(p + "input_layernorm.weight"),
+                    mixer,
+                    self._norm(p + "post_attention_layernorm.weight"),
+                    ffn,
                 )
             )
         embed = self.upload(self.prefix + "embed_tokens.weight")
@@ -74,8 +79,11 @@ class Qwen3NextLoader(ModelWeightLoader):
         moe = spec.moe
         assert moe is not None  # moe_layers is empty without a MoESpec
         return load_moe(
-            self, prefix, RouterSpec(moe.num_experts, moe.top_k, "softmax", normalize_top_k=moe.normalize_top_k),
-            shared_expert=self.gated_mlp(prefix + "shared_expert."), shared_expert_gate="shared_expert_gate.weight",
+            self,
+            prefix,
+            RouterSpec(moe.num_experts, moe.top_k, "softmax", normalize_top_k=moe.normalize_top_k),
+            shared_expert=self.gated_mlp(prefix + "shared_expert."),
+            shared_expert_gate="shared_expert_gate.weight",
         )
 
     def _attention(self, prefix: str, spec: HybridSpec, kv_index: int) -> Any:
@@ -97,8 +105,14 @@ class Qwen3NextLoader(ModelWeightLoader):
             k_norm=self._norm(prefix + "k_norm.weight"),
         )
         return self.layer_type("gated_attention")(
-            self.backend, weights, layer_index=kv_index, num_heads=decoder.num_heads,
-            num_kv_heads=decoder.num_kv_heads, head_dim=decoder.head_dim, rope_cos=self.rope_cos, rope_sin=self.rope_sin,
+            self.backend,
+            weights,
+            layer_index=kv_index,
+            num_heads=decoder.num_heads,
+            num_kv_heads=decoder.num_kv_heads,
+            head_dim=decoder.head_dim,
+            rope_cos=self.rope_cos,
+            rope_sin=self.rope_sin,
         )
 
     def _gdn_weights(self, prefix: str, spec: HybridSpec) -> GatedDeltaNetWeights:
@@ -107,7 +121,9 @@ class Qwen3NextLoader(ModelWeightLoader):
             ba = self.tensor(prefix + "in_proj_ba.weight")
             in_proj = self._checked(gdn_in_proj_from_fused, prefix + "in_proj_qkvz.weight", ba, shape)
         else:  # Qwen3.5: one projection each
-            in_proj = np.concatenate([self.tensor(prefix + f"in_proj_{part}.weight") for part in ("qkv", "z", "b", "a")])
+            in_proj = np.concatenate(
+                [self.tensor(prefix + f"in_proj_{part}.weight") for part in ("qkv", "z", "b", "a")]
+            )
         conv = self.tensor(prefix + "conv1d.weight")
         self.check_shape(
             f"{prefix.rstrip('.')} input projections", in_proj.shape, (shape.projection_rows, spec.decoder.hidden_size)

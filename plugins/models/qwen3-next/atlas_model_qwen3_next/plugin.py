@@ -16,7 +16,9 @@ QWEN3_5_DEFAULTS = {"reasoning_parser": "qwen3", "tool_call_parser": "qwen3_code
 @hookimpl
 def register_model_loaders(register: Register) -> None:
     register(
-        "qwen3_next", LOADER, architectures=["Qwen3NextForCausalLM"],
+        "qwen3_next",
+        LOADER,
+        architectures=["Qwen3NextForCausalLM"],
         defaults={"reasoning_parser": "qwen3", "tool_call_parser": "hermes"},
     )
     register("qwen3_5", LOADER, architectures=["Qwen3_5ForConditionalGeneration"], defaults=QWEN3_5_DEFAULTS)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from atlas_model_qwen3_next.projections import gdn_in_proj_from_fused, split_gated_query
 from safetensors.numpy import load_file, save_file
 
 from atlas_core import LLM, SamplingParams
@@ -22,7 +23,6 @@ from atlas_core.model.layers.moe import MoEFeedForward
 from atlas_core.plugins import load_plugins
 from atlas_core.testing.checkpoints import TinyCheckpoints
 from atlas_core.testing.parity import ReferenceParity
-from atlas_model_qwen3_next.projections import gdn_in_proj_from_fused, split_gated_query
 
 TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
@@ -30,8 +30,13 @@ GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
 @pytest.mark.parametrize(
     ("model_type", "tool_parser"),
-    [("qwen3_next", "hermes"), ("qwen3_5", "qwen3_coder"), ("qwen3_5_text", "qwen3_coder"),
-     ("qwen3_5_moe", "qwen3_coder"), ("qwen3_5_moe_text", "qwen3_coder")],
+    [
+        ("qwen3_next", "hermes"),
+        ("qwen3_5", "qwen3_coder"),
+        ("qwen3_5_text", "qwen3_coder"),
+        ("qwen3_5_moe", "qwen3_coder"),
+        ("qwen3_5_moe_text", "qwen3_coder"),
+    ],
 )
 def test_registers_every_model_type_with_serving_defaults(model_type: str, tool_parser: str) -> None:
     registration = load_plugins().get("model", model_type)
@@ -96,8 +101,9 @@ def test_split_gated_query_takes_per_head_halves() -> None:
 
 def test_fused_projections_regroup_by_value_head() -> None:
     """Row by row: value head ``h * r + j`` (r value heads per key head) comes from key head h's group."""
-    shape = GatedDeltaNetShape(num_key_heads=2, num_value_heads=6, key_head_dim=2, value_head_dim=3, conv_kernel=4,
-                               norm_eps=1e-6)
+    shape = GatedDeltaNetShape(
+        num_key_heads=2, num_value_heads=6, key_head_dim=2, value_head_dim=3, conv_kernel=4, norm_eps=1e-6
+    )
     r, dk, dv = 3, 2, 3
     group = 2 * dk + 2 * r * dv
     qkvz = np.arange(2 * group)[:, None] * np.ones((1, 5))
@@ -118,13 +124,19 @@ def test_fused_projections_regroup_by_value_head() -> None:
 @pytest.mark.parametrize(
     ("name", "changes", "message"),
     [
-        ("qwen3_next", {"layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]},
-         "sliding_attention"),
+        (
+            "qwen3_next",
+            {"layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]},
+            "sliding_attention",
+        ),
         ("qwen3_next", {"layer_types": ["linear_attention", "full_attention"]}, "lists 2 layers"),
         ("qwen3_next", {"linear_num_value_heads": 3}, "multiple of"),
         ("qwen3_next", {"linear_value_head_dim": 16}, r"in_proj_qkvz.weight: .* do not fit"),
-        ("qwen3_5_moe", {"linear_value_head_dim": 16},
-         r"input projections has shape \(136, 64\), but config.json implies \(200, 64\)"),
+        (
+            "qwen3_5_moe",
+            {"linear_value_head_dim": 16},
+            r"input projections has shape \(136, 64\), but config.json implies \(200, 64\)",
+        ),
         ("qwen3_5_moe", {"head_dim": 8}, r"q_proj.weight: .* num_attention_heads"),
     ],
 )
@@ -143,8 +155,10 @@ def test_full_attention_interval_replaces_layer_types(tmp_path: Path) -> None:
     assert config["layer_types"] == ["linear_attention", "full_attention"] * 2
     model = LLM(folder).loaded.model
     assert [isinstance(layer.mixer, GatedDeltaNet) for layer in model.layers] == [True, False, True, False]
-    assert LLM(folder).generate(prompt, GREEDY)[0].outputs[0].token_ids == LLM(TINY / "qwen3_next").generate(
-        prompt, GREEDY)[0].outputs[0].token_ids
+    assert (
+        LLM(folder).generate(prompt, GREEDY)[0].outputs[0].token_ids
+        == LLM(TINY / "qwen3_next").generate(prompt, GREEDY)[0].outputs[0].token_ids
+    )
 
 
 class TestReferenceParity(ReferenceParity):
