@@ -14,8 +14,9 @@ is imported only when that name is selected, so listing plugins never imports he
 
 Each registration may pass keyword metadata (shown by ``atlas plugins``): the keys each hook
 accepts, and their types, are declared in `HOOK_METADATA`; any other key, a value of another type
-or a missing required key makes the ``register`` call raise. Hooks return nothing; exceptions raised by one plugin's hook are reported for that plugin and do
-not affect the others. See ``docs/plugin-hooks.md`` for a worked example of each hook.
+or a missing required key makes the ``register`` call raise. Hooks return nothing; exceptions
+raised by one plugin's hook are reported for that plugin and do not affect the others. See
+``docs/plugin-hooks.md`` for a worked example of each hook.
 """
 
 from __future__ import annotations

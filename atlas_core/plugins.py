@@ -176,21 +176,29 @@ def check_metadata(hook_name: str, registering: str, metadata: dict[str, Any]) -
         raise PluginError(f"{registering} without the required metadata key {missing[0]!r} ({listing})")
 
 
+def _registrar(hook_name: str, kind: str, info: PluginInfo, found: list[Registration]) -> hookspecs.Register:
+    """The ``register`` callable handed to one plugin's ``hook_name`` hook: it validates each registration
+    (a non-empty name, a ``"module:Attribute"`` target, metadata per `check_metadata`) and appends it to
+    ``found``; it raises `PluginError` for an invalid one."""
+
+    def register(name: str, target: str, **metadata: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"registered name must be a non-empty string, got {name!r}")
+        module_part, sep, attribute = str(target).partition(":")
+        if not sep or not module_part or not attribute:
+            raise PluginError(f"target for {name!r} must look like 'package.module:Attribute', got {target!r}")
+        check_metadata(hook_name, f"{info.label} registers {KIND_LABELS[kind]} {name!r}", metadata)
+        found.append(Registration(kind, name, target, info, dict(metadata)))
+
+    return register
+
+
 def _collect(manager: pluggy.PluginManager, module: ModuleType, info: PluginInfo, strict: bool) -> None:
     """Call each registration hook of one plugin, recording what it registers."""
     others = [p for p in manager.get_plugins() if p is not module]
     for hook_name, kind in hookspecs.HOOK_KINDS.items():
         found: list[Registration] = []
-
-        def register(name: str, target: str, **metadata: Any) -> None:
-            if not isinstance(name, str) or not name:
-                raise PluginError(f"registered name must be a non-empty string, got {name!r}")
-            module_part, sep, attribute = str(target).partition(":")
-            if not sep or not module_part or not attribute:
-                raise PluginError(f"target for {name!r} must look like 'package.module:Attribute', got {target!r}")
-            check_metadata(hook_name, f"{info.label} registers {KIND_LABELS[kind]} {name!r}", metadata)
-            found.append(Registration(kind, name, target, info, dict(metadata)))
-
+        register = _registrar(hook_name, kind, info, found)
         try:
             manager.subset_hook_caller(hook_name, remove_plugins=others)(register=register)
         except Exception as exc:

@@ -106,7 +106,7 @@ def main() -> None:
         ]
     )
     ids = [tokenizer.encode(s, add_special_tokens=False) for s in STRINGS]
-    for text, before, after in zip(STRINGS, converter_ids, ids):
+    for text, before, after in zip(STRINGS, converter_ids, ids, strict=True):
         if before != after:
             print(f"SmolLM2's pre-tokenizer changes {text!r}: {before} -> {after}")
 

@@ -21,7 +21,8 @@ INSTALLED = {
 EXAMPLE_BLOCK = [
     "example  atlas-example-plugin 0.0.1",
     "  backend example-numpy -> atlas_example_plugin.backend:CountingNumpyBackend (priority=-10)",
-    '  model example_llama -> atlas_example_plugin.loader:ExampleLlamaLoader (architectures=["ExampleLlamaForCausalLM"])',
+    "  model example_llama -> atlas_example_plugin.loader:ExampleLlamaLoader "
+    '(architectures=["ExampleLlamaForCausalLM"])',
     "  layer example_rms_norm -> atlas_example_plugin.layers:CountingRMSNorm",
     "  comm example-recording -> atlas_example_plugin.comm:RecordingComm",
     "  tool_parser example_calls -> atlas_example_plugin.parsers:ExampleCallFormat",
@@ -164,7 +165,8 @@ def test_check_reports_targets_that_do_not_load(site: Path, capsys: pytest.Captu
     )
     assert lines[start + 2].endswith("ImportError: no module named cupy")
     assert lines[start + 4] == (
-        "  error: model not_a_loader: shaky_plugin:NotALoader is not a subclass of atlas_core.model.loader:ModelWeightLoader"
+        "  error: model not_a_loader: shaky_plugin:NotALoader "
+        "is not a subclass of atlas_core.model.loader:ModelWeightLoader"
     )
     assert lines[-1] == f"{healthy + 1} plugins, {errors + 2} errors (see 'error:' lines above)"
 

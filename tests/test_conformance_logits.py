@@ -122,7 +122,8 @@ def test_adjust_logits_matches_oracle(case: Case, shape: tuple[int, int]) -> Non
     penalised = {(r, t) for r, t, _, _ in entries.penalties}
     entries.penalties += [(r, t, 1, True) for r in range(rows) for t in (0, 1) if (r, t) not in penalised]
     adj = entries.build()
-    assert (adj.bias_values == -np.inf).any() and len({*zip(adj.bias_rows, adj.bias_tokens)}) < len(adj.bias_rows)
+    assert (adj.bias_values == -np.inf).any()
+    assert len({*zip(adj.bias_rows, adj.bias_tokens, strict=True)}) < len(adj.bias_rows)
     check_adjust(case, logits, adj, f"adjust_logits {shape}")
 
 

@@ -17,7 +17,8 @@ def test_greedy_chat_answers_paris(default_llm: object) -> None:
 
 
 def test_prompt_logprobs_match_transformers_oracle(default_llm: object) -> None:
-    """Top-20 next-token logprobs (dequantized Q4_1 weights, our tokenizer) at every prompt position agree with transformers' GGUF loader."""
+    """Top-20 next-token logprobs (dequantized Q4_1 weights, our tokenizer) at every prompt position agree with
+    transformers' GGUF loader."""
     with np.load(FIXTURES / "smollm2_oracle.npz") as oracle:
         data = dict(oracle)
     prompt = data["prompt_ids"].tolist()

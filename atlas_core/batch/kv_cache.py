@@ -116,7 +116,8 @@ def plan_kv_cache(
         raise KVCacheTooSmallError(
             f"the KV cache cannot hold one sequence of max_seq_len={max_seq_len}: {budget_source} gives "
             f"{max(0, budget_bytes) / mib:.1f} MiB, which holds {num_blocks} blocks of {block_size} tokens "
-            f"({bytes_per_token} bytes per token over {describe_layouts(layouts)}), but one sequence needs {needed} blocks "
+            f"({bytes_per_token} bytes per token over {describe_layouts(layouts)}), "
+            f"but one sequence needs {needed} blocks "
             f"({needed * bytes_per_block / mib:.1f} MiB). Lower max_seq_len to at most {num_blocks * block_size}, "
             f"or raise the budget to at least {needed * bytes_per_block / mib:.1f} MiB."
         )

@@ -60,7 +60,10 @@ def add_ceiling_args(parser: argparse.ArgumentParser) -> None:
         "--bandwidth-gbps",
         type=float,
         default=None,
-        help="memory bandwidth ceiling in GB/s (default: measured, an array copy: 512 MiB on host backends, 2 GiB on devices)",
+        help=(
+            "memory bandwidth ceiling in GB/s "
+            "(default: measured, an array copy: 512 MiB on host backends, 2 GiB on devices)"
+        ),
     )
     parser.add_argument(
         "--peak-gflops",

@@ -105,13 +105,15 @@ def print_header(title: str, llm: Any, traffic: WeightTraffic) -> None:
     )
     print(f"engine config {others}")
     print(
-        f"weights/step  {traffic.bytes_per_step} bytes ({describe_bytes(traffic.bytes_per_step)}) read per forward step ({embedding})"
+        f"weights/step  {traffic.bytes_per_step} bytes ({describe_bytes(traffic.bytes_per_step)}) "
+        f"read per forward step ({embedding})"
     )
     if traffic.expert_banks:
         bank = traffic.expert_banks[0]
         print(
-            f"experts       {len(traffic.expert_banks)} MoE layers, top-{bank.top_k} of {bank.num_experts}: a 1-token step "
-            f"reads {describe_bytes(int(traffic.bytes_for(1)))}, a 64-token step {describe_bytes(int(traffic.bytes_for(64)))}"
+            f"experts       {len(traffic.expert_banks)} MoE layers, top-{bank.top_k} of {bank.num_experts}: "
+            f"a 1-token step reads {describe_bytes(int(traffic.bytes_for(1)))}, "
+            f"a 64-token step {describe_bytes(int(traffic.bytes_for(64)))}"
         )
     print(f"flops/token   {traffic.flops(1, 0):.4g} (decoder) + {traffic.flops(0, 1):.4g} (lm_head, sampled rows only)")
 

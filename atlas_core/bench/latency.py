@@ -91,15 +91,18 @@ def run_latency(args: argparse.Namespace) -> int:
         "(includes sampling the first tokens)"
     )
     print(
-        f"decode        {per_seq:.1f} tok/s per sequence, {aggregate:.1f} tok/s aggregate (batch {batch}, {steps} steps in {decode_time:.3f} s)"
+        f"decode        {per_seq:.1f} tok/s per sequence, {aggregate:.1f} tok/s aggregate "
+        f"(batch {batch}, {steps} steps in {decode_time:.3f} s)"
     )
     roofline = decode_roofline(bandwidth, traffic, batch)
     print(
-        f"roofline      {roofline / batch:.1f} tok/s per sequence, {roofline:.1f} tok/s aggregate at {bandwidth / 1e9:.2f} GB/s "
-        f"-> {100 * aggregate / roofline:.0f}% of roofline, {per_seq * traffic.bytes_for(batch) / 1e9:.2f} GB/s achieved"
+        f"roofline      {roofline / batch:.1f} tok/s per sequence, {roofline:.1f} tok/s aggregate "
+        f"at {bandwidth / 1e9:.2f} GB/s -> {100 * aggregate / roofline:.0f}% of roofline, "
+        f"{per_seq * traffic.bytes_for(batch) / 1e9:.2f} GB/s achieved"
     )
     compute = decode_compute_bound(peak, traffic)
     print(
-        f"compute bound {compute:.1f} tok/s aggregate at {peak / 1e9:.2f} GFLOP/s -> {100 * aggregate / compute:.0f}% of it"
+        f"compute bound {compute:.1f} tok/s aggregate at {peak / 1e9:.2f} GFLOP/s "
+        f"-> {100 * aggregate / compute:.0f}% of it"
     )
     return 0

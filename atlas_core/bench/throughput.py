@@ -92,8 +92,9 @@ def run_throughput(args: argparse.Namespace) -> int:
     print_header("throughput", llm, traffic)
     bandwidth, peak = ceilings(args, llm.backend)
     print(
-        f"workload      {len(workload.prompts)} requests, input and output lengths uniform in [{workload.min_len}, {workload.max_len}], "
-        f"seed {args.seed}, token ids uniform in [0, {llm.loaded.model.vocab_size}), temperature {args.temperature:g}, ignore_eos"
+        f"workload      {len(workload.prompts)} requests, "
+        f"input and output lengths uniform in [{workload.min_len}, {workload.max_len}], seed {args.seed}, "
+        f"token ids uniform in [0, {llm.loaded.model.vocab_size}), temperature {args.temperature:g}, ignore_eos"
     )
     if workload.clamped:
         print(
@@ -120,7 +121,8 @@ def run_throughput(args: argparse.Namespace) -> int:
     generated = sum(len(output.outputs[0].token_ids) for output in outputs)
     total = workload.input_tokens + generated
     print(
-        f"tokens        input {workload.input_tokens}, output {generated} (requested {workload.output_tokens}), total {total}"
+        f"tokens        input {workload.input_tokens}, output {generated} "
+        f"(requested {workload.output_tokens}), total {total}"
     )
     print(f"time          {elapsed:.3f} s")
     print(
@@ -133,9 +135,12 @@ def run_throughput(args: argparse.Namespace) -> int:
     compute, reads, steps = ceiling_time(workload, traffic, bandwidth, peak, engine.config)
     best = max(compute, reads)
     print(
-        f"ceiling       {seconds(best)} = {workload.output_tokens / best:.1f} output tok/s, {(workload.input_tokens + workload.output_tokens) / best:.1f} "
-        f"total tok/s -> {100 * best / elapsed:.0f}% of ceiling (compute: matrix products at {peak / 1e9:.2f} GFLOP/s = {seconds(compute)}; "
-        f"weight reads: {steps} steps at {bandwidth / 1e9:.2f} GB/s = {seconds(reads)}; attention and KV reads excluded)"
+        f"ceiling       {seconds(best)} = {workload.output_tokens / best:.1f} output tok/s, "
+        f"{(workload.input_tokens + workload.output_tokens) / best:.1f} total tok/s "
+        f"-> {100 * best / elapsed:.0f}% of ceiling "
+        f"(compute: matrix products at {peak / 1e9:.2f} GFLOP/s = {seconds(compute)}; "
+        f"weight reads: {steps} steps at {bandwidth / 1e9:.2f} GB/s = {seconds(reads)}; "
+        f"attention and KV reads excluded)"
     )
     if generated != workload.output_tokens:
         print(f"atlas bench: generated {generated} tokens, expected {workload.output_tokens}", file=sys.stderr)

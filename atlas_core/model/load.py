@@ -90,8 +90,8 @@ def load_model(
         package = KNOWN_FAMILY_PACKAGES.get(model_type)
         hint = f"install {package}" if package else "no known Atlas package supports it yet"
         raise UnsupportedArchitectureError(
-            f"{resolved.path}: model_type {model_type!r} ({', '.join(source.config.get('architectures') or [])}) has no "
-            f"installed family plugin ({hint}); installed families: {installed}"
+            f"{resolved.path}: model_type {model_type!r} ({', '.join(source.config.get('architectures') or [])}) "
+            f"has no installed family plugin ({hint}); installed families: {installed}"
         )
     loader_class = registration.load()
     model = loader_class(source, backend, registry, str(resolved.path), max_positions).build()

@@ -69,9 +69,9 @@ class TransformerModel:
     """A decoder-only language model built from backend arrays and composed layers.
 
     ``layers`` are called in order on the embedded tokens (`DecoderLayer`); ``kv_layouts`` lists one
-    KV layout per attention layer (the engine sizes and allocates the paged cache from it). Models with recurrent layers pass their `RecurrentState`: the engine then
-    sizes it (`allocate_state`), gives each sequence a state slot, and zeroes (`reset_state`) or
-    copies (`copy_state`) slots.
+    KV layout per attention layer (the engine sizes and allocates the paged cache from it). Models
+    with recurrent layers pass their `RecurrentState`: the engine then sizes it (`allocate_state`),
+    gives each sequence a state slot, and zeroes (`reset_state`) or copies (`copy_state`) slots.
     """
 
     def __init__(

@@ -62,7 +62,8 @@ def run_serve(args: argparse.Namespace) -> int:
     host, port = settings["host"], settings["port"]
     if host not in LOOPBACK and not keys:
         print(
-            f"\n{'!' * 78}\nWARNING: listening on {host} WITHOUT authentication: anyone who can reach this machine can\n"
+            f"\n{'!' * 78}\n"
+            f"WARNING: listening on {host} WITHOUT authentication: anyone who can reach this machine can\n"
             f"use the model. Pass --api-key KEY (or ATLAS_API_KEY) to require a key.\n{'!' * 78}\n",
             file=sys.stderr,
             flush=True,

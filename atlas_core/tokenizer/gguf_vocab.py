@@ -32,7 +32,7 @@ from atlas_core.weights.gguf_index import open_gguf, parse_gguf_header
 
 logger = logging.getLogger(__name__)
 
-_CONTROL, _USER_DEFINED = 3, 4
+_NORMAL, _CONTROL, _USER_DEFINED = 1, 3, 4
 _END_MARKERS = frozenset(
     {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<|end_of_text|>", "<EOT>"}
 )
@@ -205,7 +205,7 @@ def _merges_from_scores(tokens: list[str], scores: list[float], vocab: dict[str,
     """BPE merges implied by a scored vocabulary: every split of a token into two known tokens,
     best-scoring token first (transformers' ``generate_merges``)."""
     ranked: list[tuple[float, int, int, str, str]] = []
-    for token, score in zip(tokens, scores):
+    for token, score in zip(tokens, scores, strict=True):
         pairs = [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in vocab and token[i:] in vocab]
         pairs.sort(key=lambda pair: (vocab[pair[0]], vocab[pair[1]]))
         ranked.extend((score, len(left), len(right), left, right) for left, right in pairs)
@@ -213,11 +213,16 @@ def _merges_from_scores(tokens: list[str], scores: list[float], vocab: dict[str,
     return [(left, right) for *_, left, right in ranked]
 
 
+def _token_types(spec: GGUFTokenizerSpec) -> list[int]:
+    """One llama.cpp token type per token: the file's, or all normal when it lists none."""
+    return spec.token_types or [_NORMAL] * len(spec.tokens)
+
+
 def _add_special_tokens(backend: Backend, spec: GGUFTokenizerSpec) -> None:
     """Control tokens as special added tokens, user-defined ones as plain added tokens."""
-    types = spec.token_types or ()
-    control = [AddedToken(t, special=True, normalized=False) for t, k in zip(spec.tokens, types) if k == _CONTROL]
-    user = [AddedToken(t, special=False, normalized=False) for t, k in zip(spec.tokens, types) if k == _USER_DEFINED]
+    typed = list(zip(spec.tokens, _token_types(spec), strict=True))
+    control = [AddedToken(t, special=True, normalized=False) for t, k in typed if k == _CONTROL]
+    user = [AddedToken(t, special=False, normalized=False) for t, k in typed if k == _USER_DEFINED]
     backend.add_special_tokens(control)
     backend.add_tokens(user)
 
@@ -225,6 +230,6 @@ def _add_special_tokens(backend: Backend, spec: GGUFTokenizerSpec) -> None:
 def _end_ids(spec: GGUFTokenizerSpec) -> list[int]:
     """eos, eot and eom ids, then control tokens llama.cpp ends generation on by name."""
     ids = [i for i in (spec.eos_token_id, spec.eot_token_id, spec.eom_token_id) if i is not None]
-    types = spec.token_types or ()
-    ids += [i for i, (t, k) in enumerate(zip(spec.tokens, types)) if k == _CONTROL and t in _END_MARKERS]
+    typed = zip(spec.tokens, _token_types(spec), strict=True)
+    ids += [i for i, (t, k) in enumerate(typed) if k == _CONTROL and t in _END_MARKERS]
     return list(dict.fromkeys(ids))

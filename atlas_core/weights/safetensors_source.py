@@ -57,7 +57,8 @@ def _read_header(path: Path) -> tuple[int, dict[str, Any]]:
         begin, end = info["data_offsets"]
         if data_start + end > size:
             raise ModelLoadError(
-                f"{path}: tensor {name!r} ends at byte {data_start + end} but the file has {size} bytes (truncated download?)"
+                f"{path}: tensor {name!r} ends at byte {data_start + end} "
+                f"but the file has {size} bytes (truncated download?)"
             )
         if info["dtype"] not in DTYPES:
             raise ModelLoadError(f"{path}: tensor {name!r} has dtype {info['dtype']}, which is not supported")

@@ -15,7 +15,8 @@ from tests.server.live import LiveServer, serve
 from tests.server.scripted_model import scripted_engine
 
 TOOLS_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\n# Tools\n{% for t in tools %}{{ t.function | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
+    "{%- if tools %}<|im_start|>system\n# Tools\n"
+    "{% for t in tools %}{{ t.function | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
     "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}"
     "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}"

@@ -13,7 +13,10 @@ WEATHER_TOOL = {
     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
 SCRIPTS = {
-    "[weather]": '<think>\nThe user wants weather.\n</think>\n\nChecking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    "[weather]": (
+        "<think>\nThe user wants weather.\n</think>\n\nChecking.\n"
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    ),
     "(result of toolu_1)": "It is sunny in Paris.",
     "[count]": "one, two, three, four",
 }

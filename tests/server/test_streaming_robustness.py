@@ -27,7 +27,8 @@ def wait_until_idle(server: LiveServer, free_blocks: int, timeout: float = 3.0) 
             return
         time.sleep(0.02)
     raise AssertionError(
-        f"engine not idle: {len(server.engine.requests)} requests, {server.engine.blocks.num_free_blocks} free blocks (expected {free_blocks})"
+        f"engine not idle: {len(server.engine.requests)} requests, "
+        f"{server.engine.blocks.num_free_blocks} free blocks (expected {free_blocks})"
     )
 
 

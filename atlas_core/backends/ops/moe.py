@@ -83,7 +83,8 @@ class RouterSpec:
                 )
             if not 1 <= self.top_k_groups <= self.num_groups:
                 raise ValueError(
-                    f"RouterSpec.top_k_groups ({self.top_k_groups}) must be between 1 and num_groups ({self.num_groups})"
+                    f"RouterSpec.top_k_groups ({self.top_k_groups}) must be between 1 and "
+                    f"num_groups ({self.num_groups})"
                 )
             if self.top_k > self.top_k_groups * per_group:
                 raise ValueError(

@@ -51,6 +51,7 @@ __all__ = [
     "RoutedExperts",
     "RouterSpec",
     "config_num_experts",
+    "fused_expert_shapes",
     "load_moe",
     "read_experts",
     "router_spec_from_config",
@@ -113,6 +114,19 @@ class ExpertNames:
 
 MINIMAX_EXPERT_NAMES = ExpertNames(gate="w1", up="w3", down="w2")
 NON_GATED_EXPERT_NAMES = ExpertNames(gate=None)
+
+
+def fused_expert_shapes(
+    prefix: str, num_experts: int, intermediate: int, width: int, *, gated: bool = True
+) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the fused expert tensors `read_experts` accepts under ``prefix``, for a
+    loader's ``checkpoint_shapes``: ``gate_up_proj [E, 2I, W]`` (``up_proj [E, I, W]`` when not
+    ``gated``) and ``down_proj [E, W, I]``, W being the width the experts read and write."""
+    rows = 2 * intermediate if gated else intermediate
+    return {
+        prefix + ("gate_up_proj" if gated else "up_proj"): (num_experts, rows, width),
+        prefix + "down_proj": (num_experts, width, intermediate),
+    }
 
 
 def read_experts(
@@ -215,7 +229,8 @@ class MoEFeedForward:
             )
         if correction_bias is not None and tuple(correction_bias.shape) != (spec.num_experts,):
             raise ValueError(
-                f"MoEFeedForward: correction bias has shape {tuple(correction_bias.shape)}, expected ({spec.num_experts},)"
+                f"MoEFeedForward: correction bias has shape {tuple(correction_bias.shape)}, "
+                f"expected ({spec.num_experts},)"
             )
         if shared_expert_gate is not None and shared_expert is None:
             raise ValueError("MoEFeedForward: shared_expert_gate was given without a shared_expert")

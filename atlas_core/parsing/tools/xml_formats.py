@@ -65,7 +65,8 @@ class XmlParameterFormat(ToolFormat):
             name = html.unescape(name) if self.unescape_names else name
             if _leftover(match.group(2), self.parameter_pattern):
                 raise MarkupError(
-                    f"the body of {self.call_element.format(name=name)} has text outside {self.parameter_element} elements"
+                    f"the body of {self.call_element.format(name=name)} "
+                    f"has text outside {self.parameter_element} elements"
                 )
             arguments = _parameters(match.group(2), self.parameter_pattern, name)
             calls.append(RawCall(name, arguments, start + match.group(0) + (self.end or ""), text_values=True))

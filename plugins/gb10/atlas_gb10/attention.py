@@ -61,7 +61,8 @@ class AttentionRunner:
         self.split = variant.define("ATT_SPLIT", 64)
         self.static: StaticAttentionPlan | None = None
         self.split_policy = "auto"
-        """Eager forwards: "auto" (split-K when blocks would leave SMs idle), "always" or "never"; results are identical."""
+        """Eager forwards: "auto" (split-K when blocks would leave SMs idle), "always" or "never";
+        results are identical."""
         self._host_meta: tuple[AttentionMetadata, np.ndarray, np.ndarray] | None = None
 
     def splits_for(self, context: int, split: int | None = None) -> int:
@@ -96,7 +97,8 @@ class AttentionRunner:
         dpt = next((v for v in HEAD_DIM_VARIANTS if 32 * v >= d), None)
         if dpt is None or group > (16 if dpt == WIDE else 64):
             raise ValueError(
-                f"attention: head_dim {d} (at most 512) or GQA group {group} (at most 64; 16 for heads over 256) not supported"
+                f"attention: head_dim {d} (at most 512) or GQA group {group} "
+                f"(at most 64; 16 for heads over 256) not supported"
             )
         if out is None:
             out = cp.empty(q.shape, dtype=q.dtype)

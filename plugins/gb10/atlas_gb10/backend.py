@@ -60,13 +60,19 @@ class CudaBackend(Backend):
             return "no CUDA device is visible"
         capability = int(cupy.cuda.Device(0).compute_capability)
         if capability < 80:
-            return f"the GPU has compute capability {capability // 10}.{capability % 10}; bf16 tensor-core kernels need 8.0 or newer"
+            return (
+                f"the GPU has compute capability {capability // 10}.{capability % 10}; "
+                "bf16 tensor-core kernels need 8.0 or newer"
+            )
         try:
             from cupy_backends.cuda.libs import nvrtc
 
             nvrtc.getVersion()
         except Exception as exc:  # noqa: BLE001
-            return f"NVRTC, the CUDA run-time compiler, cannot be loaded ({exc}); install nvidia-cuda-nvrtc or a CUDA toolkit"
+            return (
+                f"NVRTC, the CUDA run-time compiler, cannot be loaded ({exc}); "
+                "install nvidia-cuda-nvrtc or a CUDA toolkit"
+            )
         return None
 
     def __init__(self) -> None:
@@ -401,7 +407,8 @@ class CudaBackend(Backend):
         rows, cols = x.shape
         if gate.shape not in ((rows, 1), (rows, cols)):
             raise ValueError(
-                f"cuda backend: sigmoid_gate takes a gate of shape ({rows}, 1) or {tuple(x.shape)}, got {tuple(gate.shape)}"
+                f"cuda backend: sigmoid_gate takes a gate of shape ({rows}, 1) or {tuple(x.shape)}, "
+                f"got {tuple(gate.shape)}"
             )
         out = self.cp.empty((rows, cols), dtype=BF16)
         total = rows * cols

@@ -93,7 +93,6 @@ class CudaMoEOps(MoEOps):
         check_expert_shapes(tuple(w_in.shape), tuple(w_out.shape), activation)
         cp, backend = self.cp, self.backend
         experts, in_rows, hidden = w_in.shape
-        intermediate = w_out.shape[2]
         tokens, top_k = ids.shape
         if experts > MAX_ROUTED_EXPERTS:
             return super().moe_experts(x, w_in, w_out, weights, ids, activation)

@@ -47,7 +47,8 @@ def main() -> None:
         total = timed_generate(model, ids, args.tokens)
     decode = (args.tokens - 1) / (total - first)
     print(
-        f"transformers {__import__('transformers').__version__} torch {torch.__version__} {torch.cuda.get_device_name()}: "
+        f"transformers {__import__('transformers').__version__} torch {torch.__version__} "
+        f"{torch.cuda.get_device_name()}: "
         f"{name} bf16 attn={args.attn}, batch 1, {args.prompt_len}-token prompt: first token {1e3 * first:.1f} ms, "
         f"decode {decode:.1f} tok/s ({args.tokens} tokens in {total:.2f} s)"
     )

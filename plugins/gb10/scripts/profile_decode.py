@@ -50,7 +50,8 @@ def profile(name: str) -> None:
     graph = next(entry[0] for (size, _), entry in graphs.graphs.items() if size == 1)
     replay_ms = gpu_ms(cp, lambda: graph.launch())
     print(
-        f"\n{name}: engine decode step {step_ms:.3f} ms, graph replay (GPU) {replay_ms:.3f} ms, host share {step_ms - replay_ms:.3f} ms"
+        f"\n{name}: engine decode step {step_ms:.3f} ms, graph replay (GPU) {replay_ms:.3f} ms, "
+        f"host share {step_ms - replay_ms:.3f} ms"
     )
 
     hidden, inter = config["hidden_size"], config["intermediate_size"]
@@ -72,7 +73,8 @@ def profile(name: str) -> None:
             ms = gpu_ms(cp, lambda x=x, w=w: backend.linear(x, w), repeats=200)
             del backend.gemm_tile
             print(
-                f"  linear {label:8} M=1 N={n} K={k} forced tile {tile}: {1e3 * ms:8.1f} us, {w.nbytes / ms / 1e6:7.1f} GB/s"
+                f"  linear {label:8} M=1 N={n} K={k} forced tile {tile}: "
+                f"{1e3 * ms:8.1f} us, {w.nbytes / ms / 1e6:7.1f} GB/s"
             )
         for m in (1, 8, 64, 256):
             x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(backend.activation_dtype)

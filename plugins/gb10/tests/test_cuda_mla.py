@@ -41,7 +41,7 @@ def latent_batch(
     pool = rng.permutation(sum(needed) + 3)
     tables = np.full((len(lengths), max(needed) + 1), -1, dtype=np.int32)
     starts, offset = [0], 0
-    for b, (cached, new) in enumerate(lengths):
+    for b, (_cached, new) in enumerate(lengths):
         tables[b, : needed[b]] = pool[offset : offset + needed[b]]
         offset += needed[b]
         starts.append(starts[-1] + new)

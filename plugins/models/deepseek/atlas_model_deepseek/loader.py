@@ -172,7 +172,8 @@ class Mistral3Loader(Mistral4Loader):
         if text.get("model_type") != "mistral4":
             raise UnsupportedArchitectureError(
                 f"{self.origin}/config.json: a mistral3 checkpoint whose text_config.model_type is "
-                f"{text.get('model_type')!r}; atlas-model-deepseek loads only Mistral 4 text stacks (model_type 'mistral4')"
+                f"{text.get('model_type')!r}; "
+                f"atlas-model-deepseek loads only Mistral 4 text stacks (model_type 'mistral4')"
             )
         return text
 

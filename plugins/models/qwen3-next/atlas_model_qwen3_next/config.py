@@ -78,7 +78,8 @@ class HybridSpec:
         unknown = sorted(set(types) - {LINEAR_ATTENTION, FULL_ATTENTION})
         if unknown:
             raise ModelLoadError(
-                f"{origin}: layer_types {unknown} are not supported (expected {LINEAR_ATTENTION!r} or {FULL_ATTENTION!r})"
+                f"{origin}: layer_types {unknown} are not supported "
+                f"(expected {LINEAR_ATTENTION!r} or {FULL_ATTENTION!r})"
             )
         return tuple(types)
 
