@@ -26,6 +26,7 @@ from atlas_core.model.layers.mla import MLAWeights, deinterleave_rope_rows, spli
 from atlas_core.model.layers.moe import MoEFeedForward, load_moe
 from atlas_core.model.loader import ModelWeightLoader
 from atlas_core.model.transformer import TransformerModel
+from atlas_model_deepseek import shapes
 from atlas_model_deepseek.spec import DeepseekSpec, Family
 
 TEXT_LAYOUTS = {
@@ -43,6 +44,13 @@ class DeepseekV3Loader(ModelWeightLoader):
     family: ClassVar[Family] = "deepseek_v3"
     correction_bias: ClassVar[str | None] = "gate.e_score_correction_bias"
     """The router's selection-only bias under each MoE layer's ``mlp.`` (None: routed without one)."""
+
+    @classmethod
+    def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The tensors `build` reads from a causal LM checkpoint (`atlas_model_deepseek.shapes`)."""
+        spec = DeepseekSpec.from_config(config, cls.family)
+        lm_head = None if spec.tie_word_embeddings else "lm_head.weight"
+        return shapes.checkpoint_shapes(spec, "model.", lm_head, cls.correction_bias)
 
     def text_config(self) -> dict[str, Any]:
         """The config of the language model (the whole config for a causal LM checkpoint)."""
@@ -168,15 +176,26 @@ class Mistral3Loader(Mistral4Loader):
     vision tower and projector are not loaded; text input only)."""
 
     def text_config(self) -> dict[str, Any]:
-        text = self.source.config.get("text_config") or {}
-        if text.get("model_type") != "mistral4":
-            raise UnsupportedArchitectureError(
-                f"{self.origin}/config.json: a mistral3 checkpoint whose text_config.model_type is "
-                f"{text.get('model_type')!r}; "
-                f"atlas-model-deepseek loads only Mistral 4 text stacks (model_type 'mistral4')"
-            )
-        return text
+        return mistral4_text_config(self.source.config, f"{self.origin}/config.json")
+
+    @classmethod
+    def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The tensors `build` reads from a checkpoint in the original (llava-style) layout."""
+        spec = DeepseekSpec.from_config(mistral4_text_config(config), cls.family)
+        lm_head = None if config.get("tie_word_embeddings", True) else "language_model.lm_head.weight"
+        return shapes.checkpoint_shapes(spec, "language_model.model.", lm_head, cls.correction_bias)
 
     def ties_embeddings(self, spec: DeepseekSpec) -> bool:
         """transformers ties a vision-language model's LM head by the top-level config key (default True)."""
         return bool(self.source.config.get("tie_word_embeddings", True))
+
+
+def mistral4_text_config(config: dict[str, Any], origin: str = "config.json") -> dict[str, Any]:
+    """The ``text_config`` of a ``mistral3`` config; `UnsupportedArchitectureError` when it is not Mistral 4's."""
+    text: dict[str, Any] = config.get("text_config") or {}
+    if text.get("model_type") != "mistral4":
+        raise UnsupportedArchitectureError(
+            f"{origin}: a mistral3 checkpoint whose text_config.model_type is {text.get('model_type')!r}; "
+            "atlas-model-deepseek loads only Mistral 4 text stacks (model_type 'mistral4')"
+        )
+    return text

@@ -17,6 +17,7 @@ from atlas_core.model.layers.attention import AttentionWeights
 from atlas_core.model.layers.moe import MoEFeedForward, read_experts
 from atlas_core.model.layers.norm import RMSNorm
 from atlas_core.model.loader import ModelWeightLoader
+from atlas_model_gemma import shapes
 from atlas_model_gemma.config import FULL, Family, GemmaLayerSpec, GemmaSpec, parse
 from atlas_model_gemma.layers import Gemma4DecoderLayer, ParallelMoEDecoderLayer
 from atlas_model_gemma.model import Gemma4Model, GemmaModel
@@ -33,6 +34,11 @@ class GemmaLoader(ModelWeightLoader):
     family: ClassVar[Family]
     zero_centred_norms: ClassVar[bool] = True
     """Whether the checkpoint's RMSNorm weights are ``w`` of a norm scaling by ``1 + w`` (Gemma 3)."""
+
+    @classmethod
+    def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The tensors `build` reads (`atlas_model_gemma.shapes`)."""
+        return shapes.checkpoint_shapes(config, cls.family)
 
     def build(self) -> GemmaModel:
         self.spec: GemmaSpec = parse(self.source.config, self.family, f"{self.origin}/config.json")

@@ -10,7 +10,14 @@ from typing import Any
 
 from atlas_core.backends.base import Array
 from atlas_core.errors import ModelLoadError
-from atlas_core.model.layers.moe import MINIMAX_EXPERT_NAMES, RouterSpec, load_moe, router_spec_from_config
+from atlas_core.model.layers.moe import (
+    MINIMAX_EXPERT_NAMES,
+    RouterSpec,
+    config_num_experts,
+    fused_expert_shapes,
+    load_moe,
+    router_spec_from_config,
+)
 from atlas_core.model.layers.norm import RMSNorm
 from atlas_core.model.loader import DenseDecoderLoader
 from atlas_core.model.rope import RopeSpec
@@ -72,6 +79,26 @@ class MiniMaxM2Loader(DenseDecoderLoader):
         if rotary_dim is not None and "partial_rotary_factor" not in params and "partial_rotary_factor" not in config:
             config["partial_rotary_factor"] = int(rotary_dim) / head_dim
         return RopeSpec.from_config(config, head_dim)
+
+    @classmethod
+    def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The dense decoder's tensors with q/k norms over all heads and, in place of each MLP, the
+        router, its correction bias (unless ``use_routing_bias`` is false) and the routed experts
+        (described fused, which `read_experts` reads like the per-expert ``w1/w3/w2``)."""
+        shapes = super().checkpoint_shapes(config)
+        spec = DecoderSpec.from_config(config, **cls.spec_overrides)
+        experts, hidden = config_num_experts(config), spec.hidden_size
+        for layer in range(spec.num_layers):
+            a, moe = f"model.layers.{layer}.self_attn.", MOE_PREFIX.format(layer=layer)
+            shapes[a + "q_norm.weight"] = (spec.num_heads * spec.head_dim,)
+            shapes[a + "k_norm.weight"] = (spec.num_kv_heads * spec.head_dim,)
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                del shapes[f"model.layers.{layer}.mlp.{name}.weight"]
+            shapes[moe + "gate.weight"] = (experts, hidden)
+            shapes |= fused_expert_shapes(moe + "experts.", experts, spec.intermediate_size, hidden)
+            if config.get("use_routing_bias", True):
+                shapes[moe + CORRECTION_BIAS] = (experts,)
+        return shapes
 
     def router_spec(self) -> RouterSpec:
         """Sigmoid scores, top ``num_experts_per_tok`` renormalised."""

@@ -20,6 +20,7 @@ from atlas_core.model.layers.moe import NON_GATED_EXPERT_NAMES, read_experts
 from atlas_core.model.loader import ModelWeightLoader
 from atlas_core.model.recurrent_state import RecurrentState
 from atlas_core.model.transformer import TransformerModel
+from atlas_model_nemotron_h import shapes
 from atlas_model_nemotron_h.blocks import LatentMoE, PreNormBlock
 from atlas_model_nemotron_h.config import NemotronHSpec
 
@@ -28,6 +29,11 @@ PREFIXES = ("backbone.", "model.")
 
 class NemotronHLoader(ModelWeightLoader):
     """Builds a Nemotron-H hybrid from its checkpoint (`NemotronHSpec` reads the config)."""
+
+    @classmethod
+    def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The tensors `build` reads (`atlas_model_nemotron_h.shapes`)."""
+        return shapes.checkpoint_shapes(config)
 
     def build(self) -> TransformerModel:
         spec = NemotronHSpec.from_config(self.source.config, origin=f"{self.origin}/config.json")

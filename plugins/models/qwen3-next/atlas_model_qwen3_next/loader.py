@@ -21,6 +21,7 @@ from atlas_core.model.layers.moe import MoEFeedForward, RouterSpec, load_moe
 from atlas_core.model.loader import ModelWeightLoader
 from atlas_core.model.recurrent_state import RecurrentState
 from atlas_core.model.transformer import Mixer, TransformerModel
+from atlas_model_qwen3_next import shapes
 from atlas_model_qwen3_next.config import LINEAR_ATTENTION, HybridSpec
 from atlas_model_qwen3_next.projections import gdn_in_proj_from_fused, split_gated_query
 
@@ -30,6 +31,11 @@ TEXT_PREFIXES = ("model.language_model.", "model.")
 
 class Qwen3NextLoader(ModelWeightLoader):
     """Loads every ``model_type`` of the family (see ``plugin.py``)."""
+
+    @classmethod
+    def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The tensors `build` reads (`atlas_model_qwen3_next.shapes`)."""
+        return shapes.checkpoint_shapes(config)
 
     def build(self) -> TransformerModel:
         spec = self.spec = HybridSpec.from_config(self.source.config, f"{self.origin}/config.json")

@@ -1,0 +1,134 @@
+"""Random-weight models: every family loader describes exactly the tensors it reads
+(`ModelWeightLoader.checkpoint_shapes`), and a model built from random weights of that description runs.
+
+For each plugin's tiny checkpoint the loader builds the model twice on the numpy backend through a
+source that records every tensor read: once from the checkpoint's safetensors, once from random
+weights of ``checkpoint_shapes(config)``. The first must read exactly the described tensors (per-expert
+tensors count as their fused form, ``experts.gate_up_proj [E, 2I, W]`` / ``experts.down_proj
+[E, W, I]``, which the loaders read alike); the second must read every described tensor and nothing else.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atlas_core.backends.select import select_backend
+from atlas_core.bench.random_weights import RandomWeightSource, random_weights_llm
+from atlas_core.engine.sampling_params import SamplingParams
+from atlas_core.plugins import get_registry
+from atlas_core.weights.safetensors_source import SafetensorsSource
+from tests.conftest import REPOSITORY, TINY
+
+PLUGIN_CHECKPOINTS = sorted(
+    folder.name
+    for folder in REPOSITORY.glob("plugins/models/*/tests/fixtures/tiny/*")
+    if (folder / "config.json").is_file()
+)
+"""Every family plugin's tiny checkpoint, by name."""
+
+PER_EXPERT = re.compile(r"^(?P<prefix>.*\.experts\.)(?P<expert>\d+)\.(?P<projection>\w+)\.weight$")
+GATE, UP, DOWN = {"gate_proj", "w1"}, {"up_proj", "w3"}, {"down_proj", "w2"}
+
+Shapes = dict[str, tuple[int, ...]]
+
+
+class RecordingSource:
+    """A `WeightSource` that passes through to ``inner`` and records the shape of every tensor read."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.config = inner, inner.config
+        self.read: Shapes = {}
+
+    def names(self) -> Iterator[str]:
+        return iter(self.inner.names())
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.inner
+
+    def get(self, name: str) -> np.ndarray:
+        array = self.inner.get(name)
+        self.read[name] = tuple(array.shape)
+        return array
+
+
+def fused_experts(read: Shapes) -> Shapes:
+    """``read`` with per-expert tensors (``{prefix}{e}.gate_proj.weight`` ..., MiniMax's ``w1/w3/w2``)
+    replaced by the fused tensors they stack into."""
+    out: Shapes = {}
+    banks: dict[str, dict[str, dict[int, tuple[int, ...]]]] = {}
+    for name, shape in read.items():
+        match = PER_EXPERT.match(name)
+        if match is None:
+            out[name] = shape
+            continue
+        projection = match["projection"]
+        role = "gate" if projection in GATE else "up" if projection in UP else "down" if projection in DOWN else None
+        assert role is not None, f"unknown expert projection {name}"
+        banks.setdefault(match["prefix"], {}).setdefault(role, {})[int(match["expert"])] = shape
+    for prefix, roles in banks.items():
+        experts = len(roles["down"])
+        assert all(sorted(shapes) == list(range(experts)) for shapes in roles.values()), f"{prefix}: experts missing"
+        (inter, width), down = roles["up"][0], roles["down"][0]
+        assert down == (width, inter)
+        if "gate" in roles:
+            out[prefix + "gate_up_proj"] = (experts, 2 * inter, width)
+        else:
+            out[prefix + "up_proj"] = (experts, inter, width)
+        out[prefix + "down_proj"] = (experts, width, inter)
+    return out
+
+
+def loader_class(config: dict[str, Any]) -> Any:
+    registration = get_registry().find("model", config["model_type"])
+    assert registration is not None, config["model_type"]
+    return registration.load()
+
+
+def tensors_read(source: Any) -> Shapes:
+    """Build the model of ``source`` on the numpy backend; the tensors its loader read."""
+    recording = RecordingSource(source)
+    registry = get_registry()
+    loader_class(source.config)(recording, select_backend(registry, "numpy"), registry, "test", 64).build()
+    return recording.read
+
+
+def difference(described: Shapes, read: Shapes) -> str:
+    lines = [f"described, not read: {name} {shape}" for name, shape in described.items() if name not in read]
+    lines += [f"read, not described: {name} {shape}" for name, shape in read.items() if name not in described]
+    lines += [
+        f"{name}: described {described[name]}, read {read[name]}"
+        for name in described.keys() & read.keys()
+        if described[name] != read[name]
+    ]
+    return "\n".join(sorted(lines))
+
+
+@pytest.mark.parametrize("name", PLUGIN_CHECKPOINTS)
+def test_checkpoint_shapes_are_what_the_loader_reads(name: str) -> None:
+    folder: Path = TINY / name
+    config = TINY.config(name)
+    described = loader_class(config).checkpoint_shapes(config)
+    read = fused_experts(tensors_read(SafetensorsSource(folder)))
+    assert described == read, difference(described, read)
+
+
+@pytest.mark.parametrize("name", PLUGIN_CHECKPOINTS)
+def test_random_weights_are_read_whole(name: str) -> None:
+    TINY / name  # skips when the family is not installed
+    config = TINY.config(name)
+    described = loader_class(config).checkpoint_shapes(config)
+    read = tensors_read(RandomWeightSource(config, described))
+    assert read == described, difference(described, read)
+
+
+@pytest.mark.parametrize("name", PLUGIN_CHECKPOINTS)
+def test_random_weight_model_generates(name: str) -> None:
+    llm = random_weights_llm(str(TINY / name), backend="numpy", kv_cache_memory_gib=1 / 16, max_seq_len=64)
+    outputs = llm.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    assert len(outputs[0].outputs[0].token_ids) == 4
