@@ -17,18 +17,21 @@ Conventions for every op:
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
 from atlas_core.backends.ops import OpGroup, on_host
+from atlas_core.weights.quantized import QuantizedWeight, dequantize
 
 if TYPE_CHECKING:
     from atlas_core.plugins import PluginRegistry
 
 G = TypeVar("G", bound=OpGroup)
+log = logging.getLogger("atlas.backends")
 
 Array = Any
 """A backend's array type (``numpy.ndarray`` for the reference, ``cupy.ndarray`` on CUDA)."""
@@ -139,6 +142,10 @@ class Backend(ABC):
 
     name: str = "abstract"
     activation_dtype: np.dtype = np.dtype(np.float32)
+    quantized_formats: ClassVar[frozenset[str]] = frozenset()
+    """The `QuantizedWeight` formats (`atlas_core.weights.quantized`) this backend executes as they are:
+    its `linear` and its MoE experts accept such weights. Other formats are dequantized at load
+    (`upload_quantized`)."""
     plugin_registry: PluginRegistry | None = None
     """The registry `ops` resolves native op-group implementations from (set by
     `atlas_core.backends.select.select_backend`; None: the process-wide registry)."""
@@ -177,6 +184,28 @@ class Backend(ABC):
         ``weight=True`` stores floats in the backend's weight dtype, other floats become
         ``activation_dtype``, and integers int32."""
 
+    def upload_quantized(self, weight: QuantizedWeight) -> Array | QuantizedWeight:
+        """Upload a host `QuantizedWeight` (a linear weight ``[N, K]`` or an expert bank ``[E, N, K]``).
+
+        When ``weight.format`` is in `quantized_formats` the result is the same `QuantizedWeight` with its
+        ``data`` and ``scales`` uploaded (``from_numpy`` keeping their dtypes): it stays quantized in
+        memory and `linear` / ``moe_experts`` receive it as such. Otherwise the weight is dequantized on
+        the host and uploaded as an ordinary weight (``from_numpy(..., weight=True)``), logging once per
+        format that it takes the weight dtype's memory instead. A backend with its own layout overrides this."""
+        if weight.format in self.quantized_formats:
+            return weight.map_arrays(lambda array: self.from_numpy(array, dtype=array.dtype))
+        warned: set[str] = self.__dict__.setdefault("_dequantized_formats", set())
+        if weight.format not in warned:
+            warned.add(weight.format)
+            log.warning(
+                "backend %r does not execute %s weights; they are dequantized at load and take the memory of "
+                "its weight dtype instead (quantized formats it executes: %s)",
+                self.name,
+                weight.format,
+                ", ".join(sorted(self.quantized_formats)) or "none",
+            )
+        return self.from_numpy(dequantize(weight), weight=True)
+
     @abstractmethod
     def to_numpy(self, x: Array) -> np.ndarray:
         """Copy to the host (synchronises)."""
@@ -193,8 +222,12 @@ class Backend(ABC):
         """Rows of ``weight[V, H]`` for ``ids[T]`` -> ``[T, H]`` activations."""
 
     @abstractmethod
-    def linear(self, x: Array, weight: Array, bias: Array | None = None, out: Array | None = None) -> Array:
-        """``x[T, K] @ weight[N, K].T (+ bias[N])`` -> ``[T, N]``."""
+    def linear(
+        self, x: Array, weight: Array | QuantizedWeight, bias: Array | None = None, out: Array | None = None
+    ) -> Array:
+        """``x[T, K] @ weight[N, K].T (+ bias[N])`` -> ``[T, N]``. ``weight`` may be a `QuantizedWeight`
+        of a format in `quantized_formats` (uploaded by `upload_quantized`): the product is then that of
+        its dequantized values."""
 
     @abstractmethod
     def rms_norm(self, x: Array, weight: Array, eps: float, residual: Array | None = None) -> tuple[Array, Array]:

@@ -5,14 +5,20 @@ from __future__ import annotations
 import numpy as np
 
 from atlas_core.backends.base import Array, AttentionMetadata, Backend, LogitAdjustments, SamplingTensors
+from atlas_core.weights.quantized import FP8_E4M3, QuantizedWeight, dequantize, regrid
+
+DEQUANTIZE_ELEMENTS = 1 << 24
+"""`NumpyBackend.linear` dequantizes a quantized weight this many elements (64 MiB of float32) at a time."""
 
 
 class NumpyBackend(Backend):
     """Runs everywhere. Weights are stored as float32 (bf16/fp16 checkpoints are upcast once at
-    load); matrix products go to the BLAS NumPy links against."""
+    load), except quantized weights, which stay as they are (1 byte per FP8 element plus its block's
+    scale) and are dequantized on use; matrix products go to the BLAS NumPy links against."""
 
     name = "numpy"
     activation_dtype = np.dtype(np.float32)
+    quantized_formats = frozenset({FP8_E4M3})
 
     def from_numpy(self, array: np.ndarray, *, weight: bool = False, dtype: np.dtype | None = None) -> Array:
         array = np.asarray(array)
@@ -33,7 +39,11 @@ class NumpyBackend(Backend):
     def embedding(self, weight: Array, ids: Array) -> Array:
         return weight[ids].astype(np.float32, copy=False)
 
-    def linear(self, x: Array, weight: Array, bias: Array | None = None, out: Array | None = None) -> Array:
+    def linear(
+        self, x: Array, weight: Array | QuantizedWeight, bias: Array | None = None, out: Array | None = None
+    ) -> Array:
+        if isinstance(weight, QuantizedWeight):
+            return _dequantized_linear(x, weight, bias, out)
         result = np.matmul(x, weight.T, out=out)
         if bias is not None:
             result += bias
@@ -159,6 +169,37 @@ class NumpyBackend(Backend):
                 float(n_sigma[row]),
             )
         return tokens
+
+
+def _dequantized_linear(
+    x: np.ndarray, weight: QuantizedWeight, bias: np.ndarray | None, out: np.ndarray | None
+) -> np.ndarray:
+    """`NumpyBackend.linear` of a quantized ``weight [N, K]``: the product with its dequantized values
+    (`atlas_core.weights.quantized.dequantize`), dequantized in whole blocks of rows of at most
+    `DEQUANTIZE_ELEMENTS` elements so that no float32 copy of a large weight is ever held."""
+    rows, cols = weight.shape
+    if out is None:
+        out = np.empty((x.shape[0], rows), dtype=np.float32)
+    if weight.block[0] > 1 and cols * weight.block[0] > DEQUANTIZE_ELEMENTS:
+        weight = regrid(weight, (1, weight.block[1]))  # e.g. one scale per tensor: chunk by rows instead
+    bn = weight.block[0]
+    step = max(1, DEQUANTIZE_ELEMENTS // max(cols * bn, 1)) * bn
+    if step >= rows:
+        np.matmul(x, dequantize(weight).T, out=out)
+    else:
+        for start in range(0, rows, step):
+            block_rows = slice(start // bn, -(-min(start + step, rows) // bn))
+            part = QuantizedWeight(
+                weight.format,
+                weight.data[start : start + step],
+                weight.scales[block_rows],
+                weight.block,
+                (min(step, rows - start), cols),
+            )
+            out[:, start : start + step] = x @ dequantize(part).T
+    if bias is not None:
+        out += bias
+    return out
 
 
 def _sample_row(

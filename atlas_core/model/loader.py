@@ -5,6 +5,13 @@ llama-like models) and registers it under its ``model_type``. Loaders read tenso
 the `WeightSource` (Hugging Face names), build layers from the registry's TransformerLayer types
 (`ModelWeightLoader.layer_type`), and upload weights with `ModelWeightLoader.upload` /
 `upload_arrays` (``backend.from_numpy(..., weight=True)``).
+
+Quantized checkpoints (FP8, `atlas_core.weights.quant_config`): `ModelWeightLoader.tensor` always
+returns float values (a quantized weight dequantized), so any rearrangement a family does stays
+correct; `ModelWeightLoader.linear_weight` returns a quantized weight as stored (a host
+`QuantizedWeight`), and `upload` / `upload_arrays` keep it quantized (fusing parts with
+`atlas_core.weights.quantized.concat_rows`) through `Backend.upload_quantized`. Linear weights that
+a family reads with `tensor` are therefore kept dequantized.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from atlas_core.model.rope import RopeSpec, rotary_tables
 from atlas_core.model.spec import DecoderSpec
 from atlas_core.model.transformer import TransformerModel
 from atlas_core.plugins import PluginRegistry
-from atlas_core.weights.source import WeightSource
+from atlas_core.weights.quantized import QuantizedWeight, concat_rows
+from atlas_core.weights.source import WeightSource, quantized_tensor
 
 FLOAT32 = np.dtype(np.float32)
 
@@ -72,19 +80,33 @@ class ModelWeightLoader(ABC):
         )
 
     def tensor(self, name: str) -> np.ndarray:
-        """A checkpoint tensor by Hugging Face name, or a `ModelLoadError` naming it."""
+        """A checkpoint tensor by Hugging Face name (float values: a quantized weight comes dequantized),
+        or a `ModelLoadError` naming it."""
         if name not in self.source:
             raise ModelLoadError(f"{self.origin}: weight {name!r} is missing from the checkpoint")
         return self.source.get(name)
 
-    def upload(self, *names: str) -> Array:
-        """Upload one tensor, or several concatenated along the output (first) axis."""
-        return self.upload_arrays(*(self.tensor(name) for name in names))
+    def linear_weight(self, name: str) -> np.ndarray | QuantizedWeight:
+        """A linear layer's weight as stored: a host `QuantizedWeight` when the checkpoint keeps it quantized,
+        else `tensor`. Rearrange it only with the helpers of `atlas_core.weights.quantized`."""
+        if name not in self.source:
+            raise ModelLoadError(f"{self.origin}: weight {name!r} is missing from the checkpoint")
+        quantized = quantized_tensor(self.source, name)
+        return self.source.get(name) if quantized is None else quantized
 
-    def upload_arrays(self, *arrays: np.ndarray) -> Array:
+    def upload(self, *names: str) -> Array | QuantizedWeight:
+        """Upload one weight, or several concatenated along the output (first) axis; quantized weights
+        stay quantized (`linear_weight`, `upload_arrays`)."""
+        return self.upload_arrays(*(self.linear_weight(name) for name in names))
+
+    def upload_arrays(self, *arrays: np.ndarray | QuantizedWeight) -> Array | QuantizedWeight:
         """Upload host arrays (e.g. rearranged checkpoint tensors) as one weight, several concatenated
-        along the output (first) axis."""
-        return self.backend.from_numpy(arrays[0] if len(arrays) == 1 else np.concatenate(arrays), weight=True)
+        along the output (first) axis. Quantized parts are fused quantized (`concat_rows`) and uploaded
+        with `Backend.upload_quantized` (dequantized there if the backend does not execute their format)."""
+        weight = concat_rows(arrays)
+        if isinstance(weight, QuantizedWeight):
+            return self.backend.upload_quantized(weight)
+        return self.backend.from_numpy(weight, weight=True)
 
     def optional_upload(self, present: bool, *names: str) -> Array | None:
         """``upload(*names)`` when ``present`` (a config flag such as ``attention_bias``), else None."""
@@ -238,7 +260,7 @@ class DenseDecoderLoader(ModelWeightLoader):
                 )
             )
 
-        embed = self.upload("model.embed_tokens.weight")
+        embed = self.upload_arrays(self.tensor("model.embed_tokens.weight"))  # an embedding is never kept quantized
         return TransformerModel(
             self.backend,
             embed_tokens=embed,

@@ -4,6 +4,11 @@ The ``safetensors`` package's NumPy API cannot return bfloat16 tensors, so tenso
 directly from the documented file layout (8-byte little-endian header size, JSON header of
 ``{name: {dtype, shape, data_offsets}}``, then the data) with ``numpy.memmap``; bf16 is viewed
 as ``ml_dtypes.bfloat16``. Nothing is read until a tensor is asked for.
+
+FP8 checkpoints (`atlas_core.weights.quant_config`): `get_quantized` returns a quantized linear
+weight as a `QuantizedWeight` (its F8_E4M3 elements viewed from the file, its scale as float32), and
+`get` returns its dequantized float32 values, so loaders that rearrange a weight arithmetically
+still read correct numbers.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ import ml_dtypes
 import numpy as np
 
 from atlas_core.errors import ModelLoadError
+from atlas_core.weights.quant_config import QuantizationScheme
+from atlas_core.weights.quantized import QuantizedWeight, dequantize
 
 DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
     "F32": np.dtype(np.float32),
     "F16": np.dtype(np.float16),
     "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
     "I64": np.dtype(np.int64),
     "I32": np.dtype(np.int32),
     "I16": np.dtype(np.int16),
@@ -76,6 +84,8 @@ class SafetensorsSource:
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.folder = Path(folder)
         self.config = _read_config(self.folder / "config.json")
+        self.quantization = QuantizationScheme.from_config(self.config, str(self.folder / "config.json"))
+        """The checkpoint's quantization (None: its weights are plain floats)."""
         self._index: dict[str, tuple[Path, int, dict[str, Any]]] = {}
         for path in self._weight_files():
             data_start, header = _read_header(path)
@@ -110,6 +120,31 @@ class SafetensorsSource:
         return name in self._index
 
     def get(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as stored (a read-only view of the file), or dequantized to float32 when it is a
+        quantized weight (`get_quantized`)."""
+        quantized = self.get_quantized(name)
+        return self._raw(name) if quantized is None else dequantize(quantized)
+
+    def get_quantized(self, name: str) -> QuantizedWeight | None:
+        """Tensor ``name`` as a host `QuantizedWeight` when it is stored quantized (F8_E4M3 with its scale
+        tensor), else None. A float8 tensor without a scale, or in a checkpoint whose config.json declares
+        no quantization, raises `ModelLoadError`."""
+        if name not in self._index or self._index[name][2]["dtype"] != "F8_E4M3":
+            return None
+        scheme = self.quantization
+        if scheme is None:
+            raise ModelLoadError(
+                f"{self.folder}: tensor {name!r} is stored as F8_E4M3 but config.json has no quantization_config"
+            )
+        scale_name = next((n for n in scheme.scale_names(name) if n in self._index), None)
+        if scale_name is None:
+            raise ModelLoadError(
+                f"{self.folder}: tensor {name!r} is stored as F8_E4M3 but its scale "
+                f"({' or '.join(repr(n) for n in scheme.scale_names(name))}) is not in the checkpoint"
+            )
+        return scheme.weight(name, self._raw(name), self._raw(scale_name))
+
+    def _raw(self, name: str) -> np.ndarray:
         if name not in self._index:
             raise ModelLoadError(f"{self.folder}: weight {name!r} is not in the checkpoint")
         path, data_start, info = self._index[name]

@@ -3,7 +3,11 @@
 A `WeightSource` exposes tensors under Hugging Face parameter names (e.g.
 ``model.layers.0.self_attn.q_proj.weight``), whatever the file format stores, so family
 loaders map names once. Arrays are NumPy arrays in the checkpoint's float dtype
-(float32, float16, or ``ml_dtypes.bfloat16``); quantized formats are dequantized to float32.
+(float32, float16, or ``ml_dtypes.bfloat16``); quantized formats are dequantized to float32 by `get`.
+
+A source whose checkpoints keep weights quantized (FP8 safetensors) also offers
+``get_quantized(name) -> QuantizedWeight | None``, the weight as stored; `quantized_tensor` asks for
+it, so sources without quantized tensors need not implement it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 import numpy as np
+
+from atlas_core.weights.quantized import QuantizedWeight
 
 
 class WeightSource(Protocol):
@@ -29,3 +35,9 @@ class WeightSource(Protocol):
     def get(self, name: str) -> np.ndarray:
         """Return the tensor; raise `ModelLoadError` naming the file if it is absent or corrupt."""
         ...
+
+
+def quantized_tensor(source: WeightSource, name: str) -> QuantizedWeight | None:
+    """Tensor ``name`` of ``source`` as a host `QuantizedWeight` when the source stores it quantized, else None."""
+    get_quantized = getattr(source, "get_quantized", None)
+    return None if get_quantized is None else get_quantized(name)

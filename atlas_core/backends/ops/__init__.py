@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from atlas_core.weights.quantized import QuantizedWeight
+
 if TYPE_CHECKING:
     from atlas_core.backends.base import Backend
 
@@ -42,9 +44,12 @@ class OpGroup:
 
 def on_host(backend: Any, reference: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``reference`` applied to the host copies of ``args``' backend arrays (other arguments pass
-    through unchanged); array results (or tuples of them) are copied back to the backend."""
+    through unchanged; a `QuantizedWeight` arrives with host arrays); array results (or tuples of them)
+    are copied back to the backend."""
 
     def down(value: Any) -> Any:
+        if isinstance(value, QuantizedWeight):
+            return value.map_arrays(down)
         return value if isinstance(value, (int, float, bool, str, type(None), np.ndarray)) else backend.to_numpy(value)
 
     host_args = [down(a) for a in args]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from atlas_core.backends.ops import OpGroup, on_host
+from atlas_core.weights.quantized import QuantizedWeight, dequantize
 
 if TYPE_CHECKING:
     from atlas_core.backends.base import Array
@@ -155,11 +156,24 @@ def check_expert_shapes(w_in_shape: tuple[int, ...], w_out_shape: tuple[int, ...
         )
 
 
+def expert_matrix(bank: np.ndarray | QuantizedWeight, expert: int) -> np.ndarray:
+    """Matrix ``expert`` of a host expert bank ``[E, N, K]``; a quantized bank's is dequantized (only that
+    expert's, on use)."""
+    return dequantize(bank.expert(expert)) if isinstance(bank, QuantizedWeight) else bank[expert]
+
+
 def moe_experts_reference(
-    x: np.ndarray, w_in: np.ndarray, w_out: np.ndarray, weights: np.ndarray, ids: np.ndarray, *, activation: str
+    x: np.ndarray,
+    w_in: np.ndarray | QuantizedWeight,
+    w_out: np.ndarray | QuantizedWeight,
+    weights: np.ndarray,
+    ids: np.ndarray,
+    *,
+    activation: str,
 ) -> np.ndarray:
-    """`MoEOps.moe_experts` on host arrays. The (token, slot) pairs are sorted by expert so each
-    active expert runs as one GEMM over all of its tokens."""
+    """`MoEOps.moe_experts` on host arrays (or host `QuantizedWeight` banks, dequantized per active
+    expert). The (token, slot) pairs are sorted by expert so each active expert runs as one GEMM over
+    all of its tokens."""
     check_expert_shapes(w_in.shape, w_out.shape, activation)
     tokens, top_k = ids.shape
     flat_ids = ids.reshape(-1)
@@ -169,8 +183,8 @@ def moe_experts_reference(
     contributions = np.empty((tokens * top_k, x.shape[1]), dtype=np.float32)
     for expert in np.flatnonzero(np.diff(bounds)):
         pairs = order[bounds[expert] : bounds[expert + 1]]
-        hidden = expert_activation(x[pairs // top_k] @ w_in[expert].T, activation)
-        contributions[pairs] = (hidden @ w_out[expert].T) * flat_weights[pairs, None]
+        hidden = expert_activation(x[pairs // top_k] @ expert_matrix(w_in, expert).T, activation)
+        contributions[pairs] = (hidden @ expert_matrix(w_out, expert).T) * flat_weights[pairs, None]
     return contributions.reshape(tokens, top_k, -1).sum(axis=1, dtype=np.float32)
 
 
@@ -211,7 +225,9 @@ class MoEOps(OpGroup):
 
         ``x[T, H]`` activations; ``w_in[E, 2I, H]`` (gated activations: the I gate rows, then the I up
         rows, i.e. Hugging Face's fused ``gate_up_proj``) or ``w_in[E, I, H]`` (``relu2``);
-        ``w_out[E, H, I]``; ``weights[T, k]`` float32 and ``ids[T, k]`` int32 from `moe_route`.
+        ``w_out[E, H, I]``; either may be a `QuantizedWeight` bank of a format in the backend's
+        ``quantized_formats`` (the experts are then those of its dequantized values); ``weights[T, k]``
+        float32 and ``ids[T, k]`` int32 from `moe_route`.
         ``expert_e(v) = w_out[e] @ act(w_in[e] @ v)`` with ``act`` = ``silu(g) * u`` ("silu"),
         ``gelu_tanh(g) * u`` ("gelu_tanh", as in `Backend.gelu_tanh_mul`) or ``max(h, 0)**2``
         ("relu2", non-gated). The weight multiplies each expert's output, after ``w_out``. A token

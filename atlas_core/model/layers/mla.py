@@ -21,6 +21,7 @@ standard rotate-half ``Backend.rope`` gives the same scores.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from atlas_core.backends.ops.mla import MLAOps
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache
 from atlas_core.model.layers.norm import RMSNorm
+from atlas_core.weights.quantized import QuantizedWeight, take_rows
+
+W = TypeVar("W", np.ndarray, QuantizedWeight)
 
 
 @dataclass(frozen=True)
@@ -128,17 +132,18 @@ class MultiHeadLatentAttention:
         return backend.linear(heads_out.reshape(tokens, s.heads * s.v_dim), w.o, w.o_bias)
 
 
-def deinterleave_rope_rows(weight: np.ndarray, *, group: int, start: int, rope_dim: int) -> np.ndarray:
+def deinterleave_rope_rows(weight: W, *, group: int, start: int, rope_dim: int) -> W:
     """Reorder the rotary output rows of a projection from interleaved pairs to rotate-half order.
 
     ``weight`` has output rows (first axis) in groups of ``group`` (a head, or the whole
     ``kv_a_proj_with_mqa``); in each group the ``rope_dim`` rows from ``start`` become the even ones
-    followed by the odd ones. Works on a weight ``[N, K]`` and a bias ``[N]`` alike.
+    followed by the odd ones. Works on a weight ``[N, K]`` and a bias ``[N]`` alike, and on a host
+    `QuantizedWeight` (rows moved with their scales: `atlas_core.weights.quantized.take_rows`).
     """
     order = np.arange(weight.shape[0]).reshape(-1, group)
     rope = order[:, start : start + rope_dim]
     order[:, start : start + rope_dim] = np.concatenate([rope[:, 0::2], rope[:, 1::2]], axis=1)
-    return weight[order.reshape(-1)]
+    return cast(W, take_rows(weight, order.reshape(-1)))
 
 
 def split_kv_b(kv_b: np.ndarray, shape: MLAShape) -> tuple[np.ndarray, np.ndarray]:

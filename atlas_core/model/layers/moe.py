@@ -17,13 +17,14 @@ linear in ``w_out``). Nemotron-H's latent projections wrap the expert call: the 
 Checkpoints store experts per expert (``{prefix}{e}.gate_proj.weight`` ..., ``w1/w3/w2`` in
 MiniMax) or fused (``{prefix}gate_up_proj`` ``[E, 2I, H]``, ``{prefix}down_proj`` ``[E, H, I]``,
 transformers 5's in-memory layout); `read_experts` accepts both, and `load_moe` builds the whole block
-from a checkpoint prefix.
+from a checkpoint prefix. Quantized experts (FP8 checkpoints) stay quantized through `load_moe`: the
+banks are `QuantizedWeight`s that ``moe_experts`` receives as they are.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from atlas_core.backends.ops.moe import (
 )
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.transformer import FeedForward
+from atlas_core.weights.quantized import QuantizedWeight, concat_rows, stack_experts
 
 if TYPE_CHECKING:
     from atlas_core.model.loader import ModelWeightLoader
@@ -129,20 +131,50 @@ def fused_expert_shapes(
     }
 
 
+@overload
 def read_experts(
-    loader: ModelWeightLoader, prefix: str, num_experts: int, names: ExpertNames = ExpertNames()
-) -> tuple[np.ndarray, np.ndarray]:
+    loader: ModelWeightLoader,
+    prefix: str,
+    num_experts: int,
+    names: ExpertNames = ...,
+    *,
+    keep_quantized: Literal[False] = False,
+) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@overload
+def read_experts(
+    loader: ModelWeightLoader,
+    prefix: str,
+    num_experts: int,
+    names: ExpertNames = ...,
+    *,
+    keep_quantized: bool,
+) -> tuple[np.ndarray | QuantizedWeight, np.ndarray | QuantizedWeight]: ...
+
+
+def read_experts(
+    loader: ModelWeightLoader,
+    prefix: str,
+    num_experts: int,
+    names: ExpertNames = ExpertNames(),
+    *,
+    keep_quantized: bool = False,
+) -> tuple[Any, Any]:
     """Host arrays ``(w_in[E, 2I or I, H], w_out[E, H, I])`` of the experts under ``prefix``
     (e.g. ``"model.layers.3.mlp.experts."``), per-expert or fused (see the module docstring).
 
     Gated experts (``names.gate`` set) give ``w_in`` = [gate rows | up rows] per expert. A missing
-    tensor raises `ModelLoadError` naming it; fused tensors of the wrong shape too.
+    tensor raises `ModelLoadError` naming it; fused tensors of the wrong shape too. Quantized experts
+    come dequantized (float32), or with ``keep_quantized`` as host `QuantizedWeight` banks (for
+    `RoutedExperts.upload`; a caller that rescales the banks must not ask for that).
     """
+    read = loader.linear_weight if keep_quantized else loader.tensor
     gated = names.gate is not None
     fused_in = prefix + ("gate_up_proj" if gated else names.up)
     fused_out = prefix + "down_proj"
     if fused_in in loader.source and fused_out in loader.source:
-        w_in, w_out = loader.tensor(fused_in), loader.tensor(fused_out)
+        w_in, w_out = read(fused_in), read(fused_out)
         if w_in.ndim != 3 or w_in.shape[0] != num_experts or w_out.ndim != 3 or w_out.shape[0] != num_experts:
             raise ModelLoadError(
                 f"{loader.origin}: fused expert tensors {fused_in!r} {w_in.shape} / {fused_out!r} {w_out.shape} "
@@ -150,10 +182,10 @@ def read_experts(
             )
         return w_in, w_out
     projections = [names.gate, names.up] if gated else [names.up]
-    w_in = np.stack(
-        [np.concatenate([loader.tensor(f"{prefix}{e}.{p}.weight") for p in projections]) for e in range(num_experts)]
+    w_in = stack_experts(
+        [concat_rows([read(f"{prefix}{e}.{p}.weight") for p in projections]) for e in range(num_experts)]
     )
-    w_out = np.stack([loader.tensor(f"{prefix}{e}.{names.down}.weight") for e in range(num_experts)])
+    w_out = stack_experts([read(f"{prefix}{e}.{names.down}.weight") for e in range(num_experts)])
     return w_in, w_out
 
 
@@ -180,11 +212,22 @@ class RoutedExperts:
 
     @classmethod
     def upload(
-        cls, backend: Backend, w_in: np.ndarray, w_out: np.ndarray, activation: ExpertActivation
+        cls,
+        backend: Backend,
+        w_in: np.ndarray | QuantizedWeight,
+        w_out: np.ndarray | QuantizedWeight,
+        activation: ExpertActivation,
     ) -> RoutedExperts:
-        """Upload host arrays (e.g. from `read_experts`) as weights."""
-        check_expert_shapes(w_in.shape, w_out.shape, activation)
-        return cls(backend, backend.from_numpy(w_in, weight=True), backend.from_numpy(w_out, weight=True), activation)
+        """Upload host arrays (e.g. from `read_experts`) as weights; `QuantizedWeight` banks through
+        `Backend.upload_quantized` (kept quantized where the backend executes their format)."""
+        check_expert_shapes(tuple(w_in.shape), tuple(w_out.shape), activation)
+
+        def upload(bank: np.ndarray | QuantizedWeight) -> Array:
+            if isinstance(bank, QuantizedWeight):
+                return backend.upload_quantized(bank)
+            return backend.from_numpy(bank, weight=True)
+
+        return cls(backend, upload(w_in), upload(w_out), activation)
 
     @property
     def num_experts(self) -> int:
@@ -277,7 +320,7 @@ def load_moe(
     tensors whose shapes do not fit ``activation`` raise `ModelLoadError` naming them.
     ``shared_expert`` is built by the caller (its form differs between families). The block and its
     experts are the loader's registered ``moe`` and ``routed_experts`` layer types."""
-    w_in, w_out = read_experts(loader, prefix + experts, spec.num_experts, names)
+    w_in, w_out = read_experts(loader, prefix + experts, spec.num_experts, names, keep_quantized=True)
     try:
         routed = loader.layer_type("routed_experts").upload(loader.backend, w_in, w_out, activation)
     except ValueError as exc:

@@ -12,6 +12,10 @@ Weight preparation at load time:
 * ``kv_b_proj`` is split per head into the absorbed key and value factors (`split_kv_b`);
 * experts are read per expert (``experts.{e}.gate_proj`` ...) or fused (``experts.gate_up_proj``,
   Mistral 4) by `read_experts`.
+
+FP8 checkpoints keep every projection quantized (the fused input GEMM, ``q_b_proj``, ``o_proj``, the
+MLPs and the experts) except ``kv_b_proj``: its per-head factors are dequantized at load (the absorbed
+form multiplies them per head with ``mla_head_linear``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from atlas_core.model.layers.mla import MLAWeights, deinterleave_rope_rows, spli
 from atlas_core.model.layers.moe import MoEFeedForward, load_moe
 from atlas_core.model.loader import ModelWeightLoader
 from atlas_core.model.transformer import TransformerModel
+from atlas_core.weights.quantized import concat_rows
 from atlas_model_deepseek import shapes
 from atlas_model_deepseek.spec import DeepseekSpec, Family
 
@@ -88,7 +93,7 @@ class DeepseekV3Loader(ModelWeightLoader):
                     ffn,
                 )
             )
-        embed = self.upload(prefix + "embed_tokens.weight")
+        embed = self.upload_arrays(self.tensor(prefix + "embed_tokens.weight"))  # never kept quantized
         return TransformerModel(
             backend,
             embed_tokens=embed,
@@ -111,8 +116,8 @@ class DeepseekV3Loader(ModelWeightLoader):
     def _mla_weights(self, spec: DeepseekSpec, a: str) -> MLAWeights:
         shape = spec.mla
         q_name = a + ("q_proj.weight" if shape.q_lora_rank is None else "q_a_proj.weight")
-        q_in, kv_in = self.tensor(q_name), self.tensor(a + "kv_a_proj_with_mqa.weight")
-        q_b = None if shape.q_lora_rank is None else self.tensor(a + "q_b_proj.weight")
+        q_in, kv_in = self.linear_weight(q_name), self.linear_weight(a + "kv_a_proj_with_mqa.weight")
+        q_b = None if shape.q_lora_rank is None else self.linear_weight(a + "q_b_proj.weight")
         q_bias = kv_bias = None
         if spec.attention_bias:  # on q_a_proj and kv_a_proj_with_mqa (q_proj never has one) and o_proj
             kv_bias = self.tensor(a + "kv_a_proj_with_mqa.bias")
@@ -130,8 +135,8 @@ class DeepseekV3Loader(ModelWeightLoader):
                     kv_bias, group=kv_width, start=shape.latent_dim, rope_dim=shape.rope_dim
                 )
         expected_in = (shape.fused_q_width + shape.latent_dim + shape.rope_dim, spec.hidden_size)
-        fused_in = np.concatenate([q_in, kv_in])
-        if fused_in.shape != expected_in:
+        fused_in = concat_rows([q_in, kv_in])
+        if tuple(fused_in.shape) != expected_in:
             raise ModelLoadError(
                 f"{self.origin}: {q_name} {q_in.shape} and kv_a_proj_with_mqa {kv_in.shape} do not fit the config "
                 f"(together {expected_in})"

@@ -54,12 +54,6 @@ class DeepseekSpec:
         activation = config.get("hidden_act", "silu")
         if activation != "silu":
             raise ModelLoadError(f"{origin}: hidden_act {activation!r} is not supported (only 'silu')")
-        if config.get("quantization_config"):
-            method = config["quantization_config"].get("quant_method", "unknown")
-            raise ModelLoadError(
-                f"{origin}: the checkpoint is quantized ({method!r}); atlas-model-deepseek loads bf16/fp16/fp32 "
-                "weights only: use a dequantized (bf16) copy of the checkpoint"
-            )
         heads = int(require(config, "num_attention_heads", origin))
         q_lora = config.get("q_lora_rank")
         mla = MLAShape(
