@@ -198,9 +198,11 @@ extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS) moe_plan(
 
 MOE_GEMM_KERNEL(1, 1, 16, true, vec, 2)
 MOE_GEMM_KERNEL(1, 2, 8, true, vec, 2)
+MOE_GEMM_KERNEL(1, 4, 4, true, vec, 2)
 MOE_GEMM_KERNEL(2, 4, 2, true, vec, 1)
 MOE_GEMM_KERNEL(1, 1, 8, false, any, 2)
 MOE_GEMM_KERNEL(1, 2, 4, false, any, 2)
+MOE_GEMM_KERNEL(1, 4, 2, false, any, 2)
 MOE_GEMM_KERNEL(2, 4, 2, false, any, 1)
 
 // ---- activation and combine -----------------------------------------------------------------------

@@ -1,0 +1,93 @@
+"""Time the cuda backend's grouped expert products (``moe_experts``) at real models' expert shapes for
+each tile shape, beside the bandwidth ceiling: the bytes of the experts the batch selects, read once.
+
+    python3 plugins/gb10/scripts/moe_tiles.py
+
+Prints per (shape, tokens, tiles): microseconds per call, GB/s of active expert weights, and the
+percentage of the device's measured copy bandwidth. The tile choice of `CudaMoEOps._tiles` is what
+decode and prefill use; the others are what it could use.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import cupy as cp
+import numpy as np
+from atlas_gb10.backend import CudaBackend
+from atlas_gb10.moe import CudaMoEOps
+
+from atlas_core.backends.ops.moe import MoEOps
+
+SHAPES = {  # experts, top-k, hidden, expert width
+    "qwen3-30b-a3b": (128, 8, 2048, 768),
+    "qwen3-next-80b-a3b": (512, 10, 2048, 512),
+}
+TILES = [None, (1, 1, 1), (1, 2, 2), (1, 4, 4), (1, 2, 4), (1, 4, 2)]
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a device-to-device copy of 1 GiB (read plus write)."""
+    src, dst = cp.empty(2**30, dtype=np.uint8), cp.empty(2**30, dtype=np.uint8)
+    dst[...] = src
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(10):
+        dst[...] = src
+    stop.record()
+    stop.synchronize()
+    return 2 * 10 * 2**30 / (cp.cuda.get_elapsed_time(start, stop) / 1e3)
+
+
+def time_call(fn: Callable[[], object], iterations: int = 200) -> float:
+    """Microseconds of GPU time per call: the call captured once into a CUDA graph (as decode runs it),
+    the graph replayed back to back, so host launch costs do not count."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        fn()  # compile and allocate outside the capture
+        stream.begin_capture()
+        fn()
+        graph = stream.end_capture()
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(iterations):
+            graph.launch()
+        stop.record()
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) * 1e3 / iterations
+
+
+def main() -> None:
+    backend = CudaBackend()
+    moe = backend.ops(MoEOps)
+    assert isinstance(moe, CudaMoEOps)
+    peak = copy_bandwidth()
+    print(f"device copy bandwidth {peak / 1e9:.0f} GB/s")
+    rng = np.random.default_rng(0)
+    default_tiles = CudaMoEOps._tiles
+    for name, (experts, top_k, hidden, width) in SHAPES.items():
+        w_in = cp.asarray(rng.standard_normal((experts, 2 * width, hidden), dtype=np.float32) * 0.02).astype(
+            backend.from_numpy(np.zeros(1, np.float32)).dtype
+        )
+        w_out = cp.asarray(rng.standard_normal((experts, hidden, width), dtype=np.float32) * 0.02).astype(w_in.dtype)
+        for tokens in (1, 4, 16, 64):
+            x = cp.asarray(rng.standard_normal((tokens, hidden), dtype=np.float32)).astype(w_in.dtype)
+            ids = cp.asarray(np.stack([rng.choice(experts, top_k, replace=False) for _ in range(tokens)]), np.int32)
+            weights = cp.full((tokens, top_k), 1.0 / top_k, dtype=np.float32)
+            active = len(np.unique(cp.asnumpy(ids)))
+            nbytes = active * 3 * width * hidden * 2
+            for tiles in TILES:
+                CudaMoEOps._tiles = default_tiles if tiles is None else (lambda self, *a, t=tiles: t)  # type: ignore[method-assign]
+                us = time_call(functools.partial(moe.moe_experts, x, w_in, w_out, weights, ids, "silu"))
+                label = "default" if tiles is None else f"m{tiles[0]} n{tiles[1]}/{tiles[2]}"
+                print(
+                    f"{name:20s} T={tokens:3d} {label:12s} {us:8.1f} us  {nbytes / us / 1e3:7.0f} GB/s  "
+                    f"{100 * nbytes / (us * 1e-6) / peak:5.1f}% of copy bandwidth",
+                    flush=True,
+                )
+        CudaMoEOps._tiles = default_tiles  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    main()
