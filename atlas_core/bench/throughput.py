@@ -113,7 +113,7 @@ def run_throughput(args: argparse.Namespace) -> int:
     # Warm-up on prompts of its own, so that no block of the workload is in the prefix cache.
     warm = np.random.default_rng(args.seed + 1).integers(0, llm.loaded.model.vocab_size, size=(2, 24)).tolist()
     llm.generate(warm, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-    scheduler = getattr(engine, "scheduler", None)
+    scheduler: Any = getattr(engine, "scheduler", None)  # engines without one report no preemptions
     preempted_before = getattr(scheduler, "num_preemptions", None)
     start = time.perf_counter()
     outputs = llm.generate(workload.prompts, params, use_tqdm=args.progress)

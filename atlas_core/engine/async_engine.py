@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -99,7 +99,7 @@ class AsyncEngine:
 
     async def generate(
         self, prompt: str | None, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's output after every step that changed it; the last one has ``finished``.
 
         Invalid requests raise `InvalidRequestError` before the first yield. Closing the iterator

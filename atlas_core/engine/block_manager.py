@@ -164,8 +164,6 @@ class BlockManager:
         for j in written:
             block = table.blocks[j]
             if self._content[block] != _NO_CONTENT:
-                if self._hash[block] is not None:
-                    del self._cache[self._hash[block]]
                 self._forget(block)
         if start < end:
             del table.hashes[start // size :]
@@ -236,7 +234,6 @@ class BlockManager:
     def reset_prefix_cache(self) -> None:
         """Forget the cache entries of all free blocks (blocks in use stay cached). Counters are kept."""
         for block in self._free_cached:
-            del self._cache[self._hash[block]]  # type: ignore[index]
             self._forget(block)
         self._free_uncached.extend(self._free_cached)
         self._free_cached.clear()
@@ -291,7 +288,6 @@ class BlockManager:
             block = self._free_uncached.pop()
         else:
             block, _ = self._free_cached.popitem(last=False)
-            del self._cache[self._hash[block]]  # type: ignore[index]
             self._forget(block)
         self._ref[block] = 1
         return block
@@ -306,6 +302,9 @@ class BlockManager:
                 self._free_cached[block] = None
 
     def _forget(self, block: int) -> None:
-        """Clear a block's cache entry fields and content id (the caller removes it from ``_cache``)."""
+        """Remove a block's prefix-cache entry (if it is filed under a hash) and clear its cache fields
+        and content id."""
+        if (key := self._hash[block]) is not None:
+            del self._cache[key]
         self._hash[block] = self._tokens[block] = None
         self._parent[block] = self._content[block] = _NO_CONTENT

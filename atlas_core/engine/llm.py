@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import Any, cast
 
 from tqdm.auto import tqdm
 
@@ -20,6 +20,14 @@ from atlas_core.plugins import get_registry
 
 PromptInput = str | list[int] | dict[str, Any]
 Message = dict[str, Any]
+
+
+def _prompt_list(prompts: PromptInput | Seq[PromptInput]) -> list[PromptInput]:
+    """``prompts`` as a list of prompts: one prompt (text, a dict, or a list of token ids, told apart
+    from a list of prompts by its first item being an int) becomes a list of one."""
+    if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+        return [cast(PromptInput, prompts)]
+    return list(cast(Seq[PromptInput], prompts))
 
 
 class LLM:
@@ -72,8 +80,7 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Complete every prompt; outputs come back in prompt order."""
-        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # one prompt: text, token ids, or a dict
+        prompts = _prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompts)
         else:

@@ -194,8 +194,8 @@ class LLMEngine:
             return
         for chunk in chunks:
             if chunk.followers:
-                followers = [seq.state_slot for seq in chunk.followers]
-                self.loaded.model.copy_state([chunk.seq.state_slot] * len(followers), followers)  # type: ignore[list-item]
+                followers = [seq.held_state_slot() for seq in chunk.followers]
+                self.loaded.model.copy_state([chunk.seq.held_state_slot()] * len(followers), followers)
 
     def _start_forks(self, chunk: ScheduledChunk) -> None:
         """When a request's first sequence finishes its prompt, its n - 1 siblings fork from it."""

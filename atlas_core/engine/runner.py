@@ -79,7 +79,11 @@ class ModelRunner:
         self.guided = guided
 
     def build_batch(self, chunks: list[ScheduledChunk]) -> tuple[ForwardBatch, _Rows]:
-        ids, positions, slots, logits_rows, state_slots = [], [], [], [], []
+        ids: list[int] = []
+        positions: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        logits_rows: list[int] = []
+        state_slots: list[int] = []
         starts, seq_lens = [0], []
         rows = _Rows()
         max_blocks = max(len(c.seq.table.blocks) for c in chunks)
@@ -139,11 +143,11 @@ class ModelRunner:
         want_logprobs = rows.prompt_rows or any(seq.logprobs is not None for seq, _ in rows.sample_rows)
         logprobs = self.backend.to_numpy(self.backend.log_softmax(logits)) if want_logprobs else None
         for seq, first, position, count in rows.prompt_rows:
+            recorded, top = seq.request.prompt_logprobs, seq.params.prompt_logprobs
+            assert logprobs is not None and recorded is not None and top is not None  # why the rows were added
             for i in range(count):
                 token = seq.token_ids[position + i]
-                seq.request.prompt_logprobs.append(
-                    position_logprobs(logprobs[first + i], token, seq.params.prompt_logprobs, self.tokenizer)
-                )
+                recorded.append(position_logprobs(logprobs[first + i], token, top, self.tokenizer))
         return self._sample(rows, logits, logprobs)
 
     def _forward(self, batch: ForwardBatch) -> Array | None:
@@ -175,7 +179,9 @@ class ModelRunner:
                 if guided:
                     guided.accept(seq, token)
                 if seq.logprobs is not None:
-                    entry = position_logprobs(logprobs[row], token, seq.params.logprobs, self.tokenizer)
+                    top = seq.params.logprobs
+                    assert logprobs is not None and top is not None  # a sequence records logprobs when asked to
+                    entry = position_logprobs(logprobs[row], token, top, self.tokenizer)
                     seq.cumulative_logprob += entry[token].logprob
                     seq.logprobs.append(entry)
                 seq.append_token(token)

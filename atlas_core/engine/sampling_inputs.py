@@ -41,7 +41,9 @@ def logit_adjustments(
             tokens.append(token)
             counts.append(seq.output_counts.get(token, 0))
             in_prompt.append(token in prompt_tokens)
-    bias_rows, bias_tokens, bias_values = [], [], []
+    bias_rows: list[int] = []
+    bias_tokens: list[int] = []
+    bias_values: list[float] = []
     for row in biased:
         seq = seqs[row]
         entries = dict(seq.params.logit_bias)

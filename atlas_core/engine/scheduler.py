@@ -198,7 +198,7 @@ class Scheduler:
             if cached and snapshots is not None:
                 key = self.blocks.prefix_content(seq.table, cached // self.blocks.block_size)
                 assert key is not None  # allocate_prompt files every reused block's hash in the table
-                snapshots.restore(key[1], seq.state_slot)  # type: ignore[arg-type]
+                snapshots.restore(key[1], seq.held_state_slot())
         self.waiting.remove(seq)
         if seq.index == 0 and len(seq.token_ids) == seq.num_prompt_tokens:
             seq.request.num_cached_tokens = cached

@@ -84,6 +84,13 @@ class Sequence:
         """True while stop tokens must still be suppressed (fewer than ``min_tokens`` generated)."""
         return len(self.token_ids) - self.num_prompt_tokens < self.params.min_tokens
 
+    def held_state_slot(self) -> int:
+        """The recurrent-state slot the sequence holds. On models with recurrent state the scheduler
+        gives every admitted sequence one; `RuntimeError` when it holds none."""
+        if self.state_slot is None:
+            raise RuntimeError(f"sequence {self.index} of request {self.request.request_id!r} holds no state slot")
+        return self.state_slot
+
     def append_token(self, token_id: int) -> None:
         """Record a sampled token and update the finish status and visible text."""
         self.token_ids.append(token_id)

@@ -61,10 +61,13 @@ def open_source(resolved: ResolvedModel) -> WeightSource:
 
 
 def load_tokenizer(resolved: ResolvedModel, source: WeightSource) -> Tokenizer | None:
+    """The model's tokenizer: a GGUF file's own (read through ``source`` when it is the file's
+    `GGUFSource`, else from the file), or the one in a model folder (None when it has none)."""
     if resolved.kind == "gguf":
         from atlas_core.tokenizer.gguf_vocab import build_tokenizer_from_gguf
+        from atlas_core.weights.gguf import GGUFSource
 
-        return build_tokenizer_from_gguf(source)
+        return build_tokenizer_from_gguf(source if isinstance(source, GGUFSource) else resolved.path)
     return Tokenizer.from_folder(resolved.path)
 
 

@@ -67,7 +67,8 @@ def coerce(value: Any, schema: Any) -> Any:
         if converted is not _NOT_CONVERTED:
             value = converted
     if isinstance(value, dict):
-        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        declared = schema.get("properties")
+        properties = declared if isinstance(declared, dict) else {}
         extra = schema.get("additionalProperties")
         return {k: coerce(v, properties.get(k, extra)) for k, v in value.items()}
     if isinstance(value, list) and isinstance(schema.get("items"), dict):

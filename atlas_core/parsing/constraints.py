@@ -15,7 +15,13 @@ from typing import Any
 from atlas_core.parsing.errors import ToolSchemaError
 from atlas_core.parsing.output_parser import ToolChoice, tool_choice_name
 from atlas_core.parsing.registry import reasoning_format, tool_format
-from atlas_core.parsing.structured import StructuredOutput, StructuredOutputError, ThinkingBudget, json_schema_rule
+from atlas_core.parsing.structured import (
+    StructuredKind,
+    StructuredOutput,
+    StructuredOutputError,
+    ThinkingBudget,
+    json_schema_rule,
+)
 from atlas_core.parsing.tools.base import Literal
 from atlas_core.parsing.tools.grammar import quoted
 from atlas_core.parsing.types import ToolDefinition
@@ -117,9 +123,11 @@ def response_format_constraint(
     kind = response_format.get("type")
     if kind == "text":
         return None
+    structured: StructuredKind
     if kind == "json_object":
-        kind, answer = "json_object", json_schema_rule({"type": "object"})
+        structured, answer = "json_object", json_schema_rule({"type": "object"})
     elif kind == "json_schema":
+        structured = "json_schema"
         spec = response_format.get("json_schema")
         if not isinstance(spec, Mapping) or "schema" not in spec:
             raise StructuredOutputError(
@@ -131,7 +139,7 @@ def response_format_constraint(
             f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}"
         )
     lines = [*_start_rule(reasoning_parser, prompt_text, _literal(tokenizer)), f"answer: {answer}"]
-    return StructuredOutput(kind, "\n".join(lines))
+    return StructuredOutput(structured, "\n".join(lines))
 
 
 def thinking_budget(

@@ -6,7 +6,7 @@ input streams as ``input_json_delta`` fragments."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,8 +126,8 @@ class _Blocks:
 
 
 async def message_stream(
-    stream: AsyncIterator[RequestOutput], ctx: MessageContext, num_prompt_tokens: int
-) -> AsyncIterator[bytes]:
+    stream: AsyncGenerator[RequestOutput, None], ctx: MessageContext, num_prompt_tokens: int
+) -> AsyncGenerator[bytes, None]:
     """The ``text/event-stream`` body of a streamed message."""
     start = MessageResponse(
         id=ctx.message_id,

@@ -120,7 +120,8 @@ def _result_text(block: ToolResultBlock, where: str) -> str:
     elif isinstance(content, str):
         text = content
     else:
-        if any(not isinstance(part, TextBlock) for part in content):
+        texts = [part.text for part in content if isinstance(part, TextBlock)]
+        if len(texts) < len(content):
             raise invalid("tool results may hold text only: the served model reads text only", param=where)
-        text = "\n".join(part.text for part in content)
+        text = "\n".join(texts)
     return f"Error: {text}" if block.is_error else text

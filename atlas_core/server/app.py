@@ -12,6 +12,7 @@ from typing import Any
 from litestar import Litestar, Router
 from litestar.config.cors import CORSConfig
 from litestar.di import Provide
+from litestar.enums import ScopeType
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
@@ -28,7 +29,7 @@ def _count_requests(app: ASGIApp, metrics: ServerMetrics) -> ASGIApp:
     """ASGI middleware: ``atlas_http_requests_total{route, method, status}``."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await app(scope, receive, send)
             return
         status = {"code": 500}

@@ -123,11 +123,12 @@ def _openai_message(message: ChatMessage, index: int) -> dict[str, Any]:
     out: dict[str, Any] = {"role": role}
     content = message.content
     if isinstance(content, list):
-        if any(isinstance(part, ImagePart) for part in content):
+        texts = [part.text for part in content if not isinstance(part, ImagePart)]
+        if len(texts) < len(content):
             raise invalid(
                 "image content is not supported: the served model reads text only", param=f"messages[{index}].content"
             )
-        content = "\n".join(part.text for part in content)
+        content = "\n".join(texts)
     out["content"] = content if content is not None else ""
     if message.name is not None:
         out["name"] = message.name

@@ -10,7 +10,7 @@ output or final result) as soon as the client hangs up, which aborts the work be
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from typing import TypeVar
 
 from litestar.types import Receive
@@ -28,7 +28,7 @@ CLIENT_CLOSED = 499
 
 async def generate(
     state: ServerState, prompt: str | None, prompt_ids: list[int], params: SamplingParams
-) -> AsyncIterator[RequestOutput]:
+) -> AsyncGenerator[RequestOutput, None]:
     """The outputs of one engine request; raises `APIError` on timeout, failure or shutdown."""
     runtime = state.require_runtime()
     timeout = state.config.request_timeout
@@ -66,14 +66,14 @@ def _raise_if_failed(state: ServerState, output: RequestOutput) -> None:
         raise APIError(503, f"{reason}; it was ended after {max(len(c.token_ids) for c in output.outputs)} tokens")
 
 
-async def start(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+async def start(stream: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[RequestOutput, None]:
     """``stream`` with its first output already awaited (errors surface here, before streaming)."""
     try:
         first = await anext(stream)
     except StopAsyncIteration:
         first = None
 
-    async def resumed() -> AsyncIterator[RequestOutput]:
+    async def resumed() -> AsyncGenerator[RequestOutput, None]:
         try:
             if first is not None:
                 yield first
@@ -85,7 +85,7 @@ async def start(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOu
     return resumed()
 
 
-async def final(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+async def final(stream: AsyncGenerator[RequestOutput, None]) -> RequestOutput:
     """The finished output of ``stream``."""
     last = None
     async for output in stream:
@@ -95,12 +95,12 @@ async def final(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
     return last
 
 
-async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def merge(streams: list[AsyncGenerator[RequestOutput, None]]) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """Interleave several streams as ``(stream index, output)`` in arrival order; the first error
     is raised and every stream is closed (so its engine request is aborted) when iteration stops."""
     queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
 
-    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+    async def pump(index: int, stream: AsyncGenerator[RequestOutput, None]) -> None:
         try:
             async for item in stream:
                 await queue.put((index, item))

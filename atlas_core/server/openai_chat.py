@@ -9,7 +9,7 @@ naturally made calls.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from atlas_core.engine.outputs import CompletionOutput, RequestOutput
@@ -160,7 +160,9 @@ class _ChoiceStream:
         return choices
 
 
-async def chat_stream(stream: AsyncIterator[RequestOutput], ctx: ChatContext, n: int) -> AsyncIterator[bytes]:
+async def chat_stream(
+    stream: AsyncGenerator[RequestOutput, None], ctx: ChatContext, n: int
+) -> AsyncGenerator[bytes, None]:
     """The ``text/event-stream`` body: a role chunk per choice, deltas, finish chunks, usage, ``[DONE]``."""
     choices = [_ChoiceStream(i, ctx.parsers.new()) for i in range(n)]
 

@@ -6,7 +6,7 @@ completion ``j`` of prompt ``i``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from atlas_core.engine.outputs import PositionLogprobs, RequestOutput
@@ -132,8 +132,8 @@ def completion_response(outputs: list[RequestOutput], prompts: list[Prompt], ctx
 
 
 async def completion_stream(
-    streams: list[AsyncIterator[RequestOutput]], prompts: list[Prompt], ctx: CompletionContext
-) -> AsyncIterator[bytes]:
+    streams: list[AsyncGenerator[RequestOutput, None]], prompts: list[Prompt], ctx: CompletionContext
+) -> AsyncGenerator[bytes, None]:
     """The ``text/event-stream`` body of a streamed completion."""
     progress: dict[int, Progress] = {}
     offsets: dict[int, int] = {}

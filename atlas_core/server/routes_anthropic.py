@@ -66,6 +66,7 @@ async def create_message(
 def _constraints(data: MessagesRequest, parsers: ParserSpec, runtime: ModelRuntime) -> dict[str, Any]:
     """Thinking budget (``thinking.budget_tokens``, else ``output_config.effort``) and JSON output."""
     output = data.output_config or OutputConfig()
+    budget: int | None
     if isinstance(data.thinking, ThinkingEnabled):
         budget = data.thinking.budget_tokens
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from litestar import Request, get, post
@@ -132,20 +132,20 @@ def _include_usage(options: StreamOptions | None) -> bool:
     return bool(options and options.include_usage)
 
 
-async def _start_all(streams: list[AsyncIterator[RequestOutput]]) -> list[AsyncIterator[RequestOutput]]:
+async def _start_all(streams: list[AsyncGenerator[RequestOutput, None]]) -> list[AsyncGenerator[RequestOutput, None]]:
     """`start` every stream; if one fails, the ones already started are closed (aborted)."""
-    started: list[AsyncIterator[RequestOutput]] = []
+    started: list[AsyncGenerator[RequestOutput, None]] = []
     try:
         for stream in streams:
             started.append(await start(stream))
     except BaseException:
         for stream in started:
-            await stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()
         raise
     return started
 
 
-async def _finish_all(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+async def _finish_all(streams: list[AsyncGenerator[RequestOutput, None]]) -> list[RequestOutput]:
     """Finish several prompts concurrently (they batch in the engine); a failure cancels the rest."""
     tasks = [asyncio.ensure_future(final(stream)) for stream in streams]
     try:

@@ -3,7 +3,7 @@ progress through cumulative engine outputs."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +46,10 @@ class EventStream(Stream):
         return super().to_asgi_response(*args, **kwargs)
 
 
-def event_stream(body: AsyncIterator[bytes], on_error: Callable[[APIError], bytes]) -> Stream:
+def event_stream(body: AsyncGenerator[bytes, None], on_error: Callable[[APIError], bytes]) -> Stream:
     """An SSE response of ``body``; an exception inside it ends the stream with ``on_error``'s event."""
 
-    async def guarded() -> AsyncIterator[bytes]:
+    async def guarded() -> AsyncGenerator[bytes, None]:
         try:
             async for chunk in body:
                 yield chunk

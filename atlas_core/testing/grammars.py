@@ -31,7 +31,9 @@ def byte_tokenizer(special: list[str] = SPECIAL) -> Tokenizer:
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens(special)
-    return Tokenizer(backend, bos_token_id=None, eos_token_ids=[backend.token_to_id(special[0])], chat_template=None)
+    eos = backend.token_to_id(special[0])
+    assert eos is not None, "a special token just added has an id"
+    return Tokenizer(backend, bos_token_id=None, eos_token_ids=[eos], chat_template=None)
 
 
 TOKENIZER = byte_tokenizer()
@@ -84,7 +86,7 @@ def random_walk(
     eos, vocab_size = tokenizer.eos_token_ids[0], tokenizer.backend.get_vocab_size()
     m = matcher(structured, tokenizer)
     bitmask = allocate_token_bitmask(1, vocab_size)
-    tokens = []
+    tokens: list[int] = []
     for _ in range(limit):
         fill_next_token_bitmask(m, bitmask, 0)
         allowed = np.flatnonzero(np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")[:vocab_size])
@@ -102,6 +104,7 @@ def check_grammar_outputs_parse(parser: str, choice: ToolChoice, tokenizer: Toke
     calls of `BOUNDED`; a named tool: one call of it) each parse to calls only, without problems."""
     parallel = choice == "required"
     structured = tool_call_constraint(parser, BOUNDED, choice, tokenizer=tokenizer, parallel_tool_calls=parallel)
+    assert structured is not None, f"tool_choice {choice!r} constrains nothing"
     rng = random.Random(f"{parser}-{choice}")
     for _ in range(15):
         text = random_walk(structured, rng, tokenizer=tokenizer)
@@ -116,7 +119,7 @@ def check_canonical_markup(parser: str, call: str, tokenizer: Tokenizer = TOKENI
     """``call``, the canonical markup of ``get_time(zone="UTC")`` in ``parser``'s format, is what its
     grammar for that named tool allows (and not with another tool's name), and parses to that call."""
     structured = tool_call_constraint(parser, TOOLS, {"name": "get_time"}, tokenizer=tokenizer)
-    assert structured.kind == "tool_call"
+    assert structured is not None and structured.kind == "tool_call"
     assert accepts(structured, call, tokenizer)
     assert not accepts(structured, call.replace("get_time", "get_weather", 1), tokenizer)
     message = OutputParser.parse(call, tool_parser=parser, tools=TOOLS)

@@ -73,8 +73,9 @@ def stream(text_pieces: Iterable[str], **parser_args: Any) -> tuple[list[StreamE
     return events + tail, message
 
 
-def summary(events: list[StreamEvent]) -> list[tuple[str, Any, ...]]:
-    """Events with adjacent text deltas and argument fragments merged and call ids dropped."""
+def summary(events: list[StreamEvent]) -> list[tuple[Any, ...]]:
+    """Events with adjacent text deltas and argument fragments merged and call ids dropped: tuples of
+    the event kind (a str) and its fields."""
     merged: list[list[Any]] = []
     for event in events:
         if isinstance(event, ContentDelta | ReasoningDelta):

@@ -93,8 +93,7 @@ def _decode_tool_arguments(tool_calls: Any) -> Any:
     out = []
     for call in tool_calls:
         function = call.get("function") if isinstance(call, Mapping) else None
-        arguments = function.get("arguments") if isinstance(function, Mapping) else None
-        if isinstance(arguments, str):
+        if isinstance(function, Mapping) and isinstance(arguments := function.get("arguments"), str):
             try:
                 parsed = json.loads(arguments)
             except ValueError:

@@ -163,7 +163,7 @@ def _byte_level_bpe(spec: GGUFTokenizerSpec) -> Backend:
             pre,
         )
         build_pre = _gpt2
-    merges = [tuple(merge.split(" ", 1)) for merge in spec.merges or ()]
+    merges = _merge_pairs(spec, spec.merges or [])
     backend = Backend(
         models.BPE(vocab=_vocab(spec), merges=merges, ignore_merges=pre in _IGNORE_MERGES, fuse_unk=False)
     )
@@ -178,7 +178,7 @@ def _sentencepiece_bpe(spec: GGUFTokenizerSpec) -> Backend:
     """SentencePiece BPE (Llama 2, Mistral...): ``▁`` for spaces, ``<0xXX>`` byte fallback."""
     vocab = _vocab(spec)
     if spec.merges:
-        merges = [tuple(merge.split(" ", 1)) for merge in spec.merges]
+        merges = _merge_pairs(spec, spec.merges)
     elif spec.scores:
         merges = _merges_from_scores(spec.tokens, spec.scores, vocab)
     else:
@@ -199,6 +199,18 @@ def _sentencepiece_bpe(spec: GGUFTokenizerSpec) -> Backend:
 def _vocab(spec: GGUFTokenizerSpec) -> dict[str, int]:
     """Token -> id; a token listed twice maps to its last id, as in llama.cpp."""
     return {token: index for index, token in enumerate(spec.tokens)}
+
+
+def _merge_pairs(spec: GGUFTokenizerSpec, merges: list[str]) -> list[tuple[str, str]]:
+    """``tokenizer.ggml.merges`` lines (``"left right"``) as ``(left, right)`` pairs, split at the first
+    space; `ModelLoadError` for a line without one."""
+    pairs = []
+    for merge in merges:
+        left, space, right = merge.partition(" ")
+        if not space:
+            raise ModelLoadError(f"{spec.source or 'GGUF file'}: merge {merge!r} is not two tokens separated by a space")
+        pairs.append((left, right))
+    return pairs
 
 
 def _merges_from_scores(tokens: list[str], scores: list[float], vocab: dict[str, int]) -> list[tuple[str, str]]:

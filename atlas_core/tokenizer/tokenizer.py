@@ -109,8 +109,8 @@ class Tokenizer:
             eos_ids = _ids(model_config, "eos_token_id", folder / "config.json")
 
         for key, token_id in (("bos_token", bos_id), ("eos_token", eos_ids[0] if eos_ids else None)):
-            if key not in special and token_id is not None and backend.id_to_token(token_id) is not None:
-                special[key] = backend.id_to_token(token_id)
+            if key not in special and token_id is not None and (token := backend.id_to_token(token_id)) is not None:
+                special[key] = token
 
         add_bos = tok_config.get("add_bos_token")
         if add_bos is not None and not isinstance(add_bos, bool):

@@ -111,7 +111,8 @@ class _Parser:
     """A cursor over a GGUF file's bytes; every read checks it stays inside them."""
 
     def __init__(self, buffer: Buffer) -> None:
-        self.buffer = memoryview(buffer).cast("B")
+        # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12; arrays are buffers on 3.11 too.
+        self.buffer = memoryview(buffer).cast("B")  # type: ignore[arg-type]
         self.pos = 0
         self.order = "<"
 

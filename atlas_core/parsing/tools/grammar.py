@@ -85,8 +85,8 @@ def xml_parameter_rules(
             rules.append(f"{value}[suffix={quoted(close_parameter)}]: /(?s:.*)/")
             rules.append(f"{rule}: {lit(open_parameter.format(name=name))} {value}")
         else:
-            value = SCALAR_VALUES.get(next(iter(types))) if len(types) == 1 else None
-            value = value or json_rule(subschema if isinstance(subschema, dict) else {})
+            scalar = SCALAR_VALUES.get(next(iter(types))) if len(types) == 1 else None
+            value = scalar or json_rule(subschema if isinstance(subschema, dict) else {})
             rules.append(f"{rule}: {lit(open_parameter.format(name=name))} {value} {lit(close_parameter)}")
         items.append(rule if name in required else f"{rule}?")
     return " ".join(items), rules
