@@ -28,6 +28,13 @@ class NumpyBackend(Backend):
             return np.ascontiguousarray(array, dtype=np.int32)
         return np.ascontiguousarray(array, dtype=np.float32)
 
+    def upload_quantized(self, weight: QuantizedWeight) -> Array | QuantizedWeight:
+        """Kept quantized (``fp8_e4m3``), its arrays copied into memory: a view of the checkpoint would keep
+        the whole file mapped, counting again in the process's resident memory beside fused copies."""
+        if weight.format not in self.quantized_formats:
+            return super().upload_quantized(weight)
+        return weight.map_arrays(lambda array: np.array(array, order="C", copy=True))
+
     def to_numpy(self, x: Array) -> np.ndarray:
         return np.asarray(x)
 
