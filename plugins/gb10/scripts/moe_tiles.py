@@ -11,12 +11,12 @@ decode and prefill use; the others are what it could use.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import cupy as cp
 import numpy as np
 from atlas_gb10.backend import CudaBackend
 from atlas_gb10.moe import CudaMoEOps
+from timing import copy_bandwidth, time_call
 
 from atlas_core.backends.ops.moe import MoEOps
 
@@ -25,37 +25,6 @@ SHAPES = {  # experts, top-k, hidden, expert width
     "qwen3-next-80b-a3b": (512, 10, 2048, 512),
 }
 TILES = [None, (1, 1, 1), (1, 2, 2), (1, 4, 4), (1, 2, 4), (1, 4, 2)]
-
-
-def copy_bandwidth() -> float:
-    """Bytes per second of a device-to-device copy of 1 GiB (read plus write)."""
-    src, dst = cp.empty(2**30, dtype=np.uint8), cp.empty(2**30, dtype=np.uint8)
-    dst[...] = src
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(10):
-        dst[...] = src
-    stop.record()
-    stop.synchronize()
-    return 2 * 10 * 2**30 / (cp.cuda.get_elapsed_time(start, stop) / 1e3)
-
-
-def time_call(fn: Callable[[], object], iterations: int = 200) -> float:
-    """Microseconds of GPU time per call: the call captured once into a CUDA graph (as decode runs it),
-    the graph replayed back to back, so host launch costs do not count."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        fn()  # compile and allocate outside the capture
-        stream.begin_capture()
-        fn()
-        graph = stream.end_capture()
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        for _ in range(iterations):
-            graph.launch()
-        stop.record()
-    stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) * 1e3 / iterations
 
 
 def main() -> None:

@@ -1,0 +1,52 @@
+"""Time the cuda backend's dense products (``linear``) at decode sizes for each block tile, beside the
+bandwidth ceiling: the weight bytes, read once.
+
+    python3 plugins/gb10/scripts/gemm_tiles.py
+
+Prints per (K x N, rows, tile): microseconds per call under graph replay, GB/s of weights, and the
+percentage of the device's measured copy bandwidth. ``default`` is `CudaBackend.gemm_tile`'s choice.
+"""
+
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+from atlas_gb10.backend import BF16, CudaBackend
+from timing import copy_bandwidth, time_call
+
+SHAPES = [  # (K, N): Qwen3-30B-A3B router, o_proj, q/k/v; Llama-3-8B q/k/v, gate/up, down
+    (2048, 128),
+    (4096, 2048),
+    (2048, 5120),
+    (4096, 6144),
+    (4096, 28672),
+    (14336, 4096),
+]
+TILES = [None, (1, 1), (1, 2), (1, 4)]
+
+
+def main() -> None:
+    backend = CudaBackend()
+    peak = copy_bandwidth()
+    print(f"device copy bandwidth {peak / 1e9:.0f} GB/s")
+    rng = np.random.default_rng(0)
+    default_tile = CudaBackend.gemm_tile
+    for k, n in SHAPES:
+        weight = cp.asarray(rng.standard_normal((n, k), dtype=np.float32) * 0.02).astype(BF16)
+        for m in (1, 4, 16):
+            x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(BF16)
+            for tile in TILES:
+                CudaBackend.gemm_tile = default_tile if tile is None else (lambda self, m, n, t=tile: t)  # type: ignore[method-assign]
+                us = time_call(lambda: backend.linear(x, weight))  # noqa: B023 - timed at once, in this iteration
+                label = "default" if tile is None else f"m{tile[0]} n{tile[1]}"
+                nbytes = weight.nbytes
+                print(
+                    f"K={k:6d} N={n:6d} M={m:3d} {label:8s} {us:8.1f} us  {nbytes / us / 1e3:7.0f} GB/s  "
+                    f"{100 * nbytes / (us * 1e-6) / peak:5.1f}% of copy bandwidth",
+                    flush=True,
+                )
+    CudaBackend.gemm_tile = default_tile  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    main()

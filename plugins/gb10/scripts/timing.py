@@ -1,0 +1,40 @@
+"""GPU timing helpers of the tile scripts: the device's copy bandwidth (the ceiling the streaming
+products are compared with) and the GPU time of a call under CUDA-graph replay."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import cupy as cp
+import numpy as np
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a device-to-device copy of 1 GiB (read plus write)."""
+    src, dst = cp.empty(2**30, dtype=np.uint8), cp.empty(2**30, dtype=np.uint8)
+    dst[...] = src
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(10):
+        dst[...] = src
+    stop.record()
+    stop.synchronize()
+    return 2 * 10 * 2**30 / (cp.cuda.get_elapsed_time(start, stop) / 1e3)
+
+
+def time_call(fn: Callable[[], object], iterations: int = 200) -> float:
+    """Microseconds of GPU time per call: the call captured once into a CUDA graph (as decode runs it),
+    the graph replayed back to back, so host launch costs do not count."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        fn()  # compile and allocate outside the capture
+        stream.begin_capture()
+        fn()
+        graph = stream.end_capture()
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(iterations):
+            graph.launch()
+        stop.record()
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) * 1e3 / iterations
