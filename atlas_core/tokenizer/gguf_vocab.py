@@ -208,7 +208,8 @@ def _merge_pairs(spec: GGUFTokenizerSpec, merges: list[str]) -> list[tuple[str, 
     for merge in merges:
         left, space, right = merge.partition(" ")
         if not space:
-            raise ModelLoadError(f"{spec.source or 'GGUF file'}: merge {merge!r} is not two tokens separated by a space")
+            where = spec.source or "GGUF file"
+            raise ModelLoadError(f"{where}: merge {merge!r} is not two tokens separated by a space")
         pairs.append((left, right))
     return pairs
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from atlas_core.backends.base import Array
 from atlas_core.backends.ops.gated_delta import GatedDeltaOps
-from atlas_gb10.backend import element_strides
+from atlas_gb10.backend import CudaBackend, element_strides
 from atlas_gb10.recurrent import F32, check_state_slots, float32, gated_rms_norm, grid_stride_blocks, kernel
 
 ROWS_PER_THREAD = 16
@@ -27,6 +27,8 @@ MAX_KEY_DIM = 128
 
 class CudaGatedDeltaOps(GatedDeltaOps):
     """`GatedDeltaOps` with every op a CUDA kernel; inputs, outputs and the state stay on the device."""
+
+    backend: CudaBackend
 
     def gdn_gates(self, a: Array, b: Array, a_log: Array, dt_bias: Array) -> tuple[Array, Array]:
         backend = self.backend

@@ -14,7 +14,7 @@ import numpy as np
 from atlas_model_gemma.ops import GemmaOps
 
 from atlas_core.backends.base import Array
-from atlas_gb10.backend import BF16, null_or
+from atlas_gb10.backend import BF16, CudaBackend, null_or
 
 BLOCKS_PER_SM = 8
 """Grid-stride launches use at most this many 256-thread blocks per SM."""
@@ -22,6 +22,8 @@ BLOCKS_PER_SM = 8
 
 class CudaGemmaOps(GemmaOps):
     """`GemmaOps` as CUDA kernels; every op returns a new contiguous array in ``x``'s shape."""
+
+    backend: CudaBackend
 
     def soft_cap(self, x: Array, cap: float) -> Array:
         return self._map("gemma_soft_cap_bf16", x, None, cap)

@@ -18,7 +18,7 @@ import numpy as np
 
 from atlas_core.backends.base import Array
 from atlas_core.backends.ops.mamba2 import Mamba2Ops
-from atlas_gb10.backend import element_strides, null_or
+from atlas_gb10.backend import CudaBackend, element_strides, null_or
 from atlas_gb10.recurrent import F32, check_state_slots, float32, gated_rms_norm, grid_stride_blocks, kernel
 
 CONV_MAX_TAPS = 8
@@ -38,6 +38,8 @@ def lane_states(state_size: int) -> int | None:
 
 class CudaMamba2Ops(Mamba2Ops):
     """`Mamba2Ops` with every op a CUDA kernel; inputs, outputs and the state stay on the device."""
+
+    backend: CudaBackend
 
     def causal_conv1d(
         self,

@@ -27,7 +27,7 @@ import numpy as np
 
 from atlas_core.backends.base import Array, AttentionMetadata
 from atlas_core.backends.ops.mla import MLAOps
-from atlas_gb10.backend import BF16, element_strides, null_or
+from atlas_gb10.backend import BF16, CudaBackend, element_strides, null_or
 
 LATENT_VARIANTS = (1, 2, 4, 8, 16)
 """Output n-tiles (8 latent columns) per warp of the attention kernels: latent widths up to 32 .. 512."""
@@ -72,6 +72,8 @@ class MLAPlan:
 
 class CudaMLAOps(MLAOps):
     """`MLAOps` with every op a CUDA kernel; inputs and outputs stay on the device."""
+
+    backend: CudaBackend
 
     def __init__(self, backend: Any) -> None:
         super().__init__(backend)

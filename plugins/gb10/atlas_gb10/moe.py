@@ -24,7 +24,7 @@ import numpy as np
 
 from atlas_core.backends.base import Array
 from atlas_core.backends.ops.moe import ExpertActivation, MoEOps, RouterSpec, check_expert_shapes
-from atlas_gb10.backend import null_or
+from atlas_gb10.backend import CudaBackend, null_or
 
 ROUTE_WARPS = 4
 """Tokens routed per block (a warp each)."""
@@ -36,6 +36,8 @@ MAX_TOP_K = 32
 
 class CudaMoEOps(MoEOps):
     """`MoEOps` with every op a CUDA kernel; inputs and outputs stay on the device."""
+
+    backend: CudaBackend
 
     def __init__(self, backend: Any) -> None:
         super().__init__(backend)

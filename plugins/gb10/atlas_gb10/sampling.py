@@ -118,7 +118,10 @@ class LogitsOps:
         columns = cp.arange(vocab, dtype=np.int32)[None, :]
         keep = cp.full((count,), vocab, dtype=np.int32)
 
-        n_sigma = per_row(params.top_n_sigma, np.float32)
+        n_sigma = per_row(
+            params.top_n_sigma if params.top_n_sigma is not None else np.zeros(len(params.temperature), np.float32),
+            np.float32,
+        )
         finite = cp.isfinite(zs)
         n_finite = finite.sum(axis=1)
         mean = cp.where(finite, zs, 0).sum(axis=1) / n_finite

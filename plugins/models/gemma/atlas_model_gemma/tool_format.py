@@ -15,7 +15,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from json.decoder import scanstring
+from json.decoder import scanstring  # type: ignore[attr-defined]  # public in CPython, missing from typeshed
 from typing import Any
 
 from atlas_core.parsing.tools.base import Literal, MarkupError, RawCall, ToolFormat

@@ -125,6 +125,7 @@ class MiniMaxM2Loader(DenseDecoderLoader):
     def build(self) -> TransformerModel:
         model = super().build()
         for layer in model.layers:
-            weights = layer.mixer.weights
+            block: Any = layer  # the base loader's `pre_norm_decoder_layer`: its mixer holds AttentionWeights
+            weights = block.mixer.weights
             weights.q_norm, weights.k_norm = AllHeadsRMSNorm(weights.q_norm), AllHeadsRMSNorm(weights.k_norm)
         return model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from atlas_core.backends.base import Array, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
@@ -21,7 +22,10 @@ class PreNormBlock:
 
     def __call__(self, hidden: Array, residual: Array | None, batch: ForwardBatch, kv: KVCache) -> tuple[Array, Array]:
         normed, residual = self.norm(hidden, residual)
-        out = self.mixer(normed, batch, kv) if self.mixes_tokens else self.mixer(normed)
+        if self.mixes_tokens:  # the constructor's contract: a token mixer exactly when mixes_tokens
+            out = cast(Mixer, self.mixer)(normed, batch, kv)
+        else:
+            out = cast(Callable[[Array], Array], self.mixer)(normed)
         return out, residual
 
 
