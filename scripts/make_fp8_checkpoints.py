@@ -48,7 +48,7 @@ from atlas_core.weights.safetensors_source import SafetensorsSource
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BF16 = np.dtype(ml_dtypes.bfloat16)
-NOT_QUANTIZED = re.compile(r"(^|\.)(embed_tokens|lm_head)\.weight$|\.mlp\.gate\.weight$")
+NOT_QUANTIZED = re.compile(r"(^|\.)(embed_tokens|lm_head)\.weight$|\.(mlp|block_sparse_moe)\.gate\.weight$")
 """Linear weights that published FP8 checkpoints leave unquantized: embedding, LM head, MoE router."""
 FLOAT32_TENSORS = re.compile(r"e_score_correction_bias$")
 
@@ -103,6 +103,13 @@ SPECS = [
             "blocks of 24 x 24: partial edge blocks in both axes, fused Q/K/V and gate/up re-gridded to "
             "one scale row per output row; per-expert quantized experts"
         ),
+    ),
+    Fp8Spec(
+        name="minimax_m2_fp8",
+        source="plugins/models/minimax/tests/fixtures/tiny/minimax_m2",
+        method="fp8",
+        block=(128, 128),
+        description="MiniMax-M2 layout: 128 x 128 blocks, per-expert w1/w3/w2 quantized, router and its bias not",
     ),
     Fp8Spec(
         name="deepseek_v3_fp8",
@@ -189,29 +196,65 @@ def write(spec: Fp8Spec, folder: Path) -> None:
     (folder / "model.safetensors").chmod(0o644)
 
 
+def readme(folder: Path) -> str:
+    """The README.md of one package's ``fp8`` folder: every checkpoint in it and what it exercises."""
+    rows = [
+        f"| `{spec.name}` | `{spec.source.rsplit('/', 1)[1]}` | {spec.description} |"
+        for spec in SPECS
+        if spec.folder.parent == folder
+    ]
+    depth = len(folder.relative_to(REPO_ROOT).parts)
+    return "\n".join(
+        [
+            "# Tiny FP8 checkpoints",
+            "",
+            "Made by `scripts/make_fp8_checkpoints.py` from the tiny checkpoints in `../tiny` (quantized as the",
+            "published formats store weights; no reference outputs: the tests compare each with its own dequantized",
+            f"weights): [docs/quantization.md]({'../' * depth}docs/quantization.md).",
+            "",
+            "| folder | made from | what it exercises |",
+            "|---|---|---|",
+            *rows,
+            "",
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="compare with the committed folders instead")
     parser.add_argument("--out", type=Path, help="write every folder into this directory instead")
     args = parser.parse_args(argv)
     if args.check:
-        with tempfile.TemporaryDirectory() as tmp:
-            stale = []
-            for spec in SPECS:
-                write(spec, Path(tmp) / spec.name)
-                for file in ("config.json", "model.safetensors"):
-                    committed = spec.folder / file
-                    if not committed.exists() or committed.read_bytes() != (Path(tmp) / spec.name / file).read_bytes():
-                        stale.append(str(committed.relative_to(REPO_ROOT)))
-            for path in stale:
-                print(f"differs from a regeneration: {path}")
-            return 1 if stale else 0
+        return 0 if not stale_files() else 1
     for spec in SPECS:
         folder = args.out / spec.name if args.out else spec.folder
         write(spec, folder)
         size = sum(f.stat().st_size for f in folder.iterdir())
         print(f"{folder.relative_to(REPO_ROOT) if not args.out else folder}: {size} bytes")
+    if not args.out:
+        for folder in sorted({spec.folder.parent for spec in SPECS}):
+            (folder / "README.md").write_text(readme(folder))
     return 0
+
+
+def stale_files() -> list[str]:
+    """The committed files (checkpoints and READMEs) that differ from a regeneration, printed as found."""
+    stale = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec in SPECS:
+            write(spec, Path(tmp) / spec.name)
+            for file in ("config.json", "model.safetensors"):
+                committed = spec.folder / file
+                if not committed.exists() or committed.read_bytes() != (Path(tmp) / spec.name / file).read_bytes():
+                    stale.append(str(committed.relative_to(REPO_ROOT)))
+    for folder in sorted({spec.folder.parent for spec in SPECS}):
+        committed = folder / "README.md"
+        if not committed.exists() or committed.read_text() != readme(folder):
+            stale.append(str(committed.relative_to(REPO_ROOT)))
+    for path in stale:
+        print(f"differs from a regeneration: {path}")
+    return stale
 
 
 if __name__ == "__main__":
