@@ -63,11 +63,11 @@ def read_tensors(folder: Path) -> dict[str, np.ndarray]:
 def _declared_block(config: dict[str, Any]) -> tuple[int, int] | None:
     settings = config["quantization_config"]
     if settings.get("weight_block_size"):
-        return tuple(settings["weight_block_size"])  # type: ignore[return-value]
+        return tuple(settings["weight_block_size"])
     for group in (settings.get("config_groups") or {}).values():
         weights = group.get("weights") or {}
         if weights.get("strategy") == "block":
-            return tuple(weights["block_structure"])  # type: ignore[return-value]
+            return tuple(weights["block_structure"])
     return None
 
 

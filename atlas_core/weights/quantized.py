@@ -88,7 +88,7 @@ class QuantizedWeight:
         """The same weight with ``convert`` applied to ``data`` and ``scales`` (e.g. an upload)."""
         return replace(self, data=convert(self.data), scales=convert(self.scales))
 
-    def expert(self, index: int) -> QuantizedWeight:
+    def expert(self, index: int | np.integer) -> QuantizedWeight:
         """Matrix ``index`` of a bank ``[E, N, K]`` (a view)."""
         return replace(self, data=self.data[index], scales=self.scales[index], shape=self.shape[1:])
 

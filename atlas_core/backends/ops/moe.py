@@ -156,7 +156,7 @@ def check_expert_shapes(w_in_shape: tuple[int, ...], w_out_shape: tuple[int, ...
         )
 
 
-def expert_matrix(bank: np.ndarray | QuantizedWeight, expert: int) -> np.ndarray:
+def expert_matrix(bank: np.ndarray | QuantizedWeight, expert: int | np.integer) -> np.ndarray:
     """Matrix ``expert`` of a host expert bank ``[E, N, K]``; a quantized bank's is dequantized (only that
     expert's, on use)."""
     return dequantize(bank.expert(expert)) if isinstance(bank, QuantizedWeight) else bank[expert]
@@ -181,7 +181,7 @@ def moe_experts_reference(
     bounds = np.searchsorted(flat_ids[order], np.arange(w_in.shape[0] + 1))
     flat_weights = weights.reshape(-1).astype(np.float32, copy=False)
     contributions = np.empty((tokens * top_k, x.shape[1]), dtype=np.float32)
-    for expert in np.flatnonzero(np.diff(bounds)):
+    for expert in np.flatnonzero(np.diff(bounds)).tolist():
         pairs = order[bounds[expert] : bounds[expert + 1]]
         hidden = expert_activation(x[pairs // top_k] @ expert_matrix(w_in, expert).T, activation)
         contributions[pairs] = (hidden @ expert_matrix(w_out, expert).T) * flat_weights[pairs, None]
