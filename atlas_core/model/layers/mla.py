@@ -32,7 +32,7 @@ from atlas_core.batch.kv_cache import KVCache
 from atlas_core.model.layers.norm import RMSNorm
 from atlas_core.weights.quantized import QuantizedWeight, take_rows
 
-W = TypeVar("W", np.ndarray, QuantizedWeight)
+W = TypeVar("W", bound=np.ndarray | QuantizedWeight)
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ class DeepseekV3Loader(ModelWeightLoader):
         weight = self.upload_arrays
         return MLAWeights(
             fused_in=weight(fused_in),
-            fused_in_bias=None if kv_bias is None else weight(q_bias, kv_bias),
+            fused_in_bias=None if q_bias is None or kv_bias is None else weight(q_bias, kv_bias),
             kv_a_norm=self._norm(a + "kv_a_layernorm.weight", spec),
             q_b=None if q_b is None else weight(q_b),
             q_a_norm=None if q_b is None else self._norm(a + "q_a_layernorm.weight", spec),
