@@ -94,14 +94,19 @@ def test_latency_uses_the_given_bandwidth(capsys: pytest.CaptureFixture[str]) ->
     )
     assert (batch, steps) == (3, 11) and min(per_seq, seconds) > 0
     assert aggregate == pytest.approx(3 * per_seq, abs=0.2)
+    moved, weights, sequences = numbers(out, "step bytes", "# moved per decode step on average: weights #, .* # \\(")
+    # tiny llama: 3 layers of 2 KV heads x 16 dims, float32: 3 x 2 x 2 x 16 x 4 = 768 bytes per token,
+    # read over contexts 9 .. 19 (mean 14), and one token written per step
+    assert weights == step_bytes and sequences == 3 * (768 * 14 + 768)
+    assert moved == weights + sequences
     roof_seq, roof_all, bandwidth, percent, achieved = numbers(
         out, "roofline", "# tok/s per sequence, # tok/s aggregate at # GB/s -> #% of roofline, # GB/s achieved"
     )
     assert bandwidth == 10.0
-    assert roof_seq == pytest.approx(10e9 / step_bytes, abs=0.1)
-    assert roof_all == pytest.approx(3 * 10e9 / step_bytes, abs=0.1)
+    assert roof_seq == pytest.approx(10e9 / moved, abs=0.1)
+    assert roof_all == pytest.approx(3 * 10e9 / moved, abs=0.1)
     assert percent == pytest.approx(round(100 * aggregate / roof_all), abs=1)
-    assert achieved == pytest.approx(per_seq * step_bytes / 1e9, abs=0.01)
+    assert achieved == pytest.approx(per_seq * moved / 1e9, abs=0.01)
     (compute,) = numbers(out, "compute bound", "# tok/s aggregate at 50.00 GFLOP/s")
     assert compute > 0
 

@@ -10,6 +10,7 @@ tensors count as their fused form, ``experts.gate_up_proj [E, 2I, W]`` / ``exper
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +20,10 @@ import numpy as np
 import pytest
 
 from atlas_core.backends.select import select_backend
-from atlas_core.bench.random_weights import RandomWeightSource, random_weights_llm
+from atlas_core.bench import random_weights
+from atlas_core.bench.random_weights import PRESETS, RandomWeightSource, cut_layers, random_weights_llm
 from atlas_core.engine.sampling_params import SamplingParams
+from atlas_core.errors import ModelLoadError
 from atlas_core.plugins import get_registry
 from atlas_core.weights.safetensors_source import SafetensorsSource
 from tests.conftest import REPOSITORY, TINY
@@ -132,3 +135,60 @@ def test_random_weight_model_generates(name: str) -> None:
     llm = random_weights_llm(str(TINY / name), backend="numpy", kv_cache_memory_gib=1 / 16, max_seq_len=64)
     outputs = llm.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     assert len(outputs[0].outputs[0].token_ids) == 4
+
+
+PUBLISHED_BILLIONS = {
+    "llama-3-8b": 8.0,
+    "qwen3-0.6b": 0.6,
+    "qwen3-30b-a3b": 30.5,
+    "qwen3.5-35b-a3b": 35.0,
+    "qwen3-next-80b-a3b": 80.0,
+    "nemotron-3-nano-30b-a3b": 31.6,
+    "mistral-small-4": 119.0,
+    "deepseek-v3": 671.0,
+    "minimax-m2": 230.0,
+    "gemma-4-26b-a4b": 25.2,
+}
+"""Total parameters the model cards give (vision towers and MTP layers, which are not built, within 2%)."""
+
+
+def test_every_preset_has_its_published_size() -> None:
+    assert set(PRESETS) == set(PUBLISHED_BILLIONS)
+    for name, config in PRESETS.items():
+        shapes = loader_class(config).checkpoint_shapes(config)
+        billions = sum(math.prod(shape) for shape in shapes.values()) / 1e9
+        assert billions == pytest.approx(PUBLISHED_BILLIONS[name], rel=0.02), name
+
+
+def test_cut_layers_keeps_per_layer_settings_of_the_kept_layers() -> None:
+    gemma4 = cut_layers(TINY.config("gemma4"), 4)  # layers 3 and 4 share KV; layer 4 has its own head shape
+    assert gemma4["num_hidden_layers"] == 4 and len(gemma4["layer_types"]) == 4
+    assert list(gemma4["per_layer_config"]) == ["2"] and gemma4["num_kv_shared_layers"] == 1
+    nemotron = cut_layers(PRESETS["nemotron-3-nano-30b-a3b"], 2)
+    assert (nemotron["num_hidden_layers"], nemotron["hybrid_override_pattern"]) == (2, "ME")
+    qwen = cut_layers(PRESETS["qwen3.5-35b-a3b"], 3)
+    assert (
+        qwen["text_config"]["num_hidden_layers"] == 3
+        and PRESETS["qwen3.5-35b-a3b"]["text_config"]["num_hidden_layers"] == 40
+    )
+    with pytest.raises(ModelLoadError, match="--num-layers 41: the model has 40 layers"):
+        cut_layers(PRESETS["qwen3.5-35b-a3b"], 41)
+
+
+@pytest.mark.parametrize(("name", "layers"), [("gemma4", 3), ("qwen3_5", 1), ("nemotron_h", 1), ("deepseek_v3", 2)])
+def test_a_cut_model_generates(name: str, layers: int) -> None:
+    """Cuts before Gemma 4's KV-shared layers (a cut through them would make the last one full
+    attention, which Gemma 4 forces), and down to recurrent layers only (qwen3_5, nemotron_h: no KV cache)."""
+    llm = random_weights_llm(str(TINY / name), backend="numpy", num_layers=layers, kv_cache_memory_gib=1 / 16)
+    assert len(llm.loaded.model.layers) == layers
+    outputs = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    assert len(outputs[0].outputs[0].token_ids) == 3
+
+
+def test_a_shape_too_large_for_memory_is_refused_before_it_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(random_weights, "available_memory", lambda backend: (1000, "available host memory"))
+    folder = str(TINY / "qwen3_next")
+    with pytest.raises(ModelLoadError, match=r"weights take 0\.0 GB as numpy weights \(4 bytes each\).*lower --num"):
+        random_weights_llm(folder, backend="numpy", kv_cache_memory_gib=1 / 16)
+    with pytest.raises(ModelLoadError, match="one layer is the fewest .the embedding and LM head alone take"):
+        random_weights_llm(folder, backend="numpy", num_layers=1, kv_cache_memory_gib=1 / 16)

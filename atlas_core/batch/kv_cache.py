@@ -102,15 +102,20 @@ def plan_kv_cache(
     budget_bytes: int,
     max_seq_len: int,
     budget_source: str,
+    max_num_seqs: int = 1,
 ) -> KVPlan:
     """Blocks that fit in ``budget_bytes``; `KVCacheTooSmallError` if not one ``max_seq_len`` sequence.
 
-    ``budget_source`` says where the budget came from and which setting changes it.
+    ``budget_source`` says where the budget came from and which setting changes it. A model without
+    attention layers (no ``layouts``: a recurrent stack) caches nothing; its blocks only count tokens,
+    ``max_num_seqs`` sequences of ``max_seq_len`` of them.
     """
     bytes_per_token = sum(layout.bytes_per_token(default_dtype) for layout in layouts)
     bytes_per_block = bytes_per_token * block_size
-    num_blocks = max(0, budget_bytes) // bytes_per_block
     needed = -(-max_seq_len // block_size)
+    if bytes_per_block == 0:
+        return KVPlan(needed * max_num_seqs, block_size, 0)
+    num_blocks = max(0, budget_bytes) // bytes_per_block
     if num_blocks < needed:
         mib = 2**20
         raise KVCacheTooSmallError(

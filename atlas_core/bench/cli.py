@@ -14,7 +14,8 @@ Measure the engine against its ceilings. Both subcommands print a header (device
 weight and activation dtypes, engine settings, date) and each figure beside its roofline.
 
   latency     prefill time and decode tok/s of --batch-size same-length prompts, against the
-              memory-bandwidth roofline (bandwidth / weight bytes read per step, x batch)
+              memory-bandwidth roofline (bandwidth / bytes moved per step: weights, and each
+              sequence's KV cache and recurrent state; x batch)
   throughput  the nano-vllm / mini-sglang offline workload: --num-requests random-token requests,
               input and output lengths uniform in [--min-len, --max-len], submitted at once
 
@@ -24,10 +25,12 @@ copy bandwidth, matrix-product FLOP/s) unless given with --bandwidth-gbps / --pe
 
 
 def add_random_weights_arg(parser: argparse.ArgumentParser) -> None:
+    from atlas_core.bench.random_weights import PRESETS
+
     parser.add_argument(
         "--random-weights",
         action="store_true",
-        help="MODEL is a preset (llama-3-8b, qwen3-0.6b, qwen3-30b-a3b) or a config.json path: build that shape with "
+        help=f"MODEL is a preset ({', '.join(PRESETS)}) or a config.json path: build that shape with "
         "random bf16 weights instead of loading a checkpoint (no download, no tokenizer)",
     )
     parser.add_argument(
@@ -42,12 +45,12 @@ def make_llm(args: argparse.Namespace) -> Any:
     """The `LLM` a benchmark runs: the checkpoint ``args.model``, or a random-weights model of its shape."""
     values = parsed_values(args, ENGINE_OPTIONS)
     if args.random_weights:
-        from atlas_core.bench.random_weights import random_weights_llm
+        from atlas_core.bench.random_weights import PRESETS, random_weights_llm
 
         model = values.pop("model")
         if model is None:
             raise InvalidRequestError(
-                "--random-weights needs MODEL: a preset (llama-3-8b, qwen3-0.6b) or a config.json path"
+                f"--random-weights needs MODEL: a preset ({', '.join(PRESETS)}) or a config.json path"
             )
         return random_weights_llm(model, num_layers=args.num_layers, **values)
     from atlas_core.engine.llm import LLM
@@ -90,7 +93,8 @@ def add_bench_parser(commands: Any) -> None:
         "latency",
         help="prefill time and decode tok/s at --batch-size, against the bandwidth roofline",
         description="Prefill time and decode speed of --batch-size prompts of --prompt-len tokens, greedy, "
-        "ignore_eos; decode beside its roofline: batch x bandwidth / weight bytes read per step.",
+        "ignore_eos; decode beside its roofline: batch x bandwidth / bytes moved per step (the weights the "
+        "batch selects, each sequence's KV cache and recurrent state).",
     )
     add_flags(latency, ENGINE_OPTIONS)
     add_ceiling_args(latency)

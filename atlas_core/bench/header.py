@@ -89,6 +89,8 @@ def print_header(title: str, llm: Any, traffic: WeightTraffic) -> None:
         if traffic.tied_embeddings
         else "embedding table excluded: a step gathers rows"
     )
+    if traffic.gathered_bytes:
+        embedding += f"; {describe_bytes(traffic.gathered_bytes)} of other gathered tables excluded"
     capacity = getattr(engine, "kv_capacity_tokens", None)
     shown = {"max_seq_len", "max_num_seqs", "max_num_batched_tokens", "block_size"}
     others = ", ".join(f"{f.name} {getattr(config, f.name)}" for f in dataclasses.fields(config) if f.name not in shown)
@@ -115,7 +117,27 @@ def print_header(title: str, llm: Any, traffic: WeightTraffic) -> None:
             f"a 1-token step reads {describe_bytes(int(traffic.bytes_for(1)))}, "
             f"a 64-token step {describe_bytes(int(traffic.bytes_for(64)))}"
         )
+    sequence = sequence_line(traffic)
+    if sequence:
+        print(f"per sequence  {sequence}")
     print(f"flops/token   {traffic.flops(1, 0):.4g} (decoder) + {traffic.flops(0, 1):.4g} (lm_head, sampled rows only)")
+
+
+def sequence_line(traffic: WeightTraffic) -> str:
+    """What a decode step moves per sequence besides the weights (`SequenceTraffic`), or "" for nothing."""
+    sequence = traffic.sequence
+    parts = []
+    if sequence.kv_reads:
+        full = sum(read.bytes_per_token for read in sequence.kv_reads if read.window is None)
+        windows = sorted({read.window for read in sequence.kv_reads if read.window is not None})
+        windowed = sum(read.bytes_per_token for read in sequence.kv_reads if read.window is not None)
+        part = f"KV cache {full} bytes read per cached token ({len(sequence.kv_reads)} attention layers"
+        if windows:
+            part += f"; plus {windowed} bytes per token of the last {', '.join(map(str, windows))} tokens"
+        parts.append(part + f"), {sequence.kv_write_bytes} bytes written per step")
+    if sequence.state_bytes:
+        parts.append(f"recurrent state {describe_bytes(sequence.state_bytes)} read and written per step")
+    return "; ".join(parts)
 
 
 def ceilings(args: argparse.Namespace, backend: Any) -> tuple[float, float]:

@@ -1,5 +1,6 @@
 """``atlas bench latency``: prefill time and decode speed of N same-length prompts, beside the
-memory-bandwidth roofline of decode (every step streams every weight once)."""
+memory-bandwidth roofline of decode (every step streams the weights its tokens select, and each
+sequence's KV cache and recurrent state)."""
 
 from __future__ import annotations
 
@@ -94,11 +95,19 @@ def run_latency(args: argparse.Namespace) -> int:
         f"decode        {per_seq:.1f} tok/s per sequence, {aggregate:.1f} tok/s aggregate "
         f"(batch {batch}, {steps} steps in {decode_time:.3f} s)"
     )
-    roofline = decode_roofline(bandwidth, traffic, batch)
+    # decode step i (1 .. steps) attends over prompt_len + i cached tokens
+    step_bytes = traffic.decode_step_bytes(batch, prompt_len + 1, steps)
+    weight_bytes = traffic.bytes_for(batch)
+    print(
+        f"step bytes    {step_bytes:.0f} moved per decode step on average: weights {weight_bytes:.0f}, "
+        f"KV cache and recurrent state {step_bytes - weight_bytes:.0f} ({batch} x contexts "
+        f"{prompt_len + 1}..{prompt_len + steps})"
+    )
+    roofline = decode_roofline(bandwidth, traffic, batch, step_bytes)
     print(
         f"roofline      {roofline / batch:.1f} tok/s per sequence, {roofline:.1f} tok/s aggregate "
         f"at {bandwidth / 1e9:.2f} GB/s -> {100 * aggregate / roofline:.0f}% of roofline, "
-        f"{per_seq * traffic.bytes_for(batch) / 1e9:.2f} GB/s achieved"
+        f"{per_seq * step_bytes / 1e9:.2f} GB/s achieved"
     )
     compute = decode_compute_bound(peak, traffic)
     print(

@@ -5,8 +5,10 @@ Two ceilings bound every figure the benchmarks print:
 * Memory bandwidth. Each forward step reads every dense weight once, whatever the batch, and of each
   Mixture-of-Experts layer's routed experts only the distinct experts its tokens select: for B tokens
   and top-k of E experts, ``E * (1 - (1 - k/E)**B)`` experts on average (`WeightTraffic.bytes_for`).
-  So decode at batch N is at most ``N * bandwidth / bytes_for(N)`` tokens/s. KV-cache reads are
-  left out (small at short context), so this is an upper bound.
+  Each sequence adds what its step reads and writes besides the weights: its KV cache (MLA's latent
+  rows for MLA layers, at most a sliding window for windowed layers) and its recurrent state, read
+  and written (`atlas_core.bench.sequence_traffic`). So decode at batch N is at most
+  ``N * bandwidth / decode_step_bytes(N, ...)`` tokens/s, an upper bound.
 * Compute. Each token through the decoder costs ``2 * body_params`` FLOPs (dense matrices plus the
   k experts it is routed to) and each sampled row ``2 * head_params`` more for the lm_head (the
   engine computes logits only for rows it samples); attention FLOPs are left out, which again keeps
@@ -24,8 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from atlas_core.bench.sequence_traffic import SequenceTraffic, sequence_traffic
+
 # Precomputed tables that are attributes of the model but not weights: a step reads a few rows.
-NON_WEIGHT_ATTRIBUTES = frozenset({"rope_cos", "rope_sin", "cos", "sin", "inv_freq"})
+NON_WEIGHT_ATTRIBUTES = frozenset({"rope_cos", "rope_sin", "cos", "sin", "inv_freq", "position_scale"})
+GATHERED_WEIGHTS = "gathered_weights"
+"""A layer class attribute naming the attributes that hold lookup tables a step gathers rows from
+(like the embedding table; e.g. Gemma 4's per-layer embeddings): not read in full, not multiplied."""
 
 
 @dataclass(frozen=True)
@@ -48,11 +55,13 @@ class WeightTraffic:
 
     ``total_bytes``: every distinct weight array reachable from the model, each counted once.
     ``bytes_per_step``: the same minus the embedding table (a step gathers a few rows of it),
-    unless it is tied to the lm_head, which reads it in full: what a step reads when every routed
-    expert is selected (`bytes_for` counts the experts a batch really selects).
+    unless it is tied to the lm_head, which reads it in full, and minus the other gathered tables
+    (`GATHERED_WEIGHTS`, ``gathered_bytes``): what a step reads when every routed expert is selected
+    (`bytes_for` counts the experts a batch really selects).
     ``body_params`` / ``head_params``: elements of the matrices (2-D or more) a token is multiplied
     by in the decoder (of the routed experts, only its top-k) / in the lm_head.
-    ``expert_banks``: the routed experts of each MoE layer.
+    ``expert_banks``: the routed experts of each MoE layer. ``sequence``: what a decode step reads
+    and writes per sequence besides the weights (KV cache, recurrent state).
     """
 
     total_bytes: int
@@ -63,6 +72,8 @@ class WeightTraffic:
     head_params: int
     dtypes: dict[str, int]  # stored dtype -> bytes
     expert_banks: tuple[ExpertBank, ...] = ()
+    sequence: SequenceTraffic = SequenceTraffic()
+    gathered_bytes: int = 0
 
     def bytes_for(self, tokens: int) -> float:
         """Expected weight bytes a forward step over ``tokens`` tokens reads: the dense weights and, of
@@ -70,22 +81,31 @@ class WeightTraffic:
         routed = sum(bank.nbytes * bank.expected_active(tokens) / bank.num_experts for bank in self.expert_banks)
         return self.bytes_per_step - sum(bank.nbytes for bank in self.expert_banks) + routed
 
+    def decode_step_bytes(self, batch: int, first_context: int, steps: int = 1) -> float:
+        """Mean bytes a decode step of ``batch`` sequences moves over ``steps`` steps from
+        ``first_context`` cached tokens on: the weights its tokens select (`bytes_for`) plus each
+        sequence's KV reads and writes and recurrent state (`SequenceTraffic.mean_step_bytes`)."""
+        return self.bytes_for(batch) + batch * self.sequence.mean_step_bytes(first_context, steps)
+
     def flops(self, body_tokens: int, sampled_rows: int) -> float:
         """Matrix-product FLOPs of ``body_tokens`` tokens through the decoder, ``sampled_rows`` through the lm_head."""
         return 2.0 * self.body_params * body_tokens + 2.0 * self.head_params * sampled_rows
 
 
-def model_weights(model: Any, max_depth: int = 6) -> tuple[dict[int, Any], list[Any]]:
+def model_weights(model: Any, max_depth: int = 12) -> tuple[dict[int, Any], list[Any]]:
     """Every distinct array reachable from ``model`` through attributes, lists, tuples and dicts, and
-    every distinct object visited on the way (layers, blocks...)."""
+    every distinct object visited on the way (layers, blocks...). The recurrent state (per-sequence
+    data, `atlas_core.bench.sequence_traffic`) and `NON_WEIGHT_ATTRIBUTES` are not walked."""
+    from atlas_core.model.recurrent_state import RecurrentState
+
     seen: dict[int, Any] = {}
     visited: dict[int, Any] = {}
 
     def walk(value: Any, depth: int) -> None:
-        if hasattr(value, "nbytes") and hasattr(value, "shape"):
+        if hasattr(value, "shape") and isinstance(getattr(value, "nbytes", None), int):
             seen.setdefault(id(value), value)
             return
-        if depth >= max_depth or id(value) in visited:
+        if depth >= max_depth or id(value) in visited or isinstance(value, RecurrentState):
             return
         visited[id(value)] = value
         if isinstance(value, (list, tuple)):
@@ -126,36 +146,54 @@ def expert_banks(objects: list[Any]) -> dict[int, ExpertBank]:
     return banks
 
 
+def gathered_tables(objects: list[Any]) -> dict[int, Any]:
+    """id -> array of every table the layers among ``objects`` name in their `GATHERED_WEIGHTS`."""
+    tables: dict[int, Any] = {}
+    for obj in objects:
+        for name in getattr(type(obj), GATHERED_WEIGHTS, ()):
+            table = getattr(obj, name, None)
+            if table is not None:
+                tables[id(table)] = table
+    return tables
+
+
 def weight_traffic(model: Any) -> WeightTraffic:
+    """What one forward step of ``model`` (a `TransformerModel`) reads and computes (`WeightTraffic`)."""
     weights, objects = model_weights(model)
     banks = expert_banks(objects)
     embed, head = model.embed_tokens, model.lm_head
     tied = head is embed
+    gathered = {key: table for key, table in gathered_tables(objects).items() if key in weights and table is not head}
     total = sum(int(w.nbytes) for w in weights.values())
     dtypes: dict[str, int] = {}
     for w in weights.values():
         dtypes[str(w.dtype)] = dtypes.get(str(w.dtype), 0) + int(w.nbytes)
     matrices = [
-        w for key, w in weights.items() if len(w.shape) >= 2 and w is not embed and w is not head and key not in banks
+        w
+        for key, w in weights.items()
+        if len(w.shape) >= 2 and w is not embed and w is not head and key not in banks and key not in gathered
     ]
     distinct_banks = tuple({id(bank): bank for bank in banks.values()}.values())
     routed_params = sum(bank.params * bank.top_k / bank.num_experts for bank in distinct_banks)
+    gathered_bytes = sum(int(table.nbytes) for key, table in gathered.items() if table is not embed)
     return WeightTraffic(
         total_bytes=total,
-        bytes_per_step=total - (0 if tied else int(embed.nbytes)),
+        bytes_per_step=total - (0 if tied else int(embed.nbytes)) - gathered_bytes,
         embedding_bytes=int(embed.nbytes),
         tied_embeddings=tied,
         body_params=sum(int(np.prod(w.shape)) for w in matrices) + round(routed_params),
         head_params=int(np.prod(head.shape)),
         dtypes=dtypes,
         expert_banks=distinct_banks,
+        sequence=sequence_traffic(model, objects),
+        gathered_bytes=gathered_bytes,
     )
 
 
-def decode_roofline(bandwidth: float, traffic: WeightTraffic, batch: int) -> float:
-    """Aggregate tokens/s of decode at ``batch`` sequences if every step only streamed the weights it
-    reads (`WeightTraffic.bytes_for`)."""
-    return batch * bandwidth / traffic.bytes_for(batch)
+def decode_roofline(bandwidth: float, traffic: WeightTraffic, batch: int, step_bytes: float | None = None) -> float:
+    """Aggregate tokens/s of decode at ``batch`` sequences if every step only streamed ``step_bytes``
+    (`WeightTraffic.decode_step_bytes`; None: the weights alone, `WeightTraffic.bytes_for`)."""
+    return batch * bandwidth / (traffic.bytes_for(batch) if step_bytes is None else step_bytes)
 
 
 def decode_compute_bound(peak_flops: float, traffic: WeightTraffic) -> float:

@@ -45,7 +45,13 @@ class LLMEngine:
             budget -= state_bytes
             source += f" minus {state_bytes / 2**20:.1f} MiB of recurrent state ({num_seq_slots + num_snapshots} slots)"
         plan = plan_kv_cache(
-            model.kv_layouts, backend.activation_dtype, config.block_size, budget, self.max_seq_len, source
+            model.kv_layouts,
+            backend.activation_dtype,
+            config.block_size,
+            budget,
+            self.max_seq_len,
+            source,
+            config.max_num_seqs,
         )
         self.kv_plan = plan
         full_length_seqs = plan.capacity_tokens // self.max_seq_len

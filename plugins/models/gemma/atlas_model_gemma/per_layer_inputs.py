@@ -3,6 +3,8 @@ built once per forward from the token ids and the input embeddings, and gated in
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from atlas_core.backends.base import Array, Backend
@@ -25,6 +27,10 @@ class PerLayerInputs:
 
     ``table`` is ``[V', L * P]``, ``projection`` ``[L * P, H]``, ``norm`` an RMSNorm of width P.
     """
+
+    gathered_weights: ClassVar[tuple[str, ...]] = ("table",)
+    """A step gathers a few rows of ``table`` (like the embedding table's): what benchmarks count
+    as read (`atlas_core.bench.roofline.GATHERED_WEIGHTS`)."""
 
     def __init__(
         self,
