@@ -25,6 +25,10 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 BF16_LOGPROB_TOLERANCE = 0.1
 """Largest |log p| difference to fp32 allowed at the median position for the tokens that matter (see below)."""
+BF16_SENSITIVE = {"gemma4": 0.2}
+"""Checkpoints whose median position drifts further in bf16 whatever runs them, with their median
+tolerance: transformers in bf16 moves tiny gemma4's prompts from fp32 by up to 0.18 / 0.60 / 1.92 (the
+cuda backend: 0.26 / 0.50 / 2.16; scripts/bf16_drift.py on an H100)."""
 BF16_NEAR_TIE_LIMIT = 3.0
 """Largest |log p| difference allowed at a position where bf16 flips a near tie (see below)."""
 
@@ -115,7 +119,8 @@ def test_prompt_logprobs_match_the_numpy_backend(name: str, tmp_path: Path) -> N
         got, want = prompt_logprobs(cuda, prompt), prompt_logprobs(numpy_llm, prompt)
         assert np.isfinite(got).all()
         drifts += [np.abs(g - w)[w > np.log(1e-3)].max() for g, w in zip(got, want, strict=True)]
-    assert np.median(drifts) < BF16_LOGPROB_TOLERANCE, f"{name}: per-position drifts {np.round(drifts, 2)}"
+    tolerance = BF16_SENSITIVE.get(name, BF16_LOGPROB_TOLERANCE)
+    assert np.median(drifts) < tolerance, f"{name}: per-position drifts {np.round(drifts, 2)}"
     assert max(drifts) < BF16_NEAR_TIE_LIMIT, f"{name}: per-position drifts {np.round(drifts, 2)}"
 
 
