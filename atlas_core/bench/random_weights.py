@@ -13,6 +13,7 @@ before anything is built (`check_fits`).
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import json
 import math
@@ -91,14 +92,22 @@ def cut_layers(config: dict[str, Any], keep: int) -> dict[str, Any]:
     return config
 
 
+@functools.lru_cache(maxsize=1)
+def random_pool(seed: int) -> np.ndarray:
+    """`POOL_ELEMENTS` random normal bf16 values (standard deviation `WEIGHT_STD`), made once per seed:
+    every tensor of a `RandomWeightSource` is a slice of it (read-only)."""
+    pool = (np.random.default_rng(seed).standard_normal(POOL_ELEMENTS, dtype=np.float32) * WEIGHT_STD).astype(BF16)
+    pool.flags.writeable = False
+    return pool
+
+
 class RandomWeightSource:
     """A `WeightSource` of random bf16 tensors with the given names and shapes."""
 
     def __init__(self, config: dict[str, Any], shapes: dict[str, tuple[int, ...]], seed: int = 0) -> None:
         self.config = config
-        rng = np.random.default_rng(seed)
-        self._rng = rng
-        self._pool = (rng.standard_normal(POOL_ELEMENTS, dtype=np.float32) * WEIGHT_STD).astype(BF16)
+        self._rng = np.random.default_rng(seed + 1)
+        self._pool = random_pool(seed)
         self._shapes = shapes
 
     def names(self) -> Iterator[str]:
