@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from atlas_core.backends.base import Array
 from atlas_core.backends.ops.moe import MoEOps, RouterSpec
 from atlas_core.model.layers.moe import MoEFeedForward, RoutedExperts
 from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
@@ -210,9 +211,10 @@ def test_moe_feed_forward_with_gated_shared_expert_and_separate_router_input(cas
     w_out_dev, w_out = case.upload(case.normal(8, hidden, inter, scale=inter**-0.5), weight=True)
     gate_dev, gate = case.upload(case.normal(1, hidden, scale=hidden**-0.5), weight=True)
     shared_scale = 0.5
+    scaling_dev, _ = case.upload(np.eye(hidden, dtype=np.float32) * shared_scale, weight=True)
 
-    def shared_expert(v):
-        return v * shared_scale
+    def shared_expert(v: Array) -> Array:  # a stand-in shared expert that stays in the backend's dtype
+        return case.backend.linear(v, scaling_dev)
 
     moe = MoEFeedForward(
         case.backend,
