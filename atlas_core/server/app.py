@@ -17,7 +17,7 @@ from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from atlas_core.server import routes_anthropic, routes_misc, routes_openai
+from atlas_core.server import routes_anthropic, routes_misc, routes_openai, routes_responses
 from atlas_core.server.auth import api_key_guard
 from atlas_core.server.errors import handle_exception
 from atlas_core.server.metrics import ServerMetrics, route_label
@@ -53,7 +53,12 @@ def create_app(state: ServerState) -> Litestar:
     guards = [api_key_guard(config.api_keys)] if config.api_keys else []
     model_routes = Router(
         path="/",
-        route_handlers=[*routes_openai.ROUTES, *routes_anthropic.ROUTES, *routes_misc.PROTECTED_ROUTES],
+        route_handlers=[
+            *routes_openai.ROUTES,
+            *routes_responses.ROUTES,
+            *routes_anthropic.ROUTES,
+            *routes_misc.PROTECTED_ROUTES,
+        ],
         guards=guards,
     )
     cors = (

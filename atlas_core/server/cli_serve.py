@@ -37,7 +37,7 @@ def add_serve_parser(commands: Any) -> None:
         help="serve a model over OpenAI- and Anthropic-compatible HTTP APIs",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Serve a model: /v1/chat/completions, /v1/completions, /v1/models, /v1/messages, "
+        description="Serve a model: /v1/chat/completions, /v1/completions, /v1/responses, /v1/models, /v1/messages, "
         "/tokenize, /detokenize, /health, /metrics, /openapi.json.",
     )
     add_flags(parser, SERVE_OPTIONS, with_defaults=False)
@@ -79,6 +79,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_sequences_per_request=settings["max_sequences_per_request"],
             max_tokens_per_request=settings["max_tokens_per_request"],
             enable_special_tokens_in_content=settings["enable_special_tokens_in_content"],
+            responses_store_size=settings["responses_store_size"],
         )
     )
     server = make_server(state, host, port)

@@ -11,15 +11,15 @@ from atlas_core.server.schemas_openai import SamplerFields
 from atlas_core.server.state import ServerConfig
 
 
-def check_prompt_length(num_tokens: int, max_seq_len: int) -> None:
-    """400 unless at least one token of room remains after the prompt."""
+def check_prompt_length(num_tokens: int, max_seq_len: int, *, param: str = "messages") -> None:
+    """400 unless at least one token of room remains after the prompt (``param``: the field holding it)."""
     if num_tokens == 0:
         raise invalid("the prompt is empty; send at least one token of text")
     if num_tokens >= max_seq_len:
         raise invalid(
             f"prompt too long: {num_tokens} tokens > {max_seq_len - 1} (max_seq_len {max_seq_len} minus one token "
             "for the answer); shorten the prompt or start the server with a larger --max-seq-len",
-            param="messages",
+            param=param,
         )
 
 

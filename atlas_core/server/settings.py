@@ -78,6 +78,12 @@ class ServeOptions:
         help="most tokens one request may create: its prompt tokens plus, for each completion, the tokens it may "
         "generate (max_tokens, else the rest of the context); more is a 400",
     )
+    responses_store_size: int = option(
+        256,
+        metavar="N",
+        help="most /v1/responses responses kept in memory for previous_response_id and GET (least recently used "
+        "dropped first); 0 keeps none",
+    )
     enable_special_tokens_in_content: bool = option(
         False,
         help="tokenize special-token strings inside message content (e.g. <|im_start|>) as special tokens; "

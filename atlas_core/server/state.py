@@ -11,6 +11,7 @@ from atlas_core.engine.async_engine import AsyncEngine
 from atlas_core.errors import ConfigError
 from atlas_core.server.errors import APIError
 from atlas_core.server.metrics import ServerMetrics
+from atlas_core.server.responses_store import ResponseStore
 from atlas_core.server.settings import ServeOptions
 from atlas_core.tokenizer import Tokenizer
 
@@ -29,7 +30,8 @@ class ServerConfig:
     signal before they are ended. ``max_sequences_per_request`` / ``max_tokens_per_request`` bound
     the work one request may create (`atlas_core.server.sampling.check_request_work`).
     ``enable_special_tokens_in_content``: special-token strings inside chat messages are special
-    tokens (off: plain text; `atlas_core.tokenizer.chat_encoding`).
+    tokens (off: plain text; `atlas_core.tokenizer.chat_encoding`). ``responses_store_size``: most
+    ``/v1/responses`` responses kept for ``previous_response_id`` (0: none).
     """
 
     model_names: list[str] = field(default_factory=list)
@@ -44,6 +46,7 @@ class ServerConfig:
     max_sequences_per_request: int = ServeOptions.max_sequences_per_request
     max_tokens_per_request: int = ServeOptions.max_tokens_per_request
     enable_special_tokens_in_content: bool = ServeOptions.enable_special_tokens_in_content
+    responses_store_size: int = ServeOptions.responses_store_size
 
     def __post_init__(self) -> None:
         for name in ("max_sequences_per_request", "max_tokens_per_request"):
@@ -76,6 +79,7 @@ class ServerState:
         self.config = config
         self.runtime: ModelRuntime | None = None
         self.metrics = ServerMetrics()
+        self.responses = ResponseStore(config.responses_store_size)
         self.created = int(time.time())
         self.shutting_down = False
         self._drained: asyncio.Future[None] | None = None

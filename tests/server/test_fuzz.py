@@ -30,6 +30,9 @@ def operations(scripted: ScriptedFactory) -> dict[str, schemathesis.APIOperation
 PATHS = [
     "POST /v1/chat/completions",
     "POST /v1/completions",
+    "POST /v1/responses",
+    "GET /v1/responses/{response_id}",
+    "DELETE /v1/responses/{response_id}",
     "GET /v1/models",
     "GET /v1/models/{model_id}",
     "POST /v1/messages",
