@@ -121,11 +121,11 @@ def input_messages(items: str | list[dict[str, Any]] | None) -> list[dict[str, A
     out: list[dict[str, Any]] = []
     turn: dict[str, Any] | None = None  # the assistant turn being gathered
 
-    def flush() -> None:
+    def flush() -> None:  # a turn of nothing (say, only encrypted reasoning) is left out
         nonlocal turn
-        if turn is not None:
+        if turn is not None and (turn["content"] or len(turn) > 2):
             out.append(turn)
-            turn = None
+        turn = None
 
     for i, item in enumerate(items):
         where = f"input[{i}]"
