@@ -21,7 +21,9 @@ from atlas_core.backends.base import (
     LogitAdjustments,
     SamplingTensors,
 )
+from atlas_core.weights.quantized import QuantizedWeight
 from atlas_gb10.attention import AttentionRunner
+from atlas_gb10.fp8 import FORMATS, upload_fp8, weight_operand
 from atlas_gb10.sampling import LogitsOps
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -45,6 +47,7 @@ class CudaBackend(Backend):
 
     name = "cuda"
     activation_dtype = BF16
+    quantized_formats = FORMATS
 
     @classmethod
     def availability(cls) -> str | None:
@@ -103,6 +106,12 @@ class CudaBackend(Backend):
             target = BF16
         return self.uploader.upload(array, target)
 
+    def upload_quantized(self, weight: QuantizedWeight) -> Array | QuantizedWeight:
+        """FP8 weights stay FP8 on the device (`atlas_gb10.fp8`); other formats are dequantized at load."""
+        if weight.format in self.quantized_formats:
+            return upload_fp8(self, weight)
+        return super().upload_quantized(weight)
+
     def to_numpy(self, x: Array) -> np.ndarray:
         return self.cp.asnumpy(x)
 
@@ -143,8 +152,11 @@ class CudaBackend(Backend):
             self._kernel("elementwise", "embedding_bf16")((ids.shape[0],), (128,), (weight, ids, out, np.int32(hidden)))
         return out
 
-    def linear(self, x: Array, weight: Array, bias: Array | None = None, out: Array | None = None) -> Array:
-        self.require_bf16("linear", x, weight, bias)
+    def linear(
+        self, x: Array, weight: Array | QuantizedWeight, bias: Array | None = None, out: Array | None = None
+    ) -> Array:
+        quantized = isinstance(weight, QuantizedWeight)
+        self.require_bf16("linear", x, None if quantized else weight, bias)
         x = self.contiguous_rows(x)
         m, k = x.shape
         n = weight.shape[0]
@@ -153,14 +165,15 @@ class CudaBackend(Backend):
         if m == 0:
             return out
         ldx, ldo = element_strides(x)[0], element_strides(out)[0]
-        vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight.data.ptr % 16 == 0
+        kind, weight_args, weight_aligned = weight_operand(weight)
+        vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_aligned
         mt, nt = self.gemm_tile(m, n)
-        kernel = self._kernel("gemm", f"gemm_bf16_m{mt}_n{nt}_{'vec' if vec else 'any'}")
+        kernel = self._kernel("gemm", f"gemm_{kind}_m{mt}_n{nt}_{'vec' if vec else 'any'}")
         grid = (math.ceil(n / (8 * nt)), math.ceil(m / (16 * mt)))
         kernel(
             grid,
             (256,),
-            (x, np.int64(ldx), weight, null_or(bias), out, np.int64(ldo), np.int32(m), np.int32(n), np.int32(k)),
+            (x, np.int64(ldx), *weight_args, null_or(bias), out, np.int64(ldo), np.int32(m), np.int32(n), np.int32(k)),
         )
         return out
 

@@ -24,7 +24,9 @@ import numpy as np
 
 from atlas_core.backends.base import Array
 from atlas_core.backends.ops.moe import ExpertActivation, MoEOps, RouterSpec, check_expert_shapes
+from atlas_core.weights.quantized import QuantizedWeight
 from atlas_gb10.backend import CudaBackend, null_or
+from atlas_gb10.fp8 import weight_operand
 
 ROUTE_WARPS = 4
 """Tokens routed per block (a warp each)."""
@@ -86,8 +88,8 @@ class CudaMoEOps(MoEOps):
     def moe_experts(
         self,
         x: Array,
-        w_in: Array,
-        w_out: Array,
+        w_in: Array | QuantizedWeight,
+        w_out: Array | QuantizedWeight,
         weights: Array,
         ids: Array,
         activation: ExpertActivation,
@@ -98,7 +100,7 @@ class CudaMoEOps(MoEOps):
         tokens, top_k = ids.shape
         if experts > MAX_ROUTED_EXPERTS:
             return super().moe_experts(x, w_in, w_out, weights, ids, activation)
-        backend.require_bf16("moe_experts", x, w_in, w_out)
+        backend.require_bf16("moe_experts", x, *(w for w in (w_in, w_out) if not isinstance(w, QuantizedWeight)))
         x = backend.contiguous_rows(x)
         out = cp.empty((tokens, hidden), dtype=x.dtype)
         pairs = tokens * top_k
@@ -168,15 +170,24 @@ class CudaMoEOps(MoEOps):
         return 2, 4, 4
 
     def _grouped_gemm(
-        self, x: Array, x_rows: Array | None, w: Array, out: Array, tiles: Array, m_tiles: int, n_tiles: int
+        self,
+        x: Array,
+        x_rows: Array | None,
+        w: Array | QuantizedWeight,
+        out: Array,
+        tiles: Array,
+        m_tiles: int,
+        n_tiles: int,
     ) -> None:
-        """``out[r] = x[x_rows[r] or r] @ w[expert(r)]^T`` for every grouped row r (`moe_gemm_*`), over the
-        m-tile table ``tiles[3, max_tiles]`` of `moe_plan`."""
+        """``out[r] = x[x_rows[r] or r] @ w[expert(r)]^T`` for every grouped row r (`moe_gemm_*`, or
+        `moe_gemm_fp8_*` over an FP8 bank), over the m-tile table ``tiles[3, max_tiles]`` of `moe_plan`."""
         n, k = w.shape[1:]
         max_tiles = tiles.shape[1]
         ldx = x.strides[0] // x.itemsize
-        vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and w.data.ptr % 16 == 0
-        kernel = self._kernel(f"moe_gemm_m{m_tiles}_n{n_tiles}_{'vec' if vec else 'any'}")
+        kind, weight_args, weight_aligned = weight_operand(w)
+        vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_aligned
+        prefix = "moe_gemm_fp8" if kind == "fp8" else "moe_gemm"
+        kernel = self._kernel(f"{prefix}_m{m_tiles}_n{n_tiles}_{'vec' if vec else 'any'}")
         kernel(
             (math.ceil(n / (8 * n_tiles)), max_tiles),
             (256,),
@@ -184,7 +195,7 @@ class CudaMoEOps(MoEOps):
                 x,
                 np.int64(ldx),
                 null_or(x_rows),
-                w,
+                *weight_args,
                 out,
                 np.int64(out.strides[0] // out.itemsize),
                 tiles,

@@ -6,7 +6,7 @@
         gemm_bf16_m##MT##_n##NT##_##SUFFIX(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ w, \
                                           const bf16_t* __restrict__ bias, bf16_t* __restrict__ out, long long ldo,   \
                                           int M, int N, int K) {                                                      \
-        gemm_tile<MT, NT, U, VEC>(x, ldx, nullptr, w, bias, out, ldo, blockIdx.y * (MT * 16), M,                   \
+        gemm_tile<MT, NT, U, VEC, const bf16_t*>(x, ldx, nullptr, w, bias, out, ldo, blockIdx.y * (MT * 16), M,    \
                                   blockIdx.x * (NT * 8), N, K);                                                       \
     }
 
@@ -20,3 +20,23 @@ GEMM_KERNEL(1, 1, 8, false, any, 2)
 GEMM_KERNEL(1, 2, 4, false, any, 2)
 GEMM_KERNEL(1, 4, 2, false, any, 2)
 GEMM_KERNEL(2, 4, 2, false, any, 1)
+
+// The same products over an FP8 E4M3 weight with block scales (gemm_core.cuh: Fp8Weight): scales
+// [ceil(N / bn), ceil(K / bk)].
+#define GEMM_FP8_KERNEL(MT, NT, U, VEC, SUFFIX, MIN_BLOCKS)                                                           \
+    extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) gemm_fp8_m##MT##_n##NT##_##SUFFIX(    \
+        const bf16_t* __restrict__ x, long long ldx, const unsigned char* __restrict__ w,                            \
+        const float* __restrict__ scales, int bn, int bk, const bf16_t* __restrict__ bias, bf16_t* __restrict__ out, \
+        long long ldo, int M, int N, int K) {                                                                         \
+        gemm_tile<MT, NT, U, VEC, Fp8Weight>(x, ldx, nullptr, Fp8Weight{w, scales, bn, bk}, bias, out, ldo,           \
+                                             blockIdx.y * (MT * 16), M, blockIdx.x * (NT * 8), N, K);                \
+    }
+
+GEMM_FP8_KERNEL(1, 1, 8, true, vec, 2)
+GEMM_FP8_KERNEL(1, 2, 4, true, vec, 2)
+GEMM_FP8_KERNEL(1, 4, 2, true, vec, 2)
+GEMM_FP8_KERNEL(2, 4, 2, true, vec, 1)
+GEMM_FP8_KERNEL(1, 1, 8, false, any, 2)
+GEMM_FP8_KERNEL(1, 2, 4, false, any, 2)
+GEMM_FP8_KERNEL(1, 4, 2, false, any, 2)
+GEMM_FP8_KERNEL(2, 4, 2, false, any, 1)

@@ -12,6 +12,10 @@
 // q = lane % 4) holds elements k0 + 8q .. k0 + 8q + 7 of its row. The mma's logical k index is permuted
 // consistently for A and B (logical 2q, 2q+1 <-> 8q + 4s, 8q + 4s + 1 and logical 2q+8, 2q+9 <->
 // 8q + 4s + 2, 8q + 4s + 3 in step s of the chunk), which leaves the dot product unchanged.
+//
+// The weight operand is bf16 (`const bf16_t*`) or FP8 E4M3 with block scales (`Fp8Weight`); an FP8
+// element enters the tensor cores as bf16(float(e4m3) * scale), the rounding of dequantizing the weight
+// on the host and uploading it as bf16, so both give the same products bit for bit.
 #pragma once
 #include "common.cuh"
 
@@ -56,6 +60,66 @@ __device__ __forceinline__ Frag8 load8(const bf16_t* base, long long ld, int row
     return f;
 }
 
+// A weight [N, K] (or bank [E, N, K]) in FP8 E4M3 bytes with one float32 scale per (bn x bk) block:
+// scales [ceil(N / bn), ceil(K / bk)] per matrix (QuantizedWeight in atlas_core.weights.quantized).
+struct Fp8Weight {
+    const unsigned char* data;
+    const float* scales;
+    int bn, bk;
+};
+
+// Matrix e of a bank [E, N, K].
+__device__ __forceinline__ const bf16_t* bank_matrix(const bf16_t* w, int e, int N, int K) {
+    return w + (long long)e * N * K;
+}
+__device__ __forceinline__ Fp8Weight bank_matrix(const Fp8Weight& w, int e, int N, int K) {
+    const long long scale_rows = (N + w.bn - 1) / w.bn, scale_cols = (K + w.bk - 1) / w.bk;
+    return Fp8Weight{w.data + (long long)e * N * K, w.scales + e * scale_rows * scale_cols, w.bn, w.bk};
+}
+
+// float of an E4M3 byte (finite values; the NaN encodings 0x7f / 0xff, absent from weights, read as 480).
+__device__ __forceinline__ float e4m3_to_float(unsigned b) {
+    const unsigned exponent = (b >> 3) & 15u, mantissa = b & 7u;
+    const float magnitude = exponent ? __uint_as_float(((exponent + 120u) << 23) | (mantissa << 20))
+                                     : (float)mantissa * 0.001953125f;  // subnormal: m / 8 * 2^-6
+    return (b & 0x80u) ? -magnitude : magnitude;
+}
+
+// Elements k .. k+7 of row `row` of an FP8 weight as bf16 fragments; zeros outside rows x K. VEC: one
+// 8-byte load (K % 8 == 0, aligned rows) and one scale for the 8 (bk % 8 == 0 or bk >= K).
+template <bool VEC>
+__device__ __forceinline__ Frag8 load8(const Fp8Weight& w, long long ld, int row, int rows, int k, int K) {
+    Frag8 f;
+    f.w[0] = f.w[1] = f.w[2] = f.w[3] = 0u;
+    if (row >= 0 && row < rows && k < K) {
+        const unsigned char* p = w.data + (long long)row * ld + k;
+        const float* scale_row = w.scales + (long long)(row / w.bn) * ((K + w.bk - 1) / w.bk);
+        unsigned bytes[8];
+        if (VEC) {
+            const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                bytes[e] = (v.x >> (8 * e)) & 0xffu;
+                bytes[4 + e] = (v.y >> (8 * e)) & 0xffu;
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) bytes[e] = (k + e < K) ? (unsigned)p[e] : 0u;
+        }
+        const float block_scale = scale_row[k / w.bk];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int k_lo = k + 2 * e, k_hi = k_lo + 1;
+            const float s_lo = VEC ? block_scale : (k_lo < K ? scale_row[k_lo / w.bk] : 0.0f);
+            const float s_hi = VEC ? block_scale : (k_hi < K ? scale_row[k_hi / w.bk] : 0.0f);
+            const unsigned lo = float_to_bf16(e4m3_to_float(bytes[2 * e]) * s_lo);
+            const unsigned hi = float_to_bf16(e4m3_to_float(bytes[2 * e + 1]) * s_hi);
+            f.w[e] = lo | (hi << 16);
+        }
+    }
+    return f;
+}
+
 // The x row that product row r reads (r itself without a gather); -1 (no row: zeros) for rows past M.
 __device__ __forceinline__ int gathered_row(const int* __restrict__ x_rows, int r, int M) {
     return r >= M ? -1 : (x_rows ? x_rows[r] : r);
@@ -64,9 +128,9 @@ __device__ __forceinline__ int gathered_row(const int* __restrict__ x_rows, int 
 // acc[i][j] (this lane's fragments of the tile at rows m0.., columns n0..) += the products of the 32-wide K
 // chunks [c_begin, c_end), chunk after chunk in order, two mma steps each; U chunks are loaded before they
 // are multiplied. Row r of the product reads row x_rows[r] of x when x_rows is given, else row r.
-template <int MT, int NT, int U, bool VEC>
+template <int MT, int NT, int U, bool VEC, typename W>
 __device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
-                                           const bf16_t* __restrict__ w, int m0, int M, int n0, int N, int K,
+                                           const W w, int m0, int M, int n0, int N, int K,
                                            int c_begin, int c_end, float (&acc)[MT][NT][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     for (int c = c_begin; c < c_end; c += U) {
@@ -103,9 +167,9 @@ __device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long lo
 // One (MT x 16) x (NT x 8) output tile at rows m0.. and columns n0..: rows below M are computed. Row r of the
 // product reads row x_rows[r] of x when x_rows is given (a gather, e.g. tokens grouped by expert), else row r;
 // it is written to row r of out. A row's result depends only on its x row, w and K, never on m0 or M.
-template <int MT, int NT, int U, bool VEC>
+template <int MT, int NT, int U, bool VEC, typename W>
 __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
-                                          const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias,
+                                          const W w, const bf16_t* __restrict__ bias,
                                           bf16_t* __restrict__ out, long long ldo, int m0, int M, int n0, int N, int K) {
     __shared__ float partial[GEMM_KSPLIT][MT * NT * 4][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -122,7 +186,7 @@ __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ x, long lon
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
-    mma_chunks<MT, NT, U, VEC>(x, ldx, x_rows, w, m0, M, n0, N, K, c_begin, c_end, acc);
+    mma_chunks<MT, NT, U, VEC, W>(x, ldx, x_rows, w, m0, M, n0, N, K, c_begin, c_end, acc);
 
 #pragma unroll
     for (int i = 0; i < MT; ++i)

@@ -185,25 +185,38 @@ extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS) moe_plan(
 // ---- grouped products -----------------------------------------------------------------------------
 // out[r, :] = x[x_rows ? x_rows[r] : r, :] @ w[e]^T for the rows r of m-tile blockIdx.y (tiles from moe_plan);
 // w is [E, N, K]. grid.x: n-tiles of NT x 8 columns; grid.y: max_tiles (tiles marked -1 exit).
-#define MOE_GEMM_KERNEL(MT, NT, U, VEC, SUFFIX, MIN_BLOCKS)                                                          \
+// Each tile shape has a bf16-weight kernel and one over FP8 E4M3 weights with block scales (gemm_core.cuh:
+// Fp8Weight), the latter with U_FP8 chunks in flight (its conversion needs registers of its own).
+#define MOE_GEMM_BODY(MT, NT, U, VEC, W, w_value)                                                                   \
+    const int e = tiles[blockIdx.y];                                                                              \
+    if (e < 0) return;                                                                                            \
+    gemm_tile<MT, NT, U, VEC, W>(x, ldx, x_rows, bank_matrix(w_value, e, N, K), nullptr, out, ldo,                \
+                                 tiles[max_tiles + blockIdx.y], tiles[2 * max_tiles + blockIdx.y],                \
+                                 blockIdx.x * (NT * 8), N, K);
+
+#define MOE_GEMM_KERNEL(MT, NT, U, U_FP8, VEC, SUFFIX, MIN_BLOCKS)                                                   \
     extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) moe_gemm_m##MT##_n##NT##_##SUFFIX( \
         const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows, const bf16_t* __restrict__ w,    \
         bf16_t* __restrict__ out, long long ldo, const int* __restrict__ tiles, int max_tiles, int N, int K) {         \
-        const int e = tiles[blockIdx.y];                                                                              \
-        if (e < 0) return;                                                                                            \
-        gemm_tile<MT, NT, U, VEC>(x, ldx, x_rows, w + (long long)e * N * K, nullptr, out, ldo,                        \
-                                  tiles[max_tiles + blockIdx.y], tiles[2 * max_tiles + blockIdx.y],                   \
-                                  blockIdx.x * (NT * 8), N, K);                                                       \
+        MOE_GEMM_BODY(MT, NT, U, VEC, const bf16_t*, w)                                                             \
+    }                                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS)                                      \
+        moe_gemm_fp8_m##MT##_n##NT##_##SUFFIX(const bf16_t* __restrict__ x, long long ldx,                           \
+                                              const int* __restrict__ x_rows, const unsigned char* __restrict__ w,    \
+                                              const float* __restrict__ scales, int bn, int bk,                       \
+                                              bf16_t* __restrict__ out, long long ldo, const int* __restrict__ tiles, \
+                                              int max_tiles, int N, int K) {                                          \
+        MOE_GEMM_BODY(MT, NT, U_FP8, VEC, Fp8Weight, (Fp8Weight{w, scales, bn, bk}))                                    \
     }
 
-MOE_GEMM_KERNEL(1, 1, 16, true, vec, 2)
-MOE_GEMM_KERNEL(1, 2, 8, true, vec, 2)
-MOE_GEMM_KERNEL(1, 4, 4, true, vec, 2)
-MOE_GEMM_KERNEL(2, 4, 2, true, vec, 1)
-MOE_GEMM_KERNEL(1, 1, 8, false, any, 2)
-MOE_GEMM_KERNEL(1, 2, 4, false, any, 2)
-MOE_GEMM_KERNEL(1, 4, 2, false, any, 2)
-MOE_GEMM_KERNEL(2, 4, 2, false, any, 1)
+MOE_GEMM_KERNEL(1, 1, 16, 8, true, vec, 2)
+MOE_GEMM_KERNEL(1, 2, 8, 4, true, vec, 2)
+MOE_GEMM_KERNEL(1, 4, 4, 2, true, vec, 2)
+MOE_GEMM_KERNEL(2, 4, 2, 2, true, vec, 1)
+MOE_GEMM_KERNEL(1, 1, 8, 8, false, any, 2)
+MOE_GEMM_KERNEL(1, 2, 4, 4, false, any, 2)
+MOE_GEMM_KERNEL(1, 4, 2, 2, false, any, 2)
+MOE_GEMM_KERNEL(2, 4, 2, 2, false, any, 1)
 
 // ---- activation and combine -----------------------------------------------------------------------
 // Non-gated squared ReLU of the experts' hidden rows, in place: h = max(h, 0)^2 over [rows, I].
