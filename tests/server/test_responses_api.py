@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from tests.server.conftest import ScriptedFactory
+from tests.server.live import LiveServer
 
 WEATHER = {
     "type": "function",
@@ -187,3 +188,10 @@ def test_stop_and_sampler_extensions(sdk: openai.OpenAI) -> None:
         model="scripted", input="[count]", temperature=0, top_p=0.9, extra_body={"stop": [", three"], "top_k": 5}
     )
     assert response.output_text == "one, two" and response.status == "completed"
+
+
+def test_real_text(smol: LiveServer) -> None:
+    response = smol.openai().responses.create(
+        model="smollm2", input="What is the capital of France?", temperature=0, max_output_tokens=24
+    )
+    assert response.output_text == "The capital of France is Paris." and response.status == "completed"
