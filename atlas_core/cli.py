@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from atlas_core.errors import AtlasError
+from atlas_core.options.suggest import unknown_flags_message
 from atlas_core.version import __version__
 
 
@@ -30,9 +31,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
+    """The parser of subcommand ``name`` of ``parser``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(name)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``atlas`` command; the exit status (2 for an `AtlasError`, printed as one line)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        command = _subcommand(parser, args.command) or parser
+        command.error(unknown_flags_message(command, unknown))
     try:
         return int(args.handler(args) or 0)
     except AtlasError as exc:

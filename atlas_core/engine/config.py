@@ -43,7 +43,10 @@ class EngineConfig:
     """
 
     max_seq_len: int | None = option(
-        None, help="longest prompt + completion", default_help=f"the model's context, at most {DEFAULT_MAX_SEQ_LEN}"
+        None,
+        help="longest prompt + completion",
+        default_help=f"the model's context, at most {DEFAULT_MAX_SEQ_LEN}",
+        aliases=("max-model-len",),
     )
     default_max_seq_len: int = DEFAULT_MAX_SEQ_LEN
     max_num_seqs: int = option(64, help="most sequences in one batch")

@@ -16,6 +16,7 @@ a family reads with `tensor` are therefore kept dequantized.
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
@@ -138,8 +139,10 @@ class ModelWeightLoader(ABC):
             )
 
     def layer_progress(self, num_layers: int) -> Iterable[int]:
-        """``range(num_layers)``, shown as a progress bar while loading models of 16 layers or more."""
-        return tqdm(range(num_layers), desc="loading layers", unit="layer", disable=num_layers < 16, leave=False)
+        """``range(num_layers)``, shown as a progress bar while loading models of 16 layers or more, when
+        stderr is a terminal (never in log files)."""
+        disable = num_layers < 16 or not sys.stderr.isatty()
+        return tqdm(range(num_layers), desc="loading layers", unit="layer", disable=disable, leave=False)
 
     def layer_type(self, name: str) -> Any:
         """A registered TransformerLayer class by name."""

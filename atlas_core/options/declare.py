@@ -32,6 +32,8 @@ class OptionInfo:
     without dashes (None: the field name with ``-`` for ``_``); the environment variable follows
     it. ``repeat``: a list given by repeating the flag (``--api-key A --api-key B``) rather than
     as several values after one flag. ``positional``: an optional positional argument.
+    ``aliases``: other flag names (without dashes) accepted for the same setting, such as the names
+    other servers use for it (``max-model-len`` for ``max-seq-len``); they get no environment variable.
     """
 
     help: str
@@ -40,6 +42,7 @@ class OptionInfo:
     metavar: str | None = None
     repeat: bool = False
     positional: bool = False
+    aliases: tuple[str, ...] = ()
 
 
 def option(
@@ -52,10 +55,11 @@ def option(
     metavar: str | None = None,
     repeat: bool = False,
     positional: bool = False,
+    aliases: tuple[str, ...] = (),
 ) -> Any:
     """A `dataclasses.field` (``default``, or ``default_factory`` for lists and dicts) that is also
     a setting (see `OptionInfo` for the other arguments)."""
-    metadata = {METADATA_KEY: OptionInfo(help, default_help, flag, metavar, repeat, positional)}
+    metadata = {METADATA_KEY: OptionInfo(help, default_help, flag, metavar, repeat, positional, aliases)}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)

@@ -47,7 +47,8 @@ def add_flags(parser: argparse.ArgumentParser, options: Sequence[Option], *, wit
         if opt.info.positional:
             action = parser.add_argument(opt.name, nargs="?", **kwargs)
         else:
-            action = parser.add_argument(f"--{opt.flag_name}", dest=opt.name, **kwargs)
+            names = [f"--{name}" for name in (opt.flag_name, *opt.info.aliases)]
+            action = parser.add_argument(*names, dest=opt.name, **kwargs)
         action.help = opt.help_text  # set after construction: BooleanOptionalAction would append its own default
 
 

@@ -18,6 +18,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from atlas_core.server import routes_anthropic, routes_misc, routes_openai, routes_responses
+from atlas_core.server.access_log import access_log
 from atlas_core.server.auth import api_key_guard
 from atlas_core.server.errors import handle_exception
 from atlas_core.server.metrics import ServerMetrics, route_label
@@ -26,7 +27,7 @@ from atlas_core.version import __version__
 
 
 def _count_requests(app: ASGIApp, metrics: ServerMetrics) -> ASGIApp:
-    """ASGI middleware: ``atlas_http_requests_total{route, method, status}``."""
+    """ASGI middleware: ``atlas_http_requests_total{route, method, status, model_name}``."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != ScopeType.HTTP:
@@ -42,7 +43,7 @@ def _count_requests(app: ASGIApp, metrics: ServerMetrics) -> ASGIApp:
         try:
             await app(scope, receive, recording_send)
         finally:
-            metrics.http_requests.labels(route_label(scope), scope.get("method", ""), str(status["code"])).inc()  # type: ignore[arg-type]
+            metrics.count_http(route_label(scope), scope.get("method", ""), status["code"])  # type: ignore[arg-type]
 
     return middleware
 
@@ -77,7 +78,8 @@ def create_app(state: ServerState) -> Litestar:
         route_handlers=[model_routes, *routes_misc.OPEN_ROUTES],
         dependencies={"server": Provide(provide_state, sync_to_thread=False)},
         exception_handlers={Exception: handle_exception},
-        middleware=[DefineMiddleware(_count_requests, metrics=state.metrics)],
+        middleware=[DefineMiddleware(access_log), DefineMiddleware(_count_requests, metrics=state.metrics)],
+        logging_config=None,  # `atlas serve` configures logging (--log-level); the app leaves it alone
         request_max_body_size=config.max_body_bytes,
         cors_config=cors,
         openapi_config=OpenAPIConfig(

@@ -13,6 +13,7 @@ from typing import Any
 
 from atlas_core.options.flags import add_flags, parsed_values
 from atlas_core.options.resolve import Settings
+from atlas_core.options.suggest import add_unsupported_flag
 from atlas_core.server.settings import SERVE_OPTIONS
 
 log = logging.getLogger("atlas.serve")
@@ -41,6 +42,11 @@ def add_serve_parser(commands: Any) -> None:
         "/tokenize, /detokenize, /health, /metrics, /openapi.json.",
     )
     add_flags(parser, SERVE_OPTIONS, with_defaults=False)
+    add_unsupported_flag(
+        parser,
+        "--kv-cache-dtype",
+        "the KV cache is kept in the backend's activation dtype (no KV dtype setting)",
+    )
     parser.set_defaults(handler=run_serve)
 
 
@@ -56,6 +62,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from atlas_core.server.uvicorn_server import make_server
 
     settings = serve_settings(args)
+    configure_logging(settings["log_level"])
     keys = list(settings["api_key"] or []) + (
         read_keys_file(settings["api_keys_file"]) if settings["api_keys_file"] else []
     )
@@ -80,9 +87,11 @@ def run_serve(args: argparse.Namespace) -> int:
             max_tokens_per_request=settings["max_tokens_per_request"],
             enable_special_tokens_in_content=settings["enable_special_tokens_in_content"],
             responses_store_size=settings["responses_store_size"],
+            accept_any_model_name=settings["accept_any_model_name"],
+            log_requests=settings["log_requests"],
         )
     )
-    server = make_server(state, host, port)
+    server = make_server(state, host, port, log_level="debug" if settings["log_level"] == "debug" else "warning")
     failures: list[BaseException] = []
     loader = threading.Thread(target=_load, args=(settings, state, server, failures), name="atlas-load", daemon=True)
     loader.start()
@@ -90,6 +99,13 @@ def run_serve(args: argparse.Namespace) -> int:
     if failures:
         raise failures[0]
     return 0
+
+
+def configure_logging(level: str) -> None:
+    """Log records of ``level`` and above to stderr, one line each (time, level, logger, message)."""
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True
+    )
 
 
 def _load(settings: Settings, state: Any, server: Any, failures: list[BaseException]) -> None:
@@ -113,6 +129,7 @@ def _attach_model(settings: Settings, state: Any) -> str:
     from atlas_core.engine.config import EngineConfig
     from atlas_core.engine.llm_engine import LLMEngine
     from atlas_core.errors import AtlasError
+    from atlas_core.model.generation_config import sampling_defaults
     from atlas_core.model.load import load_model
     from atlas_core.parsing.registry import reasoning_format, tool_format
     from atlas_core.plugins import get_registry
@@ -143,6 +160,8 @@ def _attach_model(settings: Settings, state: Any) -> str:
     if config.reasoning_parser:
         reasoning_format(config.reasoning_parser)
     config.default_chat_template_kwargs = dict(settings["default_chat_template_kwargs"] or {})
+    if settings["generation_config"] == "auto":
+        config.generation_defaults = sampling_defaults(loaded.resolved.path)
     if not config.model_names:
         config.model_names = [loaded.name]
     engine = LLMEngine(loaded, backend, EngineConfig(**settings.of(EngineConfig)))
@@ -153,5 +172,7 @@ def _attach_model(settings: Settings, state: Any) -> str:
         f"model={config.model_names[0]} backend={backend.name} "
         f"kv_capacity={capacity} tokens ({capacity // max_len} sequences of max_seq_len={max_len}) "
         f"max_num_seqs={engine.config.max_num_seqs} tool_call_parser={config.tool_call_parser} "
-        f"reasoning_parser={config.reasoning_parser}" + (f" (family defaults: {from_family})" if from_family else "")
+        f"reasoning_parser={config.reasoning_parser}"
+        + (f" generation_config={config.generation_defaults}" if config.generation_defaults else "")
+        + (f" (family defaults: {from_family})" if from_family else "")
     )

@@ -10,6 +10,7 @@ output or final result) as soon as the client hangs up, which aborts the work be
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Awaitable
 from typing import TypeVar
 
@@ -22,6 +23,8 @@ from atlas_core.server.state import ServerState
 
 T = TypeVar("T")
 
+log = logging.getLogger("atlas.requests")
+
 CLIENT_CLOSED = 499
 """Status recorded (in the request metrics) for a request whose client hung up before its response."""
 
@@ -31,6 +34,8 @@ async def generate(
 ) -> AsyncGenerator[RequestOutput, None]:
     """The outputs of one engine request; raises `APIError` on timeout, failure or shutdown."""
     runtime = state.require_runtime()
+    if state.config.log_requests:
+        log.info("prompt (%d tokens): %r", len(prompt_ids), prompt if prompt is not None else prompt_ids)
     timeout = state.config.request_timeout
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     stream = runtime.engine.generate(prompt, prompt_ids, params)

@@ -2,13 +2,14 @@
 
 Request and token counters and the latency histograms are updated as requests run; engine gauges
 (running and waiting sequences, KV usage, prefix-cache hit rate) are read from the engine when
-scraped. Names are listed in ``docs/server.md``.
+scraped. Every metric carries a ``model_name`` label (the served model's reported name, "" while
+it is not known yet). Names are listed in ``docs/server.md``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -17,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from atlas_core.engine.llm_engine import LLMEngine
 from atlas_core.engine.outputs import RequestOutput
+from atlas_core.server.access_log import current_usage
 
 _LATENCY_BUCKETS = (
     0.005,
@@ -44,78 +46,124 @@ _LATENCY_BUCKETS = (
 class _EngineCollector(Collector):
     """Gauges read from a live `LLMEngine` at scrape time (reads only; values may be one step old)."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, model_name: Callable[[], str]) -> None:
         self.engine = engine
+        self.model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
         scheduler, blocks = self.engine.scheduler, self.engine.blocks
-        yield GaugeMetricFamily(
-            "atlas_num_sequences_running", "Sequences holding KV blocks", value=len(scheduler.running)
-        )
-        yield GaugeMetricFamily(
-            "atlas_num_sequences_waiting", "Sequences queued for admission", value=len(scheduler.waiting)
-        )
         used = 1.0 - blocks.num_free_blocks / blocks.num_blocks if blocks.num_blocks else 0.0
-        yield GaugeMetricFamily(
-            "atlas_kv_cache_usage_ratio", "Fraction of KV blocks referenced by sequences", value=used
-        )
-        yield GaugeMetricFamily(
-            "atlas_kv_cache_capacity_tokens", "Tokens the KV cache holds", value=self.engine.kv_capacity_tokens
-        )
-        yield GaugeMetricFamily(
-            "atlas_prefix_cache_hit_rate",
-            "Prompt tokens served from the prefix cache over prompt tokens looked up",
-            value=blocks.hit_rate,
-        )
-        yield CounterMetricFamily(
-            "atlas_prefix_cache_queried_tokens",
-            "Prompt tokens looked up in the prefix cache",
-            value=blocks.prefix_cache_queried_tokens,
-        )
-        yield CounterMetricFamily(
-            "atlas_prefix_cache_hit_tokens",
-            "Prompt tokens served from the prefix cache",
-            value=blocks.prefix_cache_hit_tokens,
-        )
+        gauges = [
+            ("atlas_num_sequences_running", "Sequences holding KV blocks", len(scheduler.running)),
+            ("atlas_num_sequences_waiting", "Sequences queued for admission", len(scheduler.waiting)),
+            ("atlas_kv_cache_usage_ratio", "Fraction of KV blocks referenced by sequences", used),
+            ("atlas_kv_cache_capacity_tokens", "Tokens the KV cache holds", self.engine.kv_capacity_tokens),
+            (
+                "atlas_prefix_cache_hit_rate",
+                "Prompt tokens served from the prefix cache over prompt tokens looked up",
+                blocks.hit_rate,
+            ),
+        ]
+        counters = [
+            (
+                "atlas_prefix_cache_queried_tokens",
+                "Prompt tokens looked up in the prefix cache",
+                blocks.prefix_cache_queried_tokens,
+            ),
+            (
+                "atlas_prefix_cache_hit_tokens",
+                "Prompt tokens served from the prefix cache",
+                blocks.prefix_cache_hit_tokens,
+            ),
+        ]
+        labels = [self.model_name()]
+        for name, documentation, value in gauges:
+            gauge = GaugeMetricFamily(name, documentation, labels=["model_name"])
+            gauge.add_metric(labels, value)
+            yield gauge
+        for name, documentation, value in counters:
+            counter = CounterMetricFamily(name, documentation, labels=["model_name"])
+            counter.add_metric(labels, value)
+            yield counter
 
 
 class ServerMetrics:
-    """The metrics of one server; `render` gives the Prometheus text format."""
+    """The metrics of one server; `render` gives the Prometheus text format. ``model_name`` gives
+    the value of every metric's ``model_name`` label (read when a metric is updated or scraped)."""
 
     content_type = "text/plain; version=0.0.4; charset=utf-8"
 
-    def __init__(self) -> None:
+    def __init__(self, model_name: Callable[[], str] = str) -> None:
+        self.model_name = model_name
         self.registry = CollectorRegistry()
         r = self.registry
         self.http_requests = Counter(
-            "atlas_http_requests", "HTTP requests answered", ["route", "method", "status"], registry=r
+            "atlas_http_requests", "HTTP requests answered", ["route", "method", "status", "model_name"], registry=r
         )
-        self.prompt_tokens = Counter("atlas_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
-        self.generation_tokens = Counter("atlas_generation_tokens", "Tokens generated", registry=r)
-        self.requests_finished = Counter(
-            "atlas_requests_finished", "Generation requests finished, by reason", ["finish_reason"], registry=r
+        self._prompt_tokens = Counter(
+            "atlas_prompt_tokens", "Prompt tokens of admitted requests", ["model_name"], registry=r
         )
-        self.ttft = Histogram(
+        self._generation_tokens = Counter("atlas_generation_tokens", "Tokens generated", ["model_name"], registry=r)
+        self._requests_finished = Counter(
+            "atlas_requests_finished",
+            "Generation requests finished, by reason",
+            ["finish_reason", "model_name"],
+            registry=r,
+        )
+        self._ttft = Histogram(
             "atlas_time_to_first_token_seconds",
             "Arrival to first generated token",
+            ["model_name"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.itl = Histogram(
+        self._itl = Histogram(
             "atlas_inter_token_latency_seconds",
             "Time between consecutive tokens of a completion",
+            ["model_name"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.e2e = Histogram(
-            "atlas_e2e_request_latency_seconds", "Arrival to last token", buckets=_LATENCY_BUCKETS, registry=r
+        self._e2e = Histogram(
+            "atlas_e2e_request_latency_seconds",
+            "Arrival to last token",
+            ["model_name"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self._engine: _EngineCollector | None = None
+
+    def count_http(self, route: str, method: str, status: int) -> None:
+        """One answered HTTP request."""
+        self.http_requests.labels(route, method, str(status), self.model_name()).inc()
+
+    @property
+    def prompt_tokens(self) -> Counter:
+        return self._prompt_tokens.labels(self.model_name())
+
+    @property
+    def generation_tokens(self) -> Counter:
+        return self._generation_tokens.labels(self.model_name())
+
+    def requests_finished(self, finish_reason: str) -> Counter:
+        return self._requests_finished.labels(finish_reason, self.model_name())
+
+    @property
+    def ttft(self) -> Histogram:
+        return self._ttft.labels(self.model_name())
+
+    @property
+    def itl(self) -> Histogram:
+        return self._itl.labels(self.model_name())
+
+    @property
+    def e2e(self) -> Histogram:
+        return self._e2e.labels(self.model_name())
 
     def watch_engine(self, engine: LLMEngine) -> None:
         if self._engine is not None:
             self.registry.unregister(self._engine)
-        self._engine = _EngineCollector(engine)
+        self._engine = _EngineCollector(engine, self.model_name)
         self.registry.register(self._engine)
 
     def render(self) -> bytes:
@@ -123,17 +171,21 @@ class ServerMetrics:
 
     def track(self, num_prompt_tokens: int) -> RequestTracker:
         self.prompt_tokens.inc(num_prompt_tokens)
-        return RequestTracker(self)
+        return RequestTracker(self, num_prompt_tokens)
 
 
 class RequestTracker:
     """Latency and token accounting of one generation request, fed every `RequestOutput`.
 
     Time to first token and inter-token latency follow completion 0 (the others of ``n > 1``
-    advance in the same steps); generated tokens count every completion."""
+    advance in the same steps); generated tokens count every completion. The HTTP request's
+    `RequestUsage` (the access log's) receives the same token counts."""
 
-    def __init__(self, metrics: ServerMetrics) -> None:
+    def __init__(self, metrics: ServerMetrics, num_prompt_tokens: int = 0) -> None:
         self.metrics = metrics
+        self.usage = current_usage()
+        if self.usage is not None:
+            self.usage.prompt_tokens += num_prompt_tokens
         self.start = self.last = time.monotonic()
         self.tokens = 0
         self.lead_tokens = 0
@@ -144,6 +196,8 @@ class RequestTracker:
         counts = [len(c.token_ids) for c in output.outputs]
         if sum(counts) > self.tokens:
             self.metrics.generation_tokens.inc(sum(counts) - self.tokens)
+            if self.usage is not None:
+                self.usage.completion_tokens += sum(counts) - self.tokens
             self.tokens = sum(counts)
         lead_new = counts[0] - self.lead_tokens
         if lead_new > 0:
@@ -159,7 +213,7 @@ class RequestTracker:
 
     def done(self) -> None:
         """The request is over (finished, failed, timed out or cancelled: the latter count as ``abort``)."""
-        self.metrics.requests_finished.labels(self.finish_reason or "abort").inc()
+        self.metrics.requests_finished(self.finish_reason or "abort").inc()
         self.metrics.e2e.observe(time.monotonic() - self.start)
 
 

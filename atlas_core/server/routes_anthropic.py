@@ -54,7 +54,7 @@ async def create_message(
     check_request_work(server.config, [len(prompt.ids)], 1, max_tokens, runtime.max_seq_len)
     parsers = ParserSpec(server, setup, prompt.text)
     constraints = await asyncio.to_thread(_constraints, data, parsers, runtime)
-    params = sampling_params(fields, max_tokens=max_tokens, **constraints)
+    params = sampling_params(fields, max_tokens=max_tokens, defaults=server.config.generation_defaults, **constraints)
     ctx = MessageContext(message_id=f"msg_{uuid.uuid4().hex}", model=server.model_name, parsers=parsers)
     stream = generate(server, prompt.text, prompt.ids, params)
     if data.stream:

@@ -75,7 +75,9 @@ async def chat_completions(
         response_format=data.response_format,
         thinking_tokens=REASONING_EFFORT_BUDGET.get(data.reasoning_effort or ""),
     )
-    params = sampling_params(data, max_tokens=max_tokens, logprobs=top, **constraints)
+    params = sampling_params(
+        data, max_tokens=max_tokens, logprobs=top, defaults=server.config.generation_defaults, **constraints
+    )
     ctx = ChatContext(
         response_id=f"chatcmpl-{uuid.uuid4().hex}",
         created=int(time.time()),
@@ -107,6 +109,7 @@ async def completions(
     params = sampling_params(
         data,
         max_tokens=data.max_tokens,
+        defaults=server.config.generation_defaults,
         logprobs=data.logprobs,
         prompt_logprobs=data.logprobs if data.echo and data.logprobs is not None else None,
     )
@@ -169,7 +172,7 @@ async def list_models(server: NamedDependency[ServerState]) -> ModelList:
 async def retrieve_model(model_id: FromPath[str], server: NamedDependency[ServerState]) -> ModelCard:
     server.require_runtime()
     name = model_id.lstrip("/")
-    if name not in server.config.model_names:
+    if not server.serves(name):
         raise server.unknown_model(name, param=None)
     return _card(server, name)
 

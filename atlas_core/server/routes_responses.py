@@ -76,7 +76,9 @@ async def create_response(
         seed=data.seed,
         stop=data.stop,
     )
-    params = sampling_params(fields, max_tokens=data.max_output_tokens, **constraints)
+    params = sampling_params(
+        fields, max_tokens=data.max_output_tokens, defaults=server.config.generation_defaults, **constraints
+    )
     tool_choice = prepared.setup.tool_choice
     base = ResponseObject(
         id=new_id("resp"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from atlas_core.engine.sampling_params import SamplingParams
@@ -80,12 +81,18 @@ def logit_bias_of(bias: dict[str, float] | None) -> dict[int, float]:
     return out
 
 
-def sampling_params(fields: SamplerFields, *, max_tokens: int | None, **extra: Any) -> SamplingParams:
+def sampling_params(
+    fields: SamplerFields, *, max_tokens: int | None, defaults: Mapping[str, Any] | None = None, **extra: Any
+) -> SamplingParams:
     """`SamplingParams` from the shared sampler fields; ``extra`` adds or overrides fields
-    (``logprobs``, ``prompt_logprobs``, structured-output settings). Out-of-range values: 400."""
+    (``logprobs``, ``prompt_logprobs``, structured-output settings). ``defaults`` (the model's
+    ``generation_config.json`` values, `ServerConfig.generation_defaults`) stand in for sampler
+    fields the request leaves out: request > ``defaults`` > `SamplingParams`'s built-in defaults.
+    Out-of-range values: 400."""
     if fields.seed is not None and fields.seed < 0:
         raise invalid(f"seed must be a non-negative integer, got {fields.seed}", param="seed")
-    kwargs: dict[str, Any] = {
+    kwargs: dict[str, Any] = dict(defaults or {})
+    kwargs |= {
         name: getattr(fields, name)
         for name in (
             "temperature",

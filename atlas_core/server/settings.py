@@ -12,24 +12,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from atlas_core.engine.config import EngineConfig, ModelChoice
 from atlas_core.errors import ConfigError
 from atlas_core.options.declare import option, options_of
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+GenerationConfigSource = Literal["auto", "none"]
 
 
 @dataclass(frozen=True)
 class ServeOptions:
     """The `atlas serve` settings that are not engine settings."""
 
-    host: str = option("127.0.0.1", help="interface to listen on; anything but loopback needs --api-key")
+    host: str = option(
+        "127.0.0.1", help="interface to listen on; anything but loopback needs --api-key", aliases=("bind",)
+    )
     port: int = option(8888, help="port")
     served_model_name: list[str] = option(
         default_factory=list,
         metavar="NAME",
         help="names clients may use as `model`; the first is reported",
         default_help="the model's name",
+        aliases=("model-name",),
+    )
+    accept_any_model_name: bool = option(
+        False, help="serve requests whatever `model` they name (agent clients that send their own model ids)"
     )
     tool_call_parser: str | None = option(
         None,
@@ -88,6 +97,17 @@ class ServeOptions:
         False,
         help="tokenize special-token strings inside message content (e.g. <|im_start|>) as special tokens; "
         "off: content is plain text, only the chat template's own markup is special",
+    )
+    log_level: LogLevel = option("info", help="least severe log messages shown (an access line per request at info)")
+    log_requests: bool = option(
+        False,
+        help="also log each request's prompt text (off: only its method, path, status, token counts and time)",
+        aliases=("enable-log-requests",),
+    )
+    generation_config: GenerationConfigSource = option(
+        "auto",
+        help="auto: sampling defaults (temperature, top_p, top_k, min_p, repetition_penalty) from the checkpoint's "
+        "generation_config.json for requests that omit them; none: built-in defaults only",
     )
 
 

@@ -32,6 +32,10 @@ class ServerConfig:
     ``enable_special_tokens_in_content``: special-token strings inside chat messages are special
     tokens (off: plain text; `atlas_core.tokenizer.chat_encoding`). ``responses_store_size``: most
     ``/v1/responses`` responses kept for ``previous_response_id`` (0: none).
+    ``accept_any_model_name``: requests naming any model are served (else 404 for names not in
+    ``model_names``). ``generation_defaults``: sampler values (``temperature``, ``top_p``, ``top_k``,
+    ``min_p``, ``repetition_penalty``) used when a request omits them (the checkpoint's
+    ``generation_config.json``). ``log_requests``: log each request's prompt text.
     """
 
     model_names: list[str] = field(default_factory=list)
@@ -47,6 +51,9 @@ class ServerConfig:
     max_tokens_per_request: int = ServeOptions.max_tokens_per_request
     enable_special_tokens_in_content: bool = ServeOptions.enable_special_tokens_in_content
     responses_store_size: int = ServeOptions.responses_store_size
+    accept_any_model_name: bool = ServeOptions.accept_any_model_name
+    generation_defaults: dict[str, float | int] = field(default_factory=dict)
+    log_requests: bool = ServeOptions.log_requests
 
     def __post_init__(self) -> None:
         for name in ("max_sequences_per_request", "max_tokens_per_request"):
@@ -78,7 +85,7 @@ class ServerState:
     def __init__(self, config: ServerConfig, runtime: ModelRuntime | None = None) -> None:
         self.config = config
         self.runtime: ModelRuntime | None = None
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(lambda: self.model_name)
         self.responses = ResponseStore(config.responses_store_size)
         self.created = int(time.time())
         self.shutting_down = False
@@ -106,17 +113,24 @@ class ServerState:
 
     def unknown_model(self, name: str, param: str | None) -> APIError:
         """The 404 for a model this server does not serve, blaming the request field ``param``."""
+        served = ", ".join(repr(n) for n in self.config.model_names)
         return APIError(
             404,
-            f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+            f"the model {name!r} does not exist; this server serves {served} (start it with "
+            "--served-model-name to add names, or --accept-any-model-name)",
             param=param,
             code="model_not_found",
         )
 
+    def serves(self, name: str | None) -> bool:
+        """Whether a request for ``name`` is served: None or "" (the served model), one of
+        ``model_names``, or any name with ``accept_any_model_name``."""
+        return not name or self.config.accept_any_model_name or name in self.config.model_names
+
     def check_model(self, name: str | None) -> None:
-        """Accept a request for ``name`` (None or "" means the served model); 404 for any other."""
-        if name and name not in self.config.model_names:
-            raise self.unknown_model(name, param="model")
+        """Accept a request for ``name`` (`serves`); 404 for any other."""
+        if not self.serves(name):
+            raise self.unknown_model(name or "", param="model")
 
     def runtime_for(self, model: str | None) -> ModelRuntime:
         """The runtime serving a request that names ``model``: 503 while loading or shutting down,

@@ -41,6 +41,7 @@ def make_server(state: ServerState, host: str, port: int, *, log_level: str = "w
         host=host,
         port=port,
         log_level=log_level,
+        access_log=False,  # the app logs its own access lines (atlas_core.server.access_log)
         workers=1,
         lifespan="on",
         timeout_graceful_shutdown=int(state.config.shutdown_timeout + GRACE_AFTER_DRAIN_S),

@@ -106,25 +106,26 @@ def test_metrics(scripted: ScriptedFactory) -> None:
     samples = {
         line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and not line.startswith("#")
     }
-    assert samples['atlas_http_requests_total{method="POST",route="/v1/chat/completions",status="200"}'] == 2
-    assert samples['atlas_http_requests_total{method="POST",route="/v1/chat/completions",status="400"}'] == 1
-    assert samples["atlas_time_to_first_token_seconds_count"] == 2
-    generated = samples["atlas_generation_tokens_total"]
+    chat = 'atlas_http_requests_total{method="POST",model_name="scripted",route="/v1/chat/completions",status="%s"}'
+    assert samples[chat % 200] == 2
+    assert samples[chat % 400] == 1
+    assert samples['atlas_time_to_first_token_seconds_count{model_name="scripted"}'] == 2
+    generated = samples['atlas_generation_tokens_total{model_name="scripted"}']
     assert generated == 2 * (
         len(server.state.runtime.tokenizer.encode("one two three four five", add_special_tokens=False)) + 1
     )
-    assert samples["atlas_inter_token_latency_seconds_count"] == generated - 2
-    assert samples['atlas_requests_finished_total{finish_reason="stop"}'] == 2
-    assert samples["atlas_prompt_tokens_total"] > 0
+    assert samples['atlas_inter_token_latency_seconds_count{model_name="scripted"}'] == generated - 2
+    assert samples['atlas_requests_finished_total{finish_reason="stop",model_name="scripted"}'] == 2
+    assert samples['atlas_prompt_tokens_total{model_name="scripted"}'] > 0
     for name in (
         "atlas_num_sequences_running",
         "atlas_num_sequences_waiting",
         "atlas_kv_cache_usage_ratio",
         "atlas_prefix_cache_hit_rate",
     ):
-        assert name in samples
-    assert samples["atlas_prefix_cache_hit_rate"] > 0  # the second request reused the first one's prompt blocks
-    assert samples["atlas_num_sequences_running"] == 0
+        assert f'{name}{{model_name="scripted"}}' in samples
+    assert samples['atlas_prefix_cache_hit_rate{model_name="scripted"}'] > 0  # the second request reused the prompt
+    assert samples['atlas_num_sequences_running{model_name="scripted"}'] == 0
 
 
 def test_openapi_document(locked: LiveServer) -> None:

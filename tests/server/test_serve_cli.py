@@ -241,3 +241,18 @@ def test_serve_the_default_model(default_llm: object) -> None:
     # uvicorn drains, then re-raises the signal it caught, as a process killed by it would end
     assert process.returncode == -signal.SIGTERM, stderr
     assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"), [([], {"temperature": 0.6, "top_k": 20}), (["--generation-config", "none"], {})]
+)
+def test_generation_config_reaches_the_server(qwen3_folder: Path, argv: list[str], expected: dict[str, float]) -> None:
+    (qwen3_folder / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_k": 20, "eos": 1}))
+    settings = parse_serve(str(qwen3_folder), "--backend", "numpy", "--max-seq-len", "256", *argv, env={})
+    state = ServerState(ServerConfig())
+    description = _attach_model(settings, state)
+    try:
+        assert state.config.generation_defaults == expected
+        assert ("generation_config=" in description) is bool(expected)
+    finally:
+        state.runtime.engine.shutdown()  # type: ignore[union-attr]
