@@ -47,7 +47,7 @@ def held(case: Case, weight: Array | QuantizedWeight) -> np.ndarray:
 def upload(case: Case, weight: QuantizedWeight) -> Array | QuantizedWeight:
     """`Backend.upload_quantized`, checking what a backend that executes the format must keep."""
     uploaded = case.backend.upload_quantized(weight)
-    if weight.format in case.backend.quantized_formats:
+    if case.backend.keeps_quantized(weight):
         assert isinstance(uploaded, QuantizedWeight), f"upload_quantized must keep {weight.format} {case.tag}"
         assert uploaded.shape == weight.shape and uploaded.block == weight.block
         case.assert_equal(case.raw(uploaded.data).view(np.uint8), weight.data.view(np.uint8), "quantized elements")

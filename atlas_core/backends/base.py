@@ -184,24 +184,30 @@ class Backend(ABC):
         ``weight=True`` stores floats in the backend's weight dtype, other floats become
         ``activation_dtype``, and integers int32."""
 
+    def keeps_quantized(self, weight: QuantizedWeight) -> bool:
+        """Whether `upload_quantized` keeps ``weight`` quantized: its format is in `quantized_formats` (a
+        backend whose kernels take only some layouts of a format, such as some scale blocks, narrows it)."""
+        return weight.format in self.quantized_formats
+
     def upload_quantized(self, weight: QuantizedWeight) -> Array | QuantizedWeight:
         """Upload a host `QuantizedWeight` (a linear weight ``[N, K]`` or an expert bank ``[E, N, K]``).
 
-        When ``weight.format`` is in `quantized_formats` the result is the same `QuantizedWeight` with its
+        When `keeps_quantized` says so the result is the same `QuantizedWeight` with its
         ``data`` and ``scales`` uploaded (``from_numpy`` keeping their dtypes): it stays quantized in
         memory and `linear` / ``moe_experts`` receive it as such. Otherwise the weight is dequantized on
         the host and uploaded as an ordinary weight (``from_numpy(..., weight=True)``), logging once per
         format that it takes the weight dtype's memory instead. A backend with its own layout overrides this."""
-        if weight.format in self.quantized_formats:
+        if self.keeps_quantized(weight):
             return weight.map_arrays(lambda array: self.from_numpy(array, dtype=array.dtype))
         warned: set[str] = self.__dict__.setdefault("_dequantized_formats", set())
         if weight.format not in warned:
             warned.add(weight.format)
             log.warning(
-                "backend %r does not execute %s weights; they are dequantized at load and take the memory of "
-                "its weight dtype instead (quantized formats it executes: %s)",
+                "backend %r does not execute %s weights such as %r; they are dequantized at load and take the "
+                "memory of its weight dtype instead (quantized formats it executes: %s)",
                 self.name,
                 weight.format,
+                weight,
                 ", ".join(sorted(self.quantized_formats)) or "none",
             )
         return self.from_numpy(dequantize(weight), weight=True)

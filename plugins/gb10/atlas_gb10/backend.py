@@ -23,7 +23,7 @@ from atlas_core.backends.base import (
 )
 from atlas_core.weights.quantized import QuantizedWeight
 from atlas_gb10.attention import AttentionRunner
-from atlas_gb10.fp8 import FORMATS, upload_fp8, weight_operand
+from atlas_gb10.fp8 import FORMATS, executes_natively, upload_fp8, weight_operand
 from atlas_gb10.sampling import LogitsOps
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -106,9 +106,14 @@ class CudaBackend(Backend):
             target = BF16
         return self.uploader.upload(array, target)
 
+    def keeps_quantized(self, weight: QuantizedWeight) -> bool:
+        """FP8 in scale blocks the kernels take (`atlas_gb10.fp8.executes_natively`)."""
+        return executes_natively(weight)
+
     def upload_quantized(self, weight: QuantizedWeight) -> Array | QuantizedWeight:
-        """FP8 weights stay FP8 on the device (`atlas_gb10.fp8`); other formats are dequantized at load."""
-        if weight.format in self.quantized_formats:
+        """FP8 weights stay FP8 on the device (`atlas_gb10.fp8`); other formats and FP8 scale blocks the
+        kernels do not take are dequantized at load (bf16), with the base class's log line."""
+        if self.keeps_quantized(weight):
             return upload_fp8(self, weight)
         return super().upload_quantized(weight)
 

@@ -2,9 +2,11 @@
 
 `CudaBackend.upload_quantized` keeps an ``fp8_e4m3`` `QuantizedWeight` (a linear weight or an expert
 bank) on the device as its bytes (uint8) and float32 scales: one byte a weight instead of bf16's two.
-The GEMM kernels (``gemm_fp8_*``, ``moe_gemm_fp8_*``) read those bytes and feed the tensor cores
-bf16(float(e4m3) * scale), the rounding of dequantizing on the host and uploading as bf16, so a product
-over the FP8 weight equals the product over its bf16 dequantization bit for bit (the tests check it).
+The GEMM kernels (``gemm_fp8_*``, ``moe_gemm_fp8_*``, W8A16) read those bytes, give the tensor cores
+each element's exact bf16 value, sum each scale block's products apart and add them times the block's
+scale: the products of the dequantized weight without rounding it to bf16. Scale blocks must be 32k
+columns wide or span all of K (every published layout: 128 x 128 blocks, per channel, per tensor);
+a weight in other blocks is dequantized at load instead (`executes_natively`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ FORMATS = frozenset({FP8_E4M3})
 """The quantized formats the cuda backend executes natively."""
 
 
+def executes_natively(weight: QuantizedWeight) -> bool:
+    """Whether the FP8 kernels take ``weight``'s scale blocks (32k columns wide, or all of K)."""
+    bk, k = weight.block[1], weight.shape[-1]
+    return weight.format in FORMATS and (bk % 32 == 0 or bk >= k)
+
+
 def upload_fp8(backend: Any, weight: QuantizedWeight) -> QuantizedWeight:
     """``weight`` with its elements on the device as uint8 bytes and its scales as float32."""
     data = np.ascontiguousarray(np.asarray(weight.data)).view(np.uint8)
@@ -35,12 +43,12 @@ def upload_fp8(backend: Any, weight: QuantizedWeight) -> QuantizedWeight:
 def weight_operand(weight: Array | QuantizedWeight) -> tuple[str, tuple[Any, ...], bool]:
     """How a GEMM kernel takes ``weight`` (``[N, K]`` or a bank ``[E, N, K]``): the kernel kind
     (``bf16`` or ``fp8``), its weight arguments, and whether its rows allow the vector loads of the
-    ``vec`` kernels (16 bytes of bf16, or 8 FP8 bytes under one scale)."""
+    ``vec`` kernels (16 bytes of bf16, or 8 FP8 bytes; the caller checks K % 8 == 0)."""
     if isinstance(weight, QuantizedWeight):
-        if weight.format not in FORMATS:
-            raise TypeError(f"cuda backend: no kernel for {weight.format} weights (it executes {sorted(FORMATS)})")
-        k = weight.shape[-1]
+        if not executes_natively(weight):
+            raise TypeError(
+                f"cuda backend: no kernel for {weight!r} (it executes {sorted(FORMATS)} in 32k-wide blocks)"
+            )
         bn, bk = weight.block
-        aligned = weight.data.data.ptr % 8 == 0 and (bk % 8 == 0 or bk >= k)
-        return "fp8", (weight.data, weight.scales, np.int32(bn), np.int32(bk)), aligned
+        return "fp8", (weight.data, weight.scales, np.int32(bn), np.int32(bk)), weight.data.data.ptr % 8 == 0
     return "bf16", (weight,), weight.data.ptr % 16 == 0

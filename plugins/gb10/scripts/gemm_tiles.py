@@ -4,7 +4,8 @@ bandwidth ceiling: the weight bytes, read once.
     python3 plugins/gb10/scripts/gemm_tiles.py
 
 Prints per (K x N, rows, tile): microseconds per call under graph replay, GB/s of weights, and the
-percentage of the device's measured copy bandwidth. ``default`` is `CudaBackend.gemm_tile`'s choice.
+percentage of the device's measured copy bandwidth. ``default`` is `CudaBackend.gemm_tile`'s choice;
+``fp8`` the same product over the weight in FP8 E4M3 with 128 x 128 block scales (half the bytes).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import numpy as np
 from atlas_gb10.backend import BF16, CudaBackend
 from timing import copy_bandwidth, time_call
 
+from atlas_core.weights.quantized import quantize_fp8
+
 SHAPES = [  # (K, N): Qwen3-30B-A3B router, o_proj, q/k/v; Llama-3-8B q/k/v, gate/up, down
     (2048, 128),
     (4096, 2048),
@@ -22,7 +25,7 @@ SHAPES = [  # (K, N): Qwen3-30B-A3B router, o_proj, q/k/v; Llama-3-8B q/k/v, gat
     (4096, 28672),
     (14336, 4096),
 ]
-TILES = [None, (1, 1), (1, 2), (1, 4)]
+TILES: list[tuple[int, int] | str | None] = [None, (1, 1), (1, 2), (1, 4), "fp8"]
 
 
 def main() -> None:
@@ -32,14 +35,18 @@ def main() -> None:
     rng = np.random.default_rng(0)
     default_tile = CudaBackend.gemm_tile
     for k, n in SHAPES:
-        weight = cp.asarray(rng.standard_normal((n, k), dtype=np.float32) * 0.02).astype(BF16)
+        host_weight = rng.standard_normal((n, k), dtype=np.float32) * 0.02
+        weight = cp.asarray(host_weight).astype(BF16)
+        fp8_weight = backend.upload_quantized(quantize_fp8(host_weight, (128, 128)))
         for m in (1, 4, 16):
             x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(BF16)
             for tile in TILES:
-                CudaBackend.gemm_tile = default_tile if tile is None else (lambda self, m, n, t=tile: t)  # type: ignore[method-assign]
-                us = time_call(lambda: backend.linear(x, weight))  # noqa: B023 - timed at once, in this iteration
-                label = "default" if tile is None else f"m{tile[0]} n{tile[1]}"
-                nbytes = weight.nbytes
+                fixed = tile if isinstance(tile, tuple) else None
+                CudaBackend.gemm_tile = default_tile if fixed is None else (lambda self, m, n, t=fixed: t)  # type: ignore[method-assign]
+                operand = fp8_weight if tile == "fp8" else weight
+                us = time_call(lambda: backend.linear(x, operand))  # noqa: B023 - timed at once, in this iteration
+                label = tile if isinstance(tile, str) else "default" if tile is None else f"m{tile[0]} n{tile[1]}"
+                nbytes = operand.nbytes
                 print(
                     f"K={k:6d} N={n:6d} M={m:3d} {label:8s} {us:8.1f} us  {nbytes / us / 1e3:7.0f} GB/s  "
                     f"{100 * nbytes / (us * 1e-6) / peak:5.1f}% of copy bandwidth",

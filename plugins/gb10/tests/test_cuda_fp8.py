@@ -1,8 +1,9 @@
-"""FP8 E4M3 weights executed as they are on the cuda backend: products over the FP8 bytes equal the
-products over their bf16 dequantization bit for bit (dense and grouped expert GEMMs, vector and
-scalar kernels, block-scaled, per-channel and per-tensor scales, edge blocks), the weights stay one
-byte each on the device, and every FP8 tiny checkpoint gives the logits of its dequantized copy.
-Needs a CUDA GPU."""
+"""FP8 E4M3 weights executed as they are on the cuda backend (W8A16): products over the FP8 bytes are
+at least as close to the exact products of the dequantized weight (float64) as the products over its
+bf16 rounding are (dense and grouped expert GEMMs, vector and scalar kernels, block-scaled,
+per-channel and per-tensor scales, edge blocks), the weights stay one byte each on the device, scale
+blocks the kernels do not take are dequantized at load, and every FP8 tiny checkpoint gives the
+logits of its dequantized copy. Needs a CUDA GPU."""
 
 from __future__ import annotations
 
@@ -22,14 +23,15 @@ REASON = CudaBackend.availability()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"the cuda backend cannot run here: {REASON}")
 
 FP8_CHECKPOINTS = TinyCheckpoints(*sorted(Path(__file__).parents[3].glob("plugins/models/*/tests/fixtures/fp8")))
-LINEAR_CASES = {  # (N, K, block): vector kernels need K % 8 == 0 and a block of 8k columns (or all of K)
+LINEAR_CASES = {  # (N, K, block): the vector kernels need K % 8 == 0
     "128x128 blocks": (384, 512, (128, 128)),
     "edge blocks": (200, 296, (128, 128)),
     "per channel": (96, 256, (1, 256)),
     "per tensor": (64, 128, (64, 128)),
-    "small blocks": (48, 64, (16, 16)),
-    "scalar kernel, odd K": (40, 100, (8, 4)),
+    "32-wide blocks": (72, 160, (16, 32)),
+    "scalar kernel, odd K": (40, 100, (1, 100)),
 }
+DEQUANTIZED_AT_LOAD = {"16x16 blocks": (48, 64, (16, 16)), "8x4 blocks": (40, 100, (8, 4))}
 
 
 @pytest.fixture(scope="module")
@@ -38,27 +40,48 @@ def backend() -> CudaBackend:
 
 
 def fp8_and_bf16(backend: CudaBackend, weight: QuantizedWeight) -> tuple[QuantizedWeight, object]:
-    """The weight uploaded as FP8, and its dequantization uploaded as bf16 (the oracle)."""
+    """The weight uploaded as FP8, and its dequantization rounded to bf16 (the path without FP8 kernels)."""
     native = backend.upload_quantized(weight)
     assert isinstance(native, QuantizedWeight) and native.data.dtype == np.uint8
     return native, backend.from_numpy(dequantize(weight), weight=True)
 
 
+def max_error(got: np.ndarray, exact: np.ndarray) -> float:
+    return float(np.abs(got.astype(np.float64) - exact).max())
+
+
 @pytest.mark.parametrize("rows", [1, 5, 40])
 @pytest.mark.parametrize("case", list(LINEAR_CASES))
-def test_linear_over_fp8_equals_linear_over_its_bf16_dequantization(backend: CudaBackend, case: str, rows: int) -> None:
+def test_linear_over_fp8_is_the_product_of_the_dequantized_weight(backend: CudaBackend, case: str, rows: int) -> None:
     n, k, block = LINEAR_CASES[case]
     rng = np.random.default_rng(n * k + rows)
     weight = quantize_fp8(rng.standard_normal((n, k), dtype=np.float32) * 0.05, block)
     native, bf16 = fp8_and_bf16(backend, weight)
     x = backend.from_numpy(rng.standard_normal((rows, k), dtype=np.float32))
-    got, want = backend.to_numpy(backend.linear(x, native)), backend.to_numpy(backend.linear(x, bf16))
-    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16), err_msg=case)
+    exact = backend.to_numpy(x).astype(np.float64) @ dequantize(weight).astype(np.float64).T
+    got = backend.to_numpy(backend.linear(x, native)).astype(np.float64)
+    via_bf16 = backend.to_numpy(backend.linear(x, bf16)).astype(np.float64)
+    scale = np.abs(exact).max()
+    assert max_error(got, exact) <= max(max_error(via_bf16, exact), 2**-8 * scale), case
+    assert max_error(got, exact) <= 2**-7 * scale, case
     assert native.nbytes < 0.6 * n * k * 2, "an FP8 weight must take about a byte per element on the device"
+    again = backend.to_numpy(backend.linear(x[:1], native)).astype(np.float64)
+    np.testing.assert_array_equal(again, got[:1], err_msg="a row's product must not depend on the batch")
+
+
+@pytest.mark.parametrize("case", list(DEQUANTIZED_AT_LOAD))
+def test_fp8_blocks_the_kernels_do_not_take_are_dequantized_at_load(backend: CudaBackend, case: str) -> None:
+    n, k, block = DEQUANTIZED_AT_LOAD[case]
+    weight = quantize_fp8(np.random.default_rng(0).standard_normal((n, k), dtype=np.float32), block)
+    uploaded = backend.upload_quantized(weight)
+    assert not isinstance(uploaded, QuantizedWeight)
+    np.testing.assert_array_equal(backend.to_numpy(uploaded), backend.to_numpy(backend.from_numpy(dequantize(weight))))
 
 
 @pytest.mark.parametrize("tokens", [1, 6, 300, 600])
-def test_expert_products_over_fp8_banks_equal_those_over_bf16(backend: CudaBackend, tokens: int) -> None:
+def test_expert_products_over_fp8_banks(backend: CudaBackend, tokens: int) -> None:
+    """Against the same experts over the bf16-rounded banks (which differ by that rounding only), and
+    a token's rows alone against the same rows in the batch."""
     experts, top_k, hidden, width = 16, 4, 256, 96
     rng = np.random.default_rng(tokens)
     w_in = quantize_fp8(rng.standard_normal((experts, 2 * width, hidden), dtype=np.float32) * 0.05, (32, 128))
@@ -68,9 +91,11 @@ def test_expert_products_over_fp8_banks_equal_those_over_bf16(backend: CudaBacke
     ids = backend.from_numpy(np.stack([rng.choice(experts, top_k, replace=False) for _ in range(tokens)]))
     weights = backend.from_numpy(rng.random((tokens, top_k), dtype=np.float32), dtype=np.dtype(np.float32))
     moe = backend.ops(MoEOps)
-    got = backend.to_numpy(moe.moe_experts(x, in_fp8, out_fp8, weights, ids, "silu"))
-    want = backend.to_numpy(moe.moe_experts(x, in_bf16, out_bf16, weights, ids, "silu"))
-    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    got = backend.to_numpy(moe.moe_experts(x, in_fp8, out_fp8, weights, ids, "silu")).astype(np.float64)
+    want = backend.to_numpy(moe.moe_experts(x, in_bf16, out_bf16, weights, ids, "silu")).astype(np.float64)
+    assert np.abs(got - want).max() <= 2**-5 * np.abs(want).max()
+    alone = moe.moe_experts(x[:1], in_fp8, out_fp8, weights[:1], ids[:1], "silu")
+    np.testing.assert_array_equal(backend.to_numpy(alone).astype(np.float64), got[:1])
 
 
 def cuda_llm(folder: Path) -> LLM:
@@ -83,11 +108,24 @@ def cuda_llm(folder: Path) -> LLM:
 
 @pytest.mark.parametrize("name", FP8_CHECKPOINTS.names)
 def test_fp8_checkpoints_give_the_logits_of_their_dequantized_copies(name: str, tmp_path: Path) -> None:
+    """Within bf16 rounding of the weights (the copy holds them rounded to bf16, the FP8 model exact),
+    which moves a tiny random model's log-probabilities as bf16 does (median position within 0.1, a
+    MoE router's near tie up to a few: see test_cuda_models)."""
     folder = FP8_CHECKPOINTS / name
     quantized = cuda_llm(folder)
     held = quantized_weights(quantized.loaded.model)
-    assert held and all(w.data.dtype == np.uint8 for w in held), f"{name}: FP8 weights must stay FP8 on the GPU"
+    assert all(w.data.dtype == np.uint8 for w in held)
+    block = FP8_CHECKPOINTS.config(name)["quantization_config"].get("weight_block_size") or [1, 1 << 30]
+    if block[1] % 32 == 0:
+        assert held, f"{name}: its FP8 weights must stay FP8 on the GPU"
     reference = cuda_llm(dequantized_copy(folder, tmp_path / name))
+    drifts = []
     for prompt in sample_prompts(int(FP8_CHECKPOINTS.config(name)["vocab_size"])):
-        got, want = prompt_logits(quantized, prompt), prompt_logits(reference, prompt)
-        np.testing.assert_array_equal(got, want, err_msg=f"{name}, {prompt}")
+        got, want = log_softmax(prompt_logits(quantized, prompt)), log_softmax(prompt_logits(reference, prompt))
+        drifts += [np.abs(g - w)[w > np.log(1e-3)].max() for g, w in zip(got, want, strict=True)]
+    assert np.median(drifts) < 0.1 and max(drifts) < 3.0, f"{name}: per-position drifts {np.round(drifts, 2)}"
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))

@@ -13,9 +13,11 @@
 // consistently for A and B (logical 2q, 2q+1 <-> 8q + 4s, 8q + 4s + 1 and logical 2q+8, 2q+9 <->
 // 8q + 4s + 2, 8q + 4s + 3 in step s of the chunk), which leaves the dot product unchanged.
 //
-// The weight operand is bf16 (`const bf16_t*`) or FP8 E4M3 with block scales (`Fp8Weight`); an FP8
-// element enters the tensor cores as bf16(float(e4m3) * scale), the rounding of dequantizing the weight
-// on the host and uploading it as bf16, so both give the same products bit for bit.
+// The weight operand is bf16 (`const bf16_t*`) or FP8 E4M3 with block scales (`Fp8Weight`, W8A16): an
+// FP8 element enters the tensor cores as its exact bf16 value (every E4M3 value is one), each scale block's
+// products are summed apart, and the block's sum is multiplied by its scale into the accumulator, in chunk
+// order (the same fixed order whatever M, so batch invariance holds). Blocks are 32k columns wide, or
+// span all of K (per-channel and per-tensor scales).
 #pragma once
 #include "common.cuh"
 
@@ -77,49 +79,6 @@ __device__ __forceinline__ Fp8Weight bank_matrix(const Fp8Weight& w, int e, int 
     return Fp8Weight{w.data + (long long)e * N * K, w.scales + e * scale_rows * scale_cols, w.bn, w.bk};
 }
 
-// float of an E4M3 byte (finite values; the NaN encodings 0x7f / 0xff, absent from weights, read as 480).
-__device__ __forceinline__ float e4m3_to_float(unsigned b) {
-    const unsigned exponent = (b >> 3) & 15u, mantissa = b & 7u;
-    const float magnitude = exponent ? __uint_as_float(((exponent + 120u) << 23) | (mantissa << 20))
-                                     : (float)mantissa * 0.001953125f;  // subnormal: m / 8 * 2^-6
-    return (b & 0x80u) ? -magnitude : magnitude;
-}
-
-// Elements k .. k+7 of row `row` of an FP8 weight as bf16 fragments; zeros outside rows x K. VEC: one
-// 8-byte load (K % 8 == 0, aligned rows) and one scale for the 8 (bk % 8 == 0 or bk >= K).
-template <bool VEC>
-__device__ __forceinline__ Frag8 load8(const Fp8Weight& w, long long ld, int row, int rows, int k, int K) {
-    Frag8 f;
-    f.w[0] = f.w[1] = f.w[2] = f.w[3] = 0u;
-    if (row >= 0 && row < rows && k < K) {
-        const unsigned char* p = w.data + (long long)row * ld + k;
-        const float* scale_row = w.scales + (long long)(row / w.bn) * ((K + w.bk - 1) / w.bk);
-        unsigned bytes[8];
-        if (VEC) {
-            const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                bytes[e] = (v.x >> (8 * e)) & 0xffu;
-                bytes[4 + e] = (v.y >> (8 * e)) & 0xffu;
-            }
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) bytes[e] = (k + e < K) ? (unsigned)p[e] : 0u;
-        }
-        const float block_scale = scale_row[k / w.bk];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int k_lo = k + 2 * e, k_hi = k_lo + 1;
-            const float s_lo = VEC ? block_scale : (k_lo < K ? scale_row[k_lo / w.bk] : 0.0f);
-            const float s_hi = VEC ? block_scale : (k_hi < K ? scale_row[k_hi / w.bk] : 0.0f);
-            const unsigned lo = float_to_bf16(e4m3_to_float(bytes[2 * e]) * s_lo);
-            const unsigned hi = float_to_bf16(e4m3_to_float(bytes[2 * e + 1]) * s_hi);
-            f.w[e] = lo | (hi << 16);
-        }
-    }
-    return f;
-}
-
 // The x row that product row r reads (r itself without a gather); -1 (no row: zeros) for rows past M.
 __device__ __forceinline__ int gathered_row(const int* __restrict__ x_rows, int r, int M) {
     return r >= M ? -1 : (x_rows ? x_rows[r] : r);
@@ -128,9 +87,9 @@ __device__ __forceinline__ int gathered_row(const int* __restrict__ x_rows, int 
 // acc[i][j] (this lane's fragments of the tile at rows m0.., columns n0..) += the products of the 32-wide K
 // chunks [c_begin, c_end), chunk after chunk in order, two mma steps each; U chunks are loaded before they
 // are multiplied. Row r of the product reads row x_rows[r] of x when x_rows is given, else row r.
-template <int MT, int NT, int U, bool VEC, typename W>
+template <int MT, int NT, int U, bool VEC>
 __device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
-                                           const W w, int m0, int M, int n0, int N, int K,
+                                           const bf16_t* __restrict__ w, int m0, int M, int n0, int N, int K,
                                            int c_begin, int c_end, float (&acc)[MT][NT][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     for (int c = c_begin; c < c_end; c += U) {
@@ -164,6 +123,143 @@ __device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long lo
     }
 }
 
+// ---- FP8 E4M3 weights (W8A16) ----------------------------------------------------------------------
+// The bf16 bits of an E4M3 byte, exactly: every E4M3 value is a bf16 value (finite values; the NaN
+// encodings 0x7f / 0xff, absent from weights, read as 480).
+__device__ __forceinline__ unsigned e4m3_to_bf16_bits(unsigned b) {
+    const unsigned exponent = (b >> 3) & 15u, mantissa = b & 7u;
+    unsigned magnitude = 0u;
+    if (exponent) {
+        magnitude = ((exponent + 120u) << 7) | (mantissa << 4);
+    } else if (mantissa) {  // subnormal m * 2^-9: normalise around the leading bit p
+        const unsigned p = 31u - __clz(mantissa);
+        magnitude = ((p + 118u) << 7) | (((mantissa << (3u - p)) & 7u) << 4);
+    }
+    return ((b & 0x80u) << 8) | magnitude;
+}
+
+// Bytes `byte` and `byte` + 1 of word as a bf16 pair (the first in the low half).
+__device__ __forceinline__ unsigned e4m3_pair(unsigned word, int byte) {
+    return e4m3_to_bf16_bits((word >> (8 * byte)) & 0xffu) | (e4m3_to_bf16_bits((word >> (8 * byte + 8)) & 0xffu) << 16);
+}
+
+// Bytes k .. k+7 of row `row` of an FP8 matrix [rows, K] (zeros outside). VEC: one 8-byte load (K % 8 == 0).
+template <bool VEC>
+__device__ __forceinline__ uint2 load_fp8x8(const unsigned char* __restrict__ w, int row, int rows, int k, int K) {
+    uint2 v = make_uint2(0u, 0u);
+    if (row >= 0 && row < rows && k < K) {
+        const unsigned char* p = w + (long long)row * K + k;
+        if (VEC) {
+            v = __ldg(reinterpret_cast<const uint2*>(p));
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if (k + e < K) v.x |= (unsigned)p[e] << (8 * e);
+                if (k + 4 + e < K) v.y |= (unsigned)p[4 + e] << (8 * e);
+            }
+        }
+    }
+    return v;
+}
+
+// mma_chunks over an FP8 weight: acc += scale(block) * (products of the block's chunks), block by block in
+// chunk order. Needs bk % 32 == 0 or bk >= K (the host keeps other layouts in bf16).
+template <int MT, int NT, int U, bool VEC>
+__device__ __forceinline__ void mma_chunks_fp8(const bf16_t* __restrict__ x, long long ldx,
+                                               const int* __restrict__ x_rows, const Fp8Weight& w, int m0, int M,
+                                               int n0, int N, int K, int c_begin, int c_end,
+                                               float (&acc)[MT][NT][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int scale_cols = (K + w.bk - 1) / w.bk;
+    const int chunks_per_block = w.bk >= K ? c_end + 1 : w.bk / 32;
+    const float* scale_rows[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int col = n0 + j * 8 + 2 * q + p;
+            scale_rows[j][p] = col < N ? w.scales + (long long)(col / w.bn) * scale_cols : nullptr;
+        }
+    float part[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[i][j][e] = 0.0f;
+    int block = c_begin / chunks_per_block;
+    int next_block = (block + 1) * chunks_per_block;
+    auto flush = [&]() {
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float* row = scale_rows[j][e & 1];
+                    acc[i][j][e] = __fmaf_rn(part[i][j][e], row ? row[block] : 0.0f, acc[i][j][e]);
+                    part[i][j][e] = 0.0f;
+                }
+    };
+    for (int c = c_begin; c < c_end; c += U) {
+        uint2 raw[U][NT];
+        Frag8 a[U][MT][2];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = (c + u) * 32 + q * 8;
+            const int kk = (c + u) < c_end ? k : K;  // past the range: load nothing
+#pragma unroll
+            for (int j = 0; j < NT; ++j) raw[u][j] = load_fp8x8<VEC>(w.data, n0 + j * 8 + g, N, kk, K);
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                a[u][i][0] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g, M), 0x7fffffff, kk, K);
+                a[u][i][1] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g + 8, M), 0x7fffffff, kk, K);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (c + u < c_end) {
+                if (c + u >= next_block) {
+                    flush();
+                    ++block;
+                    next_block += chunks_per_block;
+                }
+                unsigned b[NT][4];
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    b[j][0] = e4m3_pair(raw[u][j].x, 0);
+                    b[j][1] = e4m3_pair(raw[u][j].x, 2);
+                    b[j][2] = e4m3_pair(raw[u][j].y, 0);
+                    b[j][3] = e4m3_pair(raw[u][j].y, 2);
+                }
+#pragma unroll
+                for (int s = 0; s < 2; ++s)
+#pragma unroll
+                    for (int i = 0; i < MT; ++i)
+#pragma unroll
+                        for (int j = 0; j < NT; ++j)
+                            mma_16816(part[i][j], a[u][i][0].w[2 * s], a[u][i][1].w[2 * s], a[u][i][0].w[2 * s + 1],
+                                      a[u][i][1].w[2 * s + 1], b[j][2 * s], b[j][2 * s + 1]);
+            }
+        }
+    }
+    if (c_begin < c_end) flush();
+}
+
+// The products of a weight operand of either kind (mma_chunks or mma_chunks_fp8).
+template <int MT, int NT, int U, bool VEC>
+__device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
+                                           const bf16_t* __restrict__ w, int m0, int M, int n0, int N, int K,
+                                           int c_begin, int c_end, float (&acc)[MT][NT][4]) {
+    mma_chunks<MT, NT, U, VEC>(x, ldx, x_rows, w, m0, M, n0, N, K, c_begin, c_end, acc);
+}
+template <int MT, int NT, int U, bool VEC>
+__device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
+                                           const Fp8Weight& w, int m0, int M, int n0, int N, int K, int c_begin,
+                                           int c_end, float (&acc)[MT][NT][4]) {
+    mma_chunks_fp8<MT, NT, U, VEC>(x, ldx, x_rows, w, m0, M, n0, N, K, c_begin, c_end, acc);
+}
+
 // One (MT x 16) x (NT x 8) output tile at rows m0.. and columns n0..: rows below M are computed. Row r of the
 // product reads row x_rows[r] of x when x_rows is given (a gather, e.g. tokens grouped by expert), else row r;
 // it is written to row r of out. A row's result depends only on its x row, w and K, never on m0 or M.
@@ -186,7 +282,7 @@ __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ x, long lon
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
-    mma_chunks<MT, NT, U, VEC, W>(x, ldx, x_rows, w, m0, M, n0, N, K, c_begin, c_end, acc);
+    accumulate<MT, NT, U, VEC>(x, ldx, x_rows, w, m0, M, n0, N, K, c_begin, c_end, acc);
 
 #pragma unroll
     for (int i = 0; i < MT; ++i)

@@ -30,7 +30,7 @@ __device__ __forceinline__ void head_linear_tile(const bf16_t* __restrict__ x, l
                                                  int K) {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     float acc[MT][NT][4] = {};
-    mma_chunks<MT, NT, U, VEC, const bf16_t*>(x, ldx, nullptr, w, m0, M, n0, N, K, 0, (K + 31) / 32, acc);
+    mma_chunks<MT, NT, U, VEC>(x, ldx, nullptr, w, m0, M, n0, N, K, 0, (K + 31) / 32, acc);
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
