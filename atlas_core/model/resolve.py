@@ -1,5 +1,6 @@
-"""Model references -> a local checkpoint: a folder, a ``.gguf`` file, a Hugging Face repo id,
-or nothing at all (the built-in default model)."""
+"""Model references -> a local checkpoint: a folder, a ``.gguf`` file, a Hugging Face repo id (a
+safetensors repository, or one GGUF file of a GGUF repository: ``ORG/REPO:Q4_K_M``), or nothing at all
+(the built-in default model)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 HUB_PATTERNS = [
     "config.json",
     "generation_config.json",
+    "modules.json",
+    "1_Pooling/config.json",
     "*.safetensors",
     "model.safetensors.index.json",
     "tokenizer.json",
@@ -63,19 +66,98 @@ def resolve_model(reference: str | os.PathLike[str] | None) -> ResolvedModel:
             raise ModelLoadError(f"{path}: a model file must be a .gguf file; for safetensors pass the model folder")
         return ResolvedModel(path, "gguf", path.stem)
     text = str(reference)
-    looks_like_repo = text.count("/") == 1 and not text.startswith((".", "/", "~")) and not text.endswith(".gguf")
+    repo_id, _, quant = text.partition(":")
+    looks_like_repo = repo_id.count("/") == 1 and not text.startswith((".", "/", "~")) and not text.endswith(".gguf")
     if not looks_like_repo:
         raise ModelLoadError(f"{text}: no such model folder or .gguf file")
-    return ResolvedModel(_download(text), "folder", text)
+    if quant:
+        file = pick_gguf(repo_id, quant, _repo_files(repo_id, GGUF_PATTERNS))
+        return ResolvedModel(_download(repo_id, [file]) / file, "gguf", f"{repo_id}:{quant}")
+    snapshot = _download(repo_id)
+    if not any(snapshot.glob("*.safetensors")):
+        ggufs = _repo_files(repo_id, GGUF_PATTERNS)
+        if ggufs:
+            file = pick_gguf(repo_id, None, ggufs)
+            return ResolvedModel(_download(repo_id, [file]) / file, "gguf", repo_id)
+    return ResolvedModel(snapshot, "folder", repo_id)
 
 
-def _download(repo_id: str) -> Path:
-    """A Hugging Face snapshot: the local cache first, the network only when it is allowed and needed."""
+GGUF_PATTERNS = ["*.gguf"]
+DEFAULT_GGUF_QUANTS = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "F16", "BF16")
+"""The quantization a GGUF repository reference without ``:QUANT`` takes, the first one present (as
+llama.cpp's ``-hf`` does, Q4_K_M first)."""
+
+
+def gguf_quant(file: str) -> str | None:
+    """The quantization tag in a GGUF file name (``Model-Q4_K_M.gguf`` -> ``Q4_K_M``), matched against the
+    known tags (`DEFAULT_GGUF_QUANTS` and any ``Q``/``IQ`` tag between separators)."""
+    import re
+
+    stem = Path(file).name.removesuffix(".gguf")
+    match = re.search(r"(?:^|[-_.])((?:I?Q\d(?:_[A-Z0-9]+)*)|F16|BF16|F32)(?:$|[-_.])", stem, re.IGNORECASE)
+    return match.group(1).upper() if match else None
+
+
+def pick_gguf(repo_id: str, quant: str | None, files: list[str]) -> str:
+    """The file of GGUF repository ``repo_id`` for ``quant`` (case-insensitive; None: the first of
+    `DEFAULT_GGUF_QUANTS` present). Multimodal projector files (``mmproj``) are never picked; a model
+    split over several files is refused (one file is supported). Errors list the quantizations there are."""
+    models = [f for f in files if f.endswith(".gguf") and "mmproj" not in Path(f).name.lower()]
+    by_quant: dict[str, list[str]] = {}
+    for file in models:
+        tag = gguf_quant(file)
+        if tag is not None:
+            by_quant.setdefault(tag, []).append(file)
+    available = ", ".join(sorted(by_quant)) or "none with a quantization tag in their names"
+    if quant is None:
+        chosen = next((q for q in DEFAULT_GGUF_QUANTS if q in by_quant), None)
+        if chosen is None:
+            if len(models) == 1:
+                return models[0]
+            raise ModelLoadError(f"{repo_id}: name a quantization as {repo_id}:QUANT; the repository has {available}")
+        quant = chosen
+    found = by_quant.get(quant.upper(), [])
+    if not found:
+        raise ModelLoadError(f"{repo_id}: no GGUF file for {quant!r}; the repository has {available}")
+    if len(found) > 1:
+        raise ModelLoadError(
+            f"{repo_id}:{quant} is split over {len(found)} files ({', '.join(sorted(found))}); "
+            "split GGUF models are not supported yet: merge them with llama.cpp's gguf-split --merge"
+        )
+    return found[0]
+
+
+def _repo_files(repo_id: str, patterns: list[str]) -> list[str]:
+    """Files of ``repo_id`` matching ``patterns``: the Hub's listing when it can be reached, else those in
+    the local cache (offline)."""
+    import fnmatch
+
+    from huggingface_hub import HfApi, constants, scan_cache_dir
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if not constants.HF_HUB_OFFLINE:
+        try:
+            return [f for f in HfApi().list_repo_files(repo_id) if any(fnmatch.fnmatch(f, p) for p in patterns)]
+        except (HfHubHTTPError, OSError):
+            pass
+    cached: list[str] = []
+    for repo in scan_cache_dir(constants.HF_HUB_CACHE).repos:
+        if repo.repo_id == repo_id and repo.repo_type == "model":
+            for revision in repo.revisions:
+                cached += [str(f.file_path.relative_to(revision.snapshot_path)) for f in revision.files]
+    return sorted({f for f in cached if any(fnmatch.fnmatch(f, p) for p in patterns)})
+
+
+def _download(repo_id: str, patterns: list[str] | None = None) -> Path:
+    """A Hugging Face snapshot of ``patterns`` (default `HUB_PATTERNS`): the local cache first, the
+    network only when it is allowed and needed."""
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_files_only=True))
+        snapshot = Path(snapshot_download(repo_id, allow_patterns=patterns or HUB_PATTERNS, local_files_only=True))
+        if patterns is None or all((snapshot / p).exists() for p in patterns):
+            return snapshot
     except LocalEntryNotFoundError:
         pass
     if constants.HF_HUB_OFFLINE:
@@ -84,7 +166,7 @@ def _download(repo_id: str) -> Path:
             "(`hf download " + repo_id + "`) or unset HF_HUB_OFFLINE"
         )
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS))
+        return Path(snapshot_download(repo_id, allow_patterns=patterns or HUB_PATTERNS))
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
         raise ModelLoadError(
             f"{repo_id}: could not download from the Hugging Face Hub ({type(exc).__name__}: {exc})"
