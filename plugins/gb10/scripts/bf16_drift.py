@@ -15,22 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from atlas_core import LLM, SamplingParams
+from atlas_core import LLM
 from atlas_core.testing.checkpoints import TinyCheckpoints
+from atlas_core.testing.parity import full_prompt_logprobs
 
 TINY = TinyCheckpoints(*sorted(Path(__file__).parents[3].glob("plugins/models/*/tests/fixtures/tiny")))
-
-
-def atlas_logprobs(llm: LLM, prompt: list[int]) -> np.ndarray:
-    engine = llm.engine
-    engine.add_request("score", None, prompt, SamplingParams(max_tokens=1, temperature=0))
-    try:
-        step = engine.scheduler.schedule()
-        batch, _ = engine.runner.build_batch(step.chunks)
-        model, backend = engine.runner.model, engine.backend
-        return backend.to_numpy(backend.log_softmax(model.compute_logits(model.forward(batch, engine.kv))))
-    finally:
-        engine.abort("score")
 
 
 def transformers_logprobs(name: str, prompts: list[list[int]]) -> list[np.ndarray] | str:
@@ -50,9 +39,7 @@ def transformers_logprobs(name: str, prompts: list[list[int]]) -> list[np.ndarra
 
 
 def drift(got: np.ndarray, want: np.ndarray) -> float:
-    """Largest |log p| difference over the probable tokens of the positions both sides scored (a
-    family whose first prefill chunk is shorter than the prompt scores only that chunk)."""
-    want = want[: len(got)]
+    """Largest |log p| difference over the probable tokens."""
     return float(np.abs(got - want)[want > np.log(1e-3)].max())
 
 
@@ -67,7 +54,7 @@ def main(names: list[str]) -> None:
             cupy.get_default_memory_pool().free_all_blocks()
             free, total = cupy.cuda.runtime.memGetInfo()
             llm = LLM(TINY / name, backend="cuda", gpu_memory_utilization=min(1.0, (total - free + 2**30) / total))
-            ours = [f"{drift(atlas_logprobs(llm, p), w):.3f}" for p, w in zip(prompts, wants, strict=True)]
+            ours = [f"{drift(full_prompt_logprobs(llm, p), w):.3f}" for p, w in zip(prompts, wants, strict=True)]
             del llm
         except Exception as exc:  # noqa: BLE001 - report and go on to the next checkpoint
             ours = [f"atlas: {type(exc).__name__}: {str(exc)[:80]}"]

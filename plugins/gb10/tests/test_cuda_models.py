@@ -15,6 +15,7 @@ from atlas_core import LLM, SamplingParams
 from atlas_core.plugins import get_registry
 from atlas_core.testing.checkpoints import TinyCheckpoints
 from atlas_core.testing.family import mixed_prompts
+from atlas_core.testing.parity import full_prompt_logprobs
 
 TINY = TinyCheckpoints(*sorted(Path(__file__).parents[3].glob("plugins/models/*/tests/fixtures/tiny")))
 """The family plugins' tiny checkpoints in this repository (`FAMILIES`: those whose family is installed)."""
@@ -74,19 +75,6 @@ def cuda_llm(path: object, **settings: object) -> LLM:
     return LLM(path, backend="cuda", gpu_memory_utilization=share, **settings)
 
 
-def prompt_logprobs(llm: LLM, prompt: list[int]) -> np.ndarray:
-    """``[T, V]`` log-softmax of every prompt position from one prefill (as `atlas_core.testing.parity` does)."""
-    engine = llm.engine
-    engine.add_request("score", None, prompt, SamplingParams(max_tokens=1, temperature=0))
-    try:
-        step = engine.scheduler.schedule()
-        batch, _ = engine.runner.build_batch(step.chunks)
-        model, backend = engine.runner.model, engine.backend
-        return backend.to_numpy(backend.log_softmax(model.compute_logits(model.forward(batch, engine.kv))))
-    finally:
-        engine.abort("score")
-
-
 def bf16_copy(name: str, destination: Path) -> Path:
     """A copy of tiny checkpoint ``name`` whose floating-point tensors are rounded to bfloat16 (kept
     in their file dtype): the weights the cuda backend runs, so the NumPy backend can run them too."""
@@ -116,7 +104,7 @@ def test_prompt_logprobs_match_the_numpy_backend(name: str, tmp_path: Path) -> N
     drifts = []
     for i in range(4):
         prompt = ref[f"prompt_{i}"].tolist()
-        got, want = prompt_logprobs(cuda, prompt), prompt_logprobs(numpy_llm, prompt)
+        got, want = full_prompt_logprobs(cuda, prompt), full_prompt_logprobs(numpy_llm, prompt)
         assert np.isfinite(got).all()
         drifts += [np.abs(g - w)[w > np.log(1e-3)].max() for g, w in zip(got, want, strict=True)]
     tolerance = BF16_SENSITIVE.get(name, BF16_LOGPROB_TOLERANCE)
