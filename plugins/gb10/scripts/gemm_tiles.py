@@ -13,7 +13,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 from atlas_gb10.backend import BF16, CudaBackend
-from timing import copy_bandwidth, time_call
+from timing import copy_bandwidth, report, time_call
 
 from atlas_core.weights.quantized import quantize_fp8
 
@@ -46,12 +46,7 @@ def main() -> None:
                 operand = fp8_weight if tile == "fp8" else weight
                 us = time_call(lambda: backend.linear(x, operand))  # noqa: B023 - timed at once, in this iteration
                 label = tile if isinstance(tile, str) else "default" if tile is None else f"m{tile[0]} n{tile[1]}"
-                nbytes = operand.nbytes
-                print(
-                    f"K={k:6d} N={n:6d} M={m:3d} {label:8s} {us:8.1f} us  {nbytes / us / 1e3:7.0f} GB/s  "
-                    f"{100 * nbytes / (us * 1e-6) / peak:5.1f}% of copy bandwidth",
-                    flush=True,
-                )
+                report(f"K={k:6d} N={n:6d} M={m:3d} {label:8s}", us, operand.nbytes, peak)
     CudaBackend.gemm_tile = default_tile  # type: ignore[method-assign]
 
 

@@ -17,7 +17,7 @@ import cupy as cp
 import numpy as np
 from atlas_gb10.backend import BF16, CudaBackend
 from atlas_gb10.moe import CudaMoEOps
-from timing import copy_bandwidth, time_call
+from timing import copy_bandwidth, report, time_call
 
 from atlas_core.backends.ops.moe import MoEOps
 from atlas_core.weights.quantized import quantize_fp8
@@ -61,12 +61,7 @@ def main() -> None:
                     if tiles is None
                     else f"m{tiles[0]} n{tiles[1]}/{tiles[2]}"
                 )
-                size = nbytes // 2 if tiles == "fp8" else nbytes
-                print(
-                    f"{name:20s} T={tokens:3d} {label:12s} {us:8.1f} us  {size / us / 1e3:7.0f} GB/s  "
-                    f"{100 * size / (us * 1e-6) / peak:5.1f}% of copy bandwidth",
-                    flush=True,
-                )
+                report(f"{name:20s} T={tokens:3d} {label:12s}", us, nbytes // 2 if tiles == "fp8" else nbytes, peak)
         CudaMoEOps._tiles = default_tiles  # type: ignore[method-assign]
 
 

@@ -38,3 +38,10 @@ def time_call(fn: Callable[[], object], iterations: int = 200) -> float:
         stop.record()
     stop.synchronize()
     return cp.cuda.get_elapsed_time(start, stop) * 1e3 / iterations
+
+
+def report(what: str, us: float, nbytes: int, peak: float) -> None:
+    """One line: ``what``, the time, and the bandwidth ``nbytes`` read in that time reaches, also as a
+    percentage of ``peak`` (bytes per second)."""
+    share = 100 * nbytes / (us * 1e-6) / peak
+    print(f"{what} {us:8.1f} us  {nbytes / us / 1e3:7.0f} GB/s  {share:5.1f}% of copy bandwidth", flush=True)
