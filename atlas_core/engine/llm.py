@@ -12,7 +12,9 @@ from tqdm.auto import tqdm
 from atlas_core.backends.select import select_backend
 from atlas_core.engine.config import EngineConfig
 from atlas_core.engine.llm_engine import LLMEngine
-from atlas_core.engine.outputs import RequestOutput
+from atlas_core.engine.outputs import EmbeddingOutput, RequestOutput
+from atlas_core.engine.pooling import PoolingType
+from atlas_core.engine.pooling_config import PoolingConfig, pooling_config
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.errors import InvalidRequestError
 from atlas_core.model.load import load_model
@@ -49,6 +51,14 @@ class LLM:
         )
         self.engine = LLMEngine(self.loaded, self.backend, config)
         self._ids = itertools.count()
+        self._pooling: PoolingConfig | None = None
+
+    @property
+    def pooling_config(self) -> PoolingConfig:
+        """How this model's embeddings are made (`atlas_core.engine.pooling_config`), read once."""
+        if self._pooling is None:
+            self._pooling = pooling_config(self.loaded.resolved.path, self.loaded.config)
+        return self._pooling
 
     @property
     def tokenizer(self) -> Any:
@@ -118,6 +128,38 @@ class LLM:
             )
             prompts.append({"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def embed(
+        self,
+        prompts: PromptInput | Seq[PromptInput],
+        *,
+        pooling: PoolingType | None = None,
+        normalize: bool | None = None,
+        dimensions: int | None = None,
+        use_tqdm: bool = False,
+    ) -> list[EmbeddingOutput]:
+        """The embedding of every prompt, in prompt order: its final hidden states (after the final
+        norm), pooled as the model says (`pooling_config`; ``pooling`` and ``normalize`` override it),
+        truncated to ``dimensions`` where the model allows it. The prompts are scheduled and batched
+        like generation requests (prefill only, nothing sampled)."""
+        config = self.pooling_config
+        kind = pooling or config.pooling
+        normalize = config.normalize if normalize is None else normalize
+        finish = PoolingConfig(kind, normalize, config.truncatable, config.dimension_choices)
+        order, prompt_ids = [], []
+        for prompt in _prompt_list(prompts):
+            text, ids = self._prompt(prompt)
+            request_id = str(next(self._ids))
+            self.engine.add_request(request_id, text, ids, SamplingParams(max_tokens=1, pooling=kind))
+            order.append(request_id)
+            prompt_ids.append(ids)
+        outputs = self._run(order, use_tqdm)
+        embeddings = []
+        for output in outputs:
+            if output.error or output.embedding is None:
+                raise InvalidRequestError(f"embedding failed: {output.error or 'no hidden states'}")
+            embeddings.append(EmbeddingOutput(output.prompt_token_ids, finish.finish(output.embedding, dimensions)))
+        return embeddings
 
     def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}

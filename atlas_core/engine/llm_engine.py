@@ -111,7 +111,12 @@ class LLMEngine:
             raise InvalidRequestError("the prompt is empty")
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
-        if len(prompt_ids) >= self.max_seq_len:
+        if params.pooling is not None and len(prompt_ids) > self.max_seq_len:
+            raise InvalidRequestError(
+                f"the input has {len(prompt_ids)} tokens but max_seq_len is {self.max_seq_len}; shorten it or raise "
+                "max_seq_len"
+            )
+        if params.pooling is None and len(prompt_ids) >= self.max_seq_len:
             raise InvalidRequestError(
                 f"the prompt has {len(prompt_ids)} tokens but max_seq_len is {self.max_seq_len}; shorten the prompt "
                 "(one token must remain for the answer) or raise max_seq_len"

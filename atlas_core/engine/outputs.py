@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Logprob:
@@ -39,7 +41,8 @@ class CompletionOutput:
 class RequestOutput:
     """A request's prompt and its completions. ``prompt_logprobs[0]`` is None (no context).
     ``num_cached_tokens`` prompt tokens were served from the prefix cache; ``error`` is set when
-    the request failed (its completions then finish with reason ``"error"``)."""
+    the request failed (its completions then finish with reason ``"error"``). ``embedding``: the
+    pooled final hidden state ``[H]`` (float32) of a finished pooling request, else None."""
 
     request_id: str
     prompt: str | None
@@ -49,3 +52,12 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+    embedding: np.ndarray | None = None
+
+
+@dataclass
+class EmbeddingOutput:
+    """The embedding of one prompt (`LLM.embed`): float32 ``[dimensions]``."""
+
+    prompt_token_ids: list[int]
+    embedding: np.ndarray

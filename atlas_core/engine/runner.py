@@ -1,7 +1,9 @@
 """`ModelRunner`: scheduled chunks -> one `ForwardBatch` -> model forward -> logits -> tokens.
 
 Pure-decode steps (every chunk one decode token) go through the backend's captured decode
-graphs when it provides them (`DecodeGraphs`); everything else runs eagerly.
+graphs when it provides them (`DecodeGraphs`); everything else runs eagerly. Pooling (embedding)
+requests sample nothing: their final hidden states go to their `Pooler`, and they finish when
+their prompt is complete (`atlas_core.engine.pooling`).
 """
 
 from __future__ import annotations
@@ -56,10 +58,13 @@ class DecodeGraphs(Protocol):
 
 @dataclass
 class _Rows:
-    """Which logits rows belong to which sequence: prompt-logprob rows and sampling rows."""
+    """Which logits rows belong to which sequence: prompt-logprob rows and sampling rows; and which
+    hidden rows go to pooling sequences, and the pooling sequences whose prompt this step completes."""
 
     prompt_rows: list[tuple[Sequence, int, int, int]] = field(default_factory=list)  # (seq, first row, position, count)
     sample_rows: list[tuple[Sequence, int]] = field(default_factory=list)
+    pool_rows: list[tuple[Sequence, int, int, int]] = field(default_factory=list)  # (seq, position, hidden row, count)
+    pool_finish: list[Sequence] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -106,7 +111,14 @@ class ModelRunner:
                 logits_rows.extend(
                     range(first_row + first_position - 1 - start, first_row + first_position - 1 - start + count)
                 )
-            if chunk.samples:
+            pooler = seq.request.pooler
+            if pooler is not None:
+                first, stop = pooler.rows_wanted(start, end)
+                if stop > first:
+                    rows.pool_rows.append((seq, first, first_row + first - start, stop - first))
+                if chunk.samples:
+                    rows.pool_finish.append(seq)
+            elif chunk.samples:
                 for target in (seq, *chunk.followers):
                     rows.sample_rows.append((target, len(logits_rows)))
                 logits_rows.append(first_row + chunk.num_tokens - 1)
@@ -134,12 +146,13 @@ class ModelRunner:
         if block_copies:
             self.kv.copy_blocks(block_copies)
         batch, rows = self.build_batch(chunks)
-        logits = self._forward(batch)
+        hidden, logits = self._forward(batch)
         for chunk in chunks:
             for seq in (chunk.seq, *chunk.followers):
                 seq.num_computed += chunk.num_tokens
+        pooled = self._pool(rows, hidden)
         if logits is None:
-            return []
+            return pooled
         want_logprobs = rows.prompt_rows or any(seq.logprobs is not None for seq, _ in rows.sample_rows)
         logprobs = self.backend.to_numpy(self.backend.log_softmax(logits)) if want_logprobs else None
         for seq, first, position, count in rows.prompt_rows:
@@ -148,16 +161,32 @@ class ModelRunner:
             for i in range(count):
                 token = seq.token_ids[position + i]
                 recorded.append(position_logprobs(logprobs[first + i], token, top, self.tokenizer))
-        return self._sample(rows, logits, logprobs)
+        return [*pooled, *self._sample(rows, logits, logprobs)]
 
-    def _forward(self, batch: ForwardBatch) -> Array | None:
-        """Logits of ``batch.logits_rows``, through a captured graph when one fits."""
+    def _forward(self, batch: ForwardBatch) -> tuple[Array | None, Array | None]:
+        """``(final hidden states, logits of batch.logits_rows)``; a captured graph, when one fits,
+        gives the logits only; no logits rows, no logits."""
         if batch.is_pure_decode and self.decode_graphs is not None and self.decode_graphs.can_run(batch):
-            return self.decode_graphs.run(batch)
+            return None, self.decode_graphs.run(batch)
         hidden = self.model.forward(batch, self.kv)
         if len(batch.logits_rows) == 0:
-            return None
-        return self.model.compute_logits(hidden[self.backend.from_numpy(batch.logits_rows)])
+            return hidden, None
+        return hidden, self.model.compute_logits(hidden[self.backend.from_numpy(batch.logits_rows)])
+
+    def _pool(self, rows: _Rows, hidden: Array | None) -> list[Sequence]:
+        """Hand pooling sequences their hidden rows; finish those whose prompt is complete."""
+        if rows.pool_rows:
+            assert hidden is not None  # pooling chunks are prefill, never a captured decode graph
+            indices = np.concatenate([np.arange(row, row + count) for _, _, row, count in rows.pool_rows])
+            states = self.backend.to_numpy(hidden[self.backend.from_numpy(indices)])
+            offset = 0
+            for seq, position, _, count in rows.pool_rows:
+                assert seq.request.pooler is not None  # why the rows were added
+                seq.request.pooler.add(position, states[offset : offset + count])
+                offset += count
+        for seq in rows.pool_finish:
+            seq.finish("stop")
+        return rows.pool_finish
 
     def _sample(self, rows: _Rows, logits: Array, logprobs: np.ndarray | None) -> list[Sequence]:
         if not rows.sample_rows:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from atlas_core.engine.pooling import PoolingType
 from atlas_core.errors import InvalidRequestError
 from atlas_core.parsing.structured import StructuredOutput, ThinkingBudget
 
@@ -28,6 +29,8 @@ class SamplingParams:
     ``structured`` constrains the output to a grammar (JSON Schema, tool-call markup);
     ``thinking_budget`` caps the reasoning tokens and then forces the block closed
     (`atlas_core.parsing.structured`).
+    ``pooling`` (``last`` or ``mean``) makes the request an embedding request: its prompt is computed
+    and pooled into `RequestOutput.embedding`, nothing is sampled (`atlas_core.engine.pooling`; n must be 1).
     """
 
     n: int = 1
@@ -52,6 +55,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     structured: StructuredOutput | None = None
     thinking_budget: ThinkingBudget | None = None
+    pooling: PoolingType | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -62,6 +66,8 @@ class SamplingParams:
         self.logit_bias = {int(token): float(value) for token, value in self.logit_bias.items()}
         checks = [
             (1 <= self.n <= MAX_N, f"n must be between 1 and {MAX_N}, got {self.n}"),
+            (self.pooling in (None, "last", "mean"), f"pooling must be last or mean, got {self.pooling!r}"),
+            (self.pooling is None or self.n == 1, f"a pooling request has one output, got n={self.n}"),
             (self.max_tokens is None or self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}"),
             (self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}"),
             (

@@ -187,7 +187,7 @@ class Scheduler:
         if slots is not None and slots.num_free < len(needs_slot):
             return False
         snapshots = self.snapshots if slots is not None else None
-        use_cache = seq.request.prompt_logprobs is None and (slots is None or snapshots is not None)
+        use_cache = not seq.request.needs_every_position and (slots is None or snapshots is not None)
         reusable = snapshots.__contains__ if snapshots is not None else None
         cached = self.blocks.allocate_prompt(seq.table, seq.token_ids, use_cache=use_cache, reusable=reusable)
         if cached is None:

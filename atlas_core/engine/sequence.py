@@ -19,6 +19,7 @@ import numpy as np
 
 from atlas_core.engine.block_manager import BlockTable
 from atlas_core.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from atlas_core.engine.pooling import Pooler
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.engine.stop import TextStopper
 from atlas_core.tokenizer import Tokenizer
@@ -150,6 +151,13 @@ class Request:
         )
         self.num_cached_tokens = 0
         self.error: str | None = None
+        self.pooler = Pooler(params.pooling, len(self.prompt_ids)) if params.pooling else None
+
+    @property
+    def needs_every_position(self) -> bool:
+        """True when every prompt position must be computed (prompt logprobs, mean pooling), so no
+        cached prefix may be reused."""
+        return self.prompt_logprobs is not None or (self.pooler is not None and self.pooler.needs_every_position)
 
     @property
     def finished(self) -> bool:
@@ -173,4 +181,5 @@ class Request:
             prompt_logprobs=self.prompt_logprobs,
             num_cached_tokens=self.num_cached_tokens,
             error=self.error,
+            embedding=self.pooler.result() if self.pooler is not None and not self.error else None,
         )

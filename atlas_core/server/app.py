@@ -17,7 +17,7 @@ from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from atlas_core.server import routes_anthropic, routes_misc, routes_openai, routes_responses
+from atlas_core.server import routes_anthropic, routes_embeddings, routes_misc, routes_openai, routes_responses
 from atlas_core.server.access_log import access_log
 from atlas_core.server.auth import api_key_guard
 from atlas_core.server.errors import handle_exception
@@ -57,6 +57,7 @@ def create_app(state: ServerState) -> Litestar:
         route_handlers=[
             *routes_openai.ROUTES,
             *routes_responses.ROUTES,
+            *routes_embeddings.ROUTES,
             *routes_anthropic.ROUTES,
             *routes_misc.PROTECTED_ROUTES,
         ],

@@ -38,7 +38,8 @@ def add_serve_parser(commands: Any) -> None:
         help="serve a model over OpenAI- and Anthropic-compatible HTTP APIs",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Serve a model: /v1/chat/completions, /v1/completions, /v1/responses, /v1/models, /v1/messages, "
+        description="Serve a model: /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, "
+        "/v1/models, /v1/messages, "
         "/tokenize, /detokenize, /health, /metrics, /openapi.json.",
     )
     add_flags(parser, SERVE_OPTIONS, with_defaults=False)
@@ -128,6 +129,7 @@ def _attach_model(settings: Settings, state: Any) -> str:
     from atlas_core.engine.async_engine import AsyncEngine
     from atlas_core.engine.config import EngineConfig
     from atlas_core.engine.llm_engine import LLMEngine
+    from atlas_core.engine.pooling_config import pooling_config
     from atlas_core.errors import AtlasError
     from atlas_core.model.generation_config import sampling_defaults
     from atlas_core.model.load import load_model
@@ -162,6 +164,7 @@ def _attach_model(settings: Settings, state: Any) -> str:
     config.default_chat_template_kwargs = dict(settings["default_chat_template_kwargs"] or {})
     if settings["generation_config"] == "auto":
         config.generation_defaults = sampling_defaults(loaded.resolved.path)
+    config.pooling = pooling_config(loaded.resolved.path, loaded.config, settings["pooling"])
     if not config.model_names:
         config.model_names = [loaded.name]
     engine = LLMEngine(loaded, backend, EngineConfig(**settings.of(EngineConfig)))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from atlas_core.engine.config import EngineConfig, ModelChoice
+from atlas_core.engine.pooling import PoolingType
 from atlas_core.errors import ConfigError
 from atlas_core.options.declare import option, options_of
 
@@ -108,6 +109,11 @@ class ServeOptions:
         "auto",
         help="auto: sampling defaults (temperature, top_p, top_k, min_p, repetition_penalty) from the checkpoint's "
         "generation_config.json for requests that omit them; none: built-in defaults only",
+    )
+    pooling: PoolingType | None = option(
+        None,
+        help="/v1/embeddings: pool the final hidden states of the last token or the mean of all tokens",
+        default_help="the model's (sentence-transformers Pooling config), else last",
     )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas_core.engine.async_engine import AsyncEngine
+from atlas_core.engine.pooling_config import PoolingConfig
 from atlas_core.errors import ConfigError
 from atlas_core.server.errors import APIError
 from atlas_core.server.metrics import ServerMetrics
@@ -35,7 +36,8 @@ class ServerConfig:
     ``accept_any_model_name``: requests naming any model are served (else 404 for names not in
     ``model_names``). ``generation_defaults``: sampler values (``temperature``, ``top_p``, ``top_k``,
     ``min_p``, ``repetition_penalty``) used when a request omits them (the checkpoint's
-    ``generation_config.json``). ``log_requests``: log each request's prompt text.
+    ``generation_config.json``). ``log_requests``: log each request's prompt text. ``pooling``: how
+    ``/v1/embeddings`` makes a vector from the final hidden states (the model's, or ``--pooling``).
     """
 
     model_names: list[str] = field(default_factory=list)
@@ -54,6 +56,7 @@ class ServerConfig:
     accept_any_model_name: bool = ServeOptions.accept_any_model_name
     generation_defaults: dict[str, float | int] = field(default_factory=dict)
     log_requests: bool = ServeOptions.log_requests
+    pooling: PoolingConfig = field(default_factory=PoolingConfig)
 
     def __post_init__(self) -> None:
         for name in ("max_sequences_per_request", "max_tokens_per_request"):

@@ -30,6 +30,7 @@ def operations(scripted: ScriptedFactory) -> dict[str, schemathesis.APIOperation
 PATHS = [
     "POST /v1/chat/completions",
     "POST /v1/completions",
+    "POST /v1/embeddings",
     "POST /v1/responses",
     "GET /v1/responses/{response_id}",
     "DELETE /v1/responses/{response_id}",
