@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from atlas_core.backends.base import Array, AttentionMetadata, Backend, LogitAdjustments, SamplingTensors
+from atlas_core.weights.gguf_quantized import FORMATS as GGUF_FORMATS
 from atlas_core.weights.quantized import FP8_E4M3, QuantizedWeight, dequantize, regrid
 
 DEQUANTIZE_ELEMENTS = 1 << 24
@@ -14,11 +15,12 @@ DEQUANTIZE_ELEMENTS = 1 << 24
 class NumpyBackend(Backend):
     """Runs everywhere. Weights are stored as float32 (bf16/fp16 checkpoints are upcast once at
     load), except quantized weights, which stay as they are (1 byte per FP8 element plus its block's
-    scale) and are dequantized on use; matrix products go to the BLAS NumPy links against."""
+    scale; GGUF blocks as their bytes) and are dequantized on use; matrix products go to the BLAS NumPy
+    links against."""
 
     name = "numpy"
     activation_dtype = np.dtype(np.float32)
-    quantized_formats = frozenset({FP8_E4M3})
+    quantized_formats = frozenset({FP8_E4M3, *GGUF_FORMATS.values()})
 
     def from_numpy(self, array: np.ndarray, *, weight: bool = False, dtype: np.dtype | None = None) -> Array:
         array = np.asarray(array)
@@ -29,7 +31,7 @@ class NumpyBackend(Backend):
         return np.ascontiguousarray(array, dtype=np.float32)
 
     def upload_quantized(self, weight: QuantizedWeight) -> Array | QuantizedWeight:
-        """Kept quantized (``fp8_e4m3``), its arrays copied into memory: a view of the checkpoint would keep
+        """Kept quantized (``fp8_e4m3``, ``gguf_*``), its arrays copied into memory: a view of the checkpoint would keep
         the whole file mapped, counting again in the process's resident memory beside fused copies."""
         if weight.format not in self.quantized_formats:
             return super().upload_quantized(weight)
@@ -199,7 +201,7 @@ def _dequantized_linear(
             part = QuantizedWeight(
                 weight.format,
                 weight.data[start : start + step],
-                weight.scales[block_rows],
+                None if weight.scales is None else weight.scales[block_rows],
                 weight.block,
                 (min(step, rows - start), cols),
             )

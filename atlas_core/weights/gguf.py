@@ -10,6 +10,11 @@ from the file's metadata, and `tokenizer_spec()` returns the ``tokenizer.*`` met
 llama.cpp's converter interleaves the rows of the Q and K projections of ``llama``-architecture
 models (rotary pairs ``(2i, 2i+1)`` instead of HF's rotate-half ``(i, i + d/2)``); `get` undoes
 that, so every tensor matches the Hugging Face checkpoint the file was converted from.
+
+Linear weights of the block types in `atlas_core.weights.gguf_quantized.FORMATS` (Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) are also offered as stored: `get_quantized` returns their bytes as a
+`QuantizedWeight` (rows of blocks; the Q/K row permutation is undone on whole rows, which is exact), so
+loaders keep them quantized. F16 / BF16 / F32 tensors and other block types are read as floats.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from gguf.quants import dequantize
 
 from atlas_core.errors import ModelLoadError, UnsupportedArchitectureError
 from atlas_core.weights.gguf_index import GGUFField, GGUFTensorInfo, open_gguf
+from atlas_core.weights.gguf_quantized import FORMATS, dequantize_bytes, gguf_weight
+from atlas_core.weights.quantized import QuantizedWeight
 
 _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "LlamaForCausalLM"),
@@ -60,10 +67,6 @@ _BLOCK_TENSORS = {
     "ffn_down": "mlp.down_proj",
 }
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-_BLOCKS_PER_ROW = 512
-"""Quantization blocks per row handed to `dequantize`: it works in groups of 16 rows, so rows far
-longer than a tensor's own (blocks never span rows, so any whole number of blocks will do) cut
-its per-group overhead; 512 measured fastest on the default model."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,10 @@ class GGUFSource:
     `UnsupportedArchitectureError` if its architecture has no mapping to Hugging Face names.
     """
 
+    keep_quantized = True
+    """Whether `get_quantized` offers block-quantized weights as stored; False reads every tensor as
+    floats at load (the reference the quantized path is tested against)."""
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._file = open_gguf(self.path)
@@ -127,28 +134,42 @@ class GGUFSource:
         tensor = self._tensors.get(name)
         if tensor is None:
             raise ModelLoadError(f"{self.path} has no tensor {name!r}")
-        values = self._dequantize(tensor)
+        values = self._hf_rows(name, self._dequantize(tensor))
+        # Read-only (hence copied) only where it still views the memory-mapped file (F32 tensors).
+        return np.require(values, dtype=np.float32, requirements=["C", "W"])
+
+    def get_quantized(self, name: str) -> QuantizedWeight | None:
+        """Tensor ``name`` as a host `QuantizedWeight` of its GGUF blocks (a ``gguf_*`` format, rows in HF
+        order; a view of the file unless rows were reordered) when it is a 2-D tensor of a block type in
+        `FORMATS` and `keep_quantized`; else None (read it with `get`)."""
+        tensor = self._tensors.get(name)
+        if tensor is None:
+            raise ModelLoadError(f"{self.path} has no tensor {name!r}")
+        if not self.keep_quantized or tensor.type not in FORMATS or len(tensor.shape) != 2:
+            return None
+        weight = gguf_weight(self._file.tensor_bytes(tensor), tensor.type, tensor.shape)
+        rows = self._hf_rows(name, weight.data)
+        return weight if rows is weight.data else gguf_weight(rows, tensor.type, tensor.shape)
+
+    def _hf_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """A tensor's rows (values, or rows of GGUF blocks) in HF order: the Q/K interleave undone."""
         if self.architecture in _INTERLEAVED_QK:
             heads = {"q_proj": self.config["num_attention_heads"], "k_proj": self.config["num_key_value_heads"]}
             for proj, n_head in heads.items():
                 if f"self_attn.{proj}." in name:
-                    values = _deinterleave_rows(values, n_head)
-        # Read-only (hence copied) only where it still views the memory-mapped file (F32 tensors).
-        return np.require(values, dtype=np.float32, requirements=["C", "W"])
+                    return _deinterleave_rows(rows, n_head)
+        return rows
 
     def _dequantize(self, tensor: GGUFTensorInfo) -> np.ndarray:
         """The tensor's values as floats, shaped like the HF tensor (read-only where it views the file)."""
-        type_size = GGML_QUANT_SIZES[tensor.type][1]
-        n_blocks = tensor.n_bytes // type_size
-        per_row = next((n for n in range(min(_BLOCKS_PER_ROW, n_blocks), 0, -1) if n_blocks % n == 0), 1)
         try:
-            values = dequantize(self._file.tensor_bytes(tensor).reshape(-1, per_row * type_size), tensor.type)
+            values = dequantize_bytes(self._file.tensor_bytes(tensor), tensor.type, tensor.shape)
         except NotImplementedError as exc:
             raise ModelLoadError(
                 f"{self.path}: tensor {tensor.name!r} has type {tensor.type.name}, which "
                 f"cannot be dequantized; supported types: {', '.join(supported_tensor_types())}"
             ) from exc
-        return values.reshape(tensor.shape)
+        return values
 
     def tokenizer_spec(self) -> GGUFTokenizerSpec:
         """The file's tokenizer metadata; raises `ModelLoadError` if it has none."""

@@ -18,6 +18,10 @@ gate/up projections, `take_rows` reorders rows, `stack_experts` builds expert ba
 the dequantized result equals the dequantized parts rearranged) to `Backend.upload_quantized`, which
 keeps it quantized on a backend that lists its format in ``quantized_formats`` (its arrays then
 become backend arrays) and otherwise dequantizes it once. `dequantize` is the reference formula.
+
+Formats that pack their elements and scales together in ``data`` (GGUF's blocks: `PackedFormat`) are
+registered by their own modules with `register_packed_format`; their weights have ``scales`` None and
+``block`` ``(1, elements per packed block)``, and the helpers below move their rows as whole rows of bytes.
 """
 
 from __future__ import annotations
@@ -39,14 +43,37 @@ ELEMENT_DTYPES: dict[str, np.dtype] = {FP8_E4M3: np.dtype(ml_dtypes.float8_e4m3f
 FLOAT32 = np.dtype(np.float32)
 
 
+@dataclass(frozen=True)
+class PackedFormat:
+    """A format whose ``data`` holds each row's elements and scales packed in bytes (``scales`` is None).
+
+    ``data_shape``: the shape ``data`` has for a weight of a logical shape ``[..., N, K]`` (``[..., N,
+    bytes per row]``); raises ValueError when such a weight cannot be stored. ``dequantize``: the weight's
+    values as float32 host arrays of its logical shape, from ``data`` alone (host arrays)."""
+
+    data_shape: Callable[[tuple[int, ...]], tuple[int, ...]]
+    dequantize: Callable[[QuantizedWeight], np.ndarray]
+
+
+PACKED_FORMATS: dict[str, PackedFormat] = {}
+"""Packed formats by name, filled by `register_packed_format`."""
+
+
+def register_packed_format(name: str, dtype: np.dtype, packed: PackedFormat) -> None:
+    """Make ``name`` a `QuantizedWeight` format whose ``data`` (of element dtype ``dtype``) is ``packed``."""
+    ELEMENT_DTYPES[name] = np.dtype(dtype)
+    PACKED_FORMATS[name] = packed
+
+
 @dataclass(frozen=True, eq=False)
 class QuantizedWeight:
     """A weight kept in a quantized format (see the module docstring).
 
     ``format``: one of `ELEMENT_DTYPES`. ``data``: the encoded elements, ``[..., N, K]`` (host NumPy
     arrays, or a backend's arrays once uploaded natively). ``scales``: float32 ``[..., ceil(N / bn),
-    ceil(K / bk)]``. ``block``: ``(bn, bk)``, elements of the last two axes per scale. ``shape``: the
-    logical shape of the weight it stands for (equal to ``data.shape`` for 8-bit formats).
+    ceil(K / bk)]``, or None for a `PackedFormat`. ``block``: ``(bn, bk)``, elements of the last two axes
+    per scale. ``shape``: the logical shape of the weight it stands for (equal to ``data.shape`` for 8-bit
+    formats; a packed format's ``data_shape`` of it).
     """
 
     format: str
@@ -61,6 +88,14 @@ class QuantizedWeight:
         shape, bn, bk = tuple(self.shape), *self.block
         if len(shape) < 2 or bn < 1 or bk < 1:
             raise ValueError(f"QuantizedWeight needs at least 2 axes and a positive block, got {shape}, {self.block}")
+        packed = PACKED_FORMATS.get(self.format)
+        if packed is not None:
+            if self.scales is not None or tuple(self.data.shape) != packed.data_shape(shape):
+                raise ValueError(
+                    f"{self.format} weight of shape {shape} needs data of shape {packed.data_shape(shape)} and no "
+                    f"scales, got {tuple(self.data.shape)} and {type(self.scales).__name__}"
+                )
+            return
         if tuple(self.data.shape) != shape:
             raise ValueError(f"QuantizedWeight data has shape {tuple(self.data.shape)}, expected {shape}")
         grid = scale_grid(shape, self.block)
@@ -82,15 +117,16 @@ class QuantizedWeight:
     @property
     def nbytes(self) -> int:
         """Bytes held: the encoded elements plus the scales."""
-        return int(self.data.nbytes) + int(self.scales.nbytes)
+        return int(self.data.nbytes) + (0 if self.scales is None else int(self.scales.nbytes))
 
     def map_arrays(self, convert: Callable[[Any], Any]) -> QuantizedWeight:
         """The same weight with ``convert`` applied to ``data`` and ``scales`` (e.g. an upload)."""
-        return replace(self, data=convert(self.data), scales=convert(self.scales))
+        return replace(self, data=convert(self.data), scales=None if self.scales is None else convert(self.scales))
 
     def expert(self, index: int | np.integer) -> QuantizedWeight:
         """Matrix ``index`` of a bank ``[E, N, K]`` (a view)."""
-        return replace(self, data=self.data[index], scales=self.scales[index], shape=self.shape[1:])
+        scales = None if self.scales is None else self.scales[index]
+        return replace(self, data=self.data[index], scales=scales, shape=self.shape[1:])
 
     def __repr__(self) -> str:
         return f"QuantizedWeight({self.format}, shape={self.shape}, block={self.block})"
@@ -104,7 +140,10 @@ def scale_grid(shape: Sequence[int], block: tuple[int, int]) -> tuple[int, ...]:
 
 def dequantize(weight: QuantizedWeight) -> np.ndarray:
     """The weight's values as float32 (host arrays): each element times its block's scale, rounded once
-    to float32. ``data`` may also hold the raw bytes (e.g. uint8), which are viewed as the format's dtype."""
+    to float32. ``data`` may also hold the raw bytes (e.g. uint8), which are viewed as the format's dtype.
+    A `PackedFormat` decodes itself."""
+    if weight.format in PACKED_FORMATS:
+        return PACKED_FORMATS[weight.format].dequantize(weight)
     rows, cols = weight.shape[-2:]
     bn, bk = weight.block
     scales = np.asarray(weight.scales, dtype=FLOAT32)
@@ -174,18 +213,22 @@ def concat_rows(parts: Sequence[np.ndarray | QuantizedWeight]) -> np.ndarray | Q
 
     Float arrays: `numpy.concatenate`. Quantized parts: their data and scales concatenated when they share
     a block and every part but the last fills whole blocks of rows; otherwise each part's scales are first
-    spread to one row per scale (`regrid`, costs ``4 / bk`` bytes per element). Mixed parts are
-    dequantized and concatenated as float32."""
+    spread to one row per scale (`regrid`, costs ``4 / bk`` bytes per element). Packed parts: their rows of
+    bytes concatenated. Mixed parts (float and quantized, or two formats) are dequantized and concatenated
+    as float32."""
     if len(parts) == 1:
         return parts[0]
     quantized = [p for p in parts if isinstance(p, QuantizedWeight)]
     if not quantized:
         return np.concatenate(parts)  # type: ignore[arg-type]
-    if len(quantized) < len(parts):
+    if len(quantized) < len(parts) or len({w.format for w in quantized}) > 1:
         return np.concatenate([as_float(p) for p in parts])
-    _check_same_format(quantized)
     if any(w.ndim != 2 for w in quantized):
         raise ValueError(f"concat_rows needs 2-D weights, got {[w.shape for w in quantized]}")
+    if quantized[0].scales is None:  # packed: whole rows of bytes
+        data = np.concatenate([np.asarray(w.data) for w in quantized])
+        rows = sum(w.shape[0] for w in quantized)
+        return replace(quantized[0], data=data, shape=(rows, quantized[0].shape[1]))
     aligned = len({w.block for w in quantized}) == 1 and all(w.shape[-2] % w.block[0] == 0 for w in quantized[:-1])
     if not aligned:
         block = _common_block(quantized, rows_per_block=1)
@@ -204,6 +247,8 @@ def take_rows(weight: np.ndarray | QuantizedWeight, order: np.ndarray) -> np.nda
         return weight[order]
     if weight.ndim != 2:
         raise ValueError(f"take_rows needs a 2-D weight, got {weight.shape}")
+    if weight.scales is None:  # packed: whole rows of bytes
+        return replace(weight, data=np.asarray(weight.data)[order], shape=(len(order), weight.shape[1]))
     bn = weight.block[0]
     if len(order) != weight.shape[0] or np.any(order // bn != np.arange(len(order)) // bn):
         weight = regrid(weight, (1, weight.block[1]))
@@ -223,6 +268,9 @@ def stack_experts(parts: Sequence[np.ndarray | QuantizedWeight]) -> np.ndarray |
     if len(quantized) < len(parts):
         return np.stack([as_float(p) for p in parts])
     _check_same_format(quantized)
+    if quantized[0].scales is None:  # packed
+        data = np.stack([np.asarray(w.data) for w in quantized])
+        return replace(quantized[0], data=data, shape=(len(quantized), *quantized[0].shape))
     block = _common_block(quantized)
     quantized = [regrid(w, block) for w in quantized]
     data = np.stack([np.asarray(w.data) for w in quantized])
