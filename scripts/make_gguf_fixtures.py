@@ -88,7 +88,9 @@ def _byte_tokens() -> list[str]:
     return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
 
 
-def _writer(path: Path, arch: str, config: dict[str, int | float]) -> gguf.GGUFWriter:
+def gguf_writer(path: Path, arch: str, config: dict[str, int | float]) -> gguf.GGUFWriter:
+    """A writer with a model's metadata (``config``: layers, hidden, ffn, heads, kv_heads, head_dim, eps,
+    theta, vocab) and a 256-byte-token GPT-2 tokenizer; add tensors, then `finish`."""
     writer = gguf.GGUFWriter(path, arch)
     writer.add_block_count(int(config["layers"]))
     writer.add_context_length(512)
@@ -111,7 +113,8 @@ def _writer(path: Path, arch: str, config: dict[str, int | float]) -> gguf.GGUFW
     return writer
 
 
-def _finish(writer: gguf.GGUFWriter) -> None:
+def finish(writer: gguf.GGUFWriter) -> None:
+    """Write the header, metadata and tensors, and close the file."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -124,7 +127,7 @@ def write_from_tiny(name: str, path: Path) -> None:
     config = json.loads((TINY[source] / "config.json").read_text())
     tensors = load_file(str(TINY[source] / "model.safetensors"))
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    writer = _writer(
+    writer = gguf_writer(
         path,
         config["model_type"],
         {
@@ -149,7 +152,7 @@ def write_from_tiny(name: str, path: Path) -> None:
             writer.add_tensor(_gguf_name(hf_name), gguf.quants.quantize(values, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(_gguf_name(hf_name), values)
-    _finish(writer)
+    finish(writer)
 
 
 def k_quant_blocks(rng: np.random.Generator, qtype: Q, shape: tuple[int, int], amax: float) -> np.ndarray:
@@ -182,7 +185,7 @@ def write_k_mix(path: Path) -> None:
     hidden, ffn, heads, kv_heads, vocab = (K_MIX[k] for k in ("hidden", "ffn", "heads", "kv_heads", "vocab"))
     head_dim = hidden // heads
     config = {"layers": len(K_MIX_LAYERS), "head_dim": head_dim, "eps": 1e-6, "theta": 10000.0} | K_MIX
-    writer = _writer(path, "llama", config)
+    writer = gguf_writer(path, "llama", config)
     shapes = {
         "attn_q": (heads * head_dim, hidden),
         "attn_k": (kv_heads * head_dim, hidden),
@@ -207,7 +210,7 @@ def write_k_mix(path: Path) -> None:
             add(f"blk.{layer}.{stem}.weight", qtype, shapes[stem], 0.15)
     norm("output_norm.weight")
     add("output.weight", Q.Q6_K, (vocab, hidden), 0.15)
-    _finish(writer)
+    finish(writer)
 
 
 def write(name: str, path: Path) -> None:
