@@ -6,6 +6,7 @@ import numpy as np
 
 from atlas_core.backends.base import Array, AttentionMetadata, Backend, LogitAdjustments, SamplingTensors
 from atlas_core.weights.gguf_quantized import FORMATS as GGUF_FORMATS
+from atlas_core.weights.nvfp4 import NVFP4
 from atlas_core.weights.quantized import FP8_E4M3, QuantizedWeight, dequantize, regrid
 
 DEQUANTIZE_ELEMENTS = 1 << 24
@@ -20,7 +21,7 @@ class NumpyBackend(Backend):
 
     name = "numpy"
     activation_dtype = np.dtype(np.float32)
-    quantized_formats = frozenset({FP8_E4M3, *GGUF_FORMATS.values()})
+    quantized_formats = frozenset({FP8_E4M3, NVFP4, *GGUF_FORMATS.values()})
 
     def from_numpy(self, array: np.ndarray, *, weight: bool = False, dtype: np.dtype | None = None) -> Array:
         array = np.asarray(array)

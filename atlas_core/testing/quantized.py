@@ -189,10 +189,14 @@ class QuantizedParity:
         if "checkpoint" in metafunc.fixturenames:
             metafunc.parametrize("checkpoint", self.checkpoints.names)
 
+    def reference_copy(self, folder: Path, destination: Path) -> Path:
+        """The float checkpoint the quantized one must equal (`dequantized_copy`; other formats override)."""
+        return dequantized_copy(folder, destination)
+
     def test_logits_equal_the_dequantized_weights(self, checkpoint: str, tmp_path: Path) -> None:
         folder = self.checkpoints / checkpoint
         quantized = LLM(folder, kv_cache_memory_gib=self.kv_cache_gib)
-        reference = LLM(dequantized_copy(folder, tmp_path / checkpoint), kv_cache_memory_gib=self.kv_cache_gib)
+        reference = LLM(self.reference_copy(folder, tmp_path / checkpoint), kv_cache_memory_gib=self.kv_cache_gib)
         for prompt in sample_prompts(int(self.checkpoints.config(checkpoint)["vocab_size"])):
             got, want = prompt_logits(quantized, prompt), prompt_logits(reference, prompt)
             np.testing.assert_allclose(got, want, rtol=0, atol=LOGIT_TOLERANCE, err_msg=f"{checkpoint}, {prompt}")

@@ -8,7 +8,10 @@ as ``ml_dtypes.bfloat16``. Nothing is read until a tensor is asked for.
 FP8 checkpoints (`atlas_core.weights.quant_config`): `get_quantized` returns a quantized linear
 weight as a `QuantizedWeight` (its F8_E4M3 elements viewed from the file, its scale as float32), and
 `get` returns its dequantized float32 values, so loaders that rearrange a weight arithmetically
-still read correct numbers.
+still read correct numbers. NVFP4 checkpoints the same way: compressed-tensors' ``X.weight_packed`` is listed
+and read as ``X.weight`` (with ``X.weight_scale`` and ``X.weight_global_scale``), ModelOpt's packed
+``X.weight`` as itself (with ``X.weight_scale`` and ``X.weight_scale_2``); a ModelOpt checkpoint whose
+config.json has no ``quantization_config`` is recognised by its ``hf_quant_config.json``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import ml_dtypes
 import numpy as np
 
 from atlas_core.errors import ModelLoadError
+from atlas_core.weights.nvfp4 import NVFP4
 from atlas_core.weights.quant_config import QuantizationScheme
 from atlas_core.weights.quantized import QuantizedWeight, dequantize
 
@@ -86,11 +90,21 @@ class SafetensorsSource:
         self.config = _read_config(self.folder / "config.json")
         self.quantization = QuantizationScheme.from_config(self.config, str(self.folder / "config.json"))
         """The checkpoint's quantization (None: its weights are plain floats)."""
+        hf_quant = self.folder / "hf_quant_config.json"
+        if self.quantization is None and hf_quant.exists():
+            self.quantization = QuantizationScheme.from_hf_quant_config(_read_config(hf_quant), str(hf_quant))
         self._index: dict[str, tuple[Path, int, dict[str, Any]]] = {}
         for path in self._weight_files():
             data_start, header = _read_header(path)
             for name, info in header.items():
                 self._index[name] = (path, data_start, info)
+        self._aliases: dict[str, str] = {}
+        """Names read in place of stored ones (compressed-tensors NVFP4: ``X.weight`` -> ``X.weight_packed``)."""
+        if self.quantization is not None and self.quantization.format == NVFP4:
+            for name in self._index:
+                logical = name.removesuffix("_packed")
+                if logical != name and self.quantization.nvfp4_names(logical)[0] == name:
+                    self._aliases[logical] = name
         self._maps: dict[Path, np.memmap] = {}
 
     def _weight_files(self) -> list[Path]:
@@ -114,10 +128,10 @@ class SafetensorsSource:
         return files
 
     def names(self) -> Iterator[str]:
-        return iter(self._index)
+        return iter([*self._index, *self._aliases])
 
     def __contains__(self, name: str) -> bool:
-        return name in self._index
+        return name in self._index or name in self._aliases
 
     def get(self, name: str) -> np.ndarray:
         """Tensor ``name`` as stored (a read-only view of the file), or dequantized to float32 when it is a
@@ -128,7 +142,9 @@ class SafetensorsSource:
     def get_quantized(self, name: str) -> QuantizedWeight | None:
         """Tensor ``name`` as a host `QuantizedWeight` when it is stored quantized (F8_E4M3 with its scale
         tensor), else None. A float8 tensor without a scale, or in a checkpoint whose config.json declares
-        no quantization, raises `ModelLoadError`."""
+        no quantization, raises `ModelLoadError`. NVFP4 checkpoints: `_nvfp4`."""
+        if self.quantization is not None and self.quantization.format == NVFP4:
+            return self._nvfp4(name)
         if name not in self._index or self._index[name][2]["dtype"] != "F8_E4M3":
             return None
         scheme = self.quantization
@@ -143,6 +159,24 @@ class SafetensorsSource:
                 f"({' or '.join(repr(n) for n in scheme.scale_names(name))}) is not in the checkpoint"
             )
         return scheme.weight(name, self._raw(name), self._raw(scale_name))
+
+    def _nvfp4(self, name: str) -> QuantizedWeight | None:
+        """NVFP4 weight ``name`` when its packed elements are stored (U8) with their scales, else None."""
+        assert self.quantization is not None
+        packed, scale, global_scale = self.quantization.nvfp4_names(name)
+        if packed not in self._index or self._index[packed][2]["dtype"] != "U8":
+            return None
+        missing = [n for n in (scale, global_scale) if n not in self._index]
+        if missing:
+            raise ModelLoadError(
+                f"{self.folder}: NVFP4 tensor {packed!r} is stored without {' and '.join(map(repr, missing))}"
+            )
+        if self._index[scale][2]["dtype"] != "F8_E4M3":
+            raise ModelLoadError(
+                f"{self.folder}: NVFP4 group scale {scale!r} is stored as {self._index[scale][2]['dtype']}; "
+                "expected F8_E4M3"
+            )
+        return self.quantization.nvfp4_weight(name, self._raw(packed), self._raw(scale), self._raw(global_scale))
 
     def _raw(self, name: str) -> np.ndarray:
         if name not in self._index:
