@@ -5,7 +5,7 @@ A `WeightSource` exposes tensors under Hugging Face parameter names (e.g.
 loaders map names once. Arrays are NumPy arrays in the checkpoint's float dtype
 (float32, float16, or ``ml_dtypes.bfloat16``); quantized formats are dequantized to float32 by `get`.
 
-A source whose checkpoints keep weights quantized (FP8 safetensors) also offers
+A source whose checkpoints keep weights quantized (FP8 and NVFP4 safetensors, GGUF blocks) also offers
 ``get_quantized(name) -> QuantizedWeight | None``, the weight as stored; `quantized_tensor` asks for
 it, so sources without quantized tensors need not implement it.
 """
