@@ -118,10 +118,11 @@ def rss():
 def run(llm):  # one short generation reads every weight
     llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
 
-run(LLM(sys.argv[2], kv_cache_memory_gib=1 / 256, max_seq_len=64))  # imports and first-use costs
+SETTINGS = dict(kv_cache_memory_gib=1 / 256, max_seq_len=64, gguf_weights="quantized")  # GGUF: kept in blocks
+run(LLM(sys.argv[2], **SETTINGS))  # imports and first-use costs
 gc.collect()
 before = rss()
-llm = LLM(sys.argv[1], kv_cache_memory_gib=1 / 256, max_seq_len=64)
+llm = LLM(sys.argv[1], **SETTINGS)
 loaded = rss()
 run(llm)
 try:  # hand the freed dequantization buffers back: glibc keeps freed blocks of their size in its heap

@@ -69,7 +69,7 @@ def quantized_bytes_in_file(path: Path) -> int:
 def test_quantized_weights_are_held_at_their_file_size(model_file: Path) -> None:
     from atlas_core import LLM
 
-    llm = LLM(model_file, kv_cache_memory_gib=1 / 256, max_seq_len=64)
+    llm = LLM(model_file, kv_cache_memory_gib=1 / 256, max_seq_len=64, gguf_weights="quantized")
     held = quantized_weights(llm.loaded.model)
     assert len(held) == 4 * LAYERS  # per layer: fused Q/K/V, o_proj, fused gate/up, down_proj
     assert {w.format for w in held} == {"gguf_q4_k"}

@@ -57,15 +57,13 @@ def test_fixtures_are_what_the_generator_makes_and_small() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(HELD))
-def test_logits_equal_the_file_read_as_floats(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_logits_equal_the_file_read_as_floats(name: str) -> None:
     from atlas_core import LLM, SamplingParams
     from atlas_core.testing.quantized import LOGIT_TOLERANCE, prompt_logits, quantized_weights, sample_prompts
 
     path = FIXTURES / f"{name}.gguf"
-    quantized = LLM(path, kv_cache_memory_gib=1 / 64)
-    with monkeypatch.context() as patch:
-        patch.setattr(GGUFSource, "keep_quantized", False)
-        reference = LLM(path, kv_cache_memory_gib=1 / 64)
+    quantized = LLM(path, kv_cache_memory_gib=1 / 64, gguf_weights="quantized")
+    reference = LLM(path, kv_cache_memory_gib=1 / 64, gguf_weights="float")
     held = quantized_weights(quantized.loaded.model)
     assert (len(held), {w.format for w in held}) == HELD[name]
     assert not quantized_weights(reference.loaded.model)
@@ -150,3 +148,17 @@ def test_formats_decode_with_the_gguf_package() -> None:
 
     raw = gguf_quantize(values, Q.Q8_0)
     np.testing.assert_array_equal(dequantize_bytes(raw, Q.Q8_0, (2, 256)), gguf_dequantize(raw, Q.Q8_0))
+
+
+def test_auto_keeps_the_blocks_only_when_the_float_copy_would_crowd_the_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gguf_weights="auto"``: a small model's blocks become floats (faster on the NumPy backend); the same
+    model where its float copy would take more than half of the free memory stays in its blocks."""
+    import atlas_core.model.load as load
+    from atlas_core import LLM
+    from atlas_core.testing.quantized import quantized_weights
+
+    path = FIXTURES / "llama_q4_0.gguf"
+    assert not quantized_weights(LLM(path, kv_cache_memory_gib=1 / 64).loaded.model)
+    float_bytes = GGUFSource(path).quantized_elements() * 4
+    monkeypatch.setattr(load, "available_memory", lambda backend: (float_bytes, "available host memory"))
+    assert quantized_weights(LLM(path, kv_cache_memory_gib=1 / 64).loaded.model)

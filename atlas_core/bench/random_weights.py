@@ -25,6 +25,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from atlas_core.backends.memory import available_memory
 from atlas_core.errors import ModelLoadError
 
 PRESETS: dict[str, dict[str, Any]] = json.loads(resources.files(__package__).joinpath("presets.json").read_text())
@@ -128,24 +129,6 @@ class RandomWeightSource:
             return np.resize(self._pool, count).reshape(shape)
         start = int(self._rng.integers(0, POOL_ELEMENTS - count + 1))
         return self._pool[start : start + count].reshape(shape)
-
-
-def available_memory(backend: Any) -> tuple[int, str] | None:
-    """``(bytes, where)`` free for weights: device memory on device backends, the host's available
-    memory (``MemAvailable`` of ``/proc/meminfo``) on host backends; None when it cannot be told."""
-    device = backend.device_memory()
-    if device is not None:
-        return int(device[0]), "free device memory"
-    found: list[int] = []
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as meminfo:
-            found += [int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:")]
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":  # a cgroup v2 limit below the host's memory
-            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
-    return (min(found), "available host memory") if found else None
 
 
 def check_fits(name: str, shapes: dict[str, tuple[int, ...]], backend: Any, layers: int, reserve: int = 0) -> None:

@@ -13,6 +13,7 @@ from atlas_core.options.declare import check_choices, option, options_of
 DEFAULT_MAX_SEQ_LEN = 8192
 
 SchedulingPolicy = Literal["fifo", "slo"]
+GGUFWeights = Literal["auto", "quantized", "float"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,12 @@ class EngineConfig:
     tbt_slo_ms: float = 100.0
     gpu_memory_utilization: float = option(0.9, help="fraction of GPU memory the engine may use, KV cache included")
     kv_cache_memory_gib: float = option(1.0, help="KV cache size on CPU backends, GiB")
+    gguf_weights: GGUFWeights = option(
+        "auto",
+        help="GGUF block-quantized weights: quantized (kept in their blocks, about the file's size; the NumPy "
+        "backend dequantizes them on use, slower), float (dequantized at load: faster, several times the file), "
+        "auto (quantized when the float copy would take more than half of the free memory)",
+    )
     max_state_snapshots: int | None = option(
         None,
         help="hybrid recurrent models: saved recurrent states backing the prefix cache",

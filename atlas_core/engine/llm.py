@@ -47,7 +47,11 @@ class LLM:
         self.backend = select_backend(registry, backend)
         config = EngineConfig(**engine_args)
         self.loaded = load_model(
-            model, self.backend, registry, max_positions=config.max_seq_len or config.default_max_seq_len
+            model,
+            self.backend,
+            registry,
+            max_positions=config.max_seq_len or config.default_max_seq_len,
+            gguf_weights=config.gguf_weights,
         )
         self.engine = LLMEngine(self.loaded, self.backend, config)
         self._ids = itertools.count()

@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from atlas_core.backends.base import Backend
+from atlas_core.backends.memory import available_memory
 from atlas_core.errors import ModelLoadError, UnsupportedArchitectureError
 from atlas_core.model.resolve import ResolvedModel, resolve_model
 from atlas_core.model.transformer import TransformerModel
 from atlas_core.plugins import PluginRegistry
 from atlas_core.tokenizer import Tokenizer
 from atlas_core.weights.source import WeightSource
+
+if TYPE_CHECKING:
+    from atlas_core.weights.gguf import GGUFSource
 
 KNOWN_FAMILY_PACKAGES = {
     "llama": "atlas-model-llama",
@@ -50,6 +56,17 @@ class LoadedModel:
     family_defaults: dict[str, Any]
 
 
+def keep_gguf_blocks(source: GGUFSource, backend: Backend, gguf_weights: str) -> bool:
+    """Whether ``source``'s block-quantized weights stay in their blocks: ``quantized`` yes, ``float`` no,
+    ``auto`` when their copy in the backend's weight dtype would take more than half of the free memory
+    (a small model runs faster from floats on the NumPy backend; a large one only fits in its blocks)."""
+    if gguf_weights != "auto":
+        return gguf_weights == "quantized"
+    available = available_memory(backend)
+    itemsize = int(backend.from_numpy(np.zeros(1, np.float32), weight=True).dtype.itemsize)
+    return available is not None and source.quantized_elements() * itemsize > available[0] // 2
+
+
 def open_source(resolved: ResolvedModel) -> WeightSource:
     if resolved.kind == "gguf":
         from atlas_core.weights.gguf import GGUFSource
@@ -77,13 +94,20 @@ def load_model(
     registry: PluginRegistry,
     *,
     max_positions: int | None = None,
+    gguf_weights: str = "auto",
 ) -> LoadedModel:
     """Load ``reference`` (see `resolve_model`) onto ``backend`` with the family registered for it.
 
     ``max_positions``: the longest sequence the engine will run (None: the model's whole context);
-    per-position tables such as RoPE's are built only that long."""
+    per-position tables such as RoPE's are built only that long. ``gguf_weights``: how a GGUF file's
+    block-quantized weights are held (`keep_gguf_blocks`)."""
     resolved = resolve_model(reference)
     source = open_source(resolved)
+    if resolved.kind == "gguf":
+        from atlas_core.weights.gguf import GGUFSource
+
+        assert isinstance(source, GGUFSource)
+        source.keep_quantized = keep_gguf_blocks(source, backend, gguf_weights)
     model_type = source.config.get("model_type")
     if not model_type:
         raise ModelLoadError(f"{resolved.path}: config has no 'model_type'; cannot tell which model family it is")

@@ -143,7 +143,9 @@ def _attach_model(settings: Settings, state: Any) -> str:
     backend = select_backend(registry, settings["backend"])
     # position tables (RoPE) are built only as long as the engine will run
     max_positions = settings["max_seq_len"] or EngineConfig.default_max_seq_len
-    loaded = load_model(settings["model"], backend, registry, max_positions=max_positions)
+    loaded = load_model(
+        settings["model"], backend, registry, max_positions=max_positions, gguf_weights=settings["gguf_weights"]
+    )
     unknown = settings.apply_family_defaults(loaded.family_defaults, fixed=BEFORE_LOADING)
     if unknown:
         log.warning("the %s family defaults name no serve option: %s", loaded.name, ", ".join(unknown))

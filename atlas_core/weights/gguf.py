@@ -105,7 +105,7 @@ class GGUFSource:
 
     keep_quantized = True
     """Whether `get_quantized` offers block-quantized weights as stored; False reads every tensor as
-    floats at load (the reference the quantized path is tested against)."""
+    floats at load (`atlas_core.model.load` decides per model: the ``gguf_weights`` setting)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -121,6 +121,10 @@ class GGUFSource:
             )
         self._tensors: dict[str, GGUFTensorInfo] = {_hf_name(t.name): t for t in self._file.header.tensors.values()}
         self.config: dict[str, Any] = self._build_config()
+
+    def quantized_elements(self) -> int:
+        """How many weights `get_quantized` can offer in their blocks (2-D tensors of a kept format)."""
+        return sum(math.prod(t.shape) for t in self._tensors.values() if t.type in FORMATS and len(t.shape) == 2)
 
     def names(self) -> Iterator[str]:
         """Every tensor name, in Hugging Face naming (unmapped GGUF tensors keep their GGUF name)."""
