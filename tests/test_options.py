@@ -169,6 +169,7 @@ def test_engine_settings_are_the_engine_config_fields_with_options() -> None:
         "scheduling_policy",
         "gpu_memory_utilization",
         "kv_cache_memory_gib",
+        "kv_cache_dtype",
         "gguf_weights",
         "max_state_snapshots",
     }

@@ -146,6 +146,11 @@ class Backend(ABC):
     """The `QuantizedWeight` formats (`atlas_core.weights.quantized`) this backend executes as they are:
     its `linear` and its MoE experts accept such weights. Other formats are dequantized at load
     (`upload_quantized`)."""
+    kv_cache_dtypes: ClassVar[frozenset[str]] = frozenset()
+    """The ``kv_cache_dtype`` names (`atlas_core.backends.kv_dtypes`: ``bf16``, ``fp8``) this backend can hold
+    its KV cache in besides its activation dtype (``auto``): its `write_kv` and `attention` take caches of
+    those dtypes, and for ``fp8`` it implements `write_kv_scaled` and `attention_scaled`. The engine refuses
+    others with a `ConfigError`."""
     plugin_registry: PluginRegistry | None = None
     """The registry `ops` resolves native op-group implementations from (set by
     `atlas_core.backends.select.select_backend`; None: the process-wide registry)."""
@@ -264,6 +269,14 @@ class Backend(ABC):
         """Store ``k``/``v`` ``[T, Hk, D]`` into caches ``[num_blocks, block_size, Hk, D]`` at flat
         slots ``slot_mapping[T]``; a slot of -1 skips that token."""
 
+    def write_kv_scaled(
+        self, k_cache: Array, v_cache: Array, k: Array, v: Array, slot_mapping: Array, k_scale: float, v_scale: float
+    ) -> None:
+        """`write_kv` into scaled (fp8 E4M3) caches: each stored value is ``E4M3(clip(x / scale, -448, 448))``,
+        rounded to nearest even, with ``k_scale`` for keys and ``v_scale`` for values
+        (`atlas_core.backends.kv_dtypes.quantize_kv`). Only backends listing ``fp8`` in `kv_cache_dtypes`."""
+        raise NotImplementedError(f"the {self.name!r} backend does not hold fp8 KV caches")
+
     def qk_norm_rope_write_kv(
         self,
         q: Array,
@@ -312,6 +325,22 @@ class Backend(ABC):
         ``sliding_window`` W (None: unlimited): a query at position p sees keys ``max(0, p - W + 1) ..= p``
         (W keys including itself, the Hugging Face convention). Block-table entries of blocks that lie
         wholly before every query's window may be -1 or point at stale data: they must not be read."""
+
+    def attention_scaled(
+        self,
+        q: Array,
+        k_cache: Array,
+        v_cache: Array,
+        meta: AttentionMetadata,
+        scale: float,
+        k_scale: float,
+        v_scale: float,
+        sliding_window: int | None = None,
+    ) -> Array:
+        """`attention` over scaled (fp8 E4M3) caches written by `write_kv_scaled`: every key reads as its
+        stored value times ``k_scale`` and every value times ``v_scale`` (``scale`` is the softmax scale, as in
+        `attention`). Only backends listing ``fp8`` in `kv_cache_dtypes`."""
+        raise NotImplementedError(f"the {self.name!r} backend does not hold fp8 KV caches")
 
     def sigmoid_gate(self, x: Array, gate: Array) -> Array:
         """``x[T, N] * sigmoid(gate)`` with ``gate[T, 1]`` (one gate per token, e.g. a shared expert's

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from atlas_core.backends.base import Array, AttentionMetadata, Backend, LogitAdjustments, SamplingTensors
+from atlas_core.backends.kv_dtypes import dequantize_kv, quantize_kv
 from atlas_core.weights.gguf_quantized import FORMATS as GGUF_FORMATS
 from atlas_core.weights.nvfp4 import NVFP4
 from atlas_core.weights.quantized import FP8_E4M3, QuantizedWeight, dequantize, regrid
@@ -22,6 +23,7 @@ class NumpyBackend(Backend):
     name = "numpy"
     activation_dtype = np.dtype(np.float32)
     quantized_formats = frozenset({FP8_E4M3, NVFP4, *GGUF_FORMATS.values()})
+    kv_cache_dtypes = frozenset({"bf16", "fp8"})
 
     def from_numpy(self, array: np.ndarray, *, weight: bool = False, dtype: np.dtype | None = None) -> Array:
         array = np.asarray(array)
@@ -92,11 +94,19 @@ class NumpyBackend(Backend):
             x[..., half : 2 * half] = second * cos_t + first * sin_t
 
     def write_kv(self, k_cache: Array, v_cache: Array, k: Array, v: Array, slot_mapping: Array) -> None:
+        self.write_kv_scaled(k_cache, v_cache, k, v, slot_mapping, 1.0, 1.0)
+
+    def write_kv_scaled(
+        self, k_cache: Array, v_cache: Array, k: Array, v: Array, slot_mapping: Array, k_scale: float, v_scale: float
+    ) -> None:
         keep = slot_mapping >= 0
         slots = slot_mapping[keep]
         flat_shape = (-1,) + k_cache.shape[2:]
-        k_cache.reshape(flat_shape)[slots] = k[keep]
-        v_cache.reshape(flat_shape)[slots] = v[keep]
+        for cache, x, x_scale in ((k_cache, k, k_scale), (v_cache, v, v_scale)):
+            rows = x[keep]
+            cache.reshape(flat_shape)[slots] = (
+                rows if cache.dtype == rows.dtype else quantize_kv(rows, cache.dtype, x_scale)
+            )
 
     def attention(
         self,
@@ -108,6 +118,35 @@ class NumpyBackend(Backend):
         out: Array | None = None,
         sliding_window: int | None = None,
     ) -> Array:
+        return self._attention(q, k_cache, v_cache, meta, scale, 1.0, 1.0, out, sliding_window)
+
+    def attention_scaled(
+        self,
+        q: Array,
+        k_cache: Array,
+        v_cache: Array,
+        meta: AttentionMetadata,
+        scale: float,
+        k_scale: float,
+        v_scale: float,
+        sliding_window: int | None = None,
+    ) -> Array:
+        return self._attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale, None, sliding_window)
+
+    def _attention(
+        self,
+        q: Array,
+        k_cache: Array,
+        v_cache: Array,
+        meta: AttentionMetadata,
+        scale: float,
+        k_scale: float,
+        v_scale: float,
+        out: Array | None,
+        sliding_window: int | None,
+    ) -> Array:
+        """`attention` over caches of any KV dtype: rows not in ``q``'s dtype are widened to float32
+        (fp8 rows times ``k_scale`` / ``v_scale``, `atlas_core.backends.kv_dtypes.dequantize_kv`)."""
         out = np.empty_like(q) if out is None else out
         block_size, num_kv_heads, head_dim = k_cache.shape[1:]
         group = q.shape[1] // num_kv_heads
@@ -121,6 +160,8 @@ class NumpyBackend(Backend):
             blocks = meta.block_tables[b, first // block_size : -(-ctx // block_size)]
             keys = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[: ctx - first]
             values = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[: ctx - first]
+            if keys.dtype != q.dtype:
+                keys, values = dequantize_kv(keys, k_scale), dequantize_kv(values, v_scale)
             # [q_len, Hq, D] -> [Hk, group * q_len, D]
             grouped = q[start:end].reshape(q_len, num_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
             grouped = grouped.reshape(num_kv_heads, group * q_len, head_dim)

@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from atlas_core.backends.base import Array, Backend
-from atlas_core.errors import AtlasError
+from atlas_core.backends.kv_dtypes import KV_DTYPES, dtype_label, is_scaled
+from atlas_core.errors import AtlasError, ConfigError
 
 
 @dataclass(frozen=True)
 class KVLayout:
     """One attention layer's KV: ``num_kv_heads`` heads of ``head_dim`` values for K and for V,
-    stored in ``dtype`` (None: the backend's activation dtype; the seam for fp8 and lower).
+    stored in ``dtype`` (None: the backend's activation dtype; `atlas_core.backends.kv_dtypes` lists the others).
 
     The cache holds a key and a value array per layer, each ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+    ``k_scale`` / ``v_scale``: the float32 scales of fp8 storage (stored = x / scale; the checkpoint's
+    ``k_scale`` / ``v_scale`` where it has them); unused by other dtypes.
     """
 
     num_kv_heads: int
     head_dim: int
     dtype: np.dtype | None = None
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     @property
     def token_shapes(self) -> tuple[tuple[int, ...], ...]:
@@ -78,6 +84,28 @@ def describe_layouts(layouts: list[AnyKVLayout]) -> str:
     return f"{len(layouts)} layers: " + ", ".join(f"{n} x {kind}" for kind, n in counts.items())
 
 
+def kv_storage_layouts(layouts: list[AnyKVLayout], kv_cache_dtype: str, backend: Backend) -> list[AnyKVLayout]:
+    """``layouts`` (a model's) with the storage dtype the ``kv_cache_dtype`` setting asks for.
+
+    ``auto``, and a name whose dtype is the backend's activation dtype, change nothing. Otherwise the
+    backend must list the name in `Backend.kv_cache_dtypes`, and no layer may be an MLA latent layer
+    (`LatentKVLayout`, which stays in the activation dtype): else `ConfigError` naming what is supported."""
+    if kv_cache_dtype == "auto" or KV_DTYPES[kv_cache_dtype] == np.dtype(backend.activation_dtype):
+        return list(layouts)
+    if kv_cache_dtype not in backend.kv_cache_dtypes:
+        own = {name for name, dtype in KV_DTYPES.items() if dtype == np.dtype(backend.activation_dtype)}
+        raise ConfigError(
+            f"kv_cache_dtype={kv_cache_dtype} is not supported by the {backend.name!r} backend; it supports: "
+            + ", ".join(["auto", *sorted(own | backend.kv_cache_dtypes)])
+        )
+    if any(isinstance(layout, LatentKVLayout) for layout in layouts):
+        raise ConfigError(
+            f"kv_cache_dtype={kv_cache_dtype} is not supported for MLA latent KV caches (the latent rows stay in the "
+            f"activation dtype, {dtype_label(backend.activation_dtype)}); use kv_cache_dtype=auto"
+        )
+    return [dataclasses.replace(layout, dtype=KV_DTYPES[kv_cache_dtype]) for layout in layouts]
+
+
 class KVCacheTooSmallError(AtlasError):
     """The memory budget cannot hold what was asked; the message gives the numbers and what fits."""
 
@@ -111,6 +139,7 @@ def plan_kv_cache(
     ``max_num_seqs`` sequences of ``max_seq_len`` of them.
     """
     bytes_per_token = sum(layout.bytes_per_token(default_dtype) for layout in layouts)
+    stored_as = "/".join(sorted({dtype_label(layout.dtype or default_dtype) for layout in layouts}))
     bytes_per_block = bytes_per_token * block_size
     needed = -(-max_seq_len // block_size)
     if bytes_per_block == 0:
@@ -121,7 +150,7 @@ def plan_kv_cache(
         raise KVCacheTooSmallError(
             f"the KV cache cannot hold one sequence of max_seq_len={max_seq_len}: {budget_source} gives "
             f"{max(0, budget_bytes) / mib:.1f} MiB, which holds {num_blocks} blocks of {block_size} tokens "
-            f"({bytes_per_token} bytes per token over {describe_layouts(layouts)}), "
+            f"({bytes_per_token} bytes per token over {describe_layouts(layouts)}) with KV stored as {stored_as}, "
             f"but one sequence needs {needed} blocks "
             f"({needed * bytes_per_block / mib:.1f} MiB). Lower max_seq_len to at most {num_blocks * block_size}, "
             f"or raise the budget to at least {needed * bytes_per_block / mib:.1f} MiB."
@@ -134,7 +163,8 @@ class KVCache:
 
     ``keys[i]`` / ``values[i]``: layer i's key and value arrays (`KVLayout`:
     ``[num_blocks, block_size, num_kv_heads, head_dim]``); for a `LatentKVLayout` layer ``keys[i]``
-    is the latent array and ``values[i]`` is None.
+    is the latent array and ``values[i]`` is None. ``scales[i]``: ``(k_scale, v_scale)`` of a layer
+    stored scaled (fp8: `Backend.write_kv_scaled` / `Backend.attention_scaled`), else None.
     """
 
     def __init__(self, backend: Backend, layouts: list[AnyKVLayout], plan: KVPlan) -> None:
@@ -142,8 +172,11 @@ class KVCache:
         self.num_blocks = plan.num_blocks
         self.keys: list[Array] = []
         self.values: list[Array | None] = []
+        self.scales: list[tuple[float, float] | None] = []
         for layout in layouts:
             dtype = layout.dtype or backend.activation_dtype
+            scaled = isinstance(layout, KVLayout) and is_scaled(dtype)
+            self.scales.append((layout.k_scale, layout.v_scale) if scaled and isinstance(layout, KVLayout) else None)
             arrays = [backend.zeros((plan.num_blocks, plan.block_size, *shape), dtype) for shape in layout.token_shapes]
             self.keys.append(arrays[0])
             self.values.append(arrays[1] if len(arrays) > 1 else None)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from atlas_core.backends.base import Backend
+from atlas_core.backends.kv_dtypes import KVCacheDtype
 from atlas_core.errors import ConfigError
 from atlas_core.options.declare import check_choices, option, options_of
 
@@ -39,7 +40,8 @@ class EngineConfig:
     (what the weights and other allocations already use is subtracted), or
     ``kv_cache_memory_gib`` on host backends. ``max_prefill_tokens`` None means
     ``max_num_batched_tokens``. ``max_state_snapshots`` (hybrid recurrent models with prefix caching:
-    how many saved recurrent states back cached prefixes) None means ``max_num_seqs``.
+    how many saved recurrent states back cached prefixes) None means ``max_num_seqs``. ``kv_cache_dtype``
+    names the KV storage (`atlas_core.backends.kv_dtypes`); the engine refuses one its backend does not hold.
     Construction checks every value (`ConfigError`).
     """
 
@@ -63,6 +65,11 @@ class EngineConfig:
     tbt_slo_ms: float = 100.0
     gpu_memory_utilization: float = option(0.9, help="fraction of GPU memory the engine may use, KV cache included")
     kv_cache_memory_gib: float = option(1.0, help="KV cache size on CPU backends, GiB")
+    kv_cache_dtype: KVCacheDtype = option(
+        "auto",
+        help="KV cache storage: auto (the backend's activation dtype), bf16, or fp8 (E4M3 with a scale per layer "
+        "for K and for V: the checkpoint's, else 1.0)",
+    )
     gguf_weights: GGUFWeights = option(
         "auto",
         help="GGUF block-quantized weights: quantized (kept in their blocks, about the file's size; the NumPy "

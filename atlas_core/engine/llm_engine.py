@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 
 from atlas_core.backends.base import Backend
-from atlas_core.batch.kv_cache import KVCache, plan_kv_cache
+from atlas_core.backends.kv_dtypes import dtype_label
+from atlas_core.batch.kv_cache import KVCache, kv_storage_layouts, plan_kv_cache
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.config import EngineConfig, kv_budget
 from atlas_core.engine.guided_decoding import GuidedDecoding
@@ -35,6 +36,7 @@ class LLMEngine:
                 f"max_seq_len={config.max_seq_len} exceeds the model's context length ({model.max_position_embeddings})"
             )
         self.max_seq_len = min(config.max_seq_len or config.default_max_seq_len, model.max_position_embeddings)
+        self.kv_layouts = kv_storage_layouts(model.kv_layouts, config.kv_cache_dtype, backend)
         budget, source = kv_budget(backend, config)
         # recurrent state: one slot per running sequence, plus the prefix cache's state snapshots
         num_seq_slots = config.max_num_seqs if model.has_recurrent_state else 0
@@ -45,7 +47,7 @@ class LLMEngine:
             budget -= state_bytes
             source += f" minus {state_bytes / 2**20:.1f} MiB of recurrent state ({num_seq_slots + num_snapshots} slots)"
         plan = plan_kv_cache(
-            model.kv_layouts,
+            self.kv_layouts,
             backend.activation_dtype,
             config.block_size,
             budget,
@@ -68,7 +70,7 @@ class LLMEngine:
                 plan.capacity_tokens // config.max_num_seqs,
                 config.max_num_seqs,
             )
-        self.kv = KVCache(backend, model.kv_layouts, plan)
+        self.kv = KVCache(backend, self.kv_layouts, plan)
         self.blocks = BlockManager(
             plan.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
@@ -101,6 +103,12 @@ class LLMEngine:
     @property
     def kv_capacity_tokens(self) -> int:
         return self.kv_plan.capacity_tokens
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV storage dtype(s) by name (``float32``, ``bfloat16``, ``float8_e4m3fn``; ``/``-joined if mixed)."""
+        default = self.backend.activation_dtype
+        return "/".join(sorted({dtype_label(layout.dtype or default) for layout in self.kv_layouts}) or ["none"])
 
     def add_request(
         self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from atlas_core.backends.base import Array, Backend
 from atlas_core.batch.kv_cache import KVLayout
 from atlas_core.errors import ModelLoadError
+from atlas_core.model.kv_scales import checkpoint_kv_scales
 from atlas_core.model.layers.attention import AttentionWeights
 from atlas_core.model.rope import RopeSpec, rotary_tables
 from atlas_core.model.spec import DecoderSpec
@@ -112,6 +113,11 @@ class ModelWeightLoader(ABC):
     def optional_upload(self, present: bool, *names: str) -> Array | None:
         """``upload(*names)`` when ``present`` (a config flag such as ``attention_bias``), else None."""
         return self.upload(*names) if present else None
+
+    def kv_scales(self, prefix: str) -> tuple[float, float]:
+        """The fp8 KV-cache ``(k_scale, v_scale)`` the checkpoint gives attention layer ``prefix``, else ``(1.0, 1.0)``
+        (`atlas_core.model.kv_scales`); a `KVLayout` takes them as its last two fields."""
+        return checkpoint_kv_scales(self.source, prefix, self.origin)
 
     def upload_float32(self, array: np.ndarray) -> Array:
         """Upload a host array kept in float32 whatever the weight dtype (routing biases, SSM decay
@@ -270,7 +276,10 @@ class DenseDecoderLoader(ModelWeightLoader):
             layers=layers,
             final_norm=norm("model.norm.weight"),
             lm_head=embed if spec.tie_word_embeddings else self.upload("lm_head.weight"),
-            kv_layouts=[KVLayout(spec.num_kv_heads, spec.head_dim)] * spec.num_layers,
+            kv_layouts=[
+                KVLayout(spec.num_kv_heads, spec.head_dim, None, *self.kv_scales(f"model.layers.{i}.self_attn."))
+                for i in range(spec.num_layers)
+            ],
             vocab_size=spec.vocab_size,
             max_position_embeddings=spec.max_position_embeddings,
         )

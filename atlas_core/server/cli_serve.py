@@ -13,7 +13,6 @@ from typing import Any
 
 from atlas_core.options.flags import add_flags, parsed_values
 from atlas_core.options.resolve import Settings
-from atlas_core.options.suggest import add_unsupported_flag
 from atlas_core.server.settings import SERVE_OPTIONS
 
 log = logging.getLogger("atlas.serve")
@@ -43,11 +42,6 @@ def add_serve_parser(commands: Any) -> None:
         "/tokenize, /detokenize, /health, /metrics, /openapi.json.",
     )
     add_flags(parser, SERVE_OPTIONS, with_defaults=False)
-    add_unsupported_flag(
-        parser,
-        "--kv-cache-dtype",
-        "the KV cache is kept in the backend's activation dtype (no KV dtype setting)",
-    )
     parser.set_defaults(handler=run_serve)
 
 
@@ -176,6 +170,7 @@ def _attach_model(settings: Settings, state: Any) -> str:
     return (
         f"model={config.model_names[0]} backend={backend.name} "
         f"kv_capacity={capacity} tokens ({capacity // max_len} sequences of max_seq_len={max_len}) "
+        f"kv_cache_dtype={engine.kv_dtype} "
         f"max_num_seqs={engine.config.max_num_seqs} tool_call_parser={config.tool_call_parser} "
         f"reasoning_parser={config.reasoning_parser}"
         + (f" generation_config={config.generation_defaults}" if config.generation_defaults else "")

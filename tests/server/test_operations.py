@@ -158,5 +158,15 @@ def test_unknown_flag_suggests_the_nearest(capsys: pytest.CaptureFixture[str]) -
         main(["serve", "--max-num-sequences", "4"])
     assert "did you mean --max-num-seqs?" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["serve", "--kv-cache-dtype", "fp8"])
-    assert "--kv-cache-dtype is not supported yet" in capsys.readouterr().err
+        main(["serve", "--kv-cache-dtype", "fp4"])
+    assert "--kv-cache-dtype: expected one of auto, bf16, fp8, got 'fp4'" in capsys.readouterr().err
+
+
+def test_kv_cache_dtype_from_flag_and_environment() -> None:
+    parsed = build_parser().parse_args(["serve", "--kv-cache-dtype", "fp8"])
+    assert serve_settings(parsed, {})["kv_cache_dtype"] == "fp8"
+    assert (
+        serve_settings(build_parser().parse_args(["serve"]), {"ATLAS_KV_CACHE_DTYPE": "bf16"})["kv_cache_dtype"]
+        == "bf16"
+    )
+    assert serve_settings(build_parser().parse_args(["serve"]), {})["kv_cache_dtype"] == "auto"

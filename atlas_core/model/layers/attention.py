@@ -70,7 +70,7 @@ class Attention:
         k = qkv[:, q_width : q_width + kv_width].reshape(tokens, self.num_kv_heads, self.head_dim)
         v = k if w.values_from_keys else qkv[:, q_width + kv_width :].reshape(tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv.keys[self.layer_index], kv.values[self.layer_index]
-        if self._fused_inputs():
+        if self._fused_inputs() and kv.scales[self.layer_index] is None:
             norm = w.q_norm or w.k_norm
             eps = norm.eps if norm else 0.0
             q = backend.qk_norm_rope_write_kv(
@@ -96,8 +96,29 @@ class Attention:
             k = w.k_norm(k)[0]
         if self.rope_cos is not None:  # None: a layer without positional rotation (Nemotron-H attention)
             backend.rope(q, k, batch.positions, self.rope_cos, self.rope_sin)
-        backend.write_kv(k_cache, v_cache, k, v, batch.attention.slot_mapping)
+        self.write_kv(k, v, batch, kv)
         return self.attend(q, batch, kv)
+
+    def write_kv(self, k: Array, v: Array, batch: ForwardBatch, kv: KVCache) -> None:
+        """Store this step's rotated keys and values in the layer's cache slot (`Backend.write_kv`, or
+        `Backend.write_kv_scaled` with the slot's scales when it is stored scaled, fp8)."""
+        k_cache, v_cache, scales = kv.keys[self.layer_index], kv.values[self.layer_index], kv.scales[self.layer_index]
+        if scales is None:
+            self.backend.write_kv(k_cache, v_cache, k, v, batch.attention.slot_mapping)
+        else:
+            self.backend.write_kv_scaled(k_cache, v_cache, k, v, batch.attention.slot_mapping, *scales)
+
+    def mix(self, q: Array, batch: ForwardBatch, kv: KVCache) -> Array:
+        """Paged attention of rotated queries ``q[T, Hq, D]`` over the layer's cache slot -> ``[T, Hq, D]``
+        (`Backend.attention`, or `Backend.attention_scaled` when the slot is stored scaled, fp8)."""
+        k_cache, v_cache, scales = kv.keys[self.layer_index], kv.values[self.layer_index], kv.scales[self.layer_index]
+        if scales is None:
+            return self.backend.attention(
+                q, k_cache, v_cache, batch.attention, self.scale, sliding_window=self.sliding_window
+            )
+        return self.backend.attention_scaled(
+            q, k_cache, v_cache, batch.attention, self.scale, *scales, sliding_window=self.sliding_window
+        )
 
     def _fused_inputs(self) -> bool:
         """Whether `Backend.qk_norm_rope_write_kv` covers this layer: rotary positions, values of
@@ -110,10 +131,9 @@ class Attention:
     def attend(self, q: Array, batch: ForwardBatch, kv: KVCache) -> Array:
         """Attention of rotated queries ``q[T, Hq, D]`` over the layer's cache slot, then the output
         projection -> ``[T, H]``."""
-        backend, w = self.backend, self.weights
-        k_cache, v_cache = kv.keys[self.layer_index], kv.values[self.layer_index]
-        mixed = backend.attention(q, k_cache, v_cache, batch.attention, self.scale, sliding_window=self.sliding_window)
-        return backend.linear(mixed.reshape(q.shape[0], self.num_heads * self.head_dim), w.o, w.o_bias)
+        w = self.weights
+        mixed = self.mix(q, batch, kv)
+        return self.backend.linear(mixed.reshape(q.shape[0], self.num_heads * self.head_dim), w.o, w.o_bias)
 
 
 class SharedKVAttention(Attention):

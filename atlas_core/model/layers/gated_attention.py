@@ -28,7 +28,6 @@ class GatedAttention(Attention):
         if w.k_norm is not None:
             k = w.k_norm(k)[0]
         backend.rope(q, k, batch.positions, self.rope_cos, self.rope_sin)
-        k_cache, v_cache = kv.keys[self.layer_index], kv.values[self.layer_index]
-        backend.write_kv(k_cache, v_cache, k, v, batch.attention.slot_mapping)
-        mixed = backend.attention(q, k_cache, v_cache, batch.attention, self.scale).reshape(tokens, q_width)
+        self.write_kv(k, v, batch, kv)
+        mixed = self.mix(q, batch, kv).reshape(tokens, q_width)
         return backend.linear(backend.sigmoid_gate(mixed, projected[:, v_end:]), w.o, w.o_bias)

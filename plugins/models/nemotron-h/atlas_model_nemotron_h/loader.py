@@ -48,7 +48,7 @@ class NemotronHLoader(ModelWeightLoader):
                 mixer: Any = self._mamba(spec, p + "mixer.", i, state)
             elif kind == "attention":
                 mixer = self._attention(spec, p + "mixer.", len(kv_layouts))
-                kv_layouts.append(KVLayout(spec.num_kv_heads, spec.head_dim))
+                kv_layouts.append(KVLayout(spec.num_kv_heads, spec.head_dim, None, *self.kv_scales(p + "mixer.")))
             elif kind == "mlp":
                 mixer = self._mlp(p + "mixer.", spec.mlp_bias)
             else:

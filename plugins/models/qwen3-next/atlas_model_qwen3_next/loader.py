@@ -54,7 +54,9 @@ class Qwen3NextLoader(ModelWeightLoader):
                 )
             else:
                 mixer = self._attention(p + "self_attn.", spec, kv_index=len(kv_layouts))
-                kv_layouts.append(KVLayout(decoder.num_kv_heads, decoder.head_dim))
+                kv_layouts.append(
+                    KVLayout(decoder.num_kv_heads, decoder.head_dim, None, *self.kv_scales(p + "self_attn."))
+                )
             ffn = self._moe(p + "mlp.", spec) if i in spec.moe_layers else self.gated_mlp(p + "mlp.")
             layers.append(
                 self.layer_type("pre_norm_decoder_layer")(
