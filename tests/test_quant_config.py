@@ -129,3 +129,16 @@ def test_float8_tensors_need_their_scale_and_a_config(tmp_path: Path) -> None:
     source = SafetensorsSource(checkpoint(tmp_path / "wrong-grid", FP8_BLOCK, wrong))
     with pytest.raises(ModelLoadError, match=r"'p.weight' has shape \(3, 3\).*declared block sizes: \[16, 16\]"):
         source.get_quantized("p.weight")
+
+
+@pytest.mark.parametrize(("bad", "shown"), [(np.nan, "nan"), (np.inf, "inf"), (-0.5, "-0.5")])
+def test_a_corrupt_scale_is_a_load_error_naming_the_tensor(tmp_path: Path, bad: float, shown: str) -> None:
+    weight = quantize_fp8(np.random.default_rng(0).standard_normal((32, 32)).astype(np.float32), (16, 16))
+    scales = stored(weight).copy()
+    scales[1, 0] = bad
+    tensors = {"p.weight": np.asarray(weight.data), "p.weight_scale_inv": scales}
+    source = SafetensorsSource(checkpoint(tmp_path / "corrupt", FP8_BLOCK, tensors))
+    with pytest.raises(
+        ModelLoadError, match=rf"scale of 'p.weight' holds 1 invalid value\(s\) \(e.g. {shown};.*corrupt"
+    ):
+        source.get_quantized("p.weight")

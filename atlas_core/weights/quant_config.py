@@ -40,7 +40,7 @@ import numpy as np
 
 from atlas_core.errors import ModelLoadError
 from atlas_core.weights.nvfp4 import GROUP, NVFP4, nvfp4_weight
-from atlas_core.weights.quantized import FP8_E4M3, QuantizedWeight, scale_grid
+from atlas_core.weights.quantized import ELEMENT_DTYPES, FP8_E4M3, QuantizedWeight, scale_grid
 
 SUPPORTED_METHODS = (
     "'fp8' (FP8 E4M3 weights with block or per-tensor scales), 'compressed-tensors' (format "
@@ -206,6 +206,8 @@ class QuantizationScheme:
                 f"{tuple(scale.shape)} and global scale {tuple(value.shape)} do not fit (expected scales "
                 f"[..., N, K / {GROUP}] for packed [..., N, K / 2] and one global scale per matrix)"
             )
+        check_scales(self.origin, name, "global scale", value, positive=True)
+        check_scales(self.origin, name, "group scales", np.asarray(scale).view(ELEMENT_DTYPES[FP8_E4M3]))
         value = value.reshape(shape[:-2]) if value.size > 1 else value.reshape(())
         factor = 1.0 / value if self.method == "compressed-tensors" else value
         return nvfp4_weight(packed, scale, factor)
@@ -221,6 +223,7 @@ class QuantizationScheme:
         shape = tuple(data.shape)
         if len(shape) < 2:
             raise ModelLoadError(f"{self.origin}: quantized tensor {name!r} has shape {shape}; expected [..., out, in]")
+        check_scales(self.origin, name, "scale", np.asarray(scale, dtype=np.float32))
         scales = _scale_array(np.asarray(scale, dtype=np.float32), shape)
         if scales is None:
             raise ModelLoadError(
@@ -246,6 +249,19 @@ class QuantizationScheme:
             if scale_grid(shape, block) == grid:
                 return block
         return None
+
+
+def check_scales(origin: str, name: str, what: str, values: np.ndarray, *, positive: bool = False) -> None:
+    """A `ModelLoadError` naming tensor ``name`` when its ``what`` holds NaN, infinite or negative values
+    (or zeros, with ``positive``): a corrupt checkpoint, which would otherwise load and produce garbage."""
+    numbers = np.asarray(values, dtype=np.float64)
+    bad = ~np.isfinite(numbers) | (numbers <= 0 if positive else numbers < 0)
+    if bad.any():
+        example = numbers[bad].flat[0]
+        raise ModelLoadError(
+            f"{origin}: the {what} of {name!r} holds {int(bad.sum())} invalid value(s) (e.g. {example}; scales "
+            f"must be finite and {'positive' if positive else 'non-negative'}): the checkpoint is corrupt"
+        )
 
 
 def _weights(group: Any) -> Any:
