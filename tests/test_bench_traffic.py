@@ -118,3 +118,16 @@ def test_gemma4_per_layer_table_is_gathered_and_shared_layers_read_again() -> No
     assert traffic.bytes_per_step == traffic.total_bytes - table  # the tied embedding is read in full
     reads = traffic.sequence.kv_reads
     assert len(reads) == layers and len(model.kv_layouts) == layers - config["num_kv_shared_layers"]
+
+
+def test_kv_reads_count_the_dtype_the_engine_stores() -> None:
+    """Under ``kv_cache_dtype="fp8"`` the KV read per token is a byte an element, not the model's float32."""
+    from atlas_core import LLM
+
+    plain = LLM(TINY / "qwen3", kv_cache_memory_gib=1 / 64)
+    fp8 = LLM(TINY / "qwen3", kv_cache_memory_gib=1 / 64, kv_cache_dtype="fp8")
+    as_model = weight_traffic(fp8.loaded.model).sequence
+    as_stored = weight_traffic(fp8.loaded.model, fp8.engine.kv_layouts).sequence
+    assert weight_traffic(plain.loaded.model, plain.engine.kv_layouts).sequence == as_model
+    assert as_stored.kv_write_bytes * F32 == as_model.kv_write_bytes
+    assert as_stored.step_bytes(100) * F32 == as_model.step_bytes(100)

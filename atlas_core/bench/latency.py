@@ -61,7 +61,7 @@ def run_latency(args: argparse.Namespace) -> int:
     llm = make_llm(args)
     batch, prompt_len, tokens = args.batch_size, args.prompt_len, args.tokens
     check_fits(llm, batch, prompt_len, tokens)
-    traffic = weight_traffic(llm.loaded.model)
+    traffic = weight_traffic(llm.loaded.model, llm.engine.kv_layouts)
     print_header("latency", llm, traffic)
     bandwidth, peak = ceilings(args, llm.backend)
     rng = np.random.default_rng(0)

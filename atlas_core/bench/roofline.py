@@ -21,6 +21,7 @@ as a square matrix product through ``backend.linear``; both can be given instead
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,8 +158,9 @@ def gathered_tables(objects: list[Any]) -> dict[int, Any]:
     return tables
 
 
-def weight_traffic(model: Any) -> WeightTraffic:
-    """What one forward step of ``model`` (a `TransformerModel`) reads and computes (`WeightTraffic`)."""
+def weight_traffic(model: Any, kv_layouts: Sequence[Any] | None = None) -> WeightTraffic:
+    """What one forward step of ``model`` (a `TransformerModel`) reads and computes (`WeightTraffic`);
+    ``kv_layouts``: the KV layouts as the engine stores them (`sequence_traffic`), None for the model's."""
     weights, objects = model_weights(model)
     banks = expert_banks(objects)
     embed, head = model.embed_tokens, model.lm_head
@@ -185,7 +187,7 @@ def weight_traffic(model: Any) -> WeightTraffic:
         head_params=int(np.prod(head.shape)),
         dtypes=dtypes,
         expert_banks=distinct_banks,
-        sequence=sequence_traffic(model, objects),
+        sequence=sequence_traffic(model, objects, kv_layouts),
         gathered_bytes=gathered_bytes,
     )
 

@@ -16,6 +16,7 @@ recurrent state, as the model describes them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,11 +56,14 @@ class SequenceTraffic:
         return sum(self.step_bytes(first_context + i) for i in range(steps)) / steps
 
 
-def sequence_traffic(model: Any, objects: list[Any]) -> SequenceTraffic:
+def sequence_traffic(model: Any, objects: list[Any], kv_layouts: Sequence[Any] | None = None) -> SequenceTraffic:
     """The `SequenceTraffic` of ``model``, whose attention layers are among ``objects`` (every object
-    reachable from it, `atlas_core.bench.roofline.model_weights`)."""
-    dtype = np.dtype(model.backend.activation_dtype)
-    per_token = [int(layout.bytes_per_token(dtype)) for layout in getattr(model, "kv_layouts", [])]
+    reachable from it, `atlas_core.bench.roofline.model_weights`). ``kv_layouts``: the layouts as the
+    engine stores them (their ``dtype``, e.g. fp8 under ``kv_cache_dtype``); None: the model's, in the
+    backend's activation dtype."""
+    default = np.dtype(model.backend.activation_dtype)
+    layouts = getattr(model, "kv_layouts", []) if kv_layouts is None else kv_layouts
+    per_token = [int(layout.bytes_per_token(np.dtype(getattr(layout, "dtype", None) or default))) for layout in layouts]
     reads: list[KVRead] = []
     claimed: set[int] = set()
     for obj in objects:

@@ -88,7 +88,7 @@ def run_throughput(args: argparse.Namespace) -> int:
     workload = make_workload(
         args.num_requests, args.min_len, args.max_len, args.seed, llm.loaded.model.vocab_size, engine.max_seq_len
     )
-    traffic = weight_traffic(llm.loaded.model)
+    traffic = weight_traffic(llm.loaded.model, llm.engine.kv_layouts)
     print_header("throughput", llm, traffic)
     bandwidth, peak = ceilings(args, llm.backend)
     print(
