@@ -7,8 +7,6 @@ elements: the numbers do not matter here), made in a temporary folder."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -17,15 +15,12 @@ import pytest
 from safetensors.numpy import save_file
 
 from atlas_core.testing.quantized import quantized_weights
+from tests.resident_memory import assert_grows_by_about_the_file_size
 
 pytest.importorskip("atlas_model_llama", reason="the llama family (atlas-model-llama) builds the model")
 
 HIDDEN, INTERMEDIATE, LAYERS, VOCAB, HEADS = 1024, 2816, 4, 512, 8
 BLOCK = 128
-RSS_SLACK_BYTES = 16 * 2**20
-"""Process memory growth allowed beyond the file's size: the embedding and LM head in float32 (twice their
-bfloat16 bytes, 2 MiB here), a 4 MiB KV cache, interpreter objects. A float32 copy of the FP8 weights
-would add three times the file (150 MiB)."""
 
 
 def fp8_llama(folder: Path, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE, layers: int = LAYERS) -> Path:
@@ -106,49 +101,8 @@ def test_quantized_weights_are_held_at_their_file_size(checkpoint: Path) -> None
     assert sum(w.nbytes for w in held) == quantized_bytes_in_file(checkpoint)
 
 
-RSS_PROBE = """
-import ctypes, gc, sys
-from atlas_core import LLM, SamplingParams
-
-def rss():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-
-def run(llm):  # one short generation reads every weight
-    llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
-
-SETTINGS = dict(kv_cache_memory_gib=1 / 256, max_seq_len=64, gguf_weights="quantized")  # GGUF: kept in blocks
-run(LLM(sys.argv[2], **SETTINGS))  # imports and first-use costs
-gc.collect()
-before = rss()
-llm = LLM(sys.argv[1], **SETTINGS)
-loaded = rss()
-run(llm)
-try:  # hand the freed dequantization buffers back: glibc keeps freed blocks of their size in its heap
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-except (OSError, AttributeError):
-    pass
-print(loaded - before, rss() - before)
-"""
-
-
 def test_loading_and_running_grows_the_process_by_about_the_file_size(checkpoint: Path, tmp_path: Path) -> None:
     """The weights are copied into memory (the file is not kept mapped), quantized."""
     small = fp8_llama(tmp_path / "small", hidden=128, intermediate=256, layers=1)
     file_bytes = (checkpoint / "model.safetensors").stat().st_size
-    probe = subprocess.run(
-        [sys.executable, "-c", RSS_PROBE, str(checkpoint), str(small)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    loaded, ran = (int(value) for value in probe.stdout.split()[-2:])
-    print(
-        f"file {file_bytes / 2**20:.1f} MiB; resident growth {loaded / 2**20:.1f} MiB loaded, {ran / 2**20:.1f} MiB run"
-    )
-    for what, growth in (("loading", loaded), ("loading and running", ran)):
-        assert growth <= file_bytes + RSS_SLACK_BYTES, (
-            f"{what} a {file_bytes / 2**20:.1f} MiB FP8 checkpoint grew the process by {growth / 2**20:.1f} MiB"
-        )
+    assert_grows_by_about_the_file_size(checkpoint, small, file_bytes, "FP8 checkpoint")

@@ -7,8 +7,6 @@ temporary folder; the embedding and LM head are F16."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,16 +15,12 @@ from gguf import GGMLQuantizationType as Q
 
 from atlas_core.testing.quantized import quantized_weights
 from atlas_core.weights.gguf import GGUFSource
-from tests.test_fp8_memory import RSS_PROBE
+from tests.resident_memory import assert_grows_by_about_the_file_size
 from tests.test_gguf_quantized import generator
 
 pytest.importorskip("atlas_model_llama", reason="the llama family (atlas-model-llama) builds the model")
 
 HIDDEN, INTERMEDIATE, LAYERS, VOCAB, HEADS = 1024, 2816, 4, 512, 8
-RSS_SLACK_BYTES = 16 * 2**20
-"""Process growth allowed beyond the file's size: the embedding and LM head in float32 (twice their F16
-bytes, 2 MiB here), a 4 MiB KV cache, interpreter objects. A float32 copy of the Q4_K weights would add
-about six times the file (170 MiB)."""
 
 
 def q4_k_llama(path: Path, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE, layers: int = LAYERS) -> Path:
@@ -81,19 +75,4 @@ def test_quantized_weights_are_held_at_their_file_size(model_file: Path) -> None
 def test_loading_and_running_grows_the_process_by_about_the_file_size(model_file: Path, tmp_path: Path) -> None:
     """The blocks are copied into memory (the file is not kept mapped), quantized."""
     small = q4_k_llama(tmp_path / "small.gguf", hidden=256, intermediate=256, layers=1)
-    file_bytes = model_file.stat().st_size
-    probe = subprocess.run(
-        [sys.executable, "-c", RSS_PROBE, str(model_file), str(small)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    loaded, ran = (int(value) for value in probe.stdout.split()[-2:])
-    print(
-        f"file {file_bytes / 2**20:.1f} MiB; resident growth {loaded / 2**20:.1f} MiB loaded, {ran / 2**20:.1f} MiB run"
-    )
-    for what, growth in (("loading", loaded), ("loading and running", ran)):
-        assert growth <= file_bytes + RSS_SLACK_BYTES, (
-            f"{what} a {file_bytes / 2**20:.1f} MiB Q4_K file grew the process by {growth / 2**20:.1f} MiB"
-        )
+    assert_grows_by_about_the_file_size(model_file, small, model_file.stat().st_size, "Q4_K file")
