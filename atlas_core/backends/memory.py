@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 
 def available_memory(backend: Any) -> tuple[int, str] | None:
     """``(bytes, where)`` free for weights: device memory on device backends, the host's available
@@ -22,3 +24,8 @@ def available_memory(backend: Any) -> tuple[int, str] | None:
     except (OSError, ValueError):
         pass
     return (min(found), "available host memory") if found else None
+
+
+def weight_itemsize(backend: Any) -> int:
+    """Bytes a float weight takes on ``backend`` once uploaded (`Backend.from_numpy` with ``weight=True``)."""
+    return int(backend.from_numpy(np.zeros(1, np.float32), weight=True).dtype.itemsize)

@@ -25,7 +25,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from atlas_core.backends.memory import available_memory
+from atlas_core.backends.memory import available_memory, weight_itemsize
 from atlas_core.errors import ModelLoadError
 
 PRESETS: dict[str, dict[str, Any]] = json.loads(resources.files(__package__).joinpath("presets.json").read_text())
@@ -138,7 +138,7 @@ def check_fits(name: str, shapes: dict[str, tuple[int, ...]], backend: Any, laye
     available = available_memory(backend)
     if available is None:
         return
-    itemsize = int(backend.from_numpy(np.zeros(1, BF16), weight=True).dtype.itemsize)
+    itemsize = weight_itemsize(backend)
     sizes = [math.prod(shape) for shape in shapes.values()]
     needed = sum(sizes) * itemsize + (2 * max(sizes) if backend.device_memory() is None else 0)
     if needed + reserve <= available[0]:

@@ -7,10 +7,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from atlas_core.backends.base import Backend
-from atlas_core.backends.memory import available_memory
+from atlas_core.backends.memory import available_memory, weight_itemsize
 from atlas_core.errors import ModelLoadError, UnsupportedArchitectureError
 from atlas_core.model.resolve import ResolvedModel, resolve_model
 from atlas_core.model.transformer import TransformerModel
@@ -63,8 +61,7 @@ def keep_gguf_blocks(source: GGUFSource, backend: Backend, gguf_weights: str) ->
     if gguf_weights != "auto":
         return gguf_weights == "quantized"
     available = available_memory(backend)
-    itemsize = int(backend.from_numpy(np.zeros(1, np.float32), weight=True).dtype.itemsize)
-    return available is not None and source.quantized_elements() * itemsize > available[0] // 2
+    return available is not None and source.quantized_elements() * weight_itemsize(backend) > available[0] // 2
 
 
 def open_source(resolved: ResolvedModel) -> WeightSource:
