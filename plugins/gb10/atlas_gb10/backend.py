@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from atlas_core.backends.base import (
@@ -22,24 +21,14 @@ from atlas_core.backends.base import (
     SamplingTensors,
 )
 from atlas_core.weights.quantized import QuantizedWeight
+from atlas_gb10 import attention_inputs
+from atlas_gb10.arrays import BF16, element_strides, null_or
 from atlas_gb10.attention import AttentionRunner
 from atlas_gb10.fp8 import FORMATS, executes_natively, upload_fp8, weight_operand
 from atlas_gb10.sampling import LogitsOps
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
 GEMM_TILES = ((2, 4), (1, 4), (1, 2), (1, 1))
 """(m-tiles of 16 rows, n-tiles of 8 columns) per GEMM block, largest first."""
-QKV_FUSED_WARPS, QKV_FUSED_MAX_HEAD_DIM = 16, 256
-"""``QKR_WARPS`` and ``QKR_MAX_D`` of ``elementwise.cu``'s fused attention-input kernel."""
-
-
-def null_or(array: Any) -> Any:
-    """A kernel pointer argument: the array, or a null pointer for None."""
-    return np.uint64(0) if array is None else array
-
-
-def element_strides(array: Any) -> tuple[int, ...]:
-    return tuple(s // array.itemsize for s in array.strides)
 
 
 class CudaBackend(Backend):
@@ -277,60 +266,10 @@ class CudaBackend(Backend):
         return self._gated("gelu_tanh_mul_bf16", x, out)
 
     def rope(self, q: Array, k: Array, positions: Array, cos: Array, sin: Array) -> None:
-        self.require_bf16("rope", q, k)
-        if q.strides[-1] != q.itemsize or k.strides[-1] != k.itemsize:
-            raise ValueError("cuda backend: rope needs q and k with contiguous head dims")
-        tokens, half = q.shape[0], cos.shape[1]
-        if tokens == 0 or half == 0:
-            return
-        if cos.dtype != np.float32:  # the contract's tables are float32; accept others at the cost of a copy
-            cos, sin = cos.astype(np.float32), sin.astype(np.float32)
-        qs, ks = element_strides(q), element_strides(k)
-        threads = min(1024, 32 * math.ceil((q.shape[1] + k.shape[1]) * half / 32))
-        self._kernel("elementwise", "rope_bf16")(
-            (tokens,),
-            (threads,),
-            (
-                q,
-                np.int64(qs[0]),
-                np.int64(qs[1]),
-                np.int32(q.shape[1]),
-                k,
-                np.int64(ks[0]),
-                np.int64(ks[1]),
-                np.int32(k.shape[1]),
-                positions,
-                cos,
-                sin,
-                np.int32(half),
-            ),
-        )
+        attention_inputs.rope(self, q, k, positions, cos, sin)
 
     def write_kv(self, k_cache: Array, v_cache: Array, k: Array, v: Array, slot_mapping: Array) -> None:
-        self.require_bf16("write_kv", k_cache, v_cache, k, v)
-        k, v = self.contiguous_rows(k), self.contiguous_rows(v)
-        tokens, heads, d = k.shape
-        if tokens == 0:
-            return
-        ks, vs = element_strides(k), element_strides(v)
-        threads = min(1024, 32 * math.ceil(heads * d / 32))
-        self._kernel("elementwise", "write_kv_bf16")(
-            (tokens,),
-            (threads,),
-            (
-                k_cache,
-                v_cache,
-                k,
-                np.int64(ks[0]),
-                np.int64(ks[1]),
-                v,
-                np.int64(vs[0]),
-                np.int64(vs[1]),
-                slot_mapping,
-                np.int32(heads),
-                np.int32(d),
-            ),
-        )
+        attention_inputs.write_kv(self, k_cache, v_cache, k, v, slot_mapping)
 
     def qk_norm_rope_write_kv(
         self,
@@ -347,51 +286,10 @@ class CudaBackend(Backend):
         v_cache: Array,
         slot_mapping: Array,
     ) -> Array:
-        """One kernel for the per-head norms, RoPE and the KV write (heads up to ``QKV_FUSED_MAX_HEAD_DIM``
-        wide; wider heads take the composed ops)."""
-        self.require_bf16("qk_norm_rope_write_kv", q, k, v, q_norm_weight, k_norm_weight, k_cache, v_cache)
-        tokens, q_heads, d = q.shape
-        kv_heads, half = k.shape[1], cos.shape[1]
-        if d > QKV_FUSED_MAX_HEAD_DIM or any(a.strides[-1] != a.itemsize for a in (q, k, v)):
-            return super().qk_norm_rope_write_kv(
-                q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos, sin, k_cache, v_cache, slot_mapping
-            )
-        if cos.dtype != np.float32:  # the contract's tables are float32; accept others at the cost of a copy
-            cos, sin = cos.astype(np.float32), sin.astype(np.float32)
-        out = self.cp.empty((tokens, q_heads, d), dtype=BF16)
-        if tokens:
-            qs, ks, vs = element_strides(q), element_strides(k), element_strides(v)
-            warps = min(QKV_FUSED_WARPS, q_heads + 2 * kv_heads)
-            self._kernel("elementwise", "qk_norm_rope_write_kv_bf16")(
-                (tokens,),
-                (32 * warps,),
-                (
-                    q,
-                    np.int64(qs[0]),
-                    np.int64(qs[1]),
-                    np.int32(q_heads),
-                    k,
-                    np.int64(ks[0]),
-                    np.int64(ks[1]),
-                    v,
-                    np.int64(vs[0]),
-                    np.int64(vs[1]),
-                    np.int32(kv_heads),
-                    null_or(q_norm_weight),
-                    null_or(k_norm_weight),
-                    np.float32(eps),
-                    positions,
-                    cos,
-                    sin,
-                    np.int32(half),
-                    out,
-                    k_cache,
-                    v_cache,
-                    slot_mapping,
-                    np.int32(d),
-                ),
-            )
-        return out
+        """One kernel for the per-head norms, RoPE and the KV write (`atlas_gb10.attention_inputs`)."""
+        return attention_inputs.qk_norm_rope_write_kv(
+            self, q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos, sin, k_cache, v_cache, slot_mapping
+        )
 
     def attention(
         self,

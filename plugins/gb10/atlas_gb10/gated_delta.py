@@ -16,7 +16,8 @@ import numpy as np
 
 from atlas_core.backends.base import Array
 from atlas_core.backends.ops.gated_delta import GatedDeltaOps
-from atlas_gb10.backend import CudaBackend, element_strides
+from atlas_gb10.arrays import element_strides
+from atlas_gb10.backend import CudaBackend
 from atlas_gb10.recurrent import F32, check_state_slots, float32, gated_rms_norm, grid_stride_blocks, kernel
 
 ROWS_PER_THREAD = 16

@@ -14,7 +14,8 @@ import numpy as np
 from atlas_model_gemma.ops import GemmaOps
 
 from atlas_core.backends.base import Array
-from atlas_gb10.backend import BF16, CudaBackend, null_or
+from atlas_gb10.arrays import BF16, null_or
+from atlas_gb10.backend import CudaBackend
 
 BLOCKS_PER_SM = 8
 """Grid-stride launches use at most this many 256-thread blocks per SM."""

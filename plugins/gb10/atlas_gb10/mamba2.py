@@ -18,7 +18,8 @@ import numpy as np
 
 from atlas_core.backends.base import Array
 from atlas_core.backends.ops.mamba2 import Mamba2Ops
-from atlas_gb10.backend import CudaBackend, element_strides, null_or
+from atlas_gb10.arrays import element_strides, null_or
+from atlas_gb10.backend import CudaBackend
 from atlas_gb10.recurrent import F32, check_state_slots, float32, gated_rms_norm, grid_stride_blocks, kernel
 
 CONV_MAX_TAPS = 8

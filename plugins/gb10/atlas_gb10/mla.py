@@ -27,7 +27,8 @@ import numpy as np
 
 from atlas_core.backends.base import Array, AttentionMetadata
 from atlas_core.backends.ops.mla import MLAOps
-from atlas_gb10.backend import BF16, CudaBackend, element_strides, null_or
+from atlas_gb10.arrays import BF16, element_strides, null_or
+from atlas_gb10.backend import CudaBackend
 
 LATENT_VARIANTS = (1, 2, 4, 8, 16)
 """Output n-tiles (8 latent columns) per warp of the attention kernels: latent widths up to 32 .. 512."""

@@ -25,7 +25,8 @@ import numpy as np
 from atlas_core.backends.base import Array
 from atlas_core.backends.ops.moe import ExpertActivation, MoEOps, RouterSpec, check_expert_shapes
 from atlas_core.weights.quantized import QuantizedWeight
-from atlas_gb10.backend import CudaBackend, null_or
+from atlas_gb10.arrays import null_or
+from atlas_gb10.backend import CudaBackend
 from atlas_gb10.fp8 import weight_operand
 
 ROUTE_WARPS = 4

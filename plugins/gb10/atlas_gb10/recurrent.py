@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from atlas_core.backends.base import Array
-from atlas_gb10.backend import element_strides
+from atlas_gb10.arrays import element_strides
 
 F32 = np.dtype(np.float32)
 MODULE = "recurrent"

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import cupy as cp
 import numpy as np
-from atlas_gb10.backend import BF16, CudaBackend
+from atlas_gb10.arrays import BF16
+from atlas_gb10.backend import CudaBackend
 from timing import copy_bandwidth, report, time_call
 
 from atlas_core.weights.quantized import quantize_fp8

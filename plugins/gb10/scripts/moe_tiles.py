@@ -15,7 +15,8 @@ import functools
 
 import cupy as cp
 import numpy as np
-from atlas_gb10.backend import BF16, CudaBackend
+from atlas_gb10.arrays import BF16
+from atlas_gb10.backend import CudaBackend
 from atlas_gb10.moe import CudaMoEOps
 from timing import copy_bandwidth, report, time_call
 

@@ -1,0 +1,138 @@
+"""The cuda backend's attention-input ops (`CudaBackend.rope`, `write_kv`, `qk_norm_rope_write_kv`):
+each one kernel of ``kernels/elementwise.cu`` over strided per-head views, rows independent."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from atlas_core.backends.base import Array, Backend
+from atlas_gb10.arrays import BF16, element_strides, null_or
+
+if TYPE_CHECKING:
+    from atlas_gb10.backend import CudaBackend
+
+QKV_FUSED_WARPS, QKV_FUSED_MAX_HEAD_DIM = 16, 256
+"""``QKR_WARPS`` and ``QKR_MAX_D`` of ``elementwise.cu``'s fused attention-input kernel."""
+
+
+def rope(backend: CudaBackend, q: Array, k: Array, positions: Array, cos: Array, sin: Array) -> None:
+    backend.require_bf16("rope", q, k)
+    if q.strides[-1] != q.itemsize or k.strides[-1] != k.itemsize:
+        raise ValueError("cuda backend: rope needs q and k with contiguous head dims")
+    tokens, half = q.shape[0], cos.shape[1]
+    if tokens == 0 or half == 0:
+        return
+    if cos.dtype != np.float32:  # the contract's tables are float32; accept others at the cost of a copy
+        cos, sin = cos.astype(np.float32), sin.astype(np.float32)
+    qs, ks = element_strides(q), element_strides(k)
+    threads = min(1024, 32 * math.ceil((q.shape[1] + k.shape[1]) * half / 32))
+    backend._kernel("elementwise", "rope_bf16")(
+        (tokens,),
+        (threads,),
+        (
+            q,
+            np.int64(qs[0]),
+            np.int64(qs[1]),
+            np.int32(q.shape[1]),
+            k,
+            np.int64(ks[0]),
+            np.int64(ks[1]),
+            np.int32(k.shape[1]),
+            positions,
+            cos,
+            sin,
+            np.int32(half),
+        ),
+    )
+
+
+def write_kv(backend: CudaBackend, k_cache: Array, v_cache: Array, k: Array, v: Array, slot_mapping: Array) -> None:
+    backend.require_bf16("write_kv", k_cache, v_cache, k, v)
+    k, v = backend.contiguous_rows(k), backend.contiguous_rows(v)
+    tokens, heads, d = k.shape
+    if tokens == 0:
+        return
+    ks, vs = element_strides(k), element_strides(v)
+    threads = min(1024, 32 * math.ceil(heads * d / 32))
+    backend._kernel("elementwise", "write_kv_bf16")(
+        (tokens,),
+        (threads,),
+        (
+            k_cache,
+            v_cache,
+            k,
+            np.int64(ks[0]),
+            np.int64(ks[1]),
+            v,
+            np.int64(vs[0]),
+            np.int64(vs[1]),
+            slot_mapping,
+            np.int32(heads),
+            np.int32(d),
+        ),
+    )
+
+
+def qk_norm_rope_write_kv(
+    backend: CudaBackend,
+    q: Array,
+    k: Array,
+    v: Array,
+    q_norm_weight: Array | None,
+    k_norm_weight: Array | None,
+    eps: float,
+    positions: Array,
+    cos: Array,
+    sin: Array,
+    k_cache: Array,
+    v_cache: Array,
+    slot_mapping: Array,
+) -> Array:
+    """One kernel for the per-head norms, RoPE and the KV write (heads up to ``QKV_FUSED_MAX_HEAD_DIM``
+    wide; wider heads take the composed ops)."""
+    backend.require_bf16("qk_norm_rope_write_kv", q, k, v, q_norm_weight, k_norm_weight, k_cache, v_cache)
+    tokens, q_heads, d = q.shape
+    kv_heads, half = k.shape[1], cos.shape[1]
+    if d > QKV_FUSED_MAX_HEAD_DIM or any(a.strides[-1] != a.itemsize for a in (q, k, v)):
+        return Backend.qk_norm_rope_write_kv(
+            backend, q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos, sin, k_cache, v_cache, slot_mapping
+        )
+    if cos.dtype != np.float32:  # the contract's tables are float32; accept others at the cost of a copy
+        cos, sin = cos.astype(np.float32), sin.astype(np.float32)
+    out = backend.cp.empty((tokens, q_heads, d), dtype=BF16)
+    if tokens:
+        qs, ks, vs = element_strides(q), element_strides(k), element_strides(v)
+        warps = min(QKV_FUSED_WARPS, q_heads + 2 * kv_heads)
+        backend._kernel("elementwise", "qk_norm_rope_write_kv_bf16")(
+            (tokens,),
+            (32 * warps,),
+            (
+                q,
+                np.int64(qs[0]),
+                np.int64(qs[1]),
+                np.int32(q_heads),
+                k,
+                np.int64(ks[0]),
+                np.int64(ks[1]),
+                v,
+                np.int64(vs[0]),
+                np.int64(vs[1]),
+                np.int32(kv_heads),
+                null_or(q_norm_weight),
+                null_or(k_norm_weight),
+                np.float32(eps),
+                positions,
+                cos,
+                sin,
+                np.int32(half),
+                out,
+                k_cache,
+                v_cache,
+                slot_mapping,
+                np.int32(d),
+            ),
+        )
+    return out
