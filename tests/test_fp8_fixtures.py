@@ -4,23 +4,15 @@ small."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
-REPOSITORY = Path(__file__).resolve().parent.parent
+from tests.scripts_loader import load_script
+
 MAX_FIXTURE_BYTES = 512 * 1024
 
 
 def generator() -> ModuleType:
-    path = REPOSITORY / "scripts" / "make_fp8_checkpoints.py"
-    spec = importlib.util.spec_from_file_location("make_fp8_checkpoints", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_fp8_checkpoints")
 
 
 def test_fixtures_are_what_the_generator_makes() -> None:

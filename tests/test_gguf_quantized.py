@@ -6,8 +6,6 @@ same file read as floats at load, while keeping its quantized linear weights as 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -20,6 +18,7 @@ from atlas_core.backends.ops.moe import expert_matrix
 from atlas_core.weights.gguf import GGUFSource
 from atlas_core.weights.gguf_quantized import FORMATS, dequantize_bytes, gguf_weight, quantize
 from atlas_core.weights.quantized import FP8_E4M3, QuantizedWeight, concat_rows, dequantize, stack_experts, take_rows
+from tests.scripts_loader import load_script
 
 pytest.importorskip("atlas_model_llama", reason="the llama family (atlas-model-llama) builds the models")
 pytest.importorskip("atlas_model_qwen3", reason="the qwen3 family (atlas-model-qwen3) builds qwen3_q5_1")
@@ -41,13 +40,7 @@ untied LM head; their formats)."""
 
 
 def generator() -> ModuleType:
-    path = REPOSITORY / "scripts" / "make_gguf_fixtures.py"
-    spec = importlib.util.spec_from_file_location("make_gguf_fixtures", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_gguf_fixtures")
 
 
 def test_fixtures_are_what_the_generator_makes_and_small() -> None:

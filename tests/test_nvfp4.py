@@ -5,10 +5,9 @@ refused, and that the committed fixtures are what ``scripts/make_nvfp4_checkpoin
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import ml_dtypes
@@ -24,8 +23,8 @@ from atlas_core.weights.nvfp4 import NVFP4, nvfp4_weight, pack_e2m1, quantize_nv
 from atlas_core.weights.quant_config import QuantizationScheme
 from atlas_core.weights.quantized import QuantizedWeight, concat_rows, dequantize, stack_experts, take_rows
 from atlas_core.weights.safetensors_source import SafetensorsSource
+from tests.scripts_loader import load_script
 
-REPOSITORY = Path(__file__).resolve().parent.parent
 E2M1 = np.dtype(ml_dtypes.float4_e2m1fn)
 
 
@@ -149,14 +148,8 @@ def test_both_layouts_are_read(tmp_path: Path) -> None:
         SafetensorsSource(folder)
 
 
-def generator() -> Any:
-    path = REPOSITORY / "scripts" / "make_nvfp4_checkpoints.py"
-    spec = importlib.util.spec_from_file_location("make_nvfp4_checkpoints", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+def generator() -> ModuleType:
+    return load_script("make_nvfp4_checkpoints")
 
 
 def test_fixtures_are_what_the_generator_makes_and_small() -> None:
