@@ -39,6 +39,7 @@ def register_layers(register: Register) -> None:
 @hookimpl
 def register_comm_backends(register: Register) -> None:
     register("single", "atlas_core.comm:SingleProcessComm")
+    register("cpu", "atlas_core.comm.cpu:CpuComm")
 
 
 CORE_OP_GROUPS = {
