@@ -168,6 +168,7 @@ class KVCache:
     """
 
     def __init__(self, backend: Backend, layouts: list[AnyKVLayout], plan: KVPlan) -> None:
+        self.backend = backend
         self.block_size = plan.block_size
         self.num_blocks = plan.num_blocks
         self.keys: list[Array] = []
@@ -188,6 +189,26 @@ class KVCache:
         for cache in (*self.keys, *self.values):
             if cache is not None:
                 cache[dst] = cache[src]
+
+    @property
+    def arrays(self) -> list[Array]:
+        """Every cache array: the keys of each layer, then the values of each layer that has them."""
+        return [cache for cache in (*self.keys, *self.values) if cache is not None]
+
+    def block_shapes(self) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """``(shape, dtype)`` of one block of each of `arrays` (what `read_blocks` returns per block)."""
+        return [(tuple(cache.shape[1:]), np.dtype(cache.dtype)) for cache in self.arrays]
+
+    def read_blocks(self, blocks: list[int]) -> list[np.ndarray]:
+        """Host copies of ``blocks``: one array per entry of `arrays`, ``[len(blocks), *block shape]``, bit-exact."""
+        index = self.backend.from_numpy(np.asarray(blocks, dtype=np.int32))
+        return [self.backend.to_numpy(cache[index]) for cache in self.arrays]
+
+    def write_blocks(self, blocks: list[int], arrays: list[np.ndarray]) -> None:
+        """Store host arrays (as `read_blocks` returns them) into ``blocks``, bit-exact."""
+        index = self.backend.from_numpy(np.asarray(blocks, dtype=np.int32))
+        for cache, values in zip(self.arrays, arrays, strict=True):
+            cache[index] = self.backend.from_numpy(values, dtype=np.dtype(cache.dtype))
 
 
 def slots_for(blocks: list[int], block_size: int, start: int, end: int) -> np.ndarray:

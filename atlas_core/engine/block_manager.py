@@ -53,6 +53,8 @@ class BlockManager:
     - Copy-on-write: `prepare_write` swaps each shared block a table is about to write for a private
       one and returns the ``(src, dst)`` copies the caller applies; the other holders keep the original.
       A private block that gets written loses its cache entry (its KV changes).
+    - Eviction: ``on_evict(block, hash, parent_hash, token_ids)``, when set, is called as a cached block is
+      reused for something else, while its KV is still intact (the storage tiers keep a copy: `KVOffload`).
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
@@ -67,11 +69,13 @@ class BlockManager:
         self._hash: list[int | None] = [None] * num_blocks  # the hash a cached block is filed under
         self._tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # a cached block's token ids
         self._parent: list[int] = [_NO_CONTENT] * num_blocks  # content id of the prefix a cached block extends
+        self._parent_hash: list[int] = [ROOT_HASH] * num_blocks  # chain value before a cached block
         self._content: list[int] = [_NO_CONTENT] * num_blocks  # content id of the prefix held in a block's KV
         self._next_content = _ROOT_CONTENT + 1
         self._cache: dict[int, int] = {}  # hash -> cached block
         self._free_uncached: list[int] = list(range(num_blocks - 1, -1, -1))
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # least recently freed first
+        self.on_evict: Callable[[int, int, int, tuple[int, ...]], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -195,6 +199,7 @@ class BlockManager:
             if existing is None:
                 self._cache[h] = block
                 self._hash[block], self._tokens[block], self._parent[block] = h, ids, parent
+                self._parent_hash[block] = parent_hash
                 self._content[block] = self._next_content
                 self._next_content += 1
             elif self._tokens[existing] == ids and self._parent[existing] == parent:
@@ -288,6 +293,9 @@ class BlockManager:
             block = self._free_uncached.pop()
         else:
             block, _ = self._free_cached.popitem(last=False)
+            evicted_hash, tokens = self._hash[block], self._tokens[block]
+            if self.on_evict is not None and evicted_hash is not None and tokens is not None:
+                self.on_evict(block, evicted_hash, self._parent_hash[block], tokens)
             self._forget(block)
         self._ref[block] = 1
         return block

@@ -15,6 +15,7 @@ DEFAULT_MAX_SEQ_LEN = 8192
 
 SchedulingPolicy = Literal["fifo", "slo"]
 GGUFWeights = Literal["auto", "quantized", "float"]
+PreemptionMode = Literal["swap", "recompute"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,26 @@ class EngineConfig:
         default_help="--max-num-seqs; 0 turns prefix reuse off for them",
     )
 
+    preemption_mode: PreemptionMode | None = option(
+        None,
+        help="swap: a preempted sequence's KV (and recurrent state) moves to the storage tiers and comes back; "
+        "recompute: it is recomputed from its tokens",
+        default_help="swap where a storage tier has room, else recompute",
+    )
+    swap_space_gb: float = option(
+        0.0, help="host-memory KV tier for swapped sequences and spilled prefix-cache blocks, GiB (0: none)"
+    )
+    kv_spill_dir: str | None = option(
+        None,
+        help="directory of the NVMe KV tier below host memory (the atlas-storage-nvme plugin); owned by this "
+        "engine alone",
+        default_help="none",
+    )
+    kv_spill_gb: float = option(16.0, help="size of the NVMe KV tier in --kv-spill-dir, GiB")
+    kv_spill_persist: bool = option(
+        False, help="keep the NVMe tier's prefix-cache blocks across restarts of the same model"
+    )
+
     def __post_init__(self) -> None:
         check_choices(self)
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -97,6 +118,14 @@ class EngineConfig:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.kv_cache_memory_gib <= 0:
             raise ConfigError(f"kv_cache_memory_gib must be positive, got {self.kv_cache_memory_gib}")
+        if self.swap_space_gb < 0:
+            raise ConfigError(f"swap_space_gb must be at least 0, got {self.swap_space_gb}")
+        if self.kv_spill_gb <= 0:
+            raise ConfigError(f"kv_spill_gb must be positive, got {self.kv_spill_gb}")
+        if self.preemption_mode == "swap" and not self.swap_space_gb and self.kv_spill_dir is None:
+            raise ConfigError(
+                "preemption_mode=swap needs a storage tier: set swap_space_gb (host memory) or kv_spill_dir (NVMe)"
+            )
 
 
 ENGINE_OPTIONS = options_of(ModelChoice, EngineConfig)

@@ -10,6 +10,7 @@ from atlas_core.batch.kv_cache import KVCache, kv_storage_layouts, plan_kv_cache
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.config import EngineConfig, kv_budget
 from atlas_core.engine.guided_decoding import GuidedDecoding
+from atlas_core.engine.kv_tiers import build_offload
 from atlas_core.engine.outputs import RequestOutput
 from atlas_core.engine.runner import ModelRunner, ScheduledChunk
 from atlas_core.engine.sampling_params import SamplingParams
@@ -81,6 +82,7 @@ class LLMEngine:
             if num_snapshots:
                 snapshot_slots = range(num_seq_slots, num_seq_slots + num_snapshots)
                 snapshots = StateSnapshots(snapshot_slots, model.copy_state, self.blocks.is_cached)
+        self.offload = build_offload(config, self.kv, self.blocks, model.recurrent_state, loaded.name)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -92,6 +94,7 @@ class LLMEngine:
             self.blocks,
             self.state_slots,
             snapshots,
+            offload=self.offload,
         )
         self.eos_token_ids = list(loaded.tokenizer.eos_token_ids) if loaded.tokenizer else []
         self.guided = GuidedDecoding(loaded.tokenizer, model.vocab_size, self.eos_token_ids)
@@ -182,7 +185,8 @@ class LLMEngine:
             self._start_forks(chunk)
         touched = {chunk.seq.request.request_id: chunk.seq.request for chunk in step.chunks}
         try:
-            sampled = self.runner.execute(step.chunks, step.block_copies)
+            copies = self.offload.before_forward(step.block_copies) if self.offload else step.block_copies
+            sampled = self.runner.execute(step.chunks, copies)
             self._copy_state_to_forks(step.chunks)
         except Exception as exc:  # a failed forward fails the requests in it, never the engine
             log.exception("forward step failed")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.config import SchedulingPolicy
+from atlas_core.engine.kv_offload import KVOffload
 from atlas_core.engine.runner import ScheduledChunk
 from atlas_core.engine.sequence import Sequence, SequenceStatus
 from atlas_core.engine.state_slots import StateSlotPool, StateSnapshots
@@ -64,11 +65,13 @@ class Scheduler:
         blocks: BlockManager,
         state_slots: StateSlotPool | None,
         snapshots: StateSnapshots | None = None,
+        offload: KVOffload | None = None,
     ) -> None:
         self.config = config
         self.blocks = blocks
         self.state_slots = state_slots
         self.snapshots = snapshots
+        self.offload = offload  # storage tiers: preemption by swap, prefix-cache spill
         self._decode_snapshots: dict[
             Sequence, int
         ] = {}  # content id of each sequence's latest snapshot past its prompt
@@ -126,8 +129,7 @@ class Scheduler:
                 copies.setdefault(seq, []).extend(needed)
                 return True
             victim = self.running[-1]
-            self.preempt(victim)
-            copies.pop(victim, None)
+            self.preempt(victim, copies.pop(victim, []))
             step.preempted.append(victim)
             step.chunks[:] = [chunk for chunk in step.chunks if chunk.seq is not victim]
             if victim is seq:
@@ -187,7 +189,9 @@ class Scheduler:
         if slots is not None and slots.num_free < len(needs_slot):
             return False
         snapshots = self.snapshots if slots is not None else None
-        use_cache = not seq.request.needs_every_position and (slots is None or snapshots is not None)
+        offload = self.offload
+        swapped = offload is not None and offload.is_swapped(seq)
+        use_cache = not swapped and not seq.request.needs_every_position and (slots is None or snapshots is not None)
         reusable = snapshots.__contains__ if snapshots is not None else None
         cached = self.blocks.allocate_prompt(seq.table, seq.token_ids, use_cache=use_cache, reusable=reusable)
         if cached is None:
@@ -199,8 +203,12 @@ class Scheduler:
                 key = self.blocks.prefix_content(seq.table, cached // self.blocks.block_size)
                 assert key is not None  # allocate_prompt files every reused block's hash in the table
                 snapshots.restore(key[1], seq.held_state_slot())
+        if offload is not None and swapped:
+            cached = offload.swap_in(seq)
+        elif offload is not None and use_cache and slots is None:
+            cached += offload.load_prefix(seq, cached)
         self.waiting.remove(seq)
-        if seq.index == 0 and len(seq.token_ids) == seq.num_prompt_tokens:
+        if seq.index == 0 and len(seq.token_ids) == seq.num_prompt_tokens and not swapped:
             seq.request.num_cached_tokens = cached
         seq.num_computed = cached
         seq.status = SequenceStatus.RUNNING
@@ -214,8 +222,12 @@ class Scheduler:
         child.status = SequenceStatus.RUNNING
         self.running.append(child)
 
-    def preempt(self, seq: Sequence) -> None:
-        """Free everything ``seq`` holds; it will be recomputed from its tokens when readmitted."""
+    def preempt(self, seq: Sequence, pending_copies: list[tuple[int, int]] | None = None) -> None:
+        """Free everything ``seq`` holds and queue it again. With swapping, its KV (and state) go to the
+        storage tiers first and come back on readmission; otherwise it is recomputed from its tokens.
+        ``pending_copies``: its copy-on-write copies of this step, not applied yet."""
+        if self.offload is not None:
+            self.offload.swap_out(seq, pending_copies or [])
         self._release_resources(seq)
         self.running.remove(seq)
         seq.num_computed = 0
@@ -229,6 +241,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        if self.offload is not None:
+            self.offload.forget(seq)
         self._release_resources(seq)
 
     def _release_resources(self, seq: Sequence) -> None:

@@ -117,6 +117,32 @@ class RecurrentState:
             for array in layer.values():
                 array[dst] = array[src]
 
+    def slot_shapes(self) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """``(shape, dtype)`` of one slot's row of every array, in the order `read_slots` returns them."""
+        return [(tuple(array.shape[1:]), np.dtype(array.dtype)) for layer in self._all() for array in layer.values()]
+
+    def read_slots(self, slots: Sequence[int]) -> list[np.ndarray]:
+        """Host copies of rows ``slots`` of every array, ``[len(slots), *shape]`` each, bit-exact (swap out)."""
+        for slot in slots:
+            self._check(slot)
+        backend = self._backend
+        assert backend is not None  # allocate() set it with the arrays
+        index = backend.from_numpy(np.asarray(slots, dtype=np.int32))
+        return [backend.to_numpy(array[index]) for layer in self._all() for array in layer.values()]
+
+    def write_slots(self, slots: Sequence[int], rows: Sequence[np.ndarray]) -> None:
+        """Store host rows (as `read_slots` returns them) into ``slots``, bit-exact (swap in)."""
+        for slot in slots:
+            self._check(slot)
+        arrays = [array for layer in self._all() for array in layer.values()]
+        if len(rows) != len(arrays):
+            raise ValueError(f"{len(rows)} state arrays given, the state has {len(arrays)}")
+        backend = self._backend
+        assert backend is not None  # allocate() set it with the arrays
+        index = backend.from_numpy(np.asarray(slots, dtype=np.int32))
+        for array, values in zip(arrays, rows, strict=True):
+            array[index] = backend.from_numpy(values, dtype=np.dtype(array.dtype))
+
     def _all(self) -> list[dict[str, Array]]:
         if self._arrays is None:
             raise RuntimeError("recurrent state is used before allocate(): the engine sizes it (model.allocate_state)")
