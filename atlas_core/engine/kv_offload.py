@@ -185,7 +185,11 @@ class KVOffload:
         lost = set(self.store.get(keys, staging))
         good = 0
         for row, key in enumerate(keys):
-            if key in lost or not np.array_equal(staging[-1][row], expected[row]):
+            if key in lost:
+                break
+            if not np.array_equal(staging[-1][row], expected[row]):  # corrupt, or another prefix's hash
+                self.store.drop([key])
+                lost.add(key)
                 break
             good += 1
         self.spill_lost_blocks += len(lost)

@@ -76,6 +76,7 @@ class _EngineCollector(Collector):
                 blocks.prefix_cache_hit_tokens,
             ),
         ]
+        counters += _offload_counters(self.engine)
         labels = [self.model_name()]
         for name, documentation, value in gauges:
             gauge = GaugeMetricFamily(name, documentation, labels=["model_name"])
@@ -85,6 +86,27 @@ class _EngineCollector(Collector):
             counter = CounterMetricFamily(name, documentation, labels=["model_name"])
             counter.add_metric(labels, value)
             yield counter
+
+
+def _offload_counters(engine: LLMEngine) -> list[tuple[str, str, int]]:
+    """Counters of the KV storage tiers (none without tiers): spilled prefix hits, swaps."""
+    offload = engine.offload
+    if offload is None:
+        return []
+    return [
+        (
+            "atlas_kv_spill_hit_tokens",
+            "Prompt tokens loaded from the KV storage tiers (prefix-cache blocks spilled from the device)",
+            offload.spill_hit_tokens,
+        ),
+        ("atlas_kv_swap_out_sequences", "Preempted sequences whose KV was swapped out", offload.swap_outs),
+        ("atlas_kv_swap_in_sequences", "Swapped-out sequences whose KV was loaded back", offload.swap_ins),
+        (
+            "atlas_kv_swap_lost_sequences",
+            "Swapped-out sequences recomputed because a stored block was lost",
+            offload.swap_lost,
+        ),
+    ]
 
 
 class ServerMetrics:

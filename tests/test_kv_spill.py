@@ -1,0 +1,81 @@
+"""Prefix-cache spill: full blocks the device prefix cache evicts go to the storage tiers under their chained
+hash; a prompt that returns loads them instead of recomputing them, with the outputs of a cache miss."""
+
+from __future__ import annotations
+
+import pytest
+
+from atlas_core import LLM, SamplingParams
+from atlas_core.server.metrics import ServerMetrics
+from atlas_core.testing.family import assert_no_leaks, mixed_prompts
+from tests.conftest import TINY
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+BLOCK = 4
+
+
+def small_cache(**settings: object) -> LLM:
+    """An engine whose device KV cache holds 48 tokens: each of the `conversations` evicts the others."""
+    probe = LLM(TINY / "llama", block_size=BLOCK, max_seq_len=48)
+    budget = 48 * probe.engine.kv_plan.bytes_per_token / 2**30
+    return LLM(TINY / "llama", block_size=BLOCK, max_seq_len=48, kv_cache_memory_gib=budget, **settings)
+
+
+def conversations() -> list[list[int]]:
+    return mixed_prompts(256, count=3, shared_length=0, max_tail_length=30, seed=3)
+
+
+def tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    return [llm.generate(prompt, GREEDY)[0].outputs[0].token_ids for prompt in prompts]
+
+
+def test_spilled_prefix_hit_equals_miss() -> None:
+    """Three conversations take turns in a device cache that holds one: the second round finds every
+    prefix in the host tier, loads it (num_cached_tokens counts it), and answers as without any cache."""
+    prompts = [p + [1] * (33 - len(p)) for p in conversations()]  # 33 tokens: 8 full blocks reusable each
+    expected = tokens(LLM(TINY / "llama", enable_prefix_caching=False), prompts)
+    llm = small_cache(swap_space_gb=0.01)
+    offload = llm.engine.offload
+    assert offload is not None
+    assert tokens(llm, prompts) == expected
+    device_hits = llm.engine.blocks.prefix_cache_hit_tokens
+    outputs = [llm.generate(prompt, GREEDY)[0] for prompt in prompts]
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert [o.num_cached_tokens for o in outputs] == [32, 32, 32]
+    assert offload.spill_hit_tokens == 96 and llm.engine.blocks.prefix_cache_hit_tokens == device_hits
+    assert_no_leaks(llm)
+    metrics = ServerMetrics()
+    metrics.watch_engine(llm.engine)
+    text = metrics.render().decode()
+    assert 'atlas_kv_spill_hit_tokens_total{model_name=""} 96.0' in text
+    assert f'atlas_prefix_cache_hit_tokens_total{{model_name=""}} {float(device_hits)}' in text
+
+
+def test_without_tiers_the_evicted_prefix_is_recomputed() -> None:
+    prompts = [p + [1] * (33 - len(p)) for p in conversations()]
+    llm = small_cache()
+    tokens(llm, prompts)
+    assert [llm.generate(prompt, GREEDY)[0].num_cached_tokens for prompt in prompts] == [0, 0, 0]
+
+
+def test_corrupt_spilled_block_is_recomputed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spilled block whose token ids do not match the prompt (as a corrupted or colliding record would) is
+    dropped: the hit stops before it and the rest is recomputed, with the same outputs."""
+    prompts = [p + [1] * (33 - len(p)) for p in conversations()]
+    expected = tokens(LLM(TINY / "llama", enable_prefix_caching=False), prompts)
+    llm = small_cache(swap_space_gb=0.01)
+    tokens(llm, prompts)
+    store = llm.engine.offload.store  # type: ignore[union-attr]
+    real_get = store.get
+
+    def corrupt_third(keys: list, out: list) -> list:
+        lost = real_get(keys, out)
+        if len(keys) > 2:
+            out[-1][2, 1] += 1  # the token ids stored with the third block
+        return lost
+
+    monkeypatch.setattr(store, "get", corrupt_third)
+    outputs = [llm.generate(prompt, GREEDY)[0] for prompt in prompts]
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert [o.num_cached_tokens for o in outputs] == [8, 8, 8]
+    assert_no_leaks(llm)
