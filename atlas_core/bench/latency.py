@@ -95,6 +95,8 @@ def run_latency(args: argparse.Namespace) -> int:
         f"decode        {per_seq:.1f} tok/s per sequence, {aggregate:.1f} tok/s aggregate "
         f"(batch {batch}, {steps} steps in {decode_time:.3f} s)"
     )
+    if llm.engine.speculation is not None:
+        print(f"speculation   {llm.engine.runner.spec_stats.describe()}")
     # decode step i (1 .. steps) attends over prompt_len + i cached tokens
     step_bytes = traffic.decode_step_bytes(batch, prompt_len + 1, steps)
     weight_bytes = traffic.bytes_for(batch)

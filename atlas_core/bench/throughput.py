@@ -132,6 +132,9 @@ def run_throughput(args: argparse.Namespace) -> int:
     if preempted_before is not None:
         preemptions = scheduler.num_preemptions - preempted_before
         print(f"preemptions   {preemptions} (sequences sent back to the queue for lack of KV blocks, to be recomputed)")
+    spec_stats = getattr(getattr(engine, "runner", None), "spec_stats", None)
+    if getattr(engine, "speculation", None) is not None and spec_stats is not None:
+        print(f"speculation   {spec_stats.describe()}")
     compute, reads, steps = ceiling_time(workload, traffic, bandwidth, peak, engine.config)
     best = max(compute, reads)
     print(

@@ -4,10 +4,11 @@ flag, help and default (`atlas_core.options`); and how the memory settings becom
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from atlas_core.backends.base import Backend
 from atlas_core.backends.kv_dtypes import KVCacheDtype
+from atlas_core.engine.spec.config import SpeculativeConfig, speculative_config
 from atlas_core.errors import ConfigError
 from atlas_core.options.declare import check_choices, option, options_of
 
@@ -83,6 +84,21 @@ class EngineConfig:
         default_help="--max-num-seqs; 0 turns prefix reuse off for them",
     )
 
+    speculative_config: dict[str, Any] | None = option(
+        None,
+        metavar="JSON",
+        help='speculative decoding, vLLM\'s names: {"method": "ngram", "num_speculative_tokens": 4} (prompt lookup; '
+        '"prompt_lookup_min"/"prompt_lookup_max" set the n-gram sizes, default 2 and 4) or {"method": '
+        '"draft_model", "model": "PATH_OR_REPO", "num_speculative_tokens": 4}',
+        default_help="off",
+    )
+    num_speculative_tokens: int | None = option(
+        None,
+        help="draft tokens verified per step: alone, n-gram speculation with that many tokens; with "
+        "--speculative-config, its num_speculative_tokens",
+        default_help="off",
+    )
+
     preemption_mode: PreemptionMode | None = option(
         None,
         help="swap: a preempted sequence's KV (and recurrent state) moves to the storage tiers and comes back; "
@@ -105,6 +121,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
+        self.speculation: SpeculativeConfig | None = speculative_config(
+            self.speculative_config, self.num_speculative_tokens
+        )
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -114,6 +114,10 @@ class GuidedDecoding:
             budget = _BudgetTracker(params.thinking_budget) if params.thinking_budget is not None else None
             self._states[seq] = _SequenceState(own, budget)
 
+    def guides(self, seq: Sequence) -> bool:
+        """True when ``seq``'s tokens are constrained (structured output or a thinking budget)."""
+        return seq in self._states
+
     def release(self, seq: Sequence) -> None:
         """Forget ``seq`` (finished or aborted); unknown sequences are ignored."""
         self._states.pop(seq, None)

@@ -15,7 +15,9 @@ from atlas_core.engine.outputs import RequestOutput
 from atlas_core.engine.runner import ModelRunner, ScheduledChunk
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.engine.scheduler import Scheduler, SchedulerConfig
-from atlas_core.engine.sequence import Request
+from atlas_core.engine.sequence import Request, Sequence
+from atlas_core.engine.spec.speculation import Speculation
+from atlas_core.engine.spec.verify import RecurrentRollback
 from atlas_core.engine.state_slots import StateSlotPool, StateSnapshots
 from atlas_core.errors import InvalidRequestError
 from atlas_core.model.load import LoadedModel
@@ -38,15 +40,21 @@ class LLMEngine:
             )
         self.max_seq_len = min(config.max_seq_len or config.default_max_seq_len, model.max_position_embeddings)
         self.kv_layouts = kv_storage_layouts(model.kv_layouts, config.kv_cache_dtype, backend)
+        self.speculation = Speculation.build(config.speculation, loaded, backend, self.max_seq_len)
         budget, source = kv_budget(backend, config)
         # recurrent state: one slot per running sequence, plus the prefix cache's state snapshots
         num_seq_slots = config.max_num_seqs if model.has_recurrent_state else 0
         snapshot_pool = config.max_num_seqs if config.max_state_snapshots is None else config.max_state_snapshots
         num_snapshots = snapshot_pool if config.enable_prefix_caching and num_seq_slots else 0
-        state_bytes = (num_seq_slots + num_snapshots) * model.state_bytes_per_slot()
+        num_scratch = num_seq_slots if config.speculation is not None else 0  # rollback of rejected drafts
+        num_state_slots = num_seq_slots + num_snapshots + num_scratch
+        state_bytes = num_state_slots * model.state_bytes_per_slot()
         if state_bytes:
             budget -= state_bytes
-            source += f" minus {state_bytes / 2**20:.1f} MiB of recurrent state ({num_seq_slots + num_snapshots} slots)"
+            source += f" minus {state_bytes / 2**20:.1f} MiB of recurrent state ({num_state_slots} slots)"
+        if self.speculation:
+            target_bytes = sum(layout.bytes_per_token(backend.activation_dtype) for layout in self.kv_layouts)
+            budget = self.speculation.allocate_kv(budget, target_bytes, config, source)
         plan = plan_kv_cache(
             self.kv_layouts,
             backend.activation_dtype,
@@ -75,13 +83,15 @@ class LLMEngine:
         self.blocks = BlockManager(
             plan.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
-        self.state_slots, snapshots = None, None
+        self.state_slots, snapshots, rollback = None, None, None
         if model.has_recurrent_state:
-            model.allocate_state(num_seq_slots + num_snapshots)
+            model.allocate_state(num_state_slots)
             self.state_slots = StateSlotPool(num_seq_slots, model.reset_state)
             if num_snapshots:
                 snapshot_slots = range(num_seq_slots, num_seq_slots + num_snapshots)
                 snapshots = StateSnapshots(snapshot_slots, model.copy_state, self.blocks.is_cached)
+            if num_scratch:
+                rollback = RecurrentRollback(model, range(num_state_slots - num_scratch, num_state_slots))
         self.offload = build_offload(config, self.kv, self.blocks, model.recurrent_state, loaded.name)
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -94,13 +104,16 @@ class LLMEngine:
             self.blocks,
             self.state_slots,
             snapshots,
+            self.speculation.draft_room if self.speculation else None,
             offload=self.offload,
         )
         self.eos_token_ids = list(loaded.tokenizer.eos_token_ids) if loaded.tokenizer else []
         self.guided = GuidedDecoding(loaded.tokenizer, model.vocab_size, self.eos_token_ids)
         self.runner = ModelRunner(
-            model, backend, self.kv, loaded.tokenizer, backend.decode_graphs(model, self.kv), self.guided
+            model, backend, self.kv, loaded.tokenizer, backend.decode_graphs(model, self.kv), self.guided, rollback
         )
+        if self.speculation:
+            self.speculation.guided = self.guided
         self.requests: dict[str, Request] = {}
 
     @property
@@ -169,8 +182,7 @@ class LLMEngine:
         for seq in request.seqs:
             if not seq.finished:
                 seq.finish("abort")
-            self.scheduler.release(seq)
-            self.guided.release(seq)
+            self._release(seq)
         request.pending_forks = []
 
     def has_unfinished(self) -> bool:
@@ -183,6 +195,8 @@ class LLMEngine:
             return []
         for chunk in step.chunks:
             self._start_forks(chunk)
+        if self.speculation:
+            self.speculation.propose(step.chunks)
         touched = {chunk.seq.request.request_id: chunk.seq.request for chunk in step.chunks}
         try:
             copies = self.offload.before_forward(step.block_copies) if self.offload else step.block_copies
@@ -204,12 +218,17 @@ class LLMEngine:
             request = touched[request_id]
             for seq in request.seqs:
                 if seq.finished:
-                    self.scheduler.release(seq)
-                    self.guided.release(seq)
+                    self._release(seq)
             if request.finished:
                 self.requests.pop(request_id, None)
             outputs.append(request.output())
         return outputs
+
+    def _release(self, seq: Sequence) -> None:
+        self.scheduler.release(seq)
+        self.guided.release(seq)
+        if self.speculation:
+            self.speculation.release(seq)
 
     def _copy_state_to_forks(self, chunks: list[ScheduledChunk]) -> None:
         """Forks (n > 1) start from their parent's recurrent state after the prompt's last chunk."""

@@ -20,6 +20,7 @@ from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.engine.logprobs import position_logprobs
 from atlas_core.engine.sampling_inputs import logit_adjustments, sampling_tensors
 from atlas_core.engine.sequence import Sequence
+from atlas_core.engine.spec.verify import RecurrentRollback, SpeculationStats, accept_sampled
 from atlas_core.model.transformer import TransformerModel
 from atlas_core.tokenizer import Tokenizer
 
@@ -28,11 +29,17 @@ from atlas_core.tokenizer import Tokenizer
 class ScheduledChunk:
     """``num_tokens`` of ``seq``'s uncomputed tokens to run this step (a prefill chunk or one decode
     token). ``followers`` are forks of ``seq`` (n > 1) that share this computation and sample
-    their own first token from its last row."""
+    their own first token from its last row.
+
+    Speculative decoding: ``draft_room`` is how many draft tokens the scheduler made room for (KV
+    blocks and token budget) behind a decode token; ``draft`` holds at most that many proposed tokens,
+    run after the decode token and verified (`atlas_core.engine.spec.verify`)."""
 
     seq: Sequence
     num_tokens: int
     followers: list[Sequence] = field(default_factory=list)
+    draft_room: int = 0
+    draft: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
@@ -62,7 +69,7 @@ class _Rows:
     hidden rows go to pooling sequences, and the pooling sequences whose prompt this step completes."""
 
     prompt_rows: list[tuple[Sequence, int, int, int]] = field(default_factory=list)  # (seq, first row, position, count)
-    sample_rows: list[tuple[Sequence, int]] = field(default_factory=list)
+    sample_rows: list[tuple[Sequence, int, list[int]]] = field(default_factory=list)  # (seq, first row, draft)
     pool_rows: list[tuple[Sequence, int, int, int]] = field(default_factory=list)  # (seq, position, hidden row, count)
     pool_finish: list[Sequence] = field(default_factory=list)
 
@@ -78,10 +85,15 @@ class ModelRunner:
         tokenizer: Tokenizer | None,
         decode_graphs: DecodeGraphs | None = None,
         guided: GuidedDecoding | None = None,
+        rollback: RecurrentRollback | None = None,
     ) -> None:
+        """``rollback``: hybrid models with speculative decoding (restores the recurrent state of
+        sequences whose drafts were rejected)."""
         self.model, self.backend, self.kv, self.tokenizer = model, backend, kv, tokenizer
         self.decode_graphs = decode_graphs
         self.guided = guided
+        self.rollback = rollback
+        self.spec_stats = SpeculationStats()
 
     def build_batch(self, chunks: list[ScheduledChunk]) -> tuple[ForwardBatch, _Rows]:
         ids: list[int] = []
@@ -120,10 +132,15 @@ class ModelRunner:
                     rows.pool_finish.append(seq)
             elif chunk.samples:
                 for target in (seq, *chunk.followers):
-                    rows.sample_rows.append((target, len(logits_rows)))
-                logits_rows.append(first_row + chunk.num_tokens - 1)
-            starts.append(first_row + chunk.num_tokens)
-            seq_lens.append(end)
+                    rows.sample_rows.append((target, len(logits_rows), chunk.draft))
+                last = first_row + chunk.num_tokens - 1
+                logits_rows.extend(range(last, last + 1 + len(chunk.draft)))
+            if chunk.draft:
+                ids.extend(chunk.draft)
+                positions.append(np.arange(end, end + len(chunk.draft), dtype=np.int32))
+                slots.append(slots_for(seq.table.blocks, self.kv.block_size, end, end + len(chunk.draft)))
+            starts.append(first_row + chunk.num_tokens + len(chunk.draft))
+            seq_lens.append(end + len(chunk.draft))
         upload = self.backend.from_numpy
         meta = AttentionMetadata(
             query_start_loc=upload(np.asarray(starts, dtype=np.int32)),
@@ -137,7 +154,8 @@ class ModelRunner:
             attention=meta,
             logits_rows=np.asarray(logits_rows, dtype=np.int64),
             state_slots=upload(np.asarray(state_slots, dtype=np.int32)),
-            is_pure_decode=all(c.num_tokens == 1 and c.seq.is_decoding for c in chunks) and not rows.prompt_rows,
+            is_pure_decode=all(c.num_tokens == 1 and c.seq.is_decoding and not c.draft for c in chunks)
+            and not rows.prompt_rows,
         )
         return batch, rows
 
@@ -146,6 +164,8 @@ class ModelRunner:
         if block_copies:
             self.kv.copy_blocks(block_copies)
         batch, rows = self.build_batch(chunks)
+        if self.rollback is not None:
+            self.rollback.save([chunk.seq for chunk in chunks if chunk.draft])
         hidden, logits = self._forward(batch)
         for chunk in chunks:
             for seq in (chunk.seq, *chunk.followers):
@@ -153,7 +173,7 @@ class ModelRunner:
         pooled = self._pool(rows, hidden)
         if logits is None:
             return pooled
-        want_logprobs = rows.prompt_rows or any(seq.logprobs is not None for seq, _ in rows.sample_rows)
+        want_logprobs = rows.prompt_rows or any(seq.logprobs is not None for seq, _, _ in rows.sample_rows)
         logprobs = self.backend.to_numpy(self.backend.log_softmax(logits)) if want_logprobs else None
         for seq, first, position, count in rows.prompt_rows:
             recorded, top = seq.request.prompt_logprobs, seq.params.prompt_logprobs
@@ -189,10 +209,17 @@ class ModelRunner:
         return rows.pool_finish
 
     def _sample(self, rows: _Rows, logits: Array, logprobs: np.ndarray | None) -> list[Sequence]:
+        """Sample every sampling row (a verified chunk has one per draft token and one more), then give
+        each sequence its tokens: one, or those `accept_sampled` keeps."""
         if not rows.sample_rows:
             return []
-        seqs = [seq for seq, _ in rows.sample_rows]
-        indices = np.asarray([row for _, row in rows.sample_rows])
+        seqs, offsets, row_list = [], [], []
+        for seq, row, draft in rows.sample_rows:
+            for offset in range(len(draft) + 1):
+                seqs.append(seq)
+                offsets.append(offset)
+                row_list.append(row + offset)
+        indices = np.asarray(row_list)
         if len(indices) != logits.shape[0] or not np.array_equal(indices, np.arange(len(indices))):
             logits = logits[self.backend.from_numpy(indices)]
         guided = self.guided if self.guided is not None and self.guided.active else None
@@ -200,20 +227,33 @@ class ModelRunner:
         adjustments = logit_adjustments(seqs, guided.banned_tokens(seqs, skip=forced) if guided else None)
         if adjustments is not None:  # logprobs above are of the unadjusted distribution
             self.backend.adjust_logits(logits, adjustments)
-        tokens = self.backend.to_numpy(self.backend.sample(logits, sampling_tensors(seqs))).tolist()
+        tokens = self.backend.to_numpy(self.backend.sample(logits, sampling_tensors(seqs, offsets))).tolist()
         for row, token in forced.items():
             tokens[row] = token
-        for seq, row, token in zip(seqs, indices.tolist(), tokens, strict=True):
-            try:
+        first = 0
+        for seq, _, draft in rows.sample_rows:
+            span = slice(first, first + len(draft) + 1)
+            first = span.stop
+
+            def record(i: int, token: int, seq: Sequence = seq, row: int = int(indices[span.start])) -> None:
                 if guided:
                     guided.accept(seq, token)
                 if seq.logprobs is not None:
                     top = seq.params.logprobs
                     assert logprobs is not None and top is not None  # a sequence records logprobs when asked to
-                    entry = position_logprobs(logprobs[row], token, top, self.tokenizer)
+                    entry = position_logprobs(logprobs[row + i], token, top, self.tokenizer)
                     seq.cumulative_logprob += entry[token].logprob
                     seq.logprobs.append(entry)
                 seq.append_token(token)
+
+            try:
+                accepted = accept_sampled(seq, draft, tokens[span], record)
             except Exception as exc:  # one request's failure (e.g. detokenizing) never stops the batch
                 seq.request.fail(f"{type(exc).__name__}: {exc}")
-        return seqs
+                continue
+            if draft:
+                self.spec_stats.record(len(draft), accepted)
+                seq.num_computed += accepted
+                if self.rollback is not None and accepted < len(draft) and not seq.finished:
+                    self.rollback.restore(seq)
+        return list(dict.fromkeys(seqs))

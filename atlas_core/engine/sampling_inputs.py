@@ -10,15 +10,20 @@ from atlas_core.backends.base import LogitAdjustments, SamplingTensors
 from atlas_core.engine.sequence import Sequence
 
 
-def sampling_tensors(seqs: Seq[Sequence]) -> SamplingTensors:
-    """Filters and one uniform draw per row, from each sequence's own generator."""
+def sampling_tensors(seqs: Seq[Sequence], offsets: Seq[int] | None = None) -> SamplingTensors:
+    """Filters and one uniform draw per row: row ``i`` samples output token number
+    ``len(seqs[i].output_ids) + offsets[i]`` of its sequence (offsets: all 0 when None; speculative
+    verification samples several positions of one sequence)."""
     params = [seq.params for seq in seqs]
     return SamplingTensors(
         temperature=np.asarray([p.temperature for p in params], dtype=np.float32),
         top_k=np.asarray([p.top_k for p in params], dtype=np.int32),
         top_p=np.asarray([p.top_p for p in params], dtype=np.float32),
         min_p=np.asarray([p.min_p for p in params], dtype=np.float32),
-        uniform=np.asarray([seq.generator.random() for seq in seqs], dtype=np.float32),
+        uniform=np.asarray(
+            [seq.uniform(offset) for seq, offset in zip(seqs, offsets or [0] * len(seqs), strict=True)],
+            dtype=np.float32,
+        ),
         top_n_sigma=np.asarray([p.top_n_sigma for p in params], dtype=np.float32),
     )
 

@@ -2,9 +2,10 @@
 
 Each step has a token budget (``max_num_batched_tokens``). The scheduler fills it in order:
 
-1. one token for every running sequence that is decoding. When a decode needs a KV block and
-   none is free, the most recently admitted running sequence is preempted: its blocks and
-   state slot are freed and it goes back to the front of the queue, to be recomputed later;
+1. one token for every running sequence that is decoding (with speculative decoding, plus room for
+   its draft tokens when the budget and free blocks allow it; drafts never preempt). When a decode
+   needs a KV block and none is free, the most recently admitted running sequence is preempted: its
+   blocks and state slot are freed and it goes back to the front of the queue, to be recomputed later;
 2. the next chunk (at most ``max_prefill_tokens``) of running sequences whose prefill is
    unfinished;
 3. new sequences from the queue, while ``max_num_seqs`` and free KV blocks allow (a prompt's
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from atlas_core.engine.block_manager import BlockManager
@@ -65,9 +67,13 @@ class Scheduler:
         blocks: BlockManager,
         state_slots: StateSlotPool | None,
         snapshots: StateSnapshots | None = None,
+        draft_room: Callable[[Sequence], int] | None = None,
         offload: KVOffload | None = None,
     ) -> None:
+        """``draft_room(seq)``: with speculative decoding, how many draft tokens a decoding sequence may
+        verify in a step (0: none)."""
         self.config = config
+        self.draft_room = draft_room
         self.blocks = blocks
         self.state_slots = state_slots
         self.snapshots = snapshots
@@ -92,9 +98,12 @@ class Scheduler:
         for seq in [s for s in self.running if s.is_decoding]:
             if budget == 0:
                 break
-            if seq.status is SequenceStatus.RUNNING and self._reserve(seq, 1, step, copies):
-                step.chunks.append(ScheduledChunk(seq, 1))
-                budget -= 1
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            room = self._draft_room(seq, budget - 1, copies)
+            if room or self._reserve(seq, 1, step, copies):
+                step.chunks.append(ScheduledChunk(seq, 1, draft_room=room))
+                budget -= 1 + room
         if self._decode_only():
             step.block_copies = [pair for pairs in copies.values() for pair in pairs]
             return step
@@ -134,6 +143,19 @@ class Scheduler:
             step.chunks[:] = [chunk for chunk in step.chunks if chunk.seq is not victim]
             if victim is seq:
                 return False
+
+    def _draft_room(self, seq: Sequence, budget: int, copies: dict[Sequence, list[tuple[int, int]]]) -> int:
+        """Speculative decoding: make room for ``seq``'s decode token and up to ``draft_room(seq)`` (at
+        most ``budget``) draft tokens behind it, without preempting anyone; how many drafts fit (0: none,
+        and nothing reserved)."""
+        room = min(self.draft_room(seq), budget) if self.draft_room is not None else 0
+        if room < 1 or self.blocks.num_free_blocks < len(self.running):  # keep a block for each decoder
+            return 0
+        needed = self.blocks.prepare_write(seq.table, seq.num_computed, seq.num_computed + 1 + room)
+        if needed is None:
+            return 0
+        copies.setdefault(seq, []).extend(needed)
+        return room
 
     def _prefill_chunk(self, seq: Sequence, budget: int) -> int:
         """Tokens of ``seq``'s prefill to run now; a chunk never runs past the sequence's snapshot boundary."""

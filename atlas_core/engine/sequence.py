@@ -24,6 +24,24 @@ from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.engine.stop import TextStopper
 from atlas_core.tokenizer import Tokenizer
 
+_MASK64 = (1 << 64) - 1
+_GOLDEN_GAMMA = 0x9E3779B97F4A7C15
+
+
+def random_key(seed: int | None, index: int) -> int:
+    """A 64-bit key for `counter_uniform`: derived from ``(seed, index)``, or random when ``seed`` is None."""
+    entropy = None if seed is None else (seed & _MASK64, seed >> 64 & _MASK64, index)
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0])
+
+
+def counter_uniform(key: int, counter: int) -> float:
+    """Draw number ``counter`` of the SplitMix64 stream seeded with ``key``, as a float in [0, 1)
+    (53 bits): any draw can be computed directly, without drawing the ones before it."""
+    z = (key + (counter + 1) * _GOLDEN_GAMMA) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return ((z ^ (z >> 31)) >> 11) * 2.0**-53
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
@@ -48,8 +66,7 @@ class Sequence:
         self.num_computed = 0
         self.max_len = min(max_seq_len, self.num_prompt_tokens + (params.max_tokens or max_seq_len))
         self.stop_token_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
-        seed = None if params.seed is None else (params.seed, index)
-        self.generator = np.random.default_rng(seed)
+        self._random_key = random_key(params.seed, index)
         self.stopper = TextStopper(tokenizer, request.prompt_ids, params)
         self.output_counts: Counter[int] = Counter()
         self.logprobs: list[PositionLogprobs] | None = [] if params.logprobs is not None else None
@@ -84,6 +101,15 @@ class Sequence:
     def min_tokens_pending(self) -> bool:
         """True while stop tokens must still be suppressed (fewer than ``min_tokens`` generated)."""
         return len(self.token_ids) - self.num_prompt_tokens < self.params.min_tokens
+
+    def uniform(self, offset: int = 0) -> float:
+        """The random draw in [0, 1) that samples output token number ``len(output_ids) + offset``.
+
+        A function of the sequence's key (from the request's seed and the sequence's index, or random
+        when there is no seed) and the token's index only: a seed gives the same tokens batched or
+        alone, and with or without speculative decoding (which samples several positions at once and
+        keeps a prefix of them)."""
+        return counter_uniform(self._random_key, len(self.token_ids) - self.num_prompt_tokens + offset)
 
     def held_state_slot(self) -> int:
         """The recurrent-state slot the sequence holds. On models with recurrent state the scheduler

@@ -76,8 +76,22 @@ class _EngineCollector(Collector):
                 blocks.prefix_cache_hit_tokens,
             ),
         ]
+        spec = self.engine.runner.spec_stats
+        counters += [
+            ("atlas_spec_decode_num_draft_tokens", "Speculative draft tokens proposed", spec.proposed),
+            ("atlas_spec_decode_num_accepted_tokens", "Speculative draft tokens accepted", spec.accepted),
+        ]
         counters += _offload_counters(self.engine)
         labels = [self.model_name()]
+        if spec.proposed_at:
+            per_position = CounterMetricFamily(
+                "atlas_spec_decode_num_accepted_tokens_per_pos",
+                "Speculative draft tokens accepted, by position in the draft (0 = first)",
+                labels=["model_name", "position"],
+            )
+            for position, accepted in enumerate(spec.accepted_at):
+                per_position.add_metric([*labels, str(position)], accepted)
+            yield per_position
         for name, documentation, value in gauges:
             gauge = GaugeMetricFamily(name, documentation, labels=["model_name"])
             gauge.add_metric(labels, value)

@@ -1,0 +1,242 @@
+"""Speculative decoding: proposals verified in the target's forward never change what users get.
+
+Greedy and seeded outputs are identical with and without speculation (dense, MoE and hybrid tiny
+checkpoints; alone and batched; with prefix caching and under preemption); the distribution of sampled
+tokens is the target's; nothing is leaked after rejections and aborts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from atlas_core import LLM, SamplingParams
+from atlas_core.engine.sequence import Sequence
+from atlas_core.engine.spec.config import SpeculativeConfig, speculative_config
+from atlas_core.engine.spec.proposer import NgramProposer
+from atlas_core.errors import ConfigError
+from atlas_core.testing.family import assert_no_leaks, mixed_prompts
+from tests.conftest import TINY
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+class ScriptedProposer:
+    """Proposes each sequence's known continuation (``script[prompt]``), with every ``wrong_every``-th
+    draft token replaced by a wrong one, so verification both accepts and rejects."""
+
+    def __init__(self, script: dict[tuple[int, ...], list[int]], vocab: int, wrong_every: int = 3) -> None:
+        self.script, self.vocab, self.wrong_every = script, vocab, wrong_every
+        self.calls = 0
+        self.released: list[Sequence] = []
+
+    def propose(self, seqs: Seq[Sequence], max_tokens: Seq[int]) -> list[list[int]]:
+        drafts = []
+        for seq, k in zip(seqs, max_tokens, strict=True):
+            self.calls += 1
+            future = self.script[tuple(seq.token_ids[: seq.num_prompt_tokens])][len(seq.output_ids) :][:k]
+            if self.calls % self.wrong_every == 0 and future:
+                future = [*future[:-1], (future[-1] + 1) % self.vocab]
+            drafts.append(future)
+        return drafts
+
+    def release(self, seq: Sequence) -> None:
+        self.released.append(seq)
+
+
+def _outputs(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    return [output.outputs[0].token_ids for output in llm.generate(prompts, params)]
+
+
+def test_config_from_flags_and_json() -> None:
+    assert speculative_config(None, None) is None
+    assert speculative_config(None, 3) == SpeculativeConfig("ngram", 3)
+    assert speculative_config({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 6}, None) == (
+        SpeculativeConfig("ngram", 5, prompt_lookup_max=6)
+    )
+    assert speculative_config({"model": "draft-folder"}, 2) == SpeculativeConfig("draft_model", 2, model="draft-folder")
+    bad = [
+        ({"method": "eagle3", "num_speculative_tokens": 2}, None, "method must be one of ngram, draft_model"),
+        ({"method": "ngram", "num_tokens": 2}, None, "unknown keys ['num_tokens']"),
+        ({"method": "ngram"}, None, 'needs "num_speculative_tokens"'),
+        ({"method": "ngram", "num_speculative_tokens": 2}, 3, "disagrees"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, None, 'needs "model"'),
+        (None, 0, "must be in 1..16"),
+        ({"method": "ngram", "num_speculative_tokens": "4"}, None, "must be an integer"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5}, None, "prompt_lookup_min <="),
+    ]
+    for spec, count, message in bad:
+        with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            speculative_config(spec, count)
+
+
+def test_ngram_lookup_proposes_the_latest_continuation() -> None:
+    lookup = NgramProposer(min_n=2, max_n=3).lookup
+    assert lookup([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 3) == [7, 8, 1]  # the latest match wins
+    assert lookup([5, 1, 2, 6, 1, 2], 4) == [6, 1, 2]  # at most what follows the match
+    assert lookup([1, 2, 3, 4], 3) == []  # no earlier occurrence
+    assert lookup([4, 4, 4, 4], 2) == [4]  # overlapping matches
+    assert lookup([1, 2], 0) == []
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "qwen3_next"])
+def test_greedy_tokens_identical_with_rejections_batched_and_cached(name: str) -> None:
+    """Scripted drafts (right, then a wrong token every third proposal) over 8 prompts batched, with
+    prefix caching: the tokens equal plain decoding's; on the hybrid model the recurrent state of
+    sequences with rejected drafts is rolled back."""
+    plain = LLM(TINY / name, enable_prefix_caching=False)
+    prompts = mixed_prompts(plain.loaded.model.vocab_size, count=8)
+    want = _outputs(plain, prompts, GREEDY)
+    spec = LLM(TINY / name, num_speculative_tokens=3, block_size=4)
+    assert spec.engine.speculation is not None
+    proposer = ScriptedProposer({tuple(p): w for p, w in zip(prompts, want, strict=True)}, spec.loaded.model.vocab_size)
+    spec.engine.speculation.proposer = proposer
+    for _ in range(2):  # the second run hits the prefix cache the first filled
+        assert _outputs(spec, prompts, GREEDY) == want
+        assert_no_leaks(spec)
+    stats = spec.engine.runner.spec_stats
+    assert 0 < stats.accepted < stats.proposed
+    assert len(proposer.released) == 2 * len(prompts)
+
+
+def test_ngram_greedy_and_seeded_sampling_identical_under_preemption() -> None:
+    """n-gram speculation on repetitive prompts, with a KV cache small enough to force preemption:
+    greedy tokens, and seeded samples for temperature / top-p / top-k, equal plain decoding's."""
+    plain = LLM(TINY / "llama", enable_prefix_caching=False)
+    vocab = plain.loaded.model.vocab_size
+    prompts = [p + p[-12:] + p[-12:] for p in mixed_prompts(vocab, count=6, max_tail_length=30)]
+    sampled = SamplingParams(temperature=0.9, top_p=0.95, top_k=20, max_tokens=20, ignore_eos=True, seed=5)
+    spec = LLM(
+        TINY / "llama", num_speculative_tokens=4, block_size=4, max_seq_len=128, kv_cache_memory_gib=_tight(plain)
+    )
+    for params in (GREEDY, sampled):
+        assert _outputs(spec, prompts, params) == _outputs(plain, prompts, params)
+        assert_no_leaks(spec)
+    assert spec.engine.scheduler.num_preemptions > 0
+    assert spec.engine.runner.spec_stats.accepted > 0
+
+
+def _tight(llm: LLM) -> float:
+    """A KV budget of about 200 tokens of ``llm``'s model."""
+    per_token = llm.engine.kv_plan.bytes_per_token
+    return 200 * per_token / 2**30
+
+
+def test_logprobs_and_stops_inside_accepted_drafts() -> None:
+    """A stop token or max_tokens reached inside a run of accepted drafts ends the sequence there; each
+    output token carries the logprobs plain decoding gives it."""
+    plain = LLM(TINY / "qwen3", enable_prefix_caching=False)
+    prompts = mixed_prompts(plain.loaded.model.vocab_size, count=4)
+    full = _outputs(plain, prompts, GREEDY)
+    stop = full[0][6]
+    params = SamplingParams(temperature=0, max_tokens=11, stop_token_ids=[stop], logprobs=2)
+    want = plain.generate(prompts, params)
+    spec = LLM(TINY / "qwen3", num_speculative_tokens=4)
+    assert spec.engine.speculation is not None
+    spec.engine.speculation.proposer = ScriptedProposer(
+        {tuple(p): w for p, w in zip(prompts, full, strict=True)}, plain.loaded.model.vocab_size, wrong_every=5
+    )
+    got = spec.generate(prompts, params)
+    for g, w in zip(got, want, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        assert g.outputs[0].finish_reason == w.outputs[0].finish_reason
+        assert g.outputs[0].logprobs is not None and w.outputs[0].logprobs is not None
+        for got_entry, want_entry in zip(g.outputs[0].logprobs, w.outputs[0].logprobs, strict=True):
+            assert got_entry.keys() == want_entry.keys()
+            for token, entry in got_entry.items():
+                assert entry.logprob == pytest.approx(want_entry[token].logprob, abs=1e-5)
+    assert_no_leaks(spec)
+
+
+def test_draft_model_proposals_and_abort_free_everything() -> None:
+    """A draft model (here the target itself: every draft accepted) gives the plain tokens; aborting a
+    request mid-generation frees its target and draft blocks."""
+    plain = LLM(TINY / "qwen3", enable_prefix_caching=False)
+    prompts = mixed_prompts(plain.loaded.model.vocab_size, count=5)
+    want = _outputs(plain, prompts, GREEDY)
+    config = {"method": "draft_model", "model": str(TINY / "qwen3"), "num_speculative_tokens": 3}
+    spec = LLM(TINY / "qwen3", speculative_config=config)
+    assert _outputs(spec, prompts, GREEDY) == want
+    stats = spec.engine.runner.spec_stats
+    assert stats.accepted == stats.proposed > 0
+    engine = spec.engine
+    engine.add_request("r", None, prompts[0], GREEDY)
+    for _ in range(3):
+        engine.step()
+    engine.abort("r")
+    assert_no_leaks(spec)
+    proposer = engine.speculation.proposer if engine.speculation else None
+    assert proposer is not None and proposer.blocks.num_free_blocks == proposer.blocks.num_blocks  # type: ignore[attr-defined]
+
+
+def _with_word_tokenizer(tmp_path: Path, name: str, label: str, words: list[str]) -> Path:
+    """A copy of tiny checkpoint ``name`` with a word-level tokenizer.json over ``words`` (ids in order)."""
+    folder = TINY.edited_copy(tmp_path / label, name)
+    vocab = {"[UNK]": 0} | {word: i + 1 for i, word in enumerate(words)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def test_draft_model_with_another_tokenizer_is_refused(tmp_path: Path) -> None:
+    words = ["The", "quick", "brown", "fox"]
+    target = _with_word_tokenizer(tmp_path, "qwen3", "target", words)
+    same = _with_word_tokenizer(tmp_path, "qwen3", "same", words)
+    other = _with_word_tokenizer(tmp_path, "qwen3", "other", words[::-1])
+    LLM(target, speculative_config={"model": str(same), "num_speculative_tokens": 2})
+    with pytest.raises(ConfigError, match="does not share the target's tokenizer"):
+        LLM(target, speculative_config={"model": str(other), "num_speculative_tokens": 2})
+
+
+def test_sampled_distribution_is_the_targets() -> None:
+    """Chi-square over the joint distribution of the first three sampled tokens (top_k=2: 8 outcomes),
+    2000 unseeded samples with a fixed draft that is accepted about half the time, against the exact
+    probabilities from the model's own logprobs."""
+    llm = LLM(TINY / "llama", enable_prefix_caching=False, max_num_seqs=256, num_speculative_tokens=1)
+    prompt = mixed_prompts(llm.loaded.model.vocab_size, count=1)[0]
+    params = SamplingParams(temperature=1.0, top_k=2, max_tokens=3, ignore_eos=True, logprobs=2)
+    probe = llm.generate(prompt, params)[0].outputs[0]
+    assert probe.logprobs is not None
+    second = list(probe.logprobs[1])  # the two candidates of the second token (after the probe's first)
+
+    class FixedDraft:
+        def propose(self, seqs: Seq[Sequence], max_tokens: Seq[int]) -> list[list[int]]:
+            return [[second[0]] for _ in seqs]
+
+        def release(self, seq: Sequence) -> None:
+            return None
+
+    assert llm.engine.speculation is not None
+    llm.engine.speculation.proposer = FixedDraft()
+    samples = llm.generate([prompt] * 2000, params)
+    counts: dict[tuple[int, ...], int] = {}
+    for sample in samples:
+        key = tuple(sample.outputs[0].token_ids)
+        counts[key] = counts.get(key, 0) + 1
+    expected = {key: _joint_probability(llm, prompt, list(key)) for key in counts}
+    assert len(counts) <= 8 and sum(expected.values()) > 0.2
+    statistic = sum((counts[key] - 2000 * p) ** 2 / (2000 * p) for key, p in expected.items())
+    assert statistic < 26.1  # chi-square, 7 degrees of freedom: p = 0.0005
+    assert 0 < llm.engine.runner.spec_stats.accepted < llm.engine.runner.spec_stats.proposed
+
+
+def _joint_probability(llm: LLM, prompt: list[int], tokens: list[int]) -> float:
+    """P(tokens | prompt) under temperature 1 and top_k=2, from the model's prompt logprobs."""
+    scored = llm.generate(prompt + tokens, SamplingParams(max_tokens=1, prompt_logprobs=2))[0].prompt_logprobs
+    assert scored is not None
+    probability = 1.0
+    for i, token in enumerate(tokens):
+        entry = scored[len(prompt) + i]
+        assert entry is not None
+        top = sorted(entry.values(), key=lambda e: -e.logprob)[:2]
+        top2 = {t for t, e in entry.items() if e in top}
+        if token not in top2:
+            return 0.0
+        logps = np.array([e.logprob for e in top])
+        probability *= float(np.exp(entry[token].logprob - np.logaddexp.reduce(logps)))
+    return probability
