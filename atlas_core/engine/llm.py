@@ -18,6 +18,7 @@ from atlas_core.engine.pooling_config import PoolingConfig, pooling_config
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.errors import InvalidRequestError
 from atlas_core.model.load import load_model
+from atlas_core.model.sharding import TensorParallel
 from atlas_core.plugins import get_registry
 
 PromptInput = str | list[int] | dict[str, Any]
@@ -36,12 +37,19 @@ class LLM:
     """Load a model once and generate from many prompts, batched.
 
     ``model``: a folder, a ``.gguf`` file, a Hugging Face repo id, or None for the built-in
-    default model. ``backend``: a backend name, or None for the best available. Other keyword
-    arguments are `EngineConfig` fields (``max_seq_len``, ``max_num_seqs``, ...).
+    default model. ``backend``: a backend name, or None for the best available. ``parallel``: this
+    rank's shard plan and communicator when every rank of a split model runs its own `LLM` on the same
+    requests in the same order (`atlas_core.parallel.world`). Other keyword arguments are `EngineConfig`
+    fields (``max_seq_len``, ``max_num_seqs``, ...).
     """
 
     def __init__(
-        self, model: str | os.PathLike[str] | None = None, *, backend: str | None = None, **engine_args: Any
+        self,
+        model: str | os.PathLike[str] | None = None,
+        *,
+        backend: str | None = None,
+        parallel: TensorParallel | None = None,
+        **engine_args: Any,
     ) -> None:
         registry = get_registry()
         self.backend = select_backend(registry, backend)
@@ -52,6 +60,7 @@ class LLM:
             registry,
             max_positions=config.max_seq_len or config.default_max_seq_len,
             gguf_weights=config.gguf_weights,
+            parallel=parallel,
         )
         self.engine = LLMEngine(self.loaded, self.backend, config)
         self._ids = itertools.count()

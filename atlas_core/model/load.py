@@ -11,6 +11,7 @@ from atlas_core.backends.base import Backend
 from atlas_core.backends.memory import available_memory, weight_itemsize
 from atlas_core.errors import ModelLoadError, UnsupportedArchitectureError
 from atlas_core.model.resolve import ResolvedModel, resolve_model
+from atlas_core.model.sharding import TensorParallel
 from atlas_core.model.transformer import TransformerModel
 from atlas_core.plugins import PluginRegistry
 from atlas_core.tokenizer import Tokenizer
@@ -92,12 +93,14 @@ def load_model(
     *,
     max_positions: int | None = None,
     gguf_weights: str = "auto",
+    parallel: TensorParallel | None = None,
 ) -> LoadedModel:
     """Load ``reference`` (see `resolve_model`) onto ``backend`` with the family registered for it.
 
     ``max_positions``: the longest sequence the engine will run (None: the model's whole context);
     per-position tables such as RoPE's are built only that long. ``gguf_weights``: how a GGUF file's
-    block-quantized weights are held (`keep_gguf_blocks`)."""
+    block-quantized weights are held (`keep_gguf_blocks`). ``parallel``: this rank's shard plan and
+    communicator when the model is split over ranks (the family must support it)."""
     resolved = resolve_model(reference)
     source = open_source(resolved)
     if resolved.kind == "gguf":
@@ -118,7 +121,12 @@ def load_model(
             f"has no installed family plugin ({hint}); installed families: {installed}"
         )
     loader_class = registration.load()
-    model = loader_class(source, backend, registry, str(resolved.path), max_positions).build()
+    if parallel is not None and parallel.plan.is_split and not loader_class.supports_tensor_parallel:
+        raise ModelLoadError(
+            f"{resolved.path}: the {model_type!r} family ({registration.target}) cannot split a model "
+            f"over ranks yet; run it unsplit (tensor_parallel_size=1, expert_parallel_size=1)"
+        )
+    model = loader_class(source, backend, registry, str(resolved.path), max_positions, parallel).build()
     return LoadedModel(
         name=resolved.name,
         resolved=resolved,

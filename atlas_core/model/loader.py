@@ -29,12 +29,14 @@ from atlas_core.batch.kv_cache import KVLayout
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.kv_scales import checkpoint_kv_scales
 from atlas_core.model.layers.attention import AttentionWeights
+from atlas_core.model.layers.parallel import ReducedFeedForward, ReducedMixer, VocabParallelHead
 from atlas_core.model.rope import RopeSpec, rotary_tables
+from atlas_core.model.sharding import ShardPlan, TensorParallel
 from atlas_core.model.spec import DecoderSpec
-from atlas_core.model.transformer import TransformerModel
+from atlas_core.model.transformer import FeedForward, Mixer, TransformerModel
 from atlas_core.plugins import PluginRegistry
 from atlas_core.weights.quantized import QuantizedWeight, concat_rows
-from atlas_core.weights.source import WeightSource, quantized_tensor
+from atlas_core.weights.source import WeightSource, quantized_tensor, tensor_part, tensor_shape
 
 FLOAT32 = np.dtype(np.float32)
 
@@ -49,6 +51,7 @@ class ModelWeightLoader(ABC):
         registry: PluginRegistry,
         origin: str,
         max_positions: int | None = None,
+        parallel: TensorParallel | None = None,
     ) -> None:
         self.source = source
         self.backend = backend
@@ -58,6 +61,77 @@ class ModelWeightLoader(ABC):
         self.max_positions = max_positions
         """The most positions the engine will run (its ``max_seq_len``), or None for the model's whole
         context: position tables are built only this long (a 1M-token context would cost ~1 GB of tables)."""
+        self.parallel = parallel
+        """This rank's shard plan and communicator when the model is split over ranks (None: one rank holds it all)."""
+
+    supports_tensor_parallel: ClassVar[bool] = False
+    """Whether `build` honours `parallel` (builds this rank's shard); families that do set it."""
+
+    @property
+    def shard(self) -> ShardPlan:
+        """This rank's shard plan (the whole model when not split)."""
+        return ShardPlan() if self.parallel is None else self.parallel.plan
+
+    def weight_part(self, name: str, *index: range | slice) -> np.ndarray | QuantizedWeight:
+        """This rank's part of weight ``name``: ``index`` gives a range (or slice) per leading axis, and only
+        that part is read (`tensor_part`). When the model is not split, or ``index`` covers the whole
+        weight, the weight as stored (`linear_weight`, quantized ones kept quantized)."""
+        if not self.shard.is_split:
+            return self.linear_weight(name)
+        shape = self.weight_shape(name)
+        if all(_covers(i, size) for i, size in zip(index, shape, strict=False)):
+            return self.linear_weight(name)
+        if quantized_tensor(self.source, name) is not None:
+            raise ModelLoadError(
+                f"{self.origin}: {name!r} is quantized, and quantized weights are not split over ranks yet; "
+                "run this checkpoint unsplit (tensor_parallel_size=1, expert_parallel_size=1)"
+            )
+        return tensor_part(
+            self.source, name, tuple(slice(i.start, i.stop) if isinstance(i, range) else i for i in index)
+        )
+
+    def weight_shape(self, name: str) -> tuple[int, ...]:
+        """Weight ``name``'s shape as stored (`tensor_shape`), or a `ModelLoadError` naming it."""
+        if name not in self.source:
+            raise ModelLoadError(f"{self.origin}: weight {name!r} is missing from the checkpoint")
+        return tensor_shape(self.source, name)
+
+    def row_parallel_bias(self, present: bool, name: str) -> Array | None:
+        """The bias ``name`` of a row-parallel projection (one whose ranks' outputs are summed): uploaded on
+        rank 0 only, so the sum adds it once; None when not ``present``."""
+        return self.optional_upload(present and self.shard.rank == 0, name)
+
+    def reduced_mixer(self, mixer: Mixer) -> Mixer:
+        """``mixer`` completed by an all-reduce of the ranks' partial outputs when attention is split
+        (`ShardPlan.tensor_split`)."""
+        if self.parallel is None or not self.shard.tensor_split:
+            return mixer
+        return ReducedMixer(mixer, self.parallel.comm)
+
+    def reduced_feed_forward(self, ffn: FeedForward, *, experts: bool = False) -> FeedForward:
+        """``ffn`` completed by an all-reduce of the ranks' partial outputs when it is split: a dense one
+        when `ShardPlan.tensor_split`, a block of routed ``experts`` whenever the model is split."""
+        if self.parallel is None or not (self.shard.is_split if experts else self.shard.tensor_split):
+            return ffn
+        return ReducedFeedForward(ffn, self.parallel.comm)
+
+    def lm_head(self, name: str) -> Array | QuantizedWeight:
+        """The LM head ``name``: the whole weight as stored, or this rank's rows of a split model (`vocab_rows`)."""
+        return self.upload(name) if not self.shard.tensor_split else self.vocab_rows(name)[0]
+
+    def vocab_rows(self, name: str) -> tuple[Array, VocabParallelHead | None]:
+        """The embedding or LM-head table ``name`` (``[vocab, H]``) and, when the model is split, the
+        `VocabParallelHead` for this rank's rows (the table is then those rows, zero-padded to an equal
+        count per rank). An embedding is never kept quantized."""
+        if self.parallel is None or not self.shard.tensor_split:
+            return self.upload_arrays(self.tensor(name)), None
+        vocab_size = self.weight_shape(name)[0]
+        ids, per_rank = self.shard.vocab(vocab_size)
+        rows = self.weight_part(name, ids)
+        assert isinstance(rows, np.ndarray)  # weight_part refuses quantized weights of split models
+        padded = np.zeros((per_rank, *rows.shape[1:]), dtype=rows.dtype)
+        padded[: len(rows)] = rows
+        return self.upload_arrays(padded), VocabParallelHead(self.backend, self.parallel.comm, ids, vocab_size)
 
     def table_length(self, context_length: int) -> int:
         """How many positions a per-position table needs: the model's ``context_length``, capped at `max_positions`."""
@@ -166,15 +240,20 @@ class ModelWeightLoader(ABC):
     def gated_mlp(self, prefix: str, *, layer: str = "swiglu_mlp", bias: bool = False) -> Any:
         """The registered gated feed-forward ``layer`` (``swiglu_mlp``, ``geglu_mlp``) from Hugging Face
         names under ``prefix``: ``gate_proj`` and ``up_proj`` fused into one weight, ``down_proj``;
-        their biases too when ``bias``."""
+        their biases too when ``bias``. A split model's rank holds its share of the intermediate rows
+        (column-parallel gate/up, row-parallel down, all-reduced: `reduced_feed_forward`)."""
         gate_up, down = (prefix + "gate_proj.", prefix + "up_proj."), prefix + "down_proj."
-        return self.layer_type(layer)(
+        rows: range | slice = slice(None)
+        if self.shard.tensor_split:
+            rows = self.shard.split(self.weight_shape(down + "weight")[1], prefix + "intermediate rows")
+        mlp = self.layer_type(layer)(
             self.backend,
-            self.upload(*(p + "weight" for p in gate_up)),
-            self.upload(down + "weight"),
-            self.optional_upload(bias, *(p + "bias" for p in gate_up)),
-            self.optional_upload(bias, down + "bias"),
+            self.upload_arrays(*(self.weight_part(p + "weight", rows) for p in gate_up)),
+            self.upload_arrays(self.weight_part(down + "weight", slice(None), rows)),
+            self.upload_arrays(*(self.weight_part(p + "bias", rows) for p in gate_up)) if bias else None,
+            self.row_parallel_bias(bias, down + "bias"),
         )
+        return self.reduced_feed_forward(mlp)
 
 
 class DenseDecoderLoader(ModelWeightLoader):
@@ -184,6 +263,7 @@ class DenseDecoderLoader(ModelWeightLoader):
     """
 
     spec_overrides: ClassVar[dict[str, Any]] = {}
+    supports_tensor_parallel = True
 
     def spec(self) -> DecoderSpec:
         return DecoderSpec.from_config(self.source.config, origin=f"{self.origin}/config.json", **self.spec_overrides)
@@ -236,19 +316,29 @@ class DenseDecoderLoader(ModelWeightLoader):
         spec = self.spec()
         attention_type, layer_type = self.layer_type("attention"), self.layer_type("pre_norm_decoder_layer")
         cos, sin = self.rope_tables(spec.rope, spec.max_position_embeddings)
+        heads = self.shard.split(spec.num_heads, "num_attention_heads")
+        kv_heads = self.shard.kv_heads(spec.num_kv_heads, spec.num_heads)
+        q_rows = range(heads.start * spec.head_dim, heads.stop * spec.head_dim)
+        kv_rows = range(kv_heads.start * spec.head_dim, kv_heads.stop * spec.head_dim)
 
         def norm(name: str) -> Any:
             return self.rms_norm(name, spec.rms_norm_eps)
+
+        def qkv(a: str, kind: str) -> list[np.ndarray | QuantizedWeight]:
+            return [
+                self.weight_part(f"{a}{p}_proj.{kind}", rows)
+                for p, rows in zip("qkv", (q_rows, kv_rows, kv_rows), strict=True)
+            ]
 
         layers = []
         for i in self.layer_progress(spec.num_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
             weights = AttentionWeights(
-                qkv=self.upload(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
-                o=self.upload(a + "o_proj.weight"),
-                qkv_bias=self.optional_upload(spec.qkv_bias, a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"),
-                o_bias=self.optional_upload(spec.o_bias, a + "o_proj.bias"),
+                qkv=self.upload_arrays(*qkv(a, "weight")),
+                o=self.upload_arrays(self.weight_part(a + "o_proj.weight", slice(None), q_rows)),
+                qkv_bias=self.upload_arrays(*qkv(a, "bias")) if spec.qkv_bias else None,
+                o_bias=self.row_parallel_bias(spec.o_bias, a + "o_proj.bias"),
                 q_norm=norm(a + "q_norm.weight") if spec.qk_norm else None,
                 k_norm=norm(a + "k_norm.weight") if spec.qk_norm else None,
             )
@@ -256,8 +346,8 @@ class DenseDecoderLoader(ModelWeightLoader):
                 self.backend,
                 weights,
                 layer_index=i,
-                num_heads=spec.num_heads,
-                num_kv_heads=spec.num_kv_heads,
+                num_heads=len(heads),
+                num_kv_heads=len(kv_heads),
                 head_dim=spec.head_dim,
                 rope_cos=cos,
                 rope_sin=sin,
@@ -265,21 +355,30 @@ class DenseDecoderLoader(ModelWeightLoader):
             mlp = self.feed_forward(spec, i)
             layers.append(
                 layer_type(
-                    norm(p + "input_layernorm.weight"), attention, norm(p + "post_attention_layernorm.weight"), mlp
+                    norm(p + "input_layernorm.weight"),
+                    self.reduced_mixer(attention),
+                    norm(p + "post_attention_layernorm.weight"),
+                    mlp,
                 )
             )
 
-        embed = self.upload_arrays(self.tensor("model.embed_tokens.weight"))  # an embedding is never kept quantized
+        embed, vocab_split = self.vocab_rows("model.embed_tokens.weight")
         return TransformerModel(
             self.backend,
             embed_tokens=embed,
             layers=layers,
             final_norm=norm("model.norm.weight"),
-            lm_head=embed if spec.tie_word_embeddings else self.upload("lm_head.weight"),
+            lm_head=embed if spec.tie_word_embeddings else self.lm_head("lm_head.weight"),
             kv_layouts=[
-                KVLayout(spec.num_kv_heads, spec.head_dim, None, *self.kv_scales(f"model.layers.{i}.self_attn."))
+                KVLayout(len(kv_heads), spec.head_dim, None, *self.kv_scales(f"model.layers.{i}.self_attn."))
                 for i in range(spec.num_layers)
             ],
             vocab_size=spec.vocab_size,
             max_position_embeddings=spec.max_position_embeddings,
+            vocab_split=vocab_split,
         )
+
+
+def _covers(index: range | slice, size: int) -> bool:
+    """Whether ``index`` (a range or slice of one axis) takes the whole axis of ``size``."""
+    return range(size)[index] == range(size) if isinstance(index, slice) else index == range(size)

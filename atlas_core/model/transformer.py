@@ -35,6 +35,15 @@ class FeedForward(Protocol):
     def __call__(self, x: Array) -> Array: ...
 
 
+class VocabSplit(Protocol):
+    """The embedding and LM head of a model split by vocabulary over ranks
+    (`atlas_core.model.layers.parallel.VocabParallelHead`)."""
+
+    def embed(self, table: Array, input_ids: Array) -> Array: ...
+
+    def logits(self, hidden: Array, lm_head: Array) -> Array: ...
+
+
 class DecoderLayer(Protocol):
     """One decoder block as `TransformerModel.forward` calls it, over the batch's ``T`` tokens.
 
@@ -72,6 +81,8 @@ class TransformerModel:
     KV layout per attention layer (the engine sizes and allocates the paged cache from it). Models
     with recurrent layers pass their `RecurrentState`: the engine then sizes it (`allocate_state`),
     gives each sequence a state slot, and zeroes (`reset_state`) or copies (`copy_state`) slots.
+    A rank's shard of a model split by vocabulary passes its ``vocab_split`` (``embed_tokens`` and
+    ``lm_head`` are then this rank's rows).
     """
 
     def __init__(
@@ -86,6 +97,7 @@ class TransformerModel:
         vocab_size: int,
         max_position_embeddings: int,
         recurrent_state: RecurrentState | None = None,
+        vocab_split: VocabSplit | None = None,
     ) -> None:
         self.backend = backend
         self.embed_tokens = embed_tokens
@@ -96,9 +108,12 @@ class TransformerModel:
         self.vocab_size = vocab_size
         self.max_position_embeddings = max_position_embeddings
         self.recurrent_state = recurrent_state
+        self.vocab_split = vocab_split
 
     def embed(self, input_ids: Array) -> Array:
         """``[T]`` token ids -> ``[T, H]`` input embeddings (rows of ``embed_tokens``)."""
+        if self.vocab_split is not None:
+            return self.vocab_split.embed(self.embed_tokens, input_ids)
         return self.backend.embedding(self.embed_tokens, input_ids)
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> Array:
@@ -136,4 +151,6 @@ class TransformerModel:
 
     def compute_logits(self, hidden: Array) -> Array:
         """``[S, H]`` hidden rows -> ``[S, V]`` logits in the activation dtype."""
+        if self.vocab_split is not None:
+            return self.vocab_split.logits(hidden, self.lm_head)
         return self.backend.linear(hidden, self.lm_head)

@@ -5,6 +5,9 @@ directly from the documented file layout (8-byte little-endian header size, JSON
 ``{name: {dtype, shape, data_offsets}}``, then the data) with ``numpy.memmap``; bf16 is viewed
 as ``ml_dtypes.bfloat16``. Nothing is read until a tensor is asked for.
 
+`get_part` reads one rank's part of a tensor (tensor parallelism) without reading the rest of it, as
+``safetensors``' ``get_slice`` does.
+
 FP8 checkpoints (`atlas_core.weights.quant_config`): `get_quantized` returns a quantized linear
 weight as a `QuantizedWeight` (its F8_E4M3 elements viewed from the file, its scale as float32), and
 `get` returns its dequantized float32 values, so loaders that rearrange a weight arithmetically
@@ -138,6 +141,17 @@ class SafetensorsSource:
         quantized weight (`get_quantized`)."""
         quantized = self.get_quantized(name)
         return self._raw(name) if quantized is None else dequantize(quantized)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Tensor ``name``'s shape as stored, from the file header (nothing is read)."""
+        if name not in self._index:
+            raise ModelLoadError(f"{self.folder}: weight {name!r} is not in the checkpoint")
+        return tuple(self._index[name][2]["shape"])
+
+    def get_part(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """The part ``index`` (one slice per leading axis) of float tensor ``name``, copied out of the file:
+        only the bytes of that part are read, so a rank of a split model never reads whole tensors."""
+        return np.ascontiguousarray(self._raw(name)[index])
 
     def get_quantized(self, name: str) -> QuantizedWeight | None:
         """Tensor ``name`` as a host `QuantizedWeight` when it is stored quantized (F8_E4M3 with its scale

@@ -38,6 +38,7 @@ from atlas_core.backends.ops.moe import (
     check_expert_shapes,
 )
 from atlas_core.errors import ModelLoadError
+from atlas_core.model.layers.expert_parallel import ExpertShard, read_expert_shard
 from atlas_core.model.transformer import FeedForward
 from atlas_core.weights.quantized import QuantizedWeight, concat_rows, stack_experts
 
@@ -319,12 +320,27 @@ def load_moe(
     optional ``{prefix}{correction_bias}`` (kept in float32) and ``{prefix}{shared_expert_gate}``; expert
     tensors whose shapes do not fit ``activation`` raise `ModelLoadError` naming them.
     ``shared_expert`` is built by the caller (its form differs between families). The block and its
-    experts are the loader's registered ``moe`` and ``routed_experts`` layer types."""
-    w_in, w_out = read_experts(loader, prefix + experts, spec.num_experts, names, keep_quantized=True)
+    experts are the loader's registered ``moe`` and ``routed_experts`` layer types. A split model's rank
+    holds its experts' share (`atlas_core.model.layers.expert_parallel`) and gives its part of the block's
+    output: the caller completes it with ``ModelWeightLoader.reduced_feed_forward(block, experts=True)``."""
+    split = loader.shard.is_split
+    if split and shared_expert is not None:
+        raise ModelLoadError(
+            f"{loader.origin}: {prefix}: MoE blocks with a shared expert are not split over ranks yet; "
+            "run this model unsplit (tensor_parallel_size=1, expert_parallel_size=1)"
+        )
+    w_in: np.ndarray | QuantizedWeight
+    w_out: np.ndarray | QuantizedWeight
+    if split:
+        held, w_in, w_out = read_expert_shard(loader, prefix + experts, spec.num_experts, names)
+    else:
+        w_in, w_out = read_experts(loader, prefix + experts, spec.num_experts, names, keep_quantized=True)
     try:
-        routed = loader.layer_type("routed_experts").upload(loader.backend, w_in, w_out, activation)
+        routed: Experts = loader.layer_type("routed_experts").upload(loader.backend, w_in, w_out, activation)
     except ValueError as exc:
         raise ModelLoadError(f"{loader.origin}: {prefix}{experts.rstrip('.')}: {exc}") from exc
+    if split:
+        routed = ExpertShard(routed, held, spec.num_experts)
     return loader.layer_type("moe")(
         loader.backend,
         loader.upload(prefix + router),

@@ -47,6 +47,7 @@ class MiniMaxM2Loader(DenseDecoderLoader):
     q/k norms over all heads at once (`AllHeadsRMSNorm`, put in place after `build`)."""
 
     spec_overrides = {"qk_norm": True}
+    supports_tensor_parallel = False  # its q/k norms span all heads, which a rank's shard does not hold
 
     @property
     def config(self) -> dict[str, Any]:

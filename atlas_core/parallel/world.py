@@ -1,0 +1,73 @@
+"""A rank joins its replica: meet the other ranks, connect the comm backend, get its `TensorParallel`.
+
+Every rank of a replica calls `join_world` with the same model, backend and parallel sizes; the
+rendezvous refuses a rank whose Atlas version or settings differ from rank 0's before any weight is
+read (`atlas_core.comm.rendezvous`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from atlas_core.comm import CommBackend, CommError
+from atlas_core.comm.rendezvous import Rendezvous, WorldAddress
+from atlas_core.model.sharding import ShardPlan, TensorParallel
+from atlas_core.plugins import PluginRegistry
+from atlas_core.version import __version__
+
+
+@dataclass(frozen=True)
+class World:
+    """This rank's place in a joined replica: the rendezvous channel to the other ranks (rank 0 posts
+    each step over it) and the shard plan with its communicator."""
+
+    rendezvous: Rendezvous
+    parallel: TensorParallel
+
+    @property
+    def rank(self) -> int:
+        return self.rendezvous.rank
+
+    def close(self) -> None:
+        """Close the communicator and the rendezvous connections (peers then see this rank as gone)."""
+        self.parallel.comm.close()
+        self.rendezvous.close()
+
+
+def default_comm_backend(backend_name: str) -> str:
+    """The comm backend for an array backend: ``cpu`` for the host ``numpy`` backend, ``nccl`` otherwise."""
+    return "cpu" if backend_name == "numpy" else "nccl"
+
+
+def join_world(
+    address: WorldAddress,
+    plan: ShardPlan,
+    registry: PluginRegistry,
+    backend: Any,
+    comm_backend: str,
+    identity: dict[str, Any],
+) -> World:
+    """Meet the ranks of ``address`` (``identity``, the JSON settings every rank must share, is checked
+    along with the Atlas version and the parallel sizes), then connect the registered ``comm_backend``.
+    `CommError` when the ranks disagree, one does not come, or the plan's world size is not the address's."""
+    if plan.world_size != address.world_size or plan.rank != address.rank:
+        raise CommError(
+            f"tensor_parallel_size={plan.tensor_parallel_size} and expert_parallel_size={plan.expert_parallel_size} "
+            f"make a world of {plan.world_size} ranks, but this rank was started as rank {address.rank} of "
+            f"{address.world_size}"
+        )
+    full_identity = identity | {
+        "atlas_version": __version__,
+        "tensor_parallel_size": plan.tensor_parallel_size,
+        "expert_parallel_size": plan.expert_parallel_size,
+        "comm_backend": comm_backend,
+    }
+    comm_class = registry.load("comm", comm_backend)
+    rendezvous = Rendezvous.meet(address, full_identity)
+    try:
+        comm: CommBackend = comm_class.connect(rendezvous, backend)
+    except BaseException:
+        rendezvous.close()
+        raise
+    return World(rendezvous, TensorParallel(plan, comm))
