@@ -34,7 +34,9 @@ def add_flags(parser: argparse.ArgumentParser, options: Sequence[Option], *, wit
         kwargs: dict[str, Any] = {"default": opt.default if with_defaults else argparse.SUPPRESS}
         if opt.info.metavar:
             kwargs["metavar"] = opt.info.metavar
-        if opt.kind is bool:
+        if opt.kind is bool and opt.flag_name.startswith("no-"):
+            kwargs["action"] = "store_true"  # a negative switch (--no-web-ui) gets no --no-no-... twin
+        elif opt.kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif opt.kind is list and opt.info.repeat:
             kwargs["action"] = "append"

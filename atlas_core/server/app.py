@@ -1,8 +1,9 @@
 """The Litestar application: OpenAI and Anthropic routes over one `ServerState`.
 
-`create_app` wires the routes, API-key guard, CORS, body-size limit, error shapes, request
-metrics and the OpenAPI document (``/openapi.json``; Litestar's viewers under ``/schema``). The
-caller owns the engine; on application shutdown the state drains it (see `ServerState.drain`).
+`create_app` wires the routes (the chat page at ``/`` unless ``web_ui`` is off), API-key guard,
+CORS, body-size limit, error shapes, request metrics and the OpenAPI document (``/openapi.json``;
+Litestar's viewers under ``/schema``). The caller owns the engine; on application shutdown the
+state drains it (see `ServerState.drain`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from atlas_core.server.access_log import access_log
 from atlas_core.server.auth import api_key_guard
 from atlas_core.server.errors import handle_exception
 from atlas_core.server.metrics import ServerMetrics, route_label
+from atlas_core.server.routes_web import web_routes
 from atlas_core.server.state import ServerState
 from atlas_core.version import __version__
 
@@ -76,7 +78,7 @@ def create_app(state: ServerState) -> Litestar:
         return state
 
     return Litestar(
-        route_handlers=[model_routes, *routes_misc.OPEN_ROUTES],
+        route_handlers=[model_routes, *routes_misc.OPEN_ROUTES, *(web_routes() if config.web_ui else [])],
         dependencies={"server": Provide(provide_state, sync_to_thread=False)},
         exception_handlers={Exception: handle_exception},
         middleware=[DefineMiddleware(access_log), DefineMiddleware(_count_requests, metrics=state.metrics)],

@@ -9,11 +9,14 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atlas_core.options.flags import add_flags, parsed_values
 from atlas_core.options.resolve import Settings
 from atlas_core.server.settings import SERVE_OPTIONS
+
+if TYPE_CHECKING:
+    from atlas_core.server.state import ServerConfig
 
 log = logging.getLogger("atlas.serve")
 
@@ -37,9 +40,8 @@ def add_serve_parser(commands: Any) -> None:
         help="serve a model over OpenAI- and Anthropic-compatible HTTP APIs",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Serve a model: /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, "
-        "/v1/models, /v1/messages, "
-        "/tokenize, /detokenize, /health, /metrics, /openapi.json.",
+        description="Serve a model: a chat page at /, /v1/chat/completions, /v1/completions, /v1/responses, "
+        "/v1/embeddings, /v1/models, /v1/messages, /tokenize, /detokenize, /health, /metrics, /openapi.json.",
     )
     add_flags(parser, SERVE_OPTIONS, with_defaults=False)
     parser.set_defaults(handler=run_serve)
@@ -52,17 +54,14 @@ def serve_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
 
 def run_serve(args: argparse.Namespace) -> int:
     """Resolve the settings, then serve until a shutdown signal; the exit status."""
-    from atlas_core.server.auth import read_keys_file
-    from atlas_core.server.state import ServerConfig, ServerState
+    from atlas_core.server.state import ServerState
     from atlas_core.server.uvicorn_server import make_server
 
     settings = serve_settings(args)
     configure_logging(settings["log_level"])
-    keys = list(settings["api_key"] or []) + (
-        read_keys_file(settings["api_keys_file"]) if settings["api_keys_file"] else []
-    )
+    config = server_config(settings)
     host, port = settings["host"], settings["port"]
-    if host not in LOOPBACK and not keys:
+    if host not in LOOPBACK and not config.api_keys:
         print(
             f"\n{'!' * 78}\n"
             f"WARNING: listening on {host} WITHOUT authentication: anyone who can reach this machine can\n"
@@ -70,22 +69,7 @@ def run_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-    state = ServerState(
-        ServerConfig(
-            model_names=list(settings["served_model_name"] or []),
-            api_keys=keys,
-            request_timeout=settings["request_timeout"],
-            max_body_bytes=settings["max_body_bytes"],
-            cors_allow_origins=list(settings["cors_allow_origins"] or []),
-            shutdown_timeout=settings["shutdown_timeout"],
-            max_sequences_per_request=settings["max_sequences_per_request"],
-            max_tokens_per_request=settings["max_tokens_per_request"],
-            enable_special_tokens_in_content=settings["enable_special_tokens_in_content"],
-            responses_store_size=settings["responses_store_size"],
-            accept_any_model_name=settings["accept_any_model_name"],
-            log_requests=settings["log_requests"],
-        )
-    )
+    state = ServerState(config)
     server = make_server(state, host, port, log_level="debug" if settings["log_level"] == "debug" else "warning")
     failures: list[BaseException] = []
     loader = threading.Thread(target=_load, args=(settings, state, server, failures), name="atlas-load", daemon=True)
@@ -94,6 +78,32 @@ def run_serve(args: argparse.Namespace) -> int:
     if failures:
         raise failures[0]
     return 0
+
+
+def server_config(settings: Settings) -> ServerConfig:
+    """The HTTP-level `ServerConfig` of resolved ``settings`` (the keys of ``--api-keys-file`` read
+    and added to ``--api-key``'s)."""
+    from atlas_core.server.auth import read_keys_file
+    from atlas_core.server.state import ServerConfig
+
+    keys = list(settings["api_key"] or []) + (
+        read_keys_file(settings["api_keys_file"]) if settings["api_keys_file"] else []
+    )
+    return ServerConfig(
+        model_names=list(settings["served_model_name"] or []),
+        api_keys=keys,
+        request_timeout=settings["request_timeout"],
+        max_body_bytes=settings["max_body_bytes"],
+        cors_allow_origins=list(settings["cors_allow_origins"] or []),
+        shutdown_timeout=settings["shutdown_timeout"],
+        max_sequences_per_request=settings["max_sequences_per_request"],
+        max_tokens_per_request=settings["max_tokens_per_request"],
+        enable_special_tokens_in_content=settings["enable_special_tokens_in_content"],
+        responses_store_size=settings["responses_store_size"],
+        accept_any_model_name=settings["accept_any_model_name"],
+        log_requests=settings["log_requests"],
+        web_ui=not settings["no_web_ui"],
+    )
 
 
 def configure_logging(level: str) -> None:

@@ -99,6 +99,7 @@ class ServeOptions:
         help="tokenize special-token strings inside message content (e.g. <|im_start|>) as special tokens; "
         "off: content is plain text, only the chat template's own markup is special",
     )
+    no_web_ui: bool = option(False, help="do not serve the chat page at / (the API routes are unaffected)")
     log_level: LogLevel = option("info", help="least severe log messages shown (an access line per request at info)")
     log_requests: bool = option(
         False,

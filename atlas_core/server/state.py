@@ -38,6 +38,7 @@ class ServerConfig:
     ``min_p``, ``repetition_penalty``) used when a request omits them (the checkpoint's
     ``generation_config.json``). ``log_requests``: log each request's prompt text. ``pooling``: how
     ``/v1/embeddings`` makes a vector from the final hidden states (the model's, or ``--pooling``).
+    ``web_ui``: serve the chat page at ``/`` (`atlas_core.server.routes_web`).
     """
 
     model_names: list[str] = field(default_factory=list)
@@ -57,6 +58,7 @@ class ServerConfig:
     generation_defaults: dict[str, float | int] = field(default_factory=dict)
     log_requests: bool = ServeOptions.log_requests
     pooling: PoolingConfig = field(default_factory=PoolingConfig)
+    web_ui: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_sequences_per_request", "max_tokens_per_request"):

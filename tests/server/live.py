@@ -50,6 +50,8 @@ class LiveServer:
 
 
 def serve(engine: LLMEngine, tokenizer: Tokenizer, name: str, **config: object) -> LiveServer:
-    """Start a live server for ``engine`` (a fresh `AsyncEngine` thread); `ServerConfig` fields as keywords."""
-    state = ServerState(ServerConfig(model_names=[name], **config), ModelRuntime(AsyncEngine(engine), tokenizer))  # type: ignore[arg-type]
+    """Start a live server for ``engine`` (a fresh `AsyncEngine` thread) named ``name``; `ServerConfig`
+    fields as keywords (``model_names`` given there replaces ``[name]``)."""
+    config.setdefault("model_names", [name])
+    state = ServerState(ServerConfig(**config), ModelRuntime(AsyncEngine(engine), tokenizer))  # type: ignore[arg-type]
     return LiveServer(state)
