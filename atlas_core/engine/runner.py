@@ -20,6 +20,7 @@ from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.engine.logprobs import position_logprobs
 from atlas_core.engine.sampling_inputs import logit_adjustments, sampling_tensors
 from atlas_core.engine.sequence import Sequence
+from atlas_core.engine.spec.proposer import HiddenObserver, HiddenSpan
 from atlas_core.engine.spec.verify import RecurrentRollback, SpeculationStats, accept_sampled
 from atlas_core.model.transformer import TransformerModel
 from atlas_core.tokenizer import Tokenizer
@@ -72,6 +73,7 @@ class _Rows:
     sample_rows: list[tuple[Sequence, int, list[int]]] = field(default_factory=list)  # (seq, first row, draft)
     pool_rows: list[tuple[Sequence, int, int, int]] = field(default_factory=list)  # (seq, position, hidden row, count)
     pool_finish: list[Sequence] = field(default_factory=list)
+    hidden_spans: list[HiddenSpan] = field(default_factory=list)  # each chunk's rows (before drafts)
 
 
 class ModelRunner:
@@ -86,14 +88,18 @@ class ModelRunner:
         decode_graphs: DecodeGraphs | None = None,
         guided: GuidedDecoding | None = None,
         rollback: RecurrentRollback | None = None,
+        hidden_observer: HiddenObserver | None = None,
     ) -> None:
         """``rollback``: hybrid models with speculative decoding (restores the recurrent state of
-        sequences whose drafts were rejected)."""
+        sequences whose drafts were rejected). ``hidden_observer``: a proposer that reads each step's
+        final hidden states (every step then runs eagerly)."""
         self.model, self.backend, self.kv, self.tokenizer = model, backend, kv, tokenizer
         self.decode_graphs = decode_graphs
         self.guided = guided
         self.rollback = rollback
+        self.hidden_observer = hidden_observer
         self.spec_stats = SpeculationStats()
+        self._accepted: dict[Sequence, int] = {}
 
     def build_batch(self, chunks: list[ScheduledChunk]) -> tuple[ForwardBatch, _Rows]:
         ids: list[int] = []
@@ -130,7 +136,9 @@ class ModelRunner:
                     rows.pool_rows.append((seq, first, first_row + first - start, stop - first))
                 if chunk.samples:
                     rows.pool_finish.append(seq)
-            elif chunk.samples:
+            else:
+                rows.hidden_spans.append(HiddenSpan(seq, first_row, start, chunk.num_tokens))
+            if pooler is None and chunk.samples:
                 for target in (seq, *chunk.followers):
                     rows.sample_rows.append((target, len(logits_rows), chunk.draft))
                 last = first_row + chunk.num_tokens - 1
@@ -172,6 +180,7 @@ class ModelRunner:
                 seq.num_computed += chunk.num_tokens
         pooled = self._pool(rows, hidden)
         if logits is None:
+            self._observe(hidden, rows)
             return pooled
         want_logprobs = rows.prompt_rows or any(seq.logprobs is not None for seq, _, _ in rows.sample_rows)
         logprobs = self.backend.to_numpy(self.backend.log_softmax(logits)) if want_logprobs else None
@@ -181,13 +190,23 @@ class ModelRunner:
             for i in range(count):
                 token = seq.token_ids[position + i]
                 recorded.append(position_logprobs(logprobs[first + i], token, top, self.tokenizer))
-        return [*pooled, *self._sample(rows, logits, logprobs)]
+        sampled = self._sample(rows, logits, logprobs)
+        self._observe(hidden, rows)
+        return [*pooled, *sampled]
+
+    def _observe(self, hidden: Array | None, rows: _Rows) -> None:
+        """Show the hidden observer the step's confirmed rows: each chunk's, plus its accepted drafts."""
+        if self.hidden_observer is not None and hidden is not None:
+            spans = [span._replace(length=span.length + self._accepted.get(span.seq, 0)) for span in rows.hidden_spans]
+            self.hidden_observer.observe(hidden, spans)
+        self._accepted.clear()
 
     def _forward(self, batch: ForwardBatch) -> tuple[Array | None, Array | None]:
         """``(final hidden states, logits of batch.logits_rows)``; a captured graph, when one fits,
         gives the logits only; no logits rows, no logits."""
-        if batch.is_pure_decode and self.decode_graphs is not None and self.decode_graphs.can_run(batch):
-            return None, self.decode_graphs.run(batch)
+        graphs = self.decode_graphs if self.hidden_observer is None else None
+        if batch.is_pure_decode and graphs is not None and graphs.can_run(batch):
+            return None, graphs.run(batch)
         hidden = self.model.forward(batch, self.kv)
         if len(batch.logits_rows) == 0:
             return hidden, None
@@ -253,6 +272,7 @@ class ModelRunner:
                 continue
             if draft:
                 self.spec_stats.record(len(draft), accepted)
+                self._accepted[seq] = accepted
                 seq.num_computed += accepted
                 if self.rollback is not None and accepted < len(draft) and not seq.finished:
                     self.rollback.restore(seq)

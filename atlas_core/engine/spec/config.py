@@ -8,8 +8,16 @@ from typing import Any, Literal, cast, get_args
 
 from atlas_core.errors import ConfigError
 
-SpeculativeMethod = Literal["ngram", "draft_model"]
-METHOD_ALIASES = {"ngram": "ngram", "prompt_lookup": "ngram", "draft_model": "draft_model", "draft": "draft_model"}
+SpeculativeMethod = Literal["ngram", "mtp", "draft_model"]
+METHOD_ALIASES = {
+    "ngram": "ngram",
+    "prompt_lookup": "ngram",
+    "mtp": "mtp",
+    "qwen3_next_mtp": "mtp",
+    "qwen3_5_mtp": "mtp",
+    "draft_model": "draft_model",
+    "draft": "draft_model",
+}
 MAX_SPECULATIVE_TOKENS = 16
 
 
@@ -18,7 +26,8 @@ class SpeculativeConfig:
     """How the engine speculates (see `atlas_core.engine.spec`).
 
     ``method``: ``ngram`` (prompt lookup: the continuation of the latest earlier occurrence of the
-    sequence's last n tokens, n from ``prompt_lookup_max`` down to ``prompt_lookup_min``) or
+    sequence's last n tokens, n from ``prompt_lookup_max`` down to ``prompt_lookup_min``), ``mtp`` (the
+    checkpoint's own multi-token-prediction layers, chained ``num_speculative_tokens`` times) or
     ``draft_model`` (greedy proposals of the smaller checkpoint ``model``, which must share the
     target's tokenizer). ``num_speculative_tokens``: K, the most draft tokens verified per sequence
     and step (1..16).

@@ -8,10 +8,11 @@ the target's own token at every draft position and keeps drafts while they equal
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from atlas_core.backends.base import Array
 from atlas_core.engine.sequence import Sequence
 
 
@@ -25,6 +26,25 @@ class Proposer(Protocol):
 
     def release(self, seq: Sequence) -> None:
         """Forget what is kept for ``seq`` (it finished, was aborted or preempted)."""
+        ...
+
+
+class HiddenSpan(NamedTuple):
+    """Rows ``row .. row + length - 1`` of a target forward's final hidden states are ``seq``'s positions
+    ``position .. position + length - 1``, all of them confirmed (rejected draft rows are left out)."""
+
+    seq: Sequence
+    row: int
+    position: int
+    length: int
+
+
+class HiddenObserver(Protocol):
+    """A proposer that reads the target's final hidden states (MTP heads). The runner then runs every
+    step eagerly and calls `observe` after sampling, once the step's confirmed tokens are appended."""
+
+    def observe(self, hidden: Array, spans: Seq[HiddenSpan]) -> None:
+        """The step's final hidden states ``[T, H]`` and which of their rows are whose positions."""
         ...
 
 

@@ -17,11 +17,13 @@ from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
 
 from atlas_core.backends.base import Backend
+from atlas_core.batch.kv_cache import AnyKVLayout, KVCache
 from atlas_core.engine.runner import ScheduledChunk
 from atlas_core.engine.sequence import Sequence
 from atlas_core.engine.spec.config import SpeculativeConfig
 from atlas_core.engine.spec.draft_model import DraftModelProposer
-from atlas_core.engine.spec.proposer import NgramProposer, Proposer
+from atlas_core.engine.spec.mtp import MtpProposer
+from atlas_core.engine.spec.proposer import HiddenObserver, NgramProposer, Proposer
 
 if TYPE_CHECKING:
     from atlas_core.engine.config import EngineConfig
@@ -46,16 +48,33 @@ class Speculation:
             return None
         if config.method == "ngram":
             return cls(config, NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max))
+        if config.method == "mtp":
+            return cls(config, MtpProposer.load(target, backend, config.num_speculative_tokens, max_seq_len))
         return cls(config, DraftModelProposer.load(config, target, backend, max_seq_len))
+
+    @property
+    def observer(self) -> HiddenObserver | None:
+        """The proposer, when it reads the target's hidden states (MTP)."""
+        return self.proposer if isinstance(self.proposer, MtpProposer) else None
+
+    @property
+    def kv_layouts(self) -> list[AnyKVLayout]:
+        """Layers the proposer keeps in the target's KV cache, after the target's own (MTP)."""
+        return self.proposer.kv_layouts if isinstance(self.proposer, MtpProposer) else []
+
+    def attach(self, kv: KVCache) -> None:
+        """The target's KV cache is allocated (with `kv_layouts`)."""
+        if isinstance(self.proposer, MtpProposer):
+            self.proposer.attach(kv)
 
     def allocate_kv(self, budget: int, target_bytes_per_token: int, config: EngineConfig, source: str) -> int:
         """A draft model's KV cache takes the share of the KV ``budget`` (bytes) that lets it hold as many
         tokens as the target's; returns what is left for the target (all of it for other methods)."""
         if not isinstance(self.proposer, DraftModelProposer):
             return budget
-        draft_bytes = self.proposer.kv_bytes_per_token
-        share = budget * draft_bytes // max(1, draft_bytes + target_bytes_per_token)
-        self.proposer.allocate_kv(share, config.block_size, config.max_num_seqs, f"the draft model's share of {source}")
+        cache = self.proposer.cache
+        share = budget * cache.bytes_per_token // max(1, cache.bytes_per_token + target_bytes_per_token)
+        cache.allocate(share, config.block_size, config.max_num_seqs, f"the draft model's share of {source}")
         return budget - share
 
     def draft_room(self, seq: Sequence) -> int:

@@ -3,7 +3,8 @@
 Each layer: zero-centred RMSNorm (scale ``1 + w``) -> gated delta net or gated attention -> RMSNorm ->
 dense SwiGLU MLP or sparse MoE with a sigmoid-gated shared expert. The text stack sits under
 ``model.`` or, in Qwen3.5's vision-language checkpoints, ``model.language_model.`` (the vision tower
-``model.visual.*`` is not loaded). Multi-token-prediction weights (``mtp.*``) are never read.
+``model.visual.*`` is not loaded). The multi-token-prediction layers (``mtp.*``) are read only for
+speculative decoding with method ``mtp`` (`Qwen3NextLoader.build_mtp`).
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ from atlas_core.model.layers.attention import AttentionWeights
 from atlas_core.model.layers.gated_delta_net import GatedDeltaNetWeights
 from atlas_core.model.layers.moe import MoEFeedForward, RouterSpec, load_moe
 from atlas_core.model.loader import ModelWeightLoader
+from atlas_core.model.mtp import MtpHead, MtpLayer, no_mtp_error
 from atlas_core.model.recurrent_state import RecurrentState
-from atlas_core.model.transformer import Mixer, TransformerModel
+from atlas_core.model.transformer import FeedForward, Mixer, TransformerModel
 from atlas_model_qwen3_next import shapes
 from atlas_model_qwen3_next.config import LINEAR_ATTENTION, HybridSpec
 from atlas_model_qwen3_next.projections import gdn_in_proj_from_fused, split_gated_query
 
 TEXT_PREFIXES = ("model.language_model.", "model.")
 """Where the text stack's weights may sit: vision-language checkpoints first."""
+MTP_PREFIX = "mtp."
 
 
 class Qwen3NextLoader(ModelWeightLoader):
@@ -37,11 +40,15 @@ class Qwen3NextLoader(ModelWeightLoader):
         """The tensors `build` reads (`atlas_model_qwen3_next.shapes`)."""
         return shapes.checkpoint_shapes(config)
 
-    def build(self) -> TransformerModel:
+    def _prepare(self) -> HybridSpec:
         spec = self.spec = HybridSpec.from_config(self.source.config, f"{self.origin}/config.json")
         self.prefix = self.find_prefix(TEXT_PREFIXES, "embed_tokens.weight")
+        self.rope_cos, self.rope_sin = self.rope_tables(spec.decoder.rope, spec.decoder.max_position_embeddings)
+        return spec
+
+    def build(self) -> TransformerModel:
+        spec = self._prepare()
         decoder = spec.decoder
-        self.rope_cos, self.rope_sin = self.rope_tables(decoder.rope, decoder.max_position_embeddings)
         state = RecurrentState()
         kv_layouts: list[KVLayout] = []
         layers = []
@@ -78,6 +85,41 @@ class Qwen3NextLoader(ModelWeightLoader):
             max_position_embeddings=decoder.max_position_embeddings,
             recurrent_state=state,
         )
+
+    def build_mtp(self, target: TransformerModel) -> MtpHead:
+        """The ``mtp.*`` layers (`atlas_core.model.mtp`): ``fc`` over [embedding, hidden] after their
+        zero-centred norms, ``layers.i`` a gated-attention decoder layer (MoE when it has a router, as
+        the checkpoint has it), ``norm``; the target's embedding and LM head are shared."""
+        spec = self._prepare()
+        decoder, hidden_size = spec.decoder, spec.decoder.hidden_size
+        layers: list[MtpLayer] = []
+        kv_layouts: list[KVLayout] = []
+        while f"{MTP_PREFIX}layers.{len(layers)}.input_layernorm.weight" in self.source:
+            p = f"{MTP_PREFIX}layers.{len(layers)}."
+            # the MTP layers' KV follows the target's layers in the engine's cache
+            mixer = self._attention(p + "self_attn.", spec, kv_index=len(target.kv_layouts) + len(kv_layouts))
+            kv_layouts.append(KVLayout(decoder.num_kv_heads, decoder.head_dim, None, *self.kv_scales(p + "self_attn.")))
+            ffn: FeedForward = (
+                self._moe(p + "mlp.", spec) if p + "mlp.gate.weight" in self.source else self.gated_mlp(p + "mlp.")
+            )
+            fc = self.tensor(MTP_PREFIX + "fc.weight")
+            self.check_shape(MTP_PREFIX + "fc.weight", fc.shape, (hidden_size, 2 * hidden_size))
+            layer = self.layer_type("pre_norm_decoder_layer")(
+                self._norm(p + "input_layernorm.weight"), mixer, self._norm(p + "post_attention_layernorm.weight"), ffn
+            )
+            layers.append(
+                MtpLayer(
+                    embed_norm=self._norm(MTP_PREFIX + "pre_fc_norm_embedding.weight"),
+                    hidden_norm=self._norm(MTP_PREFIX + "pre_fc_norm_hidden.weight"),
+                    fc_embed=self.upload_arrays(np.ascontiguousarray(fc[:, :hidden_size])),
+                    fc_hidden=self.upload_arrays(np.ascontiguousarray(fc[:, hidden_size:])),
+                    layer=layer,
+                    final_norm=self._norm(MTP_PREFIX + "norm.weight"),
+                )
+            )
+        if not layers:
+            raise no_mtp_error(self.origin, str(self.source.config.get("model_type")))
+        return MtpHead(self.backend, target, layers, kv_layouts)
 
     def _norm(self, name: str) -> Any:
         """The family's zero-centred RMSNorm: the checkpoint stores ``w``, the norm scales by ``1 + w``."""

@@ -1,0 +1,93 @@
+"""Multi-token prediction (MTP) heads: the extra layers some checkpoints carry to guess the token after
+next (Qwen3-Next / Qwen3.5 / Qwen3.6 ``mtp.*``), used as speculative-decoding proposers
+(`atlas_core.engine.spec.mtp`).
+
+One MTP step at position ``p`` combines the target model's final hidden state ``h_p`` (the one that
+predicted token ``p + 1``) with the embedding of token ``p + 1`` and predicts token ``p + 2``::
+
+    x = fc([embed_norm(embed(t[p+1])), hidden_norm(h_p)])     # fc: [H, 2H], embedding half first
+    y = final_norm(decoder_layer(x))                           # one full-attention decoder layer
+    logits = lm_head(y)                                        # the target's head, shared
+
+``y`` stands in for ``h`` in the next chained step (``p + 1`` with the drafted token). The decoder
+layers' KV lives in the target's paged cache, after the target's layers: a family builds layer ``i``'s
+attention with ``kv_index = len(target.kv_layouts) + i`` and lists its layouts in ``kv_layouts``.
+A family offers its heads by giving its `ModelWeightLoader` a ``build_mtp`` method (`MtpLoader`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from atlas_core.backends.base import Array, Backend
+from atlas_core.batch.forward_batch import ForwardBatch
+from atlas_core.batch.kv_cache import AnyKVLayout, KVCache
+from atlas_core.errors import ConfigError
+from atlas_core.model.transformer import DecoderLayer, Norm, TransformerModel
+
+
+@dataclass
+class MtpLayer:
+    """One MTP depth: the input norms, ``fc`` split into its embedding half ``fc_embed`` and hidden half
+    ``fc_hidden`` (``[H, H]`` each), the decoder layer and its output norm."""
+
+    embed_norm: Norm
+    hidden_norm: Norm
+    fc_embed: Array
+    fc_hidden: Array
+    layer: DecoderLayer
+    final_norm: Norm
+
+
+class MtpHead:
+    """A model's MTP layers over the target's embedding and LM head (see the module docstring).
+
+    ``kv_layouts``: one KV layout per MTP layer (appended to the target's in the engine's cache).
+    Chained step ``k`` (0-based) runs layer ``k % len(layers)``, as checkpoints with one layer reuse it
+    for every step.
+    """
+
+    def __init__(
+        self, backend: Backend, target: TransformerModel, layers: Sequence[MtpLayer], kv_layouts: Sequence[AnyKVLayout]
+    ) -> None:
+        if not layers or len(layers) != len(kv_layouts):
+            raise ValueError(f"an MTP head needs one KV layout per layer, got {len(layers)} and {len(kv_layouts)}")
+        self.backend, self.target = backend, target
+        self.layers, self.kv_layouts = list(layers), list(kv_layouts)
+
+    def forward(self, step: int, token_ids: Array, hidden: Array, batch: ForwardBatch, kv: KVCache) -> Array:
+        """MTP layer ``step % len(layers)`` over the batch: ``token_ids[T]`` (token ``p + 1`` of each row)
+        and ``hidden[T, H]`` (``h_p``) -> the normed output rows ``[T, H]`` (`logits` of them predict token
+        ``p + 2``; they are the ``hidden`` of the next chained step). ``batch`` positions are the ``p``."""
+        mtp = self.layers[step % len(self.layers)]
+        embedded, _ = mtp.embed_norm(self.target.embed(token_ids))
+        normed_hidden, _ = mtp.hidden_norm(hidden)
+        # fc over the concatenation == the sum of its halves; the layer's input norm adds them (residual form)
+        x = self.backend.linear(embedded, mtp.fc_embed)
+        residual = self.backend.linear(normed_hidden, mtp.fc_hidden)
+        out, residual_out = mtp.layer(x, residual, batch, kv)
+        return mtp.final_norm(out, residual_out)[0]
+
+    def logits(self, hidden: Array) -> Array:
+        """``[S, H]`` MTP output rows -> ``[S, V]`` logits through the target's LM head."""
+        return self.target.compute_logits(hidden)
+
+
+@runtime_checkable
+class MtpLoader(Protocol):
+    """A `ModelWeightLoader` of a family whose checkpoints may carry MTP layers."""
+
+    def build_mtp(self, target: TransformerModel) -> MtpHead:
+        """The checkpoint's MTP head over the already built ``target``; `ConfigError` when the
+        checkpoint has no MTP weights."""
+        ...
+
+
+def no_mtp_error(origin: str, family: str) -> ConfigError:
+    """The error for a speculative method ``mtp`` on a checkpoint or family without MTP layers."""
+    return ConfigError(
+        f"{origin}: speculative method 'mtp' needs the checkpoint's multi-token-prediction layers, and the "
+        f"{family} checkpoint has none; use method 'ngram' or 'draft_model' instead"
+    )
