@@ -172,6 +172,21 @@ def test_engine_settings_are_the_engine_config_fields_with_options() -> None:
         "kv_cache_dtype",
         "gguf_weights",
         "max_state_snapshots",
+        "speculative_config",
+        "num_speculative_tokens",
+        "preemption_mode",
+        "swap_space_gb",
+        "kv_spill_dir",
+        "kv_spill_gb",
+        "kv_spill_persist",
+        "tensor_parallel_size",
+        "expert_parallel_size",
+        "comm_backend",
+        "comm_timeout",
+        "rank",
+        "world_size",
+        "master_addr",
+        "master_port",
     }
     assert all(getattr(EngineConfig(), opt.name) == opt.default for opt in ENGINE_OPTIONS[2:])
 

@@ -45,6 +45,13 @@ class WorldAddress:
             raise CommError(f"master port {self.master_port} is not a TCP port (0..65535)")
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (for rank 0 to listen on)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 class Rendezvous:
     """The meeting of every rank (`meet`), then a channel between rank 0 and each other rank."""
 

@@ -11,6 +11,7 @@ from atlas_core.backends.kv_dtypes import KVCacheDtype
 from atlas_core.engine.spec.config import SpeculativeConfig, speculative_config
 from atlas_core.errors import ConfigError
 from atlas_core.options.declare import check_choices, option, options_of
+from atlas_core.parallel.settings import ReplicaSettings
 
 DEFAULT_MAX_SEQ_LEN = 8192
 
@@ -88,9 +89,8 @@ class EngineConfig:
         None,
         metavar="JSON",
         help='speculative decoding, vLLM\'s names: {"method": "ngram", "num_speculative_tokens": 4} (prompt lookup; '
-        '"prompt_lookup_min"/"prompt_lookup_max" set the n-gram sizes, default 2 and 4), {"method": "mtp", '
-        '"num_speculative_tokens": 2} (the checkpoint\'s multi-token-prediction layers: Qwen3-Next, Qwen3.5/3.6) or '
-        '{"method": "draft_model", "model": "PATH_OR_REPO", "num_speculative_tokens": 4}',
+        '"prompt_lookup_min"/"prompt_lookup_max" set the n-gram sizes, default 2 and 4) or {"method": '
+        '"draft_model", "model": "PATH_OR_REPO", "num_speculative_tokens": 4}',
         default_help="off",
     )
     num_speculative_tokens: int | None = option(
@@ -120,6 +120,38 @@ class EngineConfig:
         False, help="keep the NVMe tier's prefix-cache blocks across restarts of the same model"
     )
 
+    tensor_parallel_size: int = option(
+        1,
+        help="ranks (one process each, one GPU each on device backends) that split attention heads, dense layers "
+        "and the vocabulary; on one host Atlas starts the other ranks itself",
+    )
+    expert_parallel_size: int = option(
+        1,
+        help="groups of ranks that split a MoE model's routed experts: divides --tensor-parallel-size, or alone "
+        "(with a tensor-parallel size of 1) runs that many ranks, each holding the whole attention",
+    )
+    comm_backend: str | None = option(
+        None, help="collectives between ranks (see `atlas plugins`)", default_help="cpu on the numpy backend, else nccl"
+    )
+    comm_timeout: float = option(
+        300.0, help="seconds a rank may wait for another (to start, or inside a collective) before the replica fails"
+    )
+    rank: int | None = option(
+        None,
+        help="ranks started by hand, one command per rank on one or several hosts: this process's rank (0 serves, "
+        "the others work for it); with --world-size, --master-addr and --master-port",
+        default_help="one host: Atlas starts ranks 1.. itself",
+    )
+    world_size: int | None = option(
+        None,
+        help="with --rank: the number of ranks",
+        default_help="max(--tensor-parallel-size, --expert-parallel-size)",
+    )
+    master_addr: str = option("127.0.0.1", help="address rank 0 listens on for the other ranks")
+    master_port: int | None = option(
+        None, help="port rank 0 listens on for the other ranks", default_help="29500 with --rank, else a free port"
+    )
+
     def __post_init__(self) -> None:
         check_choices(self)
         self.speculation: SpeculativeConfig | None = speculative_config(
@@ -142,10 +174,27 @@ class EngineConfig:
             raise ConfigError(f"swap_space_gb must be at least 0, got {self.swap_space_gb}")
         if self.kv_spill_gb <= 0:
             raise ConfigError(f"kv_spill_gb must be positive, got {self.kv_spill_gb}")
+        self.replica_settings()  # parallel settings that do not compose are refused now
         if self.preemption_mode == "swap" and not self.swap_space_gb and self.kv_spill_dir is None:
             raise ConfigError(
                 "preemption_mode=swap needs a storage tier: set swap_space_gb (host memory) or kv_spill_dir (NVMe)"
             )
+
+    def replica_settings(self) -> ReplicaSettings:
+        """The parallel settings, and the load settings every rank of a split model must share."""
+        return ReplicaSettings(
+            tensor_parallel_size=self.tensor_parallel_size,
+            expert_parallel_size=self.expert_parallel_size,
+            comm_backend=self.comm_backend,
+            comm_timeout=self.comm_timeout,
+            rank=self.rank,
+            world_size=self.world_size,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+            max_seq_len=self.max_seq_len,
+            default_max_seq_len=self.default_max_seq_len,
+            gguf_weights=self.gguf_weights,
+        )
 
 
 ENGINE_OPTIONS = options_of(ModelChoice, EngineConfig)

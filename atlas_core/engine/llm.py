@@ -19,6 +19,8 @@ from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.errors import InvalidRequestError
 from atlas_core.model.load import load_model
 from atlas_core.model.sharding import TensorParallel
+from atlas_core.parallel.mirror import RankMirror
+from atlas_core.parallel.replica import load_engine_model
 from atlas_core.plugins import get_registry
 
 PromptInput = str | list[int] | dict[str, Any]
@@ -40,7 +42,9 @@ class LLM:
     default model. ``backend``: a backend name, or None for the best available. ``parallel``: this
     rank's shard plan and communicator when every rank of a split model runs its own `LLM` on the same
     requests in the same order (`atlas_core.parallel.world`). Other keyword arguments are `EngineConfig`
-    fields (``max_seq_len``, ``max_num_seqs``, ...).
+    fields (``max_seq_len``, ``max_num_seqs``, ...); with ``tensor_parallel_size`` or
+    ``expert_parallel_size`` above 1 the `LLM` starts the other ranks as processes of this host and
+    `close` (or leaving a ``with`` block) stops them.
     """
 
     def __init__(
@@ -54,17 +58,43 @@ class LLM:
         registry = get_registry()
         self.backend = select_backend(registry, backend)
         config = EngineConfig(**engine_args)
-        self.loaded = load_model(
-            model,
-            self.backend,
-            registry,
-            max_positions=config.max_seq_len or config.default_max_seq_len,
-            gguf_weights=config.gguf_weights,
-            parallel=parallel,
-        )
-        self.engine = LLMEngine(self.loaded, self.backend, config)
+        if parallel is None:
+            reference = None if model is None else str(model)
+            self.loaded = load_engine_model(reference, self.backend, registry, config.replica_settings())
+        else:
+            self.loaded = load_model(
+                model,
+                self.backend,
+                registry,
+                max_positions=config.max_seq_len or config.default_max_seq_len,
+                gguf_weights=config.gguf_weights,
+                parallel=parallel,
+            )
+        try:
+            self.engine = LLMEngine(self.loaded, self.backend, config)
+        except BaseException:
+            self.close()
+            raise
         self._ids = itertools.count()
         self._pooling: PoolingConfig | None = None
+
+    @property
+    def mirror(self) -> RankMirror | None:
+        """Rank 0's end of a split model (None on one rank)."""
+        mirror = self.loaded.model.mirror
+        return mirror if isinstance(mirror, RankMirror) else None
+
+    def close(self) -> None:
+        """Stop the other ranks of a split model (the processes started for them are reaped); a no-op for a
+        model on one rank. The `LLM` is unusable afterwards."""
+        if self.mirror is not None:
+            self.mirror.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def pooling_config(self) -> PoolingConfig:
@@ -80,7 +110,8 @@ class LLM:
     def require_tokenizer(self) -> Any:
         if self.loaded.tokenizer is None:
             raise InvalidRequestError(
-                f"{self.loaded.resolved.path} has no tokenizer.json; pass prompts as token id lists"
+                f"{self.loaded.resolved.path} has no tokenizer (tokenizer.json or tokenizer.model); "
+                "pass prompts as token id lists"
             )
         return self.loaded.tokenizer
 
@@ -187,4 +218,6 @@ class LLM:
                 for request_id in order:
                     self.engine.abort(request_id)
                 raise
+        if self.mirror is not None and self.mirror.failure is not None:
+            raise self.mirror.failure  # another rank is gone: this LLM cannot run again
         return [results[request_id] for request_id in order]

@@ -21,6 +21,7 @@ from atlas_core.engine.spec.verify import RecurrentRollback
 from atlas_core.engine.state_slots import StateSlotPool, StateSnapshots
 from atlas_core.errors import InvalidRequestError
 from atlas_core.model.load import LoadedModel
+from atlas_core.parallel.mirror import RankMirror
 
 log = logging.getLogger("atlas.engine")
 
@@ -39,9 +40,8 @@ class LLMEngine:
                 f"max_seq_len={config.max_seq_len} exceeds the model's context length ({model.max_position_embeddings})"
             )
         self.max_seq_len = min(config.max_seq_len or config.default_max_seq_len, model.max_position_embeddings)
+        self.kv_layouts = kv_storage_layouts(model.kv_layouts, config.kv_cache_dtype, backend)
         self.speculation = Speculation.build(config.speculation, loaded, backend, self.max_seq_len)
-        extra_layers = self.speculation.kv_layouts if self.speculation else []  # MTP layers: after the model's
-        self.kv_layouts = kv_storage_layouts([*model.kv_layouts, *extra_layers], config.kv_cache_dtype, backend)
         budget, source = kv_budget(backend, config)
         # recurrent state: one slot per running sequence, plus the prefix cache's state snapshots
         num_seq_slots = config.max_num_seqs if model.has_recurrent_state else 0
@@ -80,9 +80,17 @@ class LLMEngine:
                 plan.capacity_tokens // config.max_num_seqs,
                 config.max_num_seqs,
             )
-        self.kv = KVCache(backend, self.kv_layouts, plan)
-        if self.speculation:
-            self.speculation.attach(self.kv)
+        mirror = model.mirror if isinstance(model.mirror, RankMirror) else None
+        if mirror is not None:  # rank 0 of a split replica: the other ranks allocate their KV cache too
+            mirror.check_engine(
+                speculative_decoding=config.speculation is not None,
+                swap_space_gb=config.swap_space_gb > 0,
+                kv_spill_dir=config.kv_spill_dir is not None,
+                recurrent_layers=model.has_recurrent_state,
+            )
+            self.kv = mirror.kv_cache(self.kv_layouts, plan, config.kv_cache_dtype)
+        else:
+            self.kv = KVCache(backend, self.kv_layouts, plan)
         self.blocks = BlockManager(
             plan.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
@@ -117,10 +125,9 @@ class LLMEngine:
             backend,
             self.kv,
             loaded.tokenizer,
-            backend.decode_graphs(model, self.kv),
+            None if mirror is not None else backend.decode_graphs(model, self.kv),  # split steps are never captured
             self.guided,
             rollback,
-            self.speculation.observer if self.speculation else None,
         )
         if self.speculation:
             self.speculation.guided = self.guided

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,6 +44,15 @@ class VocabSplit(Protocol):
     def logits(self, hidden: Array, lm_head: Array) -> Array: ...
 
 
+class ModelMirror(Protocol):
+    """Rank 0's end of a split replica (`atlas_core.parallel.mirror.RankMirror`): it tells the other ranks
+    about a call, then runs rank 0's part."""
+
+    def forward(self, batch: ForwardBatch, run: Callable[[], Array]) -> Array: ...
+
+    def logits(self, hidden: Array, run: Callable[[Array], Array]) -> Array: ...
+
+
 class DecoderLayer(Protocol):
     """One decoder block as `TransformerModel.forward` calls it, over the batch's ``T`` tokens.
 
@@ -82,7 +91,7 @@ class TransformerModel:
     with recurrent layers pass their `RecurrentState`: the engine then sizes it (`allocate_state`),
     gives each sequence a state slot, and zeroes (`reset_state`) or copies (`copy_state`) slots.
     A rank's shard of a model split by vocabulary passes its ``vocab_split`` (``embed_tokens`` and
-    ``lm_head`` are then this rank's rows).
+    ``lm_head`` are then this rank's rows); rank 0 of a split replica sets `mirror`.
     """
 
     def __init__(
@@ -109,6 +118,8 @@ class TransformerModel:
         self.max_position_embeddings = max_position_embeddings
         self.recurrent_state = recurrent_state
         self.vocab_split = vocab_split
+        self.mirror: ModelMirror | None = None
+        """Rank 0 of a split replica: posts each forward and logits call to the other ranks first."""
 
     def embed(self, input_ids: Array) -> Array:
         """``[T]`` token ids -> ``[T, H]`` input embeddings (rows of ``embed_tokens``)."""
@@ -118,6 +129,11 @@ class TransformerModel:
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> Array:
         """Final hidden states ``[T, H]`` (already normed) for every token of the batch."""
+        if self.mirror is not None:
+            return self.mirror.forward(batch, lambda: self._forward(batch, kv))
+        return self._forward(batch, kv)
+
+    def _forward(self, batch: ForwardBatch, kv: KVCache) -> Array:
         hidden: Array = self.embed(batch.input_ids)
         residual: Array | None = None
         for layer in self.layers:
@@ -151,6 +167,11 @@ class TransformerModel:
 
     def compute_logits(self, hidden: Array) -> Array:
         """``[S, H]`` hidden rows -> ``[S, V]`` logits in the activation dtype."""
+        if self.mirror is not None:
+            return self.mirror.logits(hidden, self._logits)
+        return self._logits(hidden)
+
+    def _logits(self, hidden: Array) -> Array:
         if self.vocab_split is not None:
             return self.vocab_split.logits(hidden, self.lm_head)
         return self.backend.linear(hidden, self.lm_head)

@@ -12,9 +12,14 @@ from typing import Any
 
 from atlas_core.comm import CommBackend, CommError
 from atlas_core.comm.rendezvous import Rendezvous, WorldAddress
+from atlas_core.model.load import LoadedModel, load_model
 from atlas_core.model.sharding import ShardPlan, TensorParallel
+from atlas_core.parallel.settings import ReplicaSettings
 from atlas_core.plugins import PluginRegistry
 from atlas_core.version import __version__
+
+IDENTITY_SETTINGS = ("max_seq_len", "gguf_weights")
+"""Load settings every rank must share (they shape the weights each rank holds)."""
 
 
 @dataclass(frozen=True)
@@ -35,9 +40,22 @@ class World:
         self.rendezvous.close()
 
 
-def default_comm_backend(backend_name: str) -> str:
-    """The comm backend for an array backend: ``cpu`` for the host ``numpy`` backend, ``nccl`` otherwise."""
+def comm_backend_name(settings: ReplicaSettings, backend_name: str) -> str:
+    """The comm backend ``settings`` name, else ``cpu`` for the host ``numpy`` backend and ``nccl`` otherwise."""
+    if settings.comm_backend is not None:
+        return settings.comm_backend
     return "cpu" if backend_name == "numpy" else "nccl"
+
+
+def join_replica(
+    model: str | None, backend: Any, registry: PluginRegistry, settings: ReplicaSettings, address: WorldAddress
+) -> World:
+    """`join_world` for rank ``address.rank`` of the replica ``settings`` describe, serving ``model``: the
+    model reference, the backend and `IDENTITY_SETTINGS` must be the same on every rank."""
+    identity = {"model": None if model is None else str(model), "backend": backend.name}
+    identity |= {name: getattr(settings, name) for name in IDENTITY_SETTINGS}
+    comm = comm_backend_name(settings, backend.name)
+    return join_world(address, settings.shard_plan(address.rank), registry, backend, comm, identity)
 
 
 def join_world(
@@ -71,3 +89,17 @@ def join_world(
         rendezvous.close()
         raise
     return World(rendezvous, TensorParallel(plan, comm))
+
+
+def load_shard(
+    model: str | None, backend: Any, registry: PluginRegistry, settings: ReplicaSettings, world: World
+) -> LoadedModel:
+    """This rank's shard of ``model`` (`load_model` with the world's shard plan and communicator)."""
+    return load_model(
+        model,
+        backend,
+        registry,
+        max_positions=settings.max_positions,
+        gguf_weights=settings.gguf_weights,
+        parallel=world.parallel,
+    )

@@ -4,11 +4,12 @@ a background thread, then print the ready line and serve until SIGINT/SIGTERM.""
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from atlas_core.options.flags import add_flags, parsed_values
@@ -59,6 +60,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     settings = serve_settings(args)
     configure_logging(settings["log_level"])
+    if settings["rank"]:  # a rank other than 0 of a split model: it works for rank 0, which serves
+        return _run_rank(settings)
     config = server_config(settings)
     host, port = settings["host"], settings["port"]
     if host not in LOOPBACK and not config.api_keys:
@@ -115,11 +118,15 @@ def configure_logging(level: str) -> None:
 
 def _load(settings: Settings, state: Any, server: Any, failures: list[BaseException]) -> None:
     """Load the model into ``state`` (the server answers 503 meanwhile); on failure stop the server."""
-    try:
-        description = _attach_model(settings, state)
-    except BaseException as exc:  # reported by run_serve once the server has stopped
+
+    def stop(exc: BaseException) -> None:  # reported by run_serve once the server has stopped
         failures.append(exc)
         server.should_exit = True
+
+    try:
+        description = _attach_model(settings, state, stop)
+    except BaseException as exc:
+        stop(exc)
         return
     while not server.started and not server.should_exit:
         time.sleep(0.05)
@@ -127,8 +134,21 @@ def _load(settings: Settings, state: Any, server: Any, failures: list[BaseExcept
         print(f"atlas ready: http://{settings['host']}:{server.bound_port} {description}", flush=True)
 
 
-def _attach_model(settings: Settings, state: Any) -> str:
-    """Load, configure and attach the model; returns the ready line's description of it."""
+def _run_rank(settings: Settings) -> int:
+    """Rank ``--rank`` (1 or more) of a model split over ranks started by hand: load this rank's shard and
+    run rank 0's steps until rank 0 stops (exit status 0) or the replica fails (`CommError`)."""
+    from atlas_core.engine.config import EngineConfig
+    from atlas_core.parallel.worker import run_worker
+
+    replica = EngineConfig(**settings.of(EngineConfig)).replica_settings()
+    log.info("rank %d of %d: joining rank 0 at %s", replica.rank, replica.world_size, replica.master_addr)
+    run_worker(settings["model"], settings["backend"], replica)
+    return 0
+
+
+def _attach_model(settings: Settings, state: Any, on_failure: Callable[[BaseException], None] | None = None) -> str:
+    """Load, configure and attach the model; returns the ready line's description of it. A model split over
+    ranks calls ``on_failure`` when the replica fails (a rank died, a collective timed out)."""
     from atlas_core.backends.select import select_backend
     from atlas_core.engine.async_engine import AsyncEngine
     from atlas_core.engine.config import EngineConfig
@@ -136,7 +156,8 @@ def _attach_model(settings: Settings, state: Any) -> str:
     from atlas_core.engine.pooling_config import pooling_config
     from atlas_core.errors import AtlasError
     from atlas_core.model.generation_config import sampling_defaults
-    from atlas_core.model.load import load_model
+    from atlas_core.parallel.mirror import RankMirror
+    from atlas_core.parallel.replica import load_engine_model
     from atlas_core.parsing.registry import reasoning_format, tool_format
     from atlas_core.plugins import get_registry
     from atlas_core.server.settings import BEFORE_LOADING, chat_template_text, parser_name
@@ -145,17 +166,19 @@ def _attach_model(settings: Settings, state: Any) -> str:
 
     registry = get_registry()
     backend = select_backend(registry, settings["backend"])
-    # position tables (RoPE) are built only as long as the engine will run
-    max_positions = settings["max_seq_len"] or EngineConfig.default_max_seq_len
-    loaded = load_model(
-        settings["model"], backend, registry, max_positions=max_positions, gguf_weights=settings["gguf_weights"]
-    )
+    replica = EngineConfig(**settings.of(EngineConfig)).replica_settings()
+    loaded = load_engine_model(settings["model"], backend, registry, replica)
+    mirror = loaded.model.mirror if isinstance(loaded.model.mirror, RankMirror) else None
+    if mirror is not None:
+        atexit.register(mirror.close)  # the other ranks stop, and their processes are reaped, at exit
     unknown = settings.apply_family_defaults(loaded.family_defaults, fixed=BEFORE_LOADING)
     if unknown:
         log.warning("the %s family defaults name no serve option: %s", loaded.name, ", ".join(unknown))
     tokenizer = loaded.tokenizer
     if tokenizer is None:
-        raise AtlasError(f"{loaded.resolved.path} has no tokenizer (tokenizer.json); atlas serve needs one")
+        raise AtlasError(
+            f"{loaded.resolved.path} has no tokenizer (tokenizer.json or tokenizer.model); atlas serve needs one"
+        )
     if settings["chat_template"]:
         text = chat_template_text(settings["chat_template"])
         ChatTemplate(text, origin="--chat-template")  # a syntax error stops the server now, not per request
@@ -174,6 +197,8 @@ def _attach_model(settings: Settings, state: Any) -> str:
     if not config.model_names:
         config.model_names = [loaded.name]
     engine = LLMEngine(loaded, backend, EngineConfig(**settings.of(EngineConfig)))
+    if mirror is not None and on_failure is not None:
+        mirror.on_failure(on_failure)
     state.attach(ModelRuntime(AsyncEngine(engine), tokenizer))
     from_family = ", ".join(f"{k}={settings[k]}" for k, source in settings.sources.items() if source == "family")
     capacity, max_len = engine.kv_capacity_tokens, engine.max_seq_len

@@ -11,22 +11,14 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-from atlas_core.comm.rendezvous import WorldAddress
+from atlas_core.comm.rendezvous import WorldAddress, free_port
 
 POLL_S = 0.1
-
-
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _rank_main(results: Any, rank: int, address: WorldAddress, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:

@@ -1,0 +1,146 @@
+"""Rank 0 tells the other ranks of a split replica what to run, step by step.
+
+Rank 0 owns the scheduler, the tokenizer and the server; its model and KV cache carry a `RankMirror`
+that posts every call the engine makes on them to the other ranks before running it itself: the KV
+cache's size (once), copy-on-write block copies, each forward's `ForwardBatch`, and each
+``compute_logits`` (whose hidden rows are broadcast from rank 0, so every rank projects the same rows).
+The other ranks (`atlas_core.parallel.worker`) run the same calls on their shards in the same order,
+so their collectives pair up with rank 0's.
+
+A failure of the replica (a rank gone, a collective timed out) is a `CommError`: the mirror records
+the first one, hands it to the callbacks registered with `on_failure` (the server stops on it), and
+raises it for every later call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from atlas_core.backends.base import Array, AttentionMetadata, Backend
+from atlas_core.batch.forward_batch import ForwardBatch
+from atlas_core.batch.kv_cache import AnyKVLayout, KVCache, KVPlan
+from atlas_core.comm import CommError
+from atlas_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from atlas_core.parallel.world import World
+
+log = logging.getLogger("atlas.parallel")
+
+T = TypeVar("T")
+
+BATCH_ARRAYS = ("input_ids", "positions", "query_start_loc", "seq_lens", "block_tables", "slot_mapping", "state_slots")
+"""The backend arrays of a posted `ForwardBatch`, in message order (its host ``logits_rows`` follows them)."""
+
+
+def encode_batch(backend: Backend, batch: ForwardBatch) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """``batch`` as one message: a header and host arrays (`decode_batch` reverses it)."""
+    meta = batch.attention
+    device = [batch.input_ids, batch.positions, meta.query_start_loc, meta.seq_lens, meta.block_tables]
+    device += [meta.slot_mapping, batch.state_slots]
+    arrays = [np.asarray(backend.to_numpy(array)) for array in device] + [np.asarray(batch.logits_rows)]
+    return {"op": "forward", "is_pure_decode": batch.is_pure_decode}, arrays
+
+
+def decode_batch(backend: Backend, header: dict[str, Any], arrays: list[np.ndarray]) -> ForwardBatch:
+    """The `ForwardBatch` that `encode_batch` sent, its arrays uploaded to ``backend``."""
+    ids, positions, starts, seq_lens, tables, slots, state_slots = (backend.from_numpy(a) for a in arrays[:-1])
+    return ForwardBatch(
+        input_ids=ids,
+        positions=positions,
+        attention=AttentionMetadata(query_start_loc=starts, seq_lens=seq_lens, block_tables=tables, slot_mapping=slots),
+        logits_rows=arrays[-1],
+        state_slots=state_slots,
+        is_pure_decode=bool(header["is_pure_decode"]),
+    )
+
+
+class RankMirror:
+    """Rank 0's end of a split replica: posts each model and KV-cache call to the other ranks."""
+
+    def __init__(self, world: World, backend: Backend, close: Callable[[], None]) -> None:
+        """``close``: stops the other ranks (`atlas_core.parallel.replica.Replica.close`)."""
+        self.world, self.backend = world, backend
+        self.close = close
+        self.failure: CommError | None = None
+        self._callbacks: list[Callable[[CommError], None]] = []
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def check_engine(**features: bool) -> None:
+        """`ConfigError` naming the engine ``features`` that are on (``speculative_decoding=True``, ...): a
+        split replica does not run them yet."""
+        refused = [name.replace("_", " ") for name, on in features.items() if on]
+        if refused:
+            raise ConfigError(
+                f"{', '.join(refused)}: not supported yet on a model split over ranks "
+                "(tensor_parallel_size or expert_parallel_size above 1)"
+            )
+
+    def kv_cache(self, layouts: list[AnyKVLayout], plan: KVPlan, kv_cache_dtype: str) -> KVCache:
+        """Rank 0's KV cache; every other rank allocates one of the same blocks and ``kv_cache_dtype``
+        (over its own heads)."""
+        header = {"op": "kv", "num_blocks": plan.num_blocks, "block_size": plan.block_size}
+        self.post(header | {"kv_cache_dtype": kv_cache_dtype})
+        return MirroredKVCache(self, layouts, plan)
+
+    def forward(self, batch: ForwardBatch, run: Callable[[], T]) -> T:
+        """Post ``batch``, then ``run()`` rank 0's forward (a collective failure is the replica's failure)."""
+        header, arrays = encode_batch(self.backend, batch)
+        self.post(header, arrays)
+        return self.guard(run)
+
+    def logits(self, hidden: Array, run: Callable[[Array], T]) -> T:
+        """Post a logits call and broadcast rank 0's ``hidden`` rows, then ``run(hidden)``."""
+        self.post({"op": "logits", "shape": list(hidden.shape), "dtype": np.dtype(hidden.dtype).name})
+        return self.guard(lambda: run(self.world.parallel.comm.broadcast(hidden, root=0)))
+
+    def post(self, header: dict[str, Any], arrays: list[np.ndarray] | None = None) -> None:
+        """Send one instruction to every other rank; the replica's failure when it has failed."""
+        self.guard(lambda: self.world.rendezvous.post(header, arrays or []))
+
+    def guard(self, run: Callable[[], T]) -> T:
+        """``run()``; a `CommError` it raises fails the replica (`fail`) and is raised."""
+        if self.failure is not None:
+            raise self.failure
+        try:
+            return run()
+        except CommError as exc:
+            self.fail(exc)
+            raise
+
+    def on_failure(self, callback: Callable[[CommError], None]) -> None:
+        """Call ``callback(error)`` when the replica fails (at once if it already has)."""
+        with self._lock:
+            self._callbacks.append(callback)
+            failure = self.failure
+        if failure is not None:
+            callback(failure)
+
+    def fail(self, error: CommError) -> None:
+        """Record the replica's first failure and tell the callbacks (later failures are its echoes)."""
+        with self._lock:
+            if self.failure is not None:
+                return
+            self.failure = error
+            callbacks = list(self._callbacks)
+        log.error("the replica failed: %s", error)
+        for callback in callbacks:
+            callback(error)
+
+
+class MirroredKVCache(KVCache):
+    """Rank 0's KV cache: block copies are posted to the other ranks before they are made here."""
+
+    def __init__(self, mirror: RankMirror, layouts: list[AnyKVLayout], plan: KVPlan) -> None:
+        super().__init__(mirror.backend, layouts, plan)
+        self.mirror = mirror
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        self.mirror.post({"op": "copy_blocks"}, [np.asarray(copies, dtype=np.int64).reshape(-1, 2)])
+        super().copy_blocks(copies)

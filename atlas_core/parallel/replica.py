@@ -1,0 +1,145 @@
+"""Rank 0 of a split replica: start the other ranks on this host (unless they were started by hand),
+meet them, load rank 0's shard, and watch the others for the rest of the replica's life.
+
+`load_engine_model` is what `LLM` and ``atlas serve`` call: the plain `load_model` when
+``tensor_parallel_size`` and ``expert_parallel_size`` are 1, else rank 0's shard whose
+``model.mirror`` (a `RankMirror`) posts each step to the other ranks. The replica fails (the mirror
+records a `CommError`) as soon as another rank reports an error or its connection ends, even while
+the engine is idle; ``mirror.close()`` (`Replica.close`) stops the ranks and reaps the processes
+started for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import select
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+
+from atlas_core.backends.base import Backend
+from atlas_core.comm import CommError
+from atlas_core.comm.rendezvous import WorldAddress, free_port
+from atlas_core.comm.wire import recv_message
+from atlas_core.errors import ConfigError
+from atlas_core.model.load import LoadedModel, load_model
+from atlas_core.parallel.mirror import RankMirror
+from atlas_core.parallel.settings import ReplicaSettings
+from atlas_core.parallel.world import World, join_replica, load_shard
+from atlas_core.plugins import PluginRegistry
+
+log = logging.getLogger("atlas.parallel")
+
+WATCH_POLL_S = 0.2
+STOP_WAIT_S = 10.0
+
+
+class Replica:
+    """Rank 0's hold on the other ranks: the joined `World`, the `RankMirror` that posts to them, the
+    processes this host started for them (none when they were started by hand), and a watchdog thread."""
+
+    def __init__(self, world: World, backend: Backend, processes: list[subprocess.Popen[bytes]]) -> None:
+        self.world, self.processes = world, processes
+        self.mirror = RankMirror(world, backend, self.close)
+        self._closing = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="atlas-replica-watch", daemon=True)
+        self._watchdog.start()
+
+    def _watch(self) -> None:
+        """Fail the replica when another rank reports an error or its connection ends (it died)."""
+        ranks = {sock: rank for rank, sock in self.world.rendezvous.peers.items()}
+        while not self._closing.is_set():
+            try:
+                readable, _, _ = select.select(list(ranks), [], [], WATCH_POLL_S)
+            except (OSError, ValueError):  # the sockets were closed under us: the replica is closing
+                return
+            for sock in readable:
+                rank = ranks[sock]
+                try:
+                    header, _ = recv_message(sock)
+                    error = CommError(f"rank {rank} failed: {header.get('error', f'it sent {header!r}')}")
+                except CommError:
+                    error = CommError(f"rank {rank} ended: its process exited or its connection broke")
+                if not self._closing.is_set():
+                    self.mirror.fail(error)
+                return
+
+    def close(self) -> None:
+        """Tell the other ranks to stop, close the connections, and reap the processes started here
+        (killed if they have not ended within `STOP_WAIT_S`). Idempotent."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        if self.mirror.failure is None:
+            try:
+                self.world.rendezvous.post({"op": "stop"})
+            except CommError:
+                pass
+        self._watchdog.join(timeout=2 * WATCH_POLL_S + 1)
+        self.world.close()
+        stop_processes(self.processes)
+
+
+def stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Wait up to `STOP_WAIT_S` for ``processes`` to end, kill those still running, and reap them all."""
+    for process in processes:
+        try:
+            process.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("rank process %d did not stop; killing it", process.pid)
+            process.kill()
+            process.wait()
+
+
+def start_local_ranks(
+    model: str | None, backend_name: str, settings: ReplicaSettings, address: WorldAddress
+) -> list[subprocess.Popen[bytes]]:
+    """Start ranks ``1 .. world_size - 1`` of ``address``'s replica as processes of this host
+    (``python -m atlas_core.parallel.worker``: a fresh interpreter, no CUDA context or threads inherited)."""
+    processes = []
+    for rank in range(1, address.world_size):
+        spec = {
+            "model": model,
+            "backend": backend_name,
+            "settings": dataclasses.asdict(settings),
+            "address": dataclasses.asdict(replace(address, rank=rank)),
+        }
+        command = [sys.executable, "-m", "atlas_core.parallel.worker", json.dumps(spec)]
+        processes.append(subprocess.Popen(command, stdin=subprocess.DEVNULL))
+    return processes
+
+
+def load_engine_model(
+    model: str | None, backend: Backend, registry: PluginRegistry, settings: ReplicaSettings
+) -> LoadedModel:
+    """The model an engine runs: whole (one rank), or rank 0's shard of a split replica whose
+    ``model.mirror`` posts each step to the other ranks (started here, unless ``settings.rank`` says they
+    are started by hand)."""
+    if settings.world == 1:
+        return load_model(
+            model, backend, registry, max_positions=settings.max_positions, gguf_weights=settings.gguf_weights
+        )
+    if settings.rank:
+        raise ConfigError(f"rank {settings.rank} works for rank 0 (`atlas serve --rank {settings.rank}` runs it)")
+    port = settings.port or free_port(settings.master_addr)
+    address = WorldAddress(0, settings.world, settings.master_addr, port, settings.comm_timeout)
+    processes = [] if settings.rank is not None else start_local_ranks(model, backend.name, settings, address)
+    try:
+        world = join_replica(model, backend, registry, settings, address)
+    except BaseException:
+        for process in processes:
+            process.kill()
+        stop_processes(processes)
+        raise
+    replica = Replica(world, backend, processes)
+    try:
+        loaded = load_shard(model, backend, registry, settings, world)
+        replica.mirror.guard(lambda: None)  # another rank failed to load: its error, now
+    except BaseException:
+        replica.close()
+        raise
+    loaded.model.mirror = replica.mirror
+    return loaded

@@ -1,0 +1,107 @@
+"""The ranks other than 0 of a split replica: load this rank's shard, then run what rank 0 posts.
+
+Each instruction (`atlas_core.parallel.mirror`) is run in the order posted: ``kv`` allocates this
+rank's KV cache, ``copy_blocks`` copies blocks in it, ``forward`` runs the model over the posted
+`ForwardBatch`, ``logits`` takes rank 0's broadcast hidden rows and projects them, ``stop`` ends the
+loop. A rank that fails tells rank 0 why before it ends (rank 0 then fails the replica with that
+message); a rank whose rank 0 is gone ends with `CommError`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import numpy as np
+
+from atlas_core.backends.base import Backend
+from atlas_core.backends.select import select_backend
+from atlas_core.batch.kv_cache import KVCache, KVPlan, kv_storage_layouts
+from atlas_core.comm import CommError
+from atlas_core.comm.rendezvous import WorldAddress
+from atlas_core.comm.wire import send_message
+from atlas_core.errors import ConfigError
+from atlas_core.model.transformer import TransformerModel
+from atlas_core.parallel.mirror import decode_batch
+from atlas_core.parallel.settings import ReplicaSettings
+from atlas_core.parallel.world import World, join_replica, load_shard
+from atlas_core.plugins import get_registry
+
+log = logging.getLogger("atlas.parallel")
+
+
+def run_worker(
+    model: str | None, backend_name: str | None, settings: ReplicaSettings, address: WorldAddress | None = None
+) -> None:
+    """Be rank ``address.rank`` of the replica serving ``model`` (default: the rank, world size and master
+    address of ``settings``, ranks started by hand): join it, load this rank's shard, and run rank 0's
+    instructions until it says stop. Raises what failed (after telling rank 0)."""
+    if address is None:
+        port = settings.port
+        if not settings.rank or settings.world_size is None or port is None:
+            raise ConfigError("a worker rank needs rank (1 or more) and world_size")
+        address = WorldAddress(settings.rank, settings.world_size, settings.master_addr, port, settings.comm_timeout)
+    registry = get_registry()
+    backend = select_backend(registry, backend_name)
+    world = join_replica(model, backend, registry, settings, address)
+    try:
+        loaded = load_shard(model, backend, registry, settings, world)
+        follow(world, loaded.model, backend)
+    except BaseException as exc:
+        _report(world, exc)
+        raise
+    finally:
+        world.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A rank process started by `atlas_core.parallel.replica` (``python -m atlas_core.parallel.worker JSON``:
+    the model, backend, replica settings and this rank's address); the exit status."""
+    spec = json.loads((argv if argv is not None else sys.argv[1:])[0])
+    address = WorldAddress(**spec["address"])
+    logging.basicConfig(level=logging.WARNING, format=f"rank {address.rank}: %(levelname)s %(name)s: %(message)s")
+    try:
+        run_worker(spec["model"], spec["backend"], ReplicaSettings(**spec["settings"]), address)
+    except CommError as exc:  # rank 0 went away or failed: nothing more to say than that
+        log.error("%s", exc)
+        return 1
+    return 0
+
+
+def follow(world: World, model: TransformerModel, backend: Backend) -> None:
+    """Run rank 0's instructions on this rank's ``model`` until ``stop``."""
+    kv: KVCache | None = None
+    while True:
+        header, arrays = world.rendezvous.receive()
+        op = header.get("op")
+        if op == "stop":
+            return
+        if op == "kv":
+            layouts = kv_storage_layouts(model.kv_layouts, str(header["kv_cache_dtype"]), backend)
+            kv = KVCache(backend, layouts, KVPlan(int(header["num_blocks"]), int(header["block_size"]), 0))
+        elif kv is None:
+            raise CommError(f"rank {world.rank}: rank 0 sent {op!r} before the KV cache's size")
+        elif op == "copy_blocks":
+            kv.copy_blocks([(int(src), int(dst)) for src, dst in arrays[0].tolist()])
+        elif op == "forward":
+            model.forward(decode_batch(backend, header, arrays), kv)
+        elif op == "logits":
+            hidden = backend.zeros(tuple(header["shape"]), np.dtype(header["dtype"]))
+            model.compute_logits(world.parallel.comm.broadcast(hidden, root=0))
+        else:
+            raise CommError(f"rank {world.rank}: rank 0 sent an unknown instruction {op!r}")
+
+
+def _report(world: World, exc: BaseException) -> None:
+    """Tell rank 0 why this rank ends (best effort: rank 0 may be gone already)."""
+    if world.rank == 0 or 0 not in world.rendezvous.peers:
+        return
+    try:
+        send_message(world.rendezvous.peers[0], {"error": f"{type(exc).__name__}: {exc}"})
+    except CommError:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

