@@ -89,8 +89,9 @@ class EngineConfig:
         None,
         metavar="JSON",
         help='speculative decoding, vLLM\'s names: {"method": "ngram", "num_speculative_tokens": 4} (prompt lookup; '
-        '"prompt_lookup_min"/"prompt_lookup_max" set the n-gram sizes, default 2 and 4) or {"method": '
-        '"draft_model", "model": "PATH_OR_REPO", "num_speculative_tokens": 4}',
+        '"prompt_lookup_min"/"prompt_lookup_max" set the n-gram sizes, default 2 and 4), {"method": "mtp", '
+        '"num_speculative_tokens": 2} (the checkpoint\'s multi-token-prediction layers: Qwen3-Next, Qwen3.5/3.6) or '
+        '{"method": "draft_model", "model": "PATH_OR_REPO", "num_speculative_tokens": 4}',
         default_help="off",
     )
     num_speculative_tokens: int | None = option(

@@ -40,8 +40,9 @@ class LLMEngine:
                 f"max_seq_len={config.max_seq_len} exceeds the model's context length ({model.max_position_embeddings})"
             )
         self.max_seq_len = min(config.max_seq_len or config.default_max_seq_len, model.max_position_embeddings)
-        self.kv_layouts = kv_storage_layouts(model.kv_layouts, config.kv_cache_dtype, backend)
         self.speculation = Speculation.build(config.speculation, loaded, backend, self.max_seq_len)
+        extra_layers = self.speculation.kv_layouts if self.speculation else []  # MTP layers: after the model's
+        self.kv_layouts = kv_storage_layouts([*model.kv_layouts, *extra_layers], config.kv_cache_dtype, backend)
         budget, source = kv_budget(backend, config)
         # recurrent state: one slot per running sequence, plus the prefix cache's state snapshots
         num_seq_slots = config.max_num_seqs if model.has_recurrent_state else 0
@@ -91,6 +92,8 @@ class LLMEngine:
             self.kv = mirror.kv_cache(self.kv_layouts, plan, config.kv_cache_dtype)
         else:
             self.kv = KVCache(backend, self.kv_layouts, plan)
+        if self.speculation:
+            self.speculation.attach(self.kv)
         self.blocks = BlockManager(
             plan.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
@@ -128,6 +131,7 @@ class LLMEngine:
             None if mirror is not None else backend.decode_graphs(model, self.kv),  # split steps are never captured
             self.guided,
             rollback,
+            self.speculation.observer if self.speculation else None,
         )
         if self.speculation:
             self.speculation.guided = self.guided
