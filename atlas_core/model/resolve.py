@@ -23,6 +23,7 @@ HUB_PATTERNS = [
     "*.safetensors",
     "model.safetensors.index.json",
     "tokenizer.json",
+    "tokenizer.model",  # SentencePiece, read when a repository has no tokenizer.json
     "tokenizer_config.json",
     "special_tokens_map.json",
     "chat_template.jinja",

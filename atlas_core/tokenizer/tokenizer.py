@@ -61,13 +61,15 @@ class Tokenizer:
 
     @classmethod
     def from_folder(cls, path: str | os.PathLike[str]) -> Tokenizer | None:
-        """Load a Hugging Face model folder's tokenizer: tokenizer.json (+ tokenizer_config.json for
+        """Load a Hugging Face model folder's tokenizer: tokenizer.json, or in a folder without one a
+        SentencePiece tokenizer.model (`tokenizer_from_sentencepiece`: BPE models; its BOS/EOS ids and
+        BOS-adding are the fallbacks of the files below), + tokenizer_config.json for
         bos/eos/add_bos_token/chat_template, chat_template.jinja or chat_template.json if present,
         generation_config.json eos_token_id (int or list) merged into eos_token_ids,
-        config.json bos/eos as fallback). Returns None when the folder has no tokenizer.json.
-        A corrupt tokenizer.json / tokenizer_config.json raises atlas_core.errors.ModelLoadError
-        naming the file and the problem (so do corrupt JSON side files, and a bos/eos token
-        string that is not in the vocabulary).
+        config.json bos/eos as fallback. Returns None when the folder has neither tokenizer file.
+        A corrupt tokenizer.json / tokenizer.model / tokenizer_config.json raises
+        atlas_core.errors.ModelLoadError naming the file and the problem (so do corrupt JSON side
+        files, and a bos/eos token string that is not in the vocabulary).
 
         Chat template precedence: chat_template.jinja, then chat_template.json, then
         tokenizer_config.json's ``chat_template`` (a string, or a list of named templates of
@@ -75,12 +77,19 @@ class Tokenizer:
         """
         folder = Path(path)
         tokenizer_file = folder / "tokenizer.json"
-        if not tokenizer_file.is_file():
+        sentencepiece: Tokenizer | None = None  # the tokenizer.model's own, when there is no tokenizer.json
+        if tokenizer_file.is_file():
+            try:
+                backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+            except Exception as e:  # the Rust side raises a bare Exception for any parse problem
+                raise ModelLoadError(f"{tokenizer_file}: not a valid tokenizer.json: {e}") from e
+        elif (folder / "tokenizer.model").is_file():
+            from atlas_core.tokenizer.sentencepiece_vocab import tokenizer_from_sentencepiece
+
+            sentencepiece = tokenizer_from_sentencepiece(folder / "tokenizer.model")
+            backend = sentencepiece.backend
+        else:
             return None
-        try:
-            backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
-        except Exception as e:  # the Rust side raises a bare Exception for any parse problem
-            raise ModelLoadError(f"{tokenizer_file}: not a valid tokenizer.json: {e}") from e
 
         config_file = folder / "tokenizer_config.json"
         tok_config = _read_json(config_file) or {}
@@ -98,7 +107,7 @@ class Tokenizer:
             fallback = _ids(gen_config, "bos_token_id", folder / "generation_config.json") or _ids(
                 model_config, "bos_token_id", folder / "config.json"
             )
-            bos_id = fallback[0] if fallback else None
+            bos_id = fallback[0] if fallback else sentencepiece.bos_token_id if sentencepiece else None
 
         eos_ids: list[int] = []
         first_eos = _token_id(backend, special.get("eos_token"), config_file, "eos_token")
@@ -107,6 +116,8 @@ class Tokenizer:
                 eos_ids.append(candidate)
         if not eos_ids:
             eos_ids = _ids(model_config, "eos_token_id", folder / "config.json")
+        if not eos_ids and sentencepiece:
+            eos_ids = list(sentencepiece.eos_token_ids)
 
         for key, token_id in (("bos_token", bos_id), ("eos_token", eos_ids[0] if eos_ids else None)):
             if key not in special and token_id is not None and (token := backend.id_to_token(token_id)) is not None:
@@ -115,6 +126,9 @@ class Tokenizer:
         add_bos = tok_config.get("add_bos_token")
         if add_bos is not None and not isinstance(add_bos, bool):
             raise ModelLoadError(f"{config_file}: add_bos_token must be true or false, got {add_bos!r}")
+        if sentencepiece:
+            add_bos = sentencepiece.add_bos_token if add_bos is None else add_bos
+            special = {**sentencepiece.special_token_strings, **special}
 
         chat_template, tool_template = _chat_templates(folder, tok_config)
         return cls(
