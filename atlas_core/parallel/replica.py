@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import select
 import subprocess
 import sys
@@ -108,8 +109,21 @@ def start_local_ranks(
             "address": dataclasses.asdict(replace(address, rank=rank)),
         }
         command = [sys.executable, "-m", "atlas_core.parallel.worker", json.dumps(spec)]
-        processes.append(subprocess.Popen(command, stdin=subprocess.DEVNULL))
+        processes.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, env=rank_environment(rank)))
     return processes
+
+
+def rank_environment(rank: int) -> dict[str, str]:
+    """The environment of local rank ``rank``: this process's, with one GPU per rank: the rank's process sees
+    only the ``rank``-th GPU this one sees (``CUDA_VISIBLE_DEVICES``), as its device 0; rank 0 uses its first."""
+    env = dict(os.environ)
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        env["CUDA_VISIBLE_DEVICES"] = str(rank)
+    elif visible.strip():
+        devices = visible.split(",")
+        env["CUDA_VISIBLE_DEVICES"] = devices[rank % len(devices)]
+    return env
 
 
 def load_engine_model(

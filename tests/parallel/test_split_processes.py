@@ -20,7 +20,7 @@ from atlas_core import LLM
 from atlas_core.comm import CommError
 from atlas_core.comm.rendezvous import free_port
 from atlas_core.engine.sampling_params import SamplingParams
-from atlas_core.parallel.replica import Replica
+from atlas_core.parallel.replica import Replica, rank_environment
 from tests.conftest import TINY
 
 PROMPTS = [[1, 7, 42, 9, 100], [3, 5], [200, 4, 4, 4]]
@@ -164,3 +164,12 @@ def test_ranks_started_by_hand_meet_and_a_mismatch_is_refused() -> None:
             if process.poll() is None:
                 process.kill()
                 process.communicate()
+
+
+def test_each_local_rank_sees_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert rank_environment(1)["CUDA_VISIBLE_DEVICES"] == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert [rank_environment(rank)["CUDA_VISIBLE_DEVICES"] for rank in (1, 2)] == ["6", "4"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert rank_environment(1)["CUDA_VISIBLE_DEVICES"] == ""

@@ -1,0 +1,1 @@
+"""atlas-comm-nccl: the ``nccl`` CommBackend (`atlas_comm_nccl.nccl.NcclComm`)."""

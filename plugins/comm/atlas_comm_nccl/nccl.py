@@ -1,0 +1,150 @@
+"""``nccl``: a CommBackend for CuPy arrays over NCCL (``cupy.cuda.nccl``), one GPU per rank.
+
+`NcclComm.connect` makes the NCCL unique id on rank 0 and hands it to the other ranks over the
+rendezvous (its small JSON exchange), then builds the communicator on the current CUDA device: a
+rank's process sees its own GPU as device 0 (`atlas_core.parallel.replica` starts local ranks with
+``CUDA_VISIBLE_DEVICES`` set so; ranks started by hand set it themselves).
+
+Collectives run on the current CuPy stream, in place where the contract says so, over C-contiguous
+arrays of float32, float16, bfloat16, float64, int8, uint8, int32 or int64. NCCL's all-gather takes
+equal parts from every rank. After each collective the rank waits for it to finish, polling at most
+``timeout_s`` (the replica's ``comm_timeout``): a peer that died or hangs makes it raise `CommError`
+instead of blocking forever, and the communicator is aborted.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from atlas_core.comm import CommBackend, CommError
+from atlas_core.comm.rendezvous import Rendezvous
+
+POLL_S = 0.0005
+
+NCCL_TYPES = {
+    np.dtype(np.float32): "NCCL_FLOAT32",
+    np.dtype(np.float16): "NCCL_FLOAT16",
+    np.dtype(ml_dtypes.bfloat16): "NCCL_BFLOAT16",
+    np.dtype(np.float64): "NCCL_FLOAT64",
+    np.dtype(np.int8): "NCCL_INT8",
+    np.dtype(np.uint8): "NCCL_UINT8",
+    np.dtype(np.int32): "NCCL_INT32",
+    np.dtype(np.int64): "NCCL_INT64",
+}
+"""NumPy dtype -> the ``cupy.cuda.nccl`` constant naming its NCCL data type."""
+
+
+class NcclComm(CommBackend):
+    """Collectives over CuPy arrays between the GPUs of a replica (`connect` builds one per rank).
+
+    ``communicator``: a ``cupy.cuda.nccl.NcclCommunicator``; ``nccl``: the module holding the data-type
+    constants; ``xp``: the array module (CuPy), whose current stream the collectives run on."""
+
+    def __init__(self, rank: int, world_size: int, communicator: Any, nccl: Any, xp: Any, timeout_s: float) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.communicator, self.nccl, self.xp = communicator, nccl, xp
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def connect(cls, rendezvous: Rendezvous, backend: Any) -> NcclComm:
+        """Rank 0 makes the NCCL unique id and every rank receives it at ``rendezvous``; each builds its
+        communicator on its current CUDA device. `CommError` when NCCL cannot be loaded or set up."""
+        try:
+            import cupy
+            from cupy.cuda import nccl
+        except ImportError as exc:
+            raise CommError(f"the nccl comm backend needs CuPy with NCCL (pip install atlas-comm-nccl): {exc}") from exc
+        if not getattr(nccl, "available", False):
+            raise CommError(
+                "CuPy cannot load NCCL (libnccl.so.2); install nvidia-nccl-cu13 or choose another --comm-backend"
+            )
+        unique_id = list(nccl.get_unique_id()) if rendezvous.rank == 0 else None
+        shared = rendezvous.exchange(unique_id)[0]
+        try:
+            communicator = nccl.NcclCommunicator(rendezvous.world_size, tuple(shared), rendezvous.rank)
+        except Exception as exc:  # NcclError: the message names NCCL's reason
+            raise CommError(f"rank {rendezvous.rank}: NCCL could not set up the communicator: {exc}") from exc
+        return cls(rendezvous.rank, rendezvous.world_size, communicator, nccl, cupy, rendezvous.address.timeout_s)
+
+    def all_reduce(self, x: Any) -> Any:
+        count, dtype = self._buffer(x)
+        sum_op = self.nccl.NCCL_SUM
+        self._run("all_reduce", lambda s: self.communicator.allReduce(_ptr(x), _ptr(x), count, dtype, sum_op, s))
+        return x
+
+    def all_gather(self, x: Any, axis: int = 0) -> Any:
+        count, dtype = self._buffer(x)
+        gathered = self.xp.empty((self.world_size, *x.shape), dtype=x.dtype)
+        self._run("all_gather", lambda s: self.communicator.allGather(_ptr(x), _ptr(gathered), count, dtype, s))
+        if axis % max(x.ndim, 1) == 0:
+            return gathered.reshape(self.world_size * x.shape[0], *x.shape[1:])
+        return self.xp.concatenate(list(gathered), axis=axis)
+
+    def broadcast(self, x: Any, root: int = 0) -> Any:
+        self._check_peer(root, allow_self=True)
+        count, dtype = self._buffer(x)
+        self._run("broadcast", lambda s: self.communicator.broadcast(_ptr(x), _ptr(x), count, dtype, root, s))
+        return x
+
+    def send(self, x: Any, peer: int) -> None:
+        self._check_peer(peer)
+        count, dtype = self._buffer(x)
+        self._run("send", lambda s: self.communicator.send(_ptr(x), count, dtype, peer, s))
+
+    def recv(self, x: Any, peer: int) -> Any:
+        self._check_peer(peer)
+        count, dtype = self._buffer(x)
+        self._run("recv", lambda s: self.communicator.recv(_ptr(x), count, dtype, peer, s))
+        return x
+
+    def close(self) -> None:
+        if self.communicator is not None:
+            self.communicator.destroy()
+            self.communicator = None
+
+    def _buffer(self, x: Any) -> tuple[int, int]:
+        """``(element count, NCCL data type)`` of ``x``; `TypeError` for arrays NCCL cannot take as they are."""
+        if not isinstance(x, self.xp.ndarray):
+            raise TypeError(
+                f"the nccl comm backend takes CuPy arrays, got {type(x).__name__}; use the cpu comm backend with "
+                "NumPy arrays"
+            )
+        if not x.flags.c_contiguous:
+            raise TypeError("the nccl comm backend takes C-contiguous arrays")
+        name = NCCL_TYPES.get(np.dtype(x.dtype))
+        if name is None or not hasattr(self.nccl, name):
+            raise TypeError(f"NCCL has no data type for {np.dtype(x.dtype).name}")
+        return int(x.size), int(getattr(self.nccl, name))
+
+    def _run(self, op: str, launch: Any) -> None:
+        """Launch collective ``op`` on the current stream and wait for it, at most ``timeout_s``."""
+        if self.communicator is None:
+            raise CommError(f"rank {self.rank}: {op} on a closed communicator")
+        stream = self.xp.cuda.get_current_stream()
+        try:
+            launch(stream.ptr)
+        except Exception as exc:  # NcclError
+            raise CommError(f"rank {self.rank}: NCCL {op} failed: {exc}") from exc
+        done = stream.record()
+        deadline = time.monotonic() + self.timeout_s
+        while not done.done:
+            if time.monotonic() > deadline:
+                self.communicator.abort()
+                self.communicator = None
+                raise CommError(
+                    f"rank {self.rank}: NCCL {op} did not finish within {self.timeout_s:g} s; a rank is gone or stuck"
+                )
+            time.sleep(POLL_S)
+
+    def _check_peer(self, peer: int, *, allow_self: bool = False) -> None:
+        if not 0 <= peer < self.world_size or (peer == self.rank and not allow_self):
+            raise ValueError(f"rank {self.rank} cannot address rank {peer} in a world of size {self.world_size}")
+
+
+def _ptr(x: Any) -> int:
+    """The device address of CuPy array ``x``'s first element."""
+    return int(x.data.ptr)
