@@ -109,9 +109,10 @@ def register_comm_backends(register: Register) -> None:
 def register_storage_backends(register: Register) -> None:
     """Register KV-cache spill tiers (the StorageBackend plug point).
 
-    Target: a subclass of :class:`atlas_core.storage.StorageBackend` that stores and restores
-    whole KV blocks by id (``write_blocks`` / ``read_blocks`` / ``discard``). Called in the engine
-    process. Core ships none; the engine recomputes preempted sequences when none is configured.
+    Target: a subclass of :class:`atlas_core.storage.StorageBackend`, constructed as ``cls(spec)``
+    from a :class:`atlas_core.storage.TierSpec`, that stores fixed-format records (KV blocks, recurrent
+    states) in caller-chosen slots and reports lost ones on read. Called in the engine process. Core's
+    host-memory tier is built in; the engine looks up ``nvme`` (atlas-storage-nvme) for ``kv_spill_dir``.
     """
 
 

@@ -13,7 +13,7 @@ import errno
 import logging
 import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, Protocol
@@ -47,8 +47,9 @@ class BatchIO(Protocol):
 
     name: str
 
-    def transfer(self, requests: Sequence[Request], write: bool) -> list[int]:
-        """Write (or read) every ``(offset, row)``; return the bytes each moved; a failed call raises `OSError`."""
+    def start(self, requests: Sequence[Request], write: bool) -> Callable[[], list[int]]:
+        """Begin writing (or reading) every ``(offset, row)``; the returned wait gives the bytes each moved, or
+        raises `OSError` for a failed request."""
         ...
 
     def close(self) -> None:
@@ -67,7 +68,7 @@ class ThreadPoolIO:
         self._rows = rows
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="atlas-nvme")
 
-    def transfer(self, requests: Sequence[Request], write: bool) -> list[int]:
+    def start(self, requests: Sequence[Request], write: bool) -> Callable[[], list[int]]:
         call = os.pwritev if write else os.preadv
         runs: list[list[int]] = []  # indices of requests, adjacent in the file
         end = -1
@@ -82,13 +83,17 @@ class ThreadPoolIO:
             self._pool.submit(call, self.fd, [self._rows[requests[i][1]] for i in run], requests[run[0]][0])
             for run in runs
         ]
-        done = [0] * len(requests)
-        for run, future in zip(runs, futures, strict=True):
-            moved = future.result()
-            for i in run:  # a short transfer fills the run's first rows
-                done[i] = max(0, min(moved, len(self._rows[requests[i][1]])))
-                moved -= len(self._rows[requests[i][1]])
-        return done
+
+        def wait() -> list[int]:
+            done = [0] * len(requests)
+            for run, future in zip(runs, futures, strict=True):
+                moved = future.result()
+                for i in run:  # a short transfer fills the run's first rows
+                    done[i] = max(0, min(moved, len(self._rows[requests[i][1]])))
+                    moved -= len(self._rows[requests[i][1]])
+            return done
+
+        return wait
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -112,8 +117,9 @@ class DirectFile:
     """One preallocated data file of ``size`` bytes, moved through ``rows`` page-aligned staging rows of
     ``row_bytes`` (a multiple of `ALIGN`) each: `staging` is ``uint8 [rows, row_bytes]``.
 
-    `write` / `read` take ``(offset, row)`` requests, all in flight together (``io``: `IOChoice`; ``threads``:
-    the pool's size). `OSError` when the file cannot be created or its space reserved."""
+    `start_write` / `start_read` take ``(offset, row)`` requests, all in flight together, and return without
+    waiting (``io``: `IOChoice`; ``threads``: the pool's size). `OSError` when the file cannot be created or
+    its space reserved."""
 
     def __init__(
         self, path: Path, size: int, row_bytes: int, rows: int, io: IOChoice = "auto", threads: int = 4
@@ -158,18 +164,29 @@ class DirectFile:
                 raise
             os.ftruncate(self.fd, size)  # no fallocate here: sparse, a full disk shows on write
 
-    def write(self, requests: Sequence[Request]) -> None:
-        """Write staging row ``row`` at ``offset`` for every request; a short or failed write raises `OSError`
-        (``ENOSPC``: disk full)."""
-        for (offset, row), done in zip(requests, self.io.transfer(requests, write=True), strict=True):
-            if done != len(self._rows[row]):
-                raise OSError(errno.ENOSPC, f"short write at offset {offset}: {done} of {len(self._rows[row])} bytes")
+    def start_write(self, requests: Sequence[Request]) -> Callable[[], None]:
+        """Begin writing staging row ``row`` at ``offset`` for every request; the returned wait raises `OSError`
+        for a short or failed write (``ENOSPC``: disk full). The rows must not change until it returns."""
+        wait = self.io.start(requests, write=True)
 
-    def read(self, requests: Sequence[Request]) -> None:
-        """Fill staging row ``row`` from ``offset`` for every request; bytes past the end of a truncated file
-        read as zeros."""
-        for (_, row), done in zip(requests, self.io.transfer(requests, write=False), strict=True):
-            self.staging[row, max(done, 0) :] = 0
+        def check() -> None:
+            for (offset, row), done in zip(requests, wait(), strict=True):
+                if done != len(self._rows[row]):
+                    wanted = len(self._rows[row])
+                    raise OSError(errno.ENOSPC, f"short write at offset {offset}: {done} of {wanted} bytes")
+
+        return check
+
+    def start_read(self, requests: Sequence[Request]) -> Callable[[], None]:
+        """Begin filling staging row ``row`` from ``offset`` for every request; after the returned wait, bytes
+        past the end of a truncated file read as zeros."""
+        wait = self.io.start(requests, write=False)
+
+        def fill() -> None:
+            for (_, row), done in zip(requests, wait(), strict=True):
+                self.staging[row, max(done, 0) :] = 0
+
+        return fill
 
     def close(self) -> None:
         """Close the file and the ring or threads; the staging rows are released where the I/O engine lets go

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -17,6 +17,10 @@ from atlas_storage_nvme.direct_io import aligned
 HEADER = struct.Struct("<8sqqII32s")  # magic, key, payload bytes, crc32, flags, identity digest
 MAGIC = b"ATLASKV1"
 HAS_KEY = 1
+
+Mapper = Callable[[Callable[[int], int], Iterable[int]], Iterator[int]]
+"""How checksums of a batch's rows are computed: `map`, or a thread pool's ``map`` (``zlib.crc32`` releases
+the GIL, so records are checksummed in parallel)."""
 
 
 class RecordCodec:
@@ -34,37 +38,48 @@ class RecordCodec:
             self._columns.append((start, size))
             start += size
 
-    def pack(self, images: np.ndarray, keys: Sequence[int | None], arrays: Sequence[np.ndarray]) -> None:
+    def pack(
+        self, images: np.ndarray, keys: Sequence[int | None], arrays: Sequence[np.ndarray], mapper: Mapper = map
+    ) -> None:
         """Fill ``images`` (``uint8 [n, slot_bytes]``) with records ``i`` of ``arrays`` under ``keys[i]``."""
         count = len(keys)
         for (start, size), values in zip(self._columns, arrays, strict=True):
-            flat = np.ascontiguousarray(values[:count]).reshape(count, -1).view(np.uint8)
-            images[:, start : start + size] = flat
-        end = HEADER.size + self.payload_bytes
-        for row, key in enumerate(keys):
-            crc = zlib.crc32(images[row, HEADER.size : end].data)
+            images[:count, start : start + size] = (
+                np.ascontiguousarray(values[:count]).reshape(count, -1).view(np.uint8)
+            )
+        for row, (key, crc) in enumerate(
+            zip(keys, mapper(lambda row: self._crc(images, row), range(count)), strict=True)
+        ):
             flags = HAS_KEY if key is not None else 0
             header = HEADER.pack(MAGIC, key or 0, self.payload_bytes, crc, flags, self.identity)
             images[row, : HEADER.size] = np.frombuffer(header, dtype=np.uint8)
 
-    def unpack(self, images: np.ndarray, expected_keys: Sequence[int | None], out: Sequence[np.ndarray]) -> list[int]:
+    def unpack(
+        self,
+        images: np.ndarray,
+        expected_keys: Sequence[int | None],
+        out: Sequence[np.ndarray],
+        mapper: Mapper = map,
+    ) -> list[int]:
         """Copy the payloads of ``images`` into rows of ``out``; return the rows that fail a check (wrong magic,
         identity, length, key or checksum), whose ``out`` rows are then undefined."""
+        count = len(expected_keys)
+        crcs = mapper(lambda row: self._crc(images, row), range(count))
         bad = []
-        end = HEADER.size + self.payload_bytes
-        for row, key in enumerate(expected_keys):
-            magic, stored_key, length, crc, flags, identity = HEADER.unpack(images[row, : HEADER.size].tobytes())
+        for row, (key, crc) in enumerate(zip(expected_keys, crcs, strict=True)):
+            magic, stored_key, length, stored_crc, flags, identity = HEADER.unpack(images[row, : HEADER.size].tobytes())
             stored = stored_key if flags & HAS_KEY else None
             if (
                 magic != MAGIC
                 or identity != self.identity
                 or length != self.payload_bytes
                 or (key is not None and stored != key)
-                or zlib.crc32(images[row, HEADER.size : end].data) != crc
+                or crc != stored_crc
             ):
                 bad.append(row)
-        count = len(expected_keys)
         for (start, size), (shape, dtype), target in zip(self._columns, self.format.arrays, out, strict=True):
-            raw = np.ascontiguousarray(images[:, start : start + size])
-            target[:count] = raw.view(dtype).reshape(count, *shape)
+            target[:count] = images[:count, start : start + size].view(dtype).reshape(count, *shape)
         return bad
+
+    def _crc(self, images: np.ndarray, row: int) -> int:
+        return zlib.crc32(images[row, HEADER.size : HEADER.size + self.payload_bytes].data)

@@ -1,7 +1,8 @@
 """`UringIO`: reads and writes of staging rows through io_uring, with the ``liburing`` binding from PyPI.
 
-One ring per data file, used by one thread at a time (the engine's). Requests are submitted ``depth`` at a
-time and a call returns when every completion has been reaped. The binding's ``Iovec`` keeps a reference to
+One ring per data file, used by one thread at a time (the engine's). `UringIO.start` submits a batch and
+returns without waiting, so the caller can pack or unpack other rows while the disk works; its wait reaps
+completions (of any batch) until the batch's own are in. The binding's ``Iovec`` keeps a reference to
 (and an export of) every buffer it is given and never lets go, so each staging row gets its vector once,
 when the ring is made, and the rows live as long as the process.
 
@@ -13,8 +14,9 @@ profile); `atlas_storage_nvme.direct_io` then uses its thread pool.
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 DEPTH = 64
@@ -22,7 +24,8 @@ DEPTH = 64
 
 
 class UringIO:
-    """Moves whole rows of ``rows`` (page-aligned buffers) to and from offsets of ``fd``."""
+    """Moves whole rows of ``rows`` (page-aligned buffers) to and from offsets of ``fd``; at most ``depth``
+    requests are in flight, over any number of started batches."""
 
     name = "io_uring"
 
@@ -34,39 +37,56 @@ class UringIO:
         self._cqe = liburing.Cqe()
         liburing.io_uring_queue_init(depth, self._ring)
         self._vectors = [liburing.Iovec([row]) for row in rows]
+        self._ids = itertools.count()
+        self._in_flight = 0  # prepared or submitted, not reaped
+        self._results: dict[int, int | OSError] = {}
 
     @classmethod
     def open(cls, fd: int, rows: Sequence[memoryview], depth: int = DEPTH) -> UringIO:
         """A ring for ``fd``; `ImportError` without the binding, `OSError` where the kernel refuses a ring."""
         return cls(fd, rows, importlib.import_module("liburing"), depth)
 
-    def transfer(self, requests: Sequence[tuple[int, int]], write: bool) -> list[int]:
-        """Write (``write``) or read row ``row`` at file ``offset`` for every ``(offset, row)``; return the
-        bytes each moved. The first failed request raises its `OSError` once every completion is reaped."""
+    def start(self, requests: Sequence[tuple[int, int]], write: bool) -> Callable[[], list[int]]:
+        """Submit a write (``write``) or read of row ``row`` at file ``offset`` for every ``(offset, row)``;
+        returns the wait, which gives the bytes each moved or raises the first failure's `OSError`."""
         lib = self._lib
         prepare = lib.io_uring_prep_writev if write else lib.io_uring_prep_readv
-        done = [0] * len(requests)
-        error: OSError | None = None
-        for start in range(0, len(requests), self._depth):
-            chunk = requests[start : start + self._depth]
-            for index, (offset, row) in enumerate(chunk, start):
-                entry = lib.io_uring_get_sqe(self._ring)
-                prepare(entry, self.fd, self._vectors[row], offset)
-                entry.user_data = index
-            lib.io_uring_submit_and_wait(self._ring, len(chunk))
-            for _ in chunk:
-                lib.io_uring_wait_cqe(self._ring, self._cqe)
-                completion = self._cqe[0]
-                index = completion.user_data
-                try:
-                    done[index] = completion.res  # the binding raises OSError for a negative result
-                except OSError as exc:
-                    error = error or exc
-                finally:
-                    lib.io_uring_cq_advance(self._ring, 1)
-        if error is not None:
-            raise error
-        return done
+        ids = []
+        for offset, row in requests:
+            while self._in_flight >= self._depth:
+                self._reap()
+            entry = lib.io_uring_get_sqe(self._ring)
+            prepare(entry, self.fd, self._vectors[row], offset)
+            entry.user_data = request = next(self._ids)
+            ids.append(request)
+            self._in_flight += 1
+        lib.io_uring_submit(self._ring)
+        return lambda: self._wait(ids)
+
+    def _wait(self, ids: list[int]) -> list[int]:
+        for request in ids:
+            while request not in self._results:
+                self._reap()
+        results = [self._results.pop(request) for request in ids]
+        for result in results:
+            if isinstance(result, OSError):
+                raise result
+        return [result for result in results if isinstance(result, int)]
+
+    def _reap(self) -> None:
+        """Submit what is prepared and wait for one completion."""
+        lib = self._lib
+        lib.io_uring_submit(self._ring)
+        lib.io_uring_wait_cqe(self._ring, self._cqe)
+        completion = self._cqe[0]
+        request = completion.user_data
+        try:
+            self._results[request] = completion.res  # the binding raises OSError for a negative result
+        except OSError as exc:
+            self._results[request] = exc
+        finally:
+            lib.io_uring_cq_advance(self._ring, 1)
+            self._in_flight -= 1
 
     def close(self) -> None:
         """Tear the ring down (idempotent); the rows stay referenced by their vectors."""

@@ -76,12 +76,16 @@ def test_registered_through_the_storage_hook() -> None:
     assert registration.load() is NvmeStorage
 
 
+@pytest.mark.parametrize("staging_rows", [3, 4])
 @pytest.mark.parametrize("io", IO_CHOICES)
-def test_round_trip_is_bit_exact(tmp_path: Path, io: IOChoice, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Records in any slot order, adjacent and not, over more records than the staging rows hold at once."""
-    monkeypatch.setattr(tier_module, "STAGING_BYTES", 3 * 4096)
+def test_round_trip_is_bit_exact(
+    tmp_path: Path, io: IOChoice, staging_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records in any slot order, adjacent and not, over more records than the staging rows hold at once
+    (chunks of one or two records, alternating between the staging halves)."""
+    monkeypatch.setattr(tier_module, "STAGING_BYTES", staging_rows * 4096)
     storage = open_tier(tmp_path / "spill", io)
-    assert storage.file.io.name == io and len(storage.file.staging) == 3 and storage.capacity_slots == SLOTS
+    assert storage.file.io.name == io and len(storage.file.staging) == staging_rows and storage.capacity_slots == SLOTS
     slots = [7, 0, 1, 2, 11, 5, 4]
     written = records(len(slots))
     storage.write(slots, list(range(100, 107)), written)
@@ -180,7 +184,7 @@ def test_a_failing_write_is_storage_full_and_stores_nothing(tier: NvmeStorage, m
     def full(requests: object, write: bool) -> list[int]:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(tier.file.io, "transfer", full)
+    monkeypatch.setattr(tier.file.io, "start", full)
     with pytest.raises(StorageFullError, match="No space left"):
         tier.write([0, 1], [1, 2], records(2))
     monkeypatch.undo()
