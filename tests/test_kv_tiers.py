@@ -17,6 +17,7 @@ from atlas_core.model.recurrent_state import RecurrentState, StateArraySpec
 from atlas_core.storage import RecordFormat, StorageBackend, StorageFullError, TierSpec
 from atlas_core.storage.host import HostMemoryStorage
 from atlas_core.storage.tiered import TieredStore
+from atlas_core.testing.storage import random_records
 
 FORMAT = RecordFormat(
     (((4, 2, 8), np.dtype(np.float32)), ((4, 3), np.dtype(ml_dtypes.bfloat16)), ((5,), np.dtype(np.uint8)))
@@ -24,14 +25,7 @@ FORMAT = RecordFormat(
 
 
 def records(count: int, seed: int = 0) -> list[np.ndarray]:
-    """Random records whose bytes cover every bit pattern class (NaN payloads and subnormals included)."""
-    rng = np.random.default_rng(seed)
-    return [
-        rng.integers(0, 256, (count, *shape, np.dtype(dtype).itemsize), dtype=np.uint8)
-        .view(dtype)
-        .reshape(count, *shape)
-        for shape, dtype in FORMAT.arrays
-    ]
+    return random_records(FORMAT, count, seed)
 
 
 def host(slots: int) -> HostMemoryStorage:

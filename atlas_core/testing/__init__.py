@@ -13,6 +13,7 @@ Modules (each imports pytest, so this package needs ``pip install "atlas-core[te
 * `atlas_core.testing.family`: engine invariants every family keeps (batch invariance, chunked
   prefill, prefix caching, nothing leaked).
 * `atlas_core.testing.cli`: ``atlas plugins`` in-process, to check how a plugin is listed.
+* `atlas_core.testing.storage`: random records for KV storage tiers' round trips.
 * `atlas_core.testing.parsers` and `atlas_core.testing.grammars`: checks for tool-call and
   reasoning formats and their constrained-decoding grammars.
 

@@ -22,6 +22,7 @@ from atlas_storage_nvme.uring import UringIO, describe_failure
 from atlas_core.errors import ConfigError
 from atlas_core.plugins import load_plugins
 from atlas_core.storage import RecordFormat, StorageFullError, TierSpec
+from atlas_core.testing.storage import random_records
 
 FORMAT = RecordFormat(
     (((3, 2, 40), np.dtype(np.float32)), ((4, 3), np.dtype(ml_dtypes.bfloat16)), ((9,), np.dtype(np.int64)))
@@ -45,14 +46,7 @@ IO_CHOICES = [
 
 
 def records(count: int, seed: int = 0) -> list[np.ndarray]:
-    """Random records over every bit pattern (NaN payloads and subnormals included)."""
-    rng = np.random.default_rng(seed)
-    return [
-        rng.integers(0, 256, (count, *shape, np.dtype(dtype).itemsize), dtype=np.uint8)
-        .view(dtype)
-        .reshape(count, *shape)
-        for shape, dtype in FORMAT.arrays
-    ]
+    return random_records(FORMAT, count, seed)
 
 
 def bits(arrays: list[np.ndarray]) -> list[bytes]:
