@@ -1,7 +1,7 @@
 """The chat page in a real headless Chromium (Debian's ``chromium``, driven by Playwright) against a
 live server of the scripted model: the model picker (the listed models, the chosen one sent), a
 streamed reply with reasoning, Markdown and code, tool calls, the stop button, the conversation kept
-across a reload, an API-key server, and the Markdown renderer's escaping.
+across a reload, an API-key server, and the Markdown renderer's escaping and tables.
 
 Skipped only when no Chromium binary is installed, and then failed instead when
 ``ATLAS_REQUIRE_BROWSER=1`` (as CI sets it).
@@ -179,10 +179,15 @@ def test_api_key_server(page: Page, scripted: ScriptedFactory) -> None:
     expect(page.locator(".message.assistant .content strong")).to_have_text("capital")
 
 
-def test_markdown_renderer_escapes_html(page: Page, server: LiveServer) -> None:
+def render_markdown(page: Page, source: str) -> str:
+    """The page's own renderer's HTML of ``source``."""
+    return str(page.evaluate("async (source) => (await import('/ui/markdown.js')).renderMarkdown(source)", source))
+
+
+def test_markdown_renderer_escapes_html_and_renders_tables(page: Page, server: LiveServer) -> None:
     page.goto(server.url + "/")
-    html = page.evaluate(
-        """async (source) => (await import('/ui/markdown.js')).renderMarkdown(source)""",
+    html = render_markdown(
+        page,
         '<img src=x onerror="alert(1)"> [bad](javascript:alert(1)) [good](https://example.org/?a=1&b=2)\n'
         "- **one**\n- _two_",
     )
@@ -190,3 +195,13 @@ def test_markdown_renderer_escapes_html(page: Page, server: LiveServer) -> None:
     assert 'href="javascript' not in html and "[bad](javascript:alert(1))" in html
     assert '<a href="https://example.org/?a=1&amp;b=2" target="_blank" rel="noopener noreferrer">good</a>' in html
     assert "<ul><li><strong>one</strong></li><li><em>two</em></li></ul>" in html
+    table = render_markdown(
+        page,
+        "Before\n| Name | Size |\n|:-----|-----:|\n| `a` <b> | **1** |\n| y |\n\nAfter",
+    )
+    left, right = '<td class="align-left">', '<td class="align-right">'
+    assert table == (
+        '<p>Before</p>\n<table><thead><tr><th class="align-left">Name</th><th class="align-right">Size</th></tr>'
+        f"</thead><tbody><tr>{left}<code>a</code> &lt;b&gt;</td>{right}<strong>1</strong></td></tr>"
+        f"<tr>{left}y</td>{right}</td></tr></tbody></table>\n<p>After</p>"
+    )

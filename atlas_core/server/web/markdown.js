@@ -4,8 +4,9 @@
 // (& < > " ') before any markup is added, so model output can never inject tags, attributes or
 // scripts. The markup recognised: fenced code blocks (an unclosed fence, as while streaming, runs
 // to the end), indented-free paragraphs (single newlines kept as line breaks), ATX headings,
-// block quotes, bulleted and numbered lists (one level), horizontal rules, inline code, bold,
-// italic, strikethrough and links whose target is http:, https: or mailto: (others stay text).
+// block quotes, bulleted and numbered lists (one level), tables (a header row, a |---| delimiter
+// row with optional :alignment:, then body rows), horizontal rules, inline code, bold, italic,
+// strikethrough and links whose target is http:, https: or mailto: (others stay text).
 
 const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
 
@@ -20,6 +21,7 @@ const RULE = /^\s{0,3}([-*_])(\s*\1){2,}\s*$/;
 const QUOTE = /^\s{0,3}>\s?(.*)$/;
 const BULLET = /^\s{0,3}[-*+]\s+(.*)$/;
 const NUMBERED = /^\s{0,3}(\d{1,9})[.)]\s+(.*)$/;
+const TABLE_DELIMITER = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
 const SAFE_LINK = /^(https?:|mailto:)/i;
 // Inline code spans are swapped out for these markers while the other inline rules run.
 const MARK = "\u0000";
@@ -64,6 +66,43 @@ function renderList(lines, start, pattern, tag) {
   return [`<${tag}${attributes}>${items.map((item) => `<li>${renderInline(item)}</li>`).join("")}</${tag}>`, i];
 }
 
+/** The cells of one table row (`| a | b |` or `a | b`). */
+function tableCells(line) {
+  return line.trim().replace(/^\|/, "").replace(/\|$/, "").split("|").map((cell) => cell.trim());
+}
+
+/** Whether a table starts at `lines[i]`: a row with a pipe, then a delimiter row of as many cells. */
+function startsTable(lines, i) {
+  return (
+    i + 1 < lines.length &&
+    lines[i].includes("|") &&
+    TABLE_DELIMITER.test(lines[i + 1]) &&
+    tableCells(lines[i]).length === tableCells(lines[i + 1]).length
+  );
+}
+
+/** The table starting at `lines[start]` (see `startsTable`): [html, index of the first line after it]. */
+function renderTable(lines, start) {
+  const header = tableCells(lines[start]);
+  const aligns = tableCells(lines[start + 1]).map((cell) =>
+    cell.endsWith(":") ? (cell.startsWith(":") ? "center" : "right") : cell.startsWith(":") ? "left" : "",
+  );
+  const row = (cells, tag) =>
+    `<tr>${header
+      .map((_, index) => {
+        const align = aligns[index] ? ` class="align-${aligns[index]}"` : ""; // the CSP forbids style attributes
+        return `<${tag}${align}>${renderInline(cells[index] ?? "")}</${tag}>`;
+      })
+      .join("")}</tr>`;
+  const body = [];
+  let i = start + 2;
+  while (i < lines.length && lines[i].trim() !== "" && lines[i].includes("|")) {
+    body.push(row(tableCells(lines[i]), "td"));
+    i += 1;
+  }
+  return [`<table><thead>${row(header, "th")}</thead><tbody>${body.join("")}</tbody></table>`, i];
+}
+
 /** Whether `line` starts a block other than a paragraph. */
 function startsBlock(line) {
   return [FENCE, HEADING, RULE, QUOTE, BULLET, NUMBERED].some((pattern) => pattern.test(line));
@@ -93,6 +132,10 @@ export function renderMarkdown(text) {
       const level = match[1].length;
       out.push(`<h${level}>${renderInline(match[2])}</h${level}>`);
       i += 1;
+    } else if (startsTable(lines, i)) {
+      let html;
+      [html, i] = renderTable(lines, i);
+      out.push(html);
     } else if (RULE.test(line)) {
       out.push("<hr>");
       i += 1;
@@ -115,7 +158,11 @@ export function renderMarkdown(text) {
       i += 1;
     } else {
       const paragraph = [];
-      while (i < lines.length && lines[i].trim() !== "" && (paragraph.length === 0 || !startsBlock(lines[i]))) {
+      while (
+        i < lines.length &&
+        lines[i].trim() !== "" &&
+        (paragraph.length === 0 || !(startsBlock(lines[i]) || startsTable(lines, i)))
+      ) {
         paragraph.push(lines[i]);
         i += 1;
       }
