@@ -87,7 +87,6 @@ class LLMEngine:
                 speculative_decoding=config.speculation is not None,
                 swap_space_gb=config.swap_space_gb > 0,
                 kv_spill_dir=config.kv_spill_dir is not None,
-                recurrent_layers=model.has_recurrent_state,
             )
             self.kv = mirror.kv_cache(self.kv_layouts, plan, config.kv_cache_dtype)
         else:

@@ -121,10 +121,16 @@ def load_model(
             f"has no installed family plugin ({hint}); installed families: {installed}"
         )
     loader_class = registration.load()
-    if parallel is not None and parallel.plan.is_split and not loader_class.supports_tensor_parallel:
+    if parallel is not None and parallel.plan.tensor_split and not loader_class.supports_tensor_parallel:
         raise ModelLoadError(
-            f"{resolved.path}: the {model_type!r} family ({registration.target}) cannot split a model "
-            f"over ranks yet; run it unsplit (tensor_parallel_size=1, expert_parallel_size=1)"
+            f"{resolved.path}: the {model_type!r} family ({registration.target}) cannot split a model by tensor "
+            "parallelism yet; run it with tensor_parallel_size=1"
+            + (" (expert_parallel_size alone splits its experts)" if loader_class.supports_expert_parallel else "")
+        )
+    if parallel is not None and parallel.plan.is_split and not loader_class.supports_expert_parallel:
+        raise ModelLoadError(
+            f"{resolved.path}: the {model_type!r} family ({registration.target}) cannot split a model over ranks "
+            "yet; run it unsplit (tensor_parallel_size=1, expert_parallel_size=1)"
         )
     model = loader_class(source, backend, registry, str(resolved.path), max_positions, parallel).build()
     return LoadedModel(

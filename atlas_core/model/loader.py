@@ -66,6 +66,9 @@ class ModelWeightLoader(ABC):
 
     supports_tensor_parallel: ClassVar[bool] = False
     """Whether `build` honours `parallel` (builds this rank's shard); families that do set it."""
+    supports_expert_parallel: ClassVar[bool] = False
+    """Whether `build` splits its MoE blocks' experts when `parallel` says so with tensor_parallel_size 1
+    (every other layer whole on each rank): families whose MoE blocks all come from `load_moe` set it."""
 
     @property
     def shard(self) -> ShardPlan:
@@ -108,10 +111,10 @@ class ModelWeightLoader(ABC):
             return mixer
         return ReducedMixer(mixer, self.parallel.comm)
 
-    def reduced_feed_forward(self, ffn: FeedForward, *, experts: bool = False) -> FeedForward:
-        """``ffn`` completed by an all-reduce of the ranks' partial outputs when it is split: a dense one
-        when `ShardPlan.tensor_split`, a block of routed ``experts`` whenever the model is split."""
-        if self.parallel is None or not (self.shard.is_split if experts else self.shard.tensor_split):
+    def reduced_feed_forward(self, ffn: FeedForward) -> FeedForward:
+        """``ffn`` completed by an all-reduce of the ranks' partial outputs when dense layers are split
+        (`ShardPlan.tensor_split`); MoE blocks reduce themselves (`load_moe`)."""
+        if self.parallel is None or not self.shard.tensor_split:
             return ffn
         return ReducedFeedForward(ffn, self.parallel.comm)
 
@@ -264,6 +267,7 @@ class DenseDecoderLoader(ModelWeightLoader):
 
     spec_overrides: ClassVar[dict[str, Any]] = {}
     supports_tensor_parallel = True
+    supports_expert_parallel = True
 
     def spec(self) -> DecoderSpec:
         return DecoderSpec.from_config(self.source.config, origin=f"{self.origin}/config.json", **self.spec_overrides)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from atlas_core.backends.base import Array, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
@@ -51,6 +51,10 @@ class ModelMirror(Protocol):
     def forward(self, batch: ForwardBatch, run: Callable[[], Array]) -> Array: ...
 
     def logits(self, hidden: Array, run: Callable[[Array], Array]) -> Array: ...
+
+    def state(self, call: str, *args: Any) -> None:
+        """Tell the other ranks about recurrent-state call ``call`` (``allocate_state``, ``reset_state``,
+        ``copy_state``) with ``args`` (JSON values)."""
 
 
 class DecoderLayer(Protocol):
@@ -152,16 +156,22 @@ class TransformerModel:
 
     def allocate_state(self, num_slots: int) -> None:
         """Create the recurrent state arrays with ``num_slots`` zeroed slots (no-op without recurrent layers)."""
+        if self.mirror is not None:
+            self.mirror.state("allocate_state", num_slots)
         if self.recurrent_state is not None:
             self.recurrent_state.allocate(self.backend, num_slots)
 
     def reset_state(self, slot: int) -> None:
         """Zero the recurrent state of ``slot`` before a new sequence uses it."""
+        if self.mirror is not None:
+            self.mirror.state("reset_state", slot)
         if self.recurrent_state is not None:
             self.recurrent_state.reset(slot)
 
     def copy_state(self, sources: Sequence[int], destinations: Sequence[int]) -> None:
         """Copy recurrent state slots ``sources[i] -> destinations[i]`` (forks, prefix-cache snapshots)."""
+        if self.mirror is not None:
+            self.mirror.state("copy_state", list(sources), list(destinations))
         if self.recurrent_state is not None:
             self.recurrent_state.copy(sources, destinations)
 

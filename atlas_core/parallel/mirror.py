@@ -2,8 +2,9 @@
 
 Rank 0 owns the scheduler, the tokenizer and the server; its model and KV cache carry a `RankMirror`
 that posts every call the engine makes on them to the other ranks before running it itself: the KV
-cache's size (once), copy-on-write block copies, each forward's `ForwardBatch`, and each
-``compute_logits`` (whose hidden rows are broadcast from rank 0, so every rank projects the same rows).
+cache's size (once), copy-on-write block copies, recurrent-state slot calls (hybrid models), each
+forward's `ForwardBatch`, and each ``compute_logits`` (whose hidden rows are broadcast from rank 0, so
+every rank projects the same rows).
 The other ranks (`atlas_core.parallel.worker`) run the same calls on their shards in the same order,
 so their collectives pair up with rank 0's.
 
@@ -99,6 +100,12 @@ class RankMirror:
         """Post a logits call and broadcast rank 0's ``hidden`` rows, then ``run(hidden)``."""
         self.post({"op": "logits", "shape": list(hidden.shape), "dtype": np.dtype(hidden.dtype).name})
         return self.guard(lambda: run(self.world.parallel.comm.broadcast(hidden, root=0)))
+
+    def state(self, call: str, *args: Any) -> None:
+        """Post recurrent-state call ``call`` (``allocate_state``, ``reset_state``, ``copy_state``) with ``args``
+        (slot numbers, or sequences of them)."""
+        values = [[int(v) for v in a] if isinstance(a, (list, tuple)) else int(a) for a in args]
+        self.post({"op": "state", "call": call, "args": values})
 
     def post(self, header: dict[str, Any], arrays: list[np.ndarray] | None = None) -> None:
         """Send one instruction to every other rank; the replica's failure when it has failed."""

@@ -1,7 +1,8 @@
 """The ranks other than 0 of a split replica: load this rank's shard, then run what rank 0 posts.
 
 Each instruction (`atlas_core.parallel.mirror`) is run in the order posted: ``kv`` allocates this
-rank's KV cache, ``copy_blocks`` copies blocks in it, ``forward`` runs the model over the posted
+rank's KV cache, ``copy_blocks`` copies blocks in it, ``state`` makes a recurrent-state slot call
+(allocate, reset, copy), ``forward`` runs the model over the posted
 `ForwardBatch`, ``logits`` takes rank 0's broadcast hidden rows and projects them, ``stop`` ends the
 loop. A rank that fails tells rank 0 why before it ends (rank 0 then fails the replica with that
 message); a rank whose rank 0 is gone ends with `CommError`.
@@ -29,6 +30,9 @@ from atlas_core.parallel.world import World, join_replica, load_shard
 from atlas_core.plugins import get_registry
 
 log = logging.getLogger("atlas.parallel")
+
+STATE_CALLS = ("allocate_state", "reset_state", "copy_state")
+"""The recurrent-state calls of `TransformerModel` that rank 0 may post."""
 
 
 def run_worker(
@@ -86,6 +90,8 @@ def follow(world: World, model: TransformerModel, backend: Backend) -> None:
             kv.copy_blocks([(int(src), int(dst)) for src, dst in arrays[0].tolist()])
         elif op == "forward":
             model.forward(decode_batch(backend, header, arrays), kv)
+        elif op == "state" and header.get("call") in STATE_CALLS:
+            getattr(model, header["call"])(*header["args"])
         elif op == "logits":
             hidden = backend.zeros(tuple(header["shape"]), np.dtype(header["dtype"]))
             model.compute_logits(world.parallel.comm.broadcast(hidden, root=0))

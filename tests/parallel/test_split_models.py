@@ -26,6 +26,11 @@ CASES = [  # (checkpoint, tensor_parallel_size, expert_parallel_size)
     ("qwen3_moe", 2, 1),
     ("qwen3_moe", 2, 2),
     ("qwen3_moe_sparse_step", 1, 2),
+    ("minimax_m2", 1, 2),
+    ("deepseek_v3", 1, 2),
+    ("mistral4", 1, 2),
+    ("qwen3_next", 1, 2),
+    ("qwen3_5_moe", 1, 2),
 ]
 PROMPTS = [[1, 7, 42, 9, 100], [3, 5]]
 

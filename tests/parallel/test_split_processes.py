@@ -40,15 +40,19 @@ def replica_processes(llm: LLM) -> list[subprocess.Popen[bytes]]:
     return replica.processes
 
 
-def test_rank_processes_follow_rank_0_and_stop_with_it() -> None:
-    folder = TINY / "qwen3_moe"
-    forks = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, n=2)  # copy-on-write block copies
+@pytest.mark.parametrize(("name", "tp", "ep"), [("qwen3_moe", 2, 2), ("qwen3_next", 1, 2)])
+def test_rank_processes_follow_rank_0_and_stop_with_it(name: str, tp: int, ep: int) -> None:
+    """Forks (n=2) make copy-on-write block copies and, on the hybrid qwen3_next, recurrent-state copies;
+    the second round hits the prefix cache (state snapshots)."""
+    folder = TINY / name
+    forks = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, n=2)
     with LLM(folder, backend="numpy", kv_cache_memory_gib=KV_GIB) as whole:
         expected, expected_forks = tokens(whole), tokens(whole, forks)
-    llm = LLM(folder, backend="numpy", tensor_parallel_size=2, expert_parallel_size=2, kv_cache_memory_gib=KV_GIB)
+    llm = LLM(folder, backend="numpy", tensor_parallel_size=tp, expert_parallel_size=ep, kv_cache_memory_gib=KV_GIB)
     try:
         assert tokens(llm) == expected
         assert tokens(llm, forks) == expected_forks
+        assert tokens(llm) == expected
     finally:
         llm.close()
     assert llm.mirror is not None
@@ -64,6 +68,20 @@ def test_a_killed_rank_fails_the_next_step_with_a_clear_error() -> None:
         with pytest.raises(CommError, match="rank 1 ended: its process exited"):
             llm.generate(PROMPTS, GREEDY)
     finally:
+        llm.close()
+
+
+def test_a_stuck_rank_fails_the_step_after_comm_timeout() -> None:
+    llm = LLM(TINY / "llama", backend="numpy", tensor_parallel_size=2, kv_cache_memory_gib=KV_GIB, comm_timeout=5)
+    (worker,) = replica_processes(llm)
+    try:
+        os.kill(worker.pid, signal.SIGSTOP)  # alive, connections open, answering nothing
+        started = time.monotonic()
+        with pytest.raises(CommError, match=r"all_reduce with rank 1 failed: no message from the peer within 5"):
+            llm.generate(PROMPTS, GREEDY)
+        assert time.monotonic() - started < 15
+    finally:
+        worker.kill()
         llm.close()
 
 

@@ -23,6 +23,7 @@ banks are `QuantizedWeight`s that ``moe_experts`` receives as they are.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
@@ -253,6 +254,8 @@ class MoEFeedForward:
     ``n_shared_experts`` experts are one MLP of ``n_shared_experts * moe_intermediate_size``), added to
     the routed output. ``shared_expert_gate[1, H]``: the shared output is first multiplied by
     ``sigmoid(x @ shared_expert_gate.T)`` (Qwen3-Next / Qwen3.5-MoE); needs ``shared_expert``.
+    ``all_reduce``: a rank of a split model computes only its part of the block (its experts, and the
+    shared expert on one rank), and the block's output is ``all_reduce(part)`` (`load_moe` sets it).
     """
 
     def __init__(
@@ -265,6 +268,7 @@ class MoEFeedForward:
         correction_bias: Array | None = None,
         shared_expert: FeedForward | None = None,
         shared_expert_gate: Array | None = None,
+        all_reduce: Callable[[Array], Array] | None = None,
     ) -> None:
         if tuple(router_weight.shape)[:1] != (spec.num_experts,) or experts.num_experts != spec.num_experts:
             raise ValueError(
@@ -285,6 +289,7 @@ class MoEFeedForward:
         self.correction_bias = correction_bias
         self.shared_expert = shared_expert
         self.shared_expert_gate = shared_expert_gate
+        self.all_reduce = all_reduce
 
     def route(self, router_input: Array) -> tuple[Array, Array]:
         """``(weights[T, k] float32, ids[T, k] int32)`` for ``router_input[T, H]``."""
@@ -299,7 +304,7 @@ class MoEFeedForward:
             if self.shared_expert_gate is not None:
                 shared = self.backend.sigmoid_gate(shared, self.backend.linear(x, self.shared_expert_gate))
             out += shared
-        return out
+        return out if self.all_reduce is None else self.all_reduce(out)
 
 
 def load_moe(
@@ -321,14 +326,16 @@ def load_moe(
     tensors whose shapes do not fit ``activation`` raise `ModelLoadError` naming them.
     ``shared_expert`` is built by the caller (its form differs between families). The block and its
     experts are the loader's registered ``moe`` and ``routed_experts`` layer types. A split model's rank
-    holds its experts' share (`atlas_core.model.layers.expert_parallel`) and gives its part of the block's
-    output: the caller completes it with ``ModelWeightLoader.reduced_feed_forward(block, experts=True)``."""
+    holds its experts' share (`atlas_core.model.layers.expert_parallel`), rank 0 alone adds the shared
+    expert (tensor_parallel_size 1: it is whole on every rank), and the block all-reduces the ranks' parts."""
     split = loader.shard.is_split
-    if split and shared_expert is not None:
+    if split and shared_expert is not None and loader.shard.tensor_split:
         raise ModelLoadError(
-            f"{loader.origin}: {prefix}: MoE blocks with a shared expert are not split over ranks yet; "
-            "run this model unsplit (tensor_parallel_size=1, expert_parallel_size=1)"
+            f"{loader.origin}: {prefix}: MoE blocks with a shared expert are not split by tensor parallelism "
+            "yet; use expert_parallel_size alone (tensor_parallel_size=1)"
         )
+    if split and loader.shard.rank != 0:  # the shared expert's output is added once, by rank 0
+        shared_expert, shared_expert_gate = None, None
     w_in: np.ndarray | QuantizedWeight
     w_out: np.ndarray | QuantizedWeight
     if split:
@@ -351,4 +358,5 @@ def load_moe(
         else loader.upload_float32(loader.tensor(prefix + correction_bias)),
         shared_expert=shared_expert,
         shared_expert_gate=None if shared_expert_gate is None else loader.upload(prefix + shared_expert_gate),
+        all_reduce=loader.parallel.comm.all_reduce if split and loader.parallel is not None else None,
     )

@@ -47,6 +47,7 @@ class DeepseekV3Loader(ModelWeightLoader):
     ``e_score_correction_bias``. Multi-token-prediction layers past ``num_hidden_layers`` are ignored."""
 
     family: ClassVar[Family] = "deepseek_v3"
+    supports_expert_parallel = True  # its MoE blocks come from load_moe; the rest is whole on every rank
     correction_bias: ClassVar[str | None] = "gate.e_score_correction_bias"
     """The router's selection-only bias under each MoE layer's ``mlp.`` (None: routed without one)."""
 

@@ -48,6 +48,7 @@ class MiniMaxM2Loader(DenseDecoderLoader):
 
     spec_overrides = {"qk_norm": True}
     supports_tensor_parallel = False  # its q/k norms span all heads, which a rank's shard does not hold
+    # expert parallelism alone keeps every head on every rank: supported (DenseDecoderLoader's flag)
 
     @property
     def config(self) -> dict[str, Any]:

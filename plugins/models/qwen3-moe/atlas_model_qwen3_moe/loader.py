@@ -70,7 +70,7 @@ class Qwen3MoeLoader(DenseDecoderLoader):
     def feed_forward(self, spec: DecoderSpec, layer: int) -> Callable[[Array], Array]:
         if not self.is_sparse(layer):
             return super().feed_forward(spec, layer)
-        return self.reduced_feed_forward(load_moe(self, f"model.layers.{layer}.mlp.", self.router_spec()), experts=True)
+        return load_moe(self, f"model.layers.{layer}.mlp.", self.router_spec())
 
 
 def sparse_layer(config: dict[str, Any], layer: int) -> bool:

@@ -35,6 +35,8 @@ MTP_PREFIX = "mtp."
 class Qwen3NextLoader(ModelWeightLoader):
     """Loads every ``model_type`` of the family (see ``plugin.py``)."""
 
+    supports_expert_parallel = True  # its MoE blocks come from load_moe; the rest is whole on every rank
+
     @classmethod
     def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         """The tensors `build` reads (`atlas_model_qwen3_next.shapes`)."""
