@@ -240,11 +240,12 @@ class ModelWeightLoader(ABC):
             weight = self.upload(name)
         return self.layer_type("rms_norm")(self.backend, weight, eps)
 
-    def gated_mlp(self, prefix: str, *, layer: str = "swiglu_mlp", bias: bool = False) -> Any:
+    def gated_mlp(self, prefix: str, *, layer: str = "swiglu_mlp", bias: bool = False, reduce: bool = True) -> Any:
         """The registered gated feed-forward ``layer`` (``swiglu_mlp``, ``geglu_mlp``) from Hugging Face
         names under ``prefix``: ``gate_proj`` and ``up_proj`` fused into one weight, ``down_proj``;
         their biases too when ``bias``. A split model's rank holds its share of the intermediate rows
-        (column-parallel gate/up, row-parallel down, all-reduced: `reduced_feed_forward`)."""
+        (column-parallel gate/up, row-parallel down), all-reduced (`reduced_feed_forward`) unless not
+        ``reduce`` (a MoE block's shared expert: the block reduces it with its experts)."""
         gate_up, down = (prefix + "gate_proj.", prefix + "up_proj."), prefix + "down_proj."
         rows: range | slice = slice(None)
         if self.shard.tensor_split:
@@ -256,7 +257,7 @@ class ModelWeightLoader(ABC):
             self.upload_arrays(*(self.weight_part(p + "bias", rows) for p in gate_up)) if bias else None,
             self.row_parallel_bias(bias, down + "bias"),
         )
-        return self.reduced_feed_forward(mlp)
+        return self.reduced_feed_forward(mlp) if reduce else mlp
 
 
 class DenseDecoderLoader(ModelWeightLoader):

@@ -326,15 +326,11 @@ def load_moe(
     tensors whose shapes do not fit ``activation`` raise `ModelLoadError` naming them.
     ``shared_expert`` is built by the caller (its form differs between families). The block and its
     experts are the loader's registered ``moe`` and ``routed_experts`` layer types. A split model's rank
-    holds its experts' share (`atlas_core.model.layers.expert_parallel`), rank 0 alone adds the shared
-    expert (tensor_parallel_size 1: it is whole on every rank), and the block all-reduces the ranks' parts."""
+    holds its experts' share (`atlas_core.model.layers.expert_parallel`) and the block all-reduces the
+    ranks' parts; the shared expert is then the caller's unreduced tensor-parallel share
+    (``gated_mlp(..., reduce=False)``), or, with tensor_parallel_size 1, whole and added by rank 0 alone."""
     split = loader.shard.is_split
-    if split and shared_expert is not None and loader.shard.tensor_split:
-        raise ModelLoadError(
-            f"{loader.origin}: {prefix}: MoE blocks with a shared expert are not split by tensor parallelism "
-            "yet; use expert_parallel_size alone (tensor_parallel_size=1)"
-        )
-    if split and loader.shard.rank != 0:  # the shared expert's output is added once, by rank 0
+    if split and not loader.shard.tensor_split and loader.shard.rank != 0:  # added once, by rank 0
         shared_expert, shared_expert_gate = None, None
     w_in: np.ndarray | QuantizedWeight
     w_out: np.ndarray | QuantizedWeight

@@ -20,6 +20,7 @@ form multiplies them per head with ``mla_head_linear``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -47,7 +48,8 @@ class DeepseekV3Loader(ModelWeightLoader):
     ``e_score_correction_bias``. Multi-token-prediction layers past ``num_hidden_layers`` are ignored."""
 
     family: ClassVar[Family] = "deepseek_v3"
-    supports_expert_parallel = True  # its MoE blocks come from load_moe; the rest is whole on every rank
+    supports_tensor_parallel = True
+    supports_expert_parallel = True
     correction_bias: ClassVar[str | None] = "gate.e_score_correction_bias"
     """The router's selection-only bias under each MoE layer's ``mlp.`` (None: routed without one)."""
 
@@ -72,14 +74,15 @@ class DeepseekV3Loader(ModelWeightLoader):
         position_scale = None if table is None else self.upload_float32(table)
 
         attention_type, layer_type = self.layer_type("mla"), self.layer_type("pre_norm_decoder_layer")
+        heads = self.shard.split(spec.mla.heads, "num_attention_heads")  # a rank's query heads (the latent is whole)
         layers = []
         for i in self.layer_progress(spec.num_layers):
             p = f"{prefix}layers.{i}."
             attention = attention_type(
                 backend,
-                self._mla_weights(spec, p + "self_attn."),
+                self._mla_weights(spec, p + "self_attn.", heads),
                 layer_index=i,
-                shape=spec.mla,
+                shape=replace(spec.mla, heads=len(heads)),
                 rope_cos=cos,
                 rope_sin=sin,
                 scale=spec.softmax_scale,
@@ -89,21 +92,22 @@ class DeepseekV3Loader(ModelWeightLoader):
             layers.append(
                 layer_type(
                     self._norm(p + "input_layernorm.weight", spec),
-                    attention,
+                    self.reduced_mixer(attention),
                     self._norm(p + "post_attention_layernorm.weight", spec),
                     ffn,
                 )
             )
-        embed = self.upload_arrays(self.tensor(prefix + "embed_tokens.weight"))  # never kept quantized
+        embed, vocab_split = self.vocab_rows(prefix + "embed_tokens.weight")
         return TransformerModel(
             backend,
             embed_tokens=embed,
             layers=layers,
             final_norm=self._norm(prefix + "norm.weight", spec),
-            lm_head=embed if self.ties_embeddings(spec) else self.upload(lm_head_name),
+            lm_head=embed if self.ties_embeddings(spec) else self.lm_head(lm_head_name),
             kv_layouts=[LatentKVLayout(spec.mla.latent_dim, spec.mla.rope_dim)] * spec.num_layers,
             vocab_size=spec.vocab_size,
             max_position_embeddings=spec.max_position_embeddings,
+            vocab_split=vocab_split,
         )
 
     def ties_embeddings(self, spec: DeepseekSpec) -> bool:
@@ -114,11 +118,15 @@ class DeepseekV3Loader(ModelWeightLoader):
     def _norm(self, name: str, spec: DeepseekSpec) -> Any:
         return self.rms_norm(name, spec.rms_norm_eps)
 
-    def _mla_weights(self, spec: DeepseekSpec, a: str) -> MLAWeights:
-        shape = spec.mla
+    def _mla_weights(self, spec: DeepseekSpec, a: str, heads: range) -> MLAWeights:
+        """Query heads ``heads`` of the MLA layer under ``a`` (all of them unless tensor-parallel): their rows
+        of the query projection and of ``kv_b_proj``, their columns of ``o_proj``; the latent path is whole."""
+        shape = replace(spec.mla, heads=len(heads))
+        q_rows = range(heads.start * (shape.nope_dim + shape.rope_dim), heads.stop * (shape.nope_dim + shape.rope_dim))
         q_name = a + ("q_proj.weight" if shape.q_lora_rank is None else "q_a_proj.weight")
-        q_in, kv_in = self.linear_weight(q_name), self.linear_weight(a + "kv_a_proj_with_mqa.weight")
-        q_b = None if shape.q_lora_rank is None else self.linear_weight(a + "q_b_proj.weight")
+        q_in = self.linear_weight(q_name) if shape.q_lora_rank is not None else self.weight_part(q_name, q_rows)
+        kv_in = self.linear_weight(a + "kv_a_proj_with_mqa.weight")
+        q_b = None if shape.q_lora_rank is None else self.weight_part(a + "q_b_proj.weight", q_rows)
         q_bias = kv_bias = None
         if spec.attention_bias:  # on q_a_proj and kv_a_proj_with_mqa (q_proj never has one) and o_proj
             kv_bias = self.tensor(a + "kv_a_proj_with_mqa.bias")
@@ -142,8 +150,13 @@ class DeepseekV3Loader(ModelWeightLoader):
                 f"{self.origin}: {q_name} {q_in.shape} and kv_a_proj_with_mqa {kv_in.shape} do not fit the config "
                 f"(together {expected_in})"
             )
+        kv_b_name, head_rows = a + "kv_b_proj.weight", shape.nope_dim + shape.v_dim
+        if len(heads) == spec.mla.heads:  # whole: read as floats (a quantized kv_b_proj comes dequantized)
+            kv_b = self.tensor(kv_b_name)
+        else:
+            kv_b = np.asarray(self.weight_part(kv_b_name, range(heads.start * head_rows, heads.stop * head_rows)))
         try:
-            uk, uv = split_kv_b(self.tensor(a + "kv_b_proj.weight"), shape)
+            uk, uv = split_kv_b(kv_b, shape)
         except ValueError as exc:
             raise ModelLoadError(f"{self.origin}: {a}{exc}") from exc
         weight = self.upload_arrays
@@ -155,8 +168,12 @@ class DeepseekV3Loader(ModelWeightLoader):
             q_a_norm=None if q_b is None else self._norm(a + "q_a_layernorm.weight", spec),
             uk=weight(uk),
             uv=weight(uv),
-            o=self.upload(a + "o_proj.weight"),
-            o_bias=self.optional_upload(spec.attention_bias, a + "o_proj.bias"),
+            o=self.upload_arrays(
+                self.weight_part(
+                    a + "o_proj.weight", slice(None), range(heads.start * shape.v_dim, heads.stop * shape.v_dim)
+                )
+            ),
+            o_bias=self.row_parallel_bias(spec.attention_bias, a + "o_proj.bias"),
         )
 
     def _moe(self, spec: DeepseekSpec, m: str) -> MoEFeedForward:
@@ -165,7 +182,7 @@ class DeepseekV3Loader(ModelWeightLoader):
             m,
             spec.router,
             correction_bias=self.correction_bias,
-            shared_expert=self.gated_mlp(m + "shared_experts.") if spec.num_shared_experts else None,
+            shared_expert=self.gated_mlp(m + "shared_experts.", reduce=False) if spec.num_shared_experts else None,
         )
 
 
