@@ -319,3 +319,36 @@ def test_mtp_under_preemption_and_refused_without_mtp_layers() -> None:
     assert_no_leaks(spec)
     with pytest.raises(ConfigError, match="has none; use method 'ngram' or 'draft_model'"):
         LLM(TINY / "qwen3", speculative_config=MTP)
+
+
+def test_metrics_count_proposed_and_accepted_drafts() -> None:
+    """``/metrics`` counters: drafts proposed and accepted, and accepted by draft position."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from atlas_core.server.metrics import _EngineCollector
+
+    plain = LLM(TINY / "llama", enable_prefix_caching=False)
+    prompts = mixed_prompts(plain.loaded.model.vocab_size, count=3)
+    want = _outputs(plain, prompts, GREEDY)
+    spec = LLM(TINY / "llama", num_speculative_tokens=3)
+    assert spec.engine.speculation is not None
+    spec.engine.speculation.proposer = ScriptedProposer({tuple(p): w for p, w in zip(prompts, want, strict=True)}, 256)
+    assert _outputs(spec, prompts, GREEDY) == want
+    registry = CollectorRegistry()
+    registry.register(_EngineCollector(spec.engine, lambda: "tiny"))
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in generate_latest(registry).decode().splitlines()
+        if line.startswith("atlas_spec_decode")
+    }
+    stats = spec.engine.runner.spec_stats
+    assert values['atlas_spec_decode_num_draft_tokens_total{model_name="tiny"}'] == stats.proposed > 0
+    assert values['atlas_spec_decode_num_accepted_tokens_total{model_name="tiny"}'] == stats.accepted > 0
+    per_position = [
+        values[f'atlas_spec_decode_num_accepted_tokens_per_pos_total{{model_name="tiny",position="{i}"}}']
+        for i in range(3)
+    ]
+    assert per_position == stats.accepted_at and sum(per_position) == stats.accepted
+    assert (
+        per_position[0] >= per_position[1] >= per_position[2]
+    )  # a draft position is accepted only after the ones before

@@ -1,0 +1,102 @@
+"""Speculative decoding's ceiling on a device: batch-1 steps that verify K draft tokens against plain
+decode steps, on random weights of a named shape.
+
+A plain run gives the greedy tokens and the decode speed (captured decode graphs where the backend has
+them). Runs with K = 1, 2, 4 then propose exactly those tokens, so every draft is accepted and each
+verify step yields K + 1 tokens: the time per verify step beside the plain step is the cost of
+verification, and the tokens/s the most a proposer with perfect drafts can reach.
+
+    python scripts/bench_verify_step.py llama-3-8b qwen3.5-35b-a3b:8 [--tokens 128] [--prompt-len 32]
+
+A ``:N`` suffix keeps the first N layers of a shape that does not fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import numpy as np
+
+from atlas_core.bench.random_weights import random_weights_llm
+from atlas_core.engine.sampling_params import SamplingParams
+from atlas_core.engine.sequence import Sequence
+
+DRAFT_LENGTHS = (1, 2, 4)
+
+
+class KnownContinuation:
+    """Proposes each sequence's known greedy continuation: every draft is accepted."""
+
+    def __init__(self, continuation: dict[tuple[int, ...], list[int]]) -> None:
+        self.continuation = continuation
+
+    def propose(self, seqs: Seq[Sequence], max_tokens: Seq[int]) -> list[list[int]]:
+        return [
+            self.continuation.get(tuple(seq.token_ids[: seq.num_prompt_tokens]), [])[len(seq.output_ids) :][:k]
+            for seq, k in zip(seqs, max_tokens, strict=True)
+        ]
+
+    def release(self, seq: Sequence) -> None:
+        return None
+
+
+def decode_seconds(llm: Any, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
+    """Seconds of ``tokens - 1`` decode steps' worth of generation (prefill subtracted), and the tokens."""
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    prefill = min(_timed(lambda: llm.generate(prompt, first, use_tqdm=False))[0] for _ in range(3))
+    total, outputs = _timed(lambda: llm.generate(prompt, params, use_tqdm=False))
+    return total - prefill, outputs[0].outputs[0].token_ids
+
+
+def _timed(call: Any) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = call()
+    return time.perf_counter() - start, result
+
+
+def bench(shape: str, tokens: int, prompt_len: int) -> None:
+    name, _, layers = shape.partition(":")
+    llm = random_weights_llm(
+        name, num_layers=int(layers) if layers else None, max_seq_len=2048, num_speculative_tokens=max(DRAFT_LENGTHS)
+    )
+    speculation = llm.engine.speculation
+    prompt = np.random.default_rng(0).integers(0, llm.loaded.model.vocab_size, prompt_len).tolist()
+    speculation.proposer = KnownContinuation({})  # no drafts: plain decode steps
+    decode_seconds(llm, prompt, 8)  # warm-up (kernels, graphs)
+    plain, greedy = decode_seconds(llm, prompt, tokens)
+    step = plain / (tokens - 1)
+    print(f"{llm.loaded.name}: batch 1, {prompt_len}-token prompt, {tokens} tokens")
+    print(f"  plain decode   {1e3 * step:7.2f} ms/step  {1 / step:7.1f} tok/s")
+    graphs, llm.engine.runner.decode_graphs = llm.engine.runner.decode_graphs, None
+    eager = decode_seconds(llm, prompt, tokens)[0] / (tokens - 1)
+    llm.engine.runner.decode_graphs = graphs
+    print(f"  eager decode   {1e3 * eager:7.2f} ms/step  {1 / eager:7.1f} tok/s (no captured graphs, as verify steps)")
+    speculation.proposer = KnownContinuation({tuple(prompt): greedy})
+    for k in DRAFT_LENGTHS:
+        speculation.config = type(speculation.config)("ngram", k)  # K drafts per step
+        decode_seconds(llm, prompt, 8)  # warm-up of this shape
+        seconds, got = decode_seconds(llm, prompt, tokens)
+        assert got == greedy, "speculation changed the greedy tokens"
+        verify = seconds / -(-(tokens - 1) // (k + 1))  # every step yields k + 1 tokens (fewer at the end)
+        print(
+            f"  verify K={k}     {1e3 * verify:7.2f} ms/step  {(tokens - 1) / seconds:7.1f} tok/s "
+            f"({verify / step:.2f}x a decode step for {k + 1} tokens: {step * (tokens - 1) / seconds:.2f}x plain)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("shapes", nargs="+", help="presets of atlas bench --random-weights, NAME or NAME:LAYERS")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    args = parser.parse_args()
+    for shape in args.shapes:
+        bench(shape, args.tokens, args.prompt_len)
+
+
+if __name__ == "__main__":
+    main()
