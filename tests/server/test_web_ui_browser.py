@@ -1,7 +1,7 @@
 """The chat page in a real headless Chromium (Debian's ``chromium``, driven by Playwright) against a
-live server of the scripted model: the model picker (the listed models, the chosen one sent), a
-streamed reply with reasoning, Markdown and code, tool calls, the stop button, the conversation kept
-across a reload, an API-key server, and the Markdown renderer's escaping and tables.
+live server of the scripted model: the model picker (the listed models, the chosen one sent, a model
+still loading), a streamed reply with reasoning, Markdown and code, tool calls, the stop button, the
+conversation kept across a reload, an API-key server, and the Markdown renderer's escaping and tables.
 
 Skipped only when no Chromium binary is installed, and then failed instead when
 ``ATLAS_REQUIRE_BROWSER=1`` (as CI sets it).
@@ -165,6 +165,16 @@ def test_model_picker_lists_the_models_and_sends_the_chosen_one(page: Page, scri
     expect(reply.locator(".role")).to_have_text("alias")
     page.reload()  # the conversation remembers its model
     expect(page.locator("#model")).to_have_value("alias")
+
+
+def test_the_page_waits_for_a_model_that_is_still_loading(page: Page, scripted: ScriptedFactory) -> None:
+    server = scripted(SCRIPTS)
+    runtime, server.state.runtime = server.state.runtime, None  # as while `atlas serve` loads the model
+    page.goto(server.url + "/")
+    expect(page.locator("#status")).to_contain_text("still loading")
+    server.state.runtime = runtime
+    expect(page.locator("#model option")).to_have_text(["scripted"])
+    expect(page.locator("#status")).to_have_text("")
 
 
 def test_api_key_server(page: Page, scripted: ScriptedFactory) -> None:

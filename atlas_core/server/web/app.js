@@ -103,6 +103,8 @@ function requestOptions() {
 
 // ---- models -------------------------------------------------------------------------------
 
+const MODELS_RETRY_MS = 1000; // how often the list is asked for again while the model loads (503)
+
 async function loadModels() {
   let response;
   try {
@@ -115,6 +117,11 @@ async function loadModels() {
     showStatus("This server needs an API key: enter it under Settings.");
     toggleSettings(true);
     elements.apiKey.focus();
+    return;
+  }
+  if (response.status === 503) {
+    showStatus("The model is still loading; it appears here when it is ready.");
+    setTimeout(loadModels, MODELS_RETRY_MS);
     return;
   }
   if (!response.ok) {
