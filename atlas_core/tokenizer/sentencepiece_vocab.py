@@ -7,7 +7,9 @@ BPE model is rebuilt by `build_tokenizer_from_gguf`'s SentencePiece path: ``▁`
 fallback, control pieces as special tokens, user-defined pieces as added tokens, merges derived from
 the scores. The result encodes as ``sentencepiece`` itself does for models that normalize nothing
 (``identity`` rules, no whitespace folding), as the decoder LLMs that ship a ``tokenizer.model``
-do (Llama 2, Mistral, Gemma).
+do (Llama 2, Mistral, Gemma), with two differences shared with GGUF files: text that begins with a
+space gets one ``▁`` prefix where ``sentencepiece`` writes two, and a control piece's string in the
+text (``</s>``) is that token, as in transformers, where ``sentencepiece`` spells it out.
 
 Refused with a `ModelLoadError` naming the file: a file that is not a SentencePiece model, a
 model type other than BPE (unigram models: T5, ALBERT ...), and a model whose normalizer rewrites
