@@ -262,7 +262,7 @@ def generate_one(spec: Spec, out_dir: Path) -> dict[str, Any]:
         check_rope(loaded.config, loaded)
 
         text_config = loaded.config.get_text_config()  # vision-language configs nest the text model's settings
-        eos = text_config.eos_token_id
+        eos = getattr(text_config, "eos_token_id", None)  # Qwen3-VL's text config has none
         eos_ids = set() if eos is None else set(eos if isinstance(eos, list) else [eos])
         prompts = make_prompts(seed, text_config.vocab_size, spec.prompt_lengths)
         ref = reference_for(loaded, prompts)
@@ -280,6 +280,8 @@ def generate_one(spec: Spec, out_dir: Path) -> dict[str, Any]:
         raise RuntimeError(f"{spec.name}: no acceptable seed in {MAX_SEED_TRIES} tries")
 
     np.savez(dest / "reference.npz", **ref)
+    if spec.extra_reference is not None:
+        spec.extra_reference(loaded, dest)
     for path in dest.iterdir():  # safetensors files are written 0600
         path.chmod(0o644)
 

@@ -48,6 +48,9 @@ class Spec:
     (or to override it); None keeps the default (see `reinitialise`). ``noise`` is standard normal."""
     prompt_lengths: tuple[int, ...] = (1, 7, 19, 40)
     """Lengths of the random prompts (e.g. longer than a sliding window)."""
+    extra_reference: Callable[[Any, Path], None] | None = None
+    """``extra_reference(model, folder)`` writes further reference files into the fixture folder from the
+    reloaded float32 model (e.g. logits over image + text prompts); None: none."""
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
