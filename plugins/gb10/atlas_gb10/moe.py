@@ -1,23 +1,29 @@
 """The ``moe`` op group on CUDA (kernels in ``kernels/moe.cu``).
 
-``moe_route`` is one kernel (a warp per token). ``moe_experts`` groups the (token, slot) pairs by
-expert on the device and runs the experts as grouped GEMMs over those groups:
+``moe_route`` is one kernel (a warp per token). ``moe_experts`` runs the selected experts as grouped
+GEMMs over the (token, slot) pairs:
 
     plan:     counts per expert -> each m-tile's expert and rows, each pair's row, each row's token
-    gate/up:  h[r] = x[token(r)] @ w_in[e]^T        (grouped GEMM, rows gathered by token)
-    act:      silu / gelu_tanh of [gate | up], or relu2 in place
+    gate/up:  h[r] = x[token(r)] @ w_in[e]^T        (grouped GEMM, rows gathered by token; relu2 applied
+              in its epilogue)
+    act:      silu / gelu_tanh of [gate | up]       (the backend's gated products)
     down:     y[r] = h[r] @ w_out[e]^T              (grouped GEMM)
     combine:  out[t] = sum_j weights[t, j] * y[row(t, j)]   (slot order, fp32)
 
-Only the selected experts' weights are read, and each active expert's weights once per m-tile of its
-tokens. Launch sizes depend only on T, k and E, so decode steps capture into CUDA graphs. A product
-row's value depends only on its own input row (fixed K order, `gemm_core.cuh`), so a token's output
-is the same whatever else is in the batch and wherever the plan puts its rows.
+A single token (batch-1 decode) skips the plan: its k experts are distinct, so a block per pair and
+column tile reading the pair's expert straight from ``ids`` reads what the grouped products would, one
+launch sooner, and y's row of pair p is p. Larger batches group the pairs by expert on the device, so
+each active expert's weights are read once per m-tile of its tokens (a block per pair would read an
+expert that tokens share once per pair: measured slower from 2 tokens up on an H100). Launch sizes
+depend only on T, k and E, so decode steps capture into CUDA graphs. A product row's value depends only
+on its own input row (fixed K order, `gemm_core.cuh`), so a token's output is the same whatever else is
+in the batch, wherever the plan puts its rows and whether the plan runs at all.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,6 +41,19 @@ MAX_ROUTED_EXPERTS = 1024
 """The most experts `moe_route` and the plan take (a 32-bit mask per lane; one plan thread each)."""
 MAX_TOP_K = 32
 """The most experts per token (one lane per selected slot)."""
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """Which rows each block of the expert products computes: the m-tiles of `moe_plan` (``tiles[3, blocks]``,
+    with each pair's row and each row's token), or, with those three None, a block per pair of ``ids``
+    (a single token)."""
+
+    ids: Array
+    blocks: int
+    tiles: Array | None = None
+    pair_rows: Array | None = None
+    row_tokens: Array | None = None
 
 
 class CudaMoEOps(MoEOps):
@@ -108,47 +127,28 @@ class CudaMoEOps(MoEOps):
         if pairs == 0:
             return out
         m_tiles, n_tiles_in, n_tiles_out = self._tiles(pairs)
-        tile_rows = 16 * m_tiles
         ids = cp.ascontiguousarray(ids, dtype=np.int32)
-        max_tiles = math.ceil(pairs / tile_rows) + min(experts, pairs)  # each active expert's last tile may be partial
-        tiles = cp.empty((3, max_tiles), dtype=np.int32)
-        pair_rows = cp.empty(pairs, dtype=np.int32)
-        row_tokens = cp.empty(pairs, dtype=np.int32)
-        self._kernel("moe_plan")(
-            (1,),
-            (MAX_ROUTED_EXPERTS,),
-            (
-                ids,
-                np.int32(pairs),
-                np.int32(top_k),
-                np.int32(experts),
-                np.int32(tile_rows),
-                np.int32(max_tiles),
-                tiles,
-                pair_rows,
-                row_tokens,
-            ),
-        )
+        groups = _Groups(ids, pairs) if tokens == 1 else self._plan(ids, experts, 16 * m_tiles)
         gate_up = cp.empty((pairs, in_rows), dtype=x.dtype)
-        self._grouped_gemm(x, row_tokens, w_in, gate_up, tiles, m_tiles, n_tiles_in)
-        if activation == "relu2":
+        relu2 = activation == "relu2"
+        self._grouped_gemm(x, groups.row_tokens, top_k, w_in, gate_up, groups, m_tiles, n_tiles_in, relu2)
+        if relu2:
             hidden_rows = gate_up
-            total = hidden_rows.size
-            blocks = min(math.ceil(total / 256), 8 * backend.profile.sm_count)
-            self._kernel("moe_relu2")((blocks,), (256,), (hidden_rows, np.int64(total)))
         elif activation == "silu":
             hidden_rows = backend.silu_mul(gate_up)
         else:
             hidden_rows = backend.gelu_tanh_mul(gate_up)
         expert_out = cp.empty((pairs, hidden), dtype=x.dtype)
-        self._grouped_gemm(hidden_rows, None, w_out, expert_out, tiles, m_tiles, n_tiles_out)
+        self._grouped_gemm(hidden_rows, None, 1, w_out, expert_out, groups, m_tiles, n_tiles_out, False)
         self._kernel("moe_combine")(
             (math.ceil(hidden / 256), tokens),
             (256,),
             (
                 expert_out,
                 np.int64(hidden),
-                pair_rows,
+                null_or(groups.pair_rows),
+                ids,
+                np.int32(experts),
                 cp.ascontiguousarray(weights, dtype=np.float32),
                 out,
                 np.int64(hidden),
@@ -157,6 +157,35 @@ class CudaMoEOps(MoEOps):
             ),
         )
         return out
+
+    def _plan(self, ids: Array, experts: int, tile_rows: int) -> _Groups:
+        """Group the pairs of ``ids[T, k]`` by expert (`moe_plan`) into m-tiles of ``tile_rows`` rows."""
+        cp = self.cp
+        pairs = int(ids.size)
+        max_tiles = math.ceil(pairs / tile_rows) + min(experts, pairs)  # each active expert's last tile may be partial
+        groups = _Groups(
+            ids,
+            max_tiles,
+            cp.empty((3, max_tiles), dtype=np.int32),
+            cp.empty(pairs, dtype=np.int32),
+            cp.empty(pairs, dtype=np.int32),
+        )
+        self._kernel("moe_plan")(
+            (1,),
+            (MAX_ROUTED_EXPERTS,),
+            (
+                ids,
+                np.int32(pairs),
+                np.int32(ids.shape[1]),
+                np.int32(experts),
+                np.int32(tile_rows),
+                np.int32(max_tiles),
+                groups.tiles,
+                groups.pair_rows,
+                groups.row_tokens,
+            ),
+        )
+        return groups
 
     def _tiles(self, pairs: int) -> tuple[int, int, int]:
         """(m-tiles of 16 rows, n-tiles of 8 columns for gate/up, for down) per block. The m-tile is shared
@@ -174,23 +203,26 @@ class CudaMoEOps(MoEOps):
         self,
         x: Array,
         x_rows: Array | None,
+        pairs_per_row: int,
         w: Array | QuantizedWeight,
         out: Array,
-        tiles: Array,
+        groups: _Groups,
         m_tiles: int,
         n_tiles: int,
+        relu2: bool,
     ) -> None:
-        """``out[r] = x[x_rows[r] or r] @ w[expert(r)]^T`` for every grouped row r (`moe_gemm_*`, or
-        `moe_gemm_fp8_*` over an FP8 bank), over the m-tile table ``tiles[3, max_tiles]`` of `moe_plan`."""
-        n, k = w.shape[1:]
-        max_tiles = tiles.shape[1]
+        """``out[r] = x[row(r)] @ w[expert(r)]^T`` (``max(., 0)^2`` of it with ``relu2``) for every row r
+        (`moe_gemm_*`, or `moe_gemm_fp8_*` over an FP8 bank): over the m-tiles of `_plan` (row(r) =
+        ``x_rows[r]`` or r), or a block per pair without a plan (row(p) = p // ``pairs_per_row``, the
+        expert ``ids[p]``)."""
+        experts, n, k = w.shape
         ldx = x.strides[0] // x.itemsize
         kind, weight_args, weight_aligned = weight_operand(w)
         vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_aligned
         prefix = "moe_gemm_fp8" if kind == "fp8" else "moe_gemm"
         kernel = self._kernel(f"{prefix}_m{m_tiles}_n{n_tiles}_{'vec' if vec else 'any'}")
         kernel(
-            (math.ceil(n / (8 * n_tiles)), max_tiles),
+            (math.ceil(n / (8 * n_tiles)), groups.blocks),
             (256,),
             (
                 x,
@@ -199,9 +231,13 @@ class CudaMoEOps(MoEOps):
                 *weight_args,
                 out,
                 np.int64(out.strides[0] // out.itemsize),
-                tiles,
-                np.int32(max_tiles),
+                null_or(groups.tiles),
+                np.int32(groups.blocks),
+                groups.ids,
+                np.int32(pairs_per_row),
+                np.int32(experts),
                 np.int32(n),
                 np.int32(k),
+                np.int32(relu2),
             ),
         )

@@ -27,7 +27,7 @@ SHAPES = {  # experts, top-k, hidden, expert width
     "qwen3-30b-a3b": (128, 8, 2048, 768),
     "qwen3-next-80b-a3b": (512, 10, 2048, 512),
 }
-TILES: list[tuple[int, int, int] | str | None] = [None, (1, 1, 1), (1, 2, 2), (1, 4, 4), (1, 2, 4), (1, 4, 2), "fp8"]
+TILES: list[tuple[int, int, int] | str | None] = [None, (1, 2, 2), (1, 4, 4), (1, 2, 4), (1, 4, 2), "fp8"]
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """The cuda backend's ``moe`` op group beyond the shared conformance suite: routing at the real models'
 sizes (ties, groups, 512 experts), the grouped expert products on batches that leave experts empty,
-send every token to one expert, or have expert counts that do not divide the tiles, and rows that are
-bit-identical whatever the batch (decode-sized and prefill-sized plans alike). Needs a CUDA GPU."""
+send every token to one expert, or have expert counts that do not divide the tiles (decode-sized
+batches, a block per pair, and grouped ones alike), and rows that are bit-identical whatever the batch
+(with or without the grouping plan, whatever its tiles). Needs a CUDA GPU."""
 
 from __future__ import annotations
 
@@ -118,8 +119,8 @@ def run_experts(
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "relu2"])
 @pytest.mark.parametrize(
     ("tokens", "experts", "top_k", "hidden", "inter"),
-    [(1, 128, 8, 256, 96), (7, 7, 3, 72, 40), (300, 16, 4, 128, 64), (33, 5, 2, 61, 23)],
-    ids=["decode-128", "odd-experts", "prefill", "unaligned"],
+    [(1, 128, 8, 256, 96), (7, 7, 3, 72, 40), (300, 16, 4, 128, 64), (33, 5, 2, 61, 23), (3, 5, 2, 61, 23)],
+    ids=["decode-128", "odd-experts", "prefill", "unaligned", "unaligned-decode"],
 )
 def test_experts_match_the_reference(
     backend: CudaBackend, moe: MoEOps, activation: str, tokens: int, experts: int, top_k: int, hidden: int, inter: int

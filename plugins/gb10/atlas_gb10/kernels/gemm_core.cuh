@@ -260,14 +260,20 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
     mma_chunks_fp8<MT, NT, U, VEC>(x, ldx, x_rows, w, m0, M, n0, N, K, c_begin, c_end, acc);
 }
 
-// One (MT x 16) x (NT x 8) output tile at rows m0.. and columns n0..: rows below M are computed. Row r of the
-// product reads row x_rows[r] of x when x_rows is given (a gather, e.g. tokens grouped by expert), else row r;
-// it is written to row r of out. A row's result depends only on its x row, w and K, never on m0 or M.
+// Each warp's sums over its fixed K range for the (MT x 16) x (NT x 8) tile at rows m0.. and columns n0..:
+// partials[warp][fragment][lane], fragment f = (i * NT + j) * 4 + e holding row m0 + 16 i + lane / 4 + (e & 2 ?
+// 8 : 0), column n0 + 8 j + 2 (lane % 4) + (e & 1). The block is synchronised on return; tile_sum adds a
+// fragment's partials in warp order. Row r of the product reads row x_rows[r] of x when x_rows is given, else
+// row r; rows at or past M read zeros.
+template <int MT, int NT>
+struct TilePartials {
+    float v[GEMM_KSPLIT][MT * NT * 4][32];
+};
+
 template <int MT, int NT, int U, bool VEC, typename W>
-__device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
-                                          const W w, const bf16_t* __restrict__ bias,
-                                          bf16_t* __restrict__ out, long long ldo, int m0, int M, int n0, int N, int K) {
-    __shared__ float partial[GEMM_KSPLIT][MT * NT * 4][32];
+__device__ __forceinline__ void tile_partials(TilePartials<MT, NT>& partials, const bf16_t* __restrict__ x,
+                                              long long ldx, const int* __restrict__ x_rows, const W w, int m0, int M,
+                                              int n0, int N, int K) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int chunks = (K + 31) / 32;
     const int per_warp = (chunks + GEMM_KSPLIT - 1) / GEMM_KSPLIT;
@@ -289,18 +295,34 @@ __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ x, long lon
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) partial[warp][(i * NT + j) * 4 + e][lane] = acc[i][j][e];
+            for (int e = 0; e < 4; ++e) partials.v[warp][(i * NT + j) * 4 + e][lane] = acc[i][j][e];
     __syncthreads();
+}
 
+template <int MT, int NT>
+__device__ __forceinline__ float tile_sum(const TilePartials<MT, NT>& partials, int f, int lane) {
+    float sum = partials.v[0][f][lane];
+#pragma unroll
+    for (int w = 1; w < GEMM_KSPLIT; ++w) sum = __fadd_rn(sum, partials.v[w][f][lane]);
+    return sum;
+}
+
+// One (MT x 16) x (NT x 8) output tile at rows m0.. and columns n0..: rows below M are computed. Row r of the
+// product reads row x_rows[r] of x when x_rows is given (a gather, e.g. tokens grouped by expert), else row r;
+// it is written to row r of out. A row's result depends only on its x row, w and K, never on m0 or M.
+template <int MT, int NT, int U, bool VEC, typename W>
+__device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
+                                          const W w, const bf16_t* __restrict__ bias,
+                                          bf16_t* __restrict__ out, long long ldo, int m0, int M, int n0, int N, int K) {
+    __shared__ TilePartials<MT, NT> partials;
+    tile_partials<MT, NT, U, VEC, W>(partials, x, ldx, x_rows, w, m0, M, n0, N, K);
     for (int idx = threadIdx.x; idx < MT * NT * 4 * 32; idx += blockDim.x) {
         const int f = idx >> 5, l = idx & 31;
         const int e = f & 3, ij = f >> 2, i = ij / NT, j = ij % NT;
         const int row = m0 + i * 16 + (l >> 2) + ((e & 2) ? 8 : 0);
         const int col = n0 + j * 8 + 2 * (l & 3) + (e & 1);
         if (row < M && col < N) {
-            float sum = partial[0][f][l];
-#pragma unroll
-            for (int ww = 1; ww < GEMM_KSPLIT; ++ww) sum = __fadd_rn(sum, partial[ww][f][l]);
+            float sum = tile_sum<MT, NT>(partials, f, l);
             if (bias) sum = __fadd_rn(sum, bf16_to_float(bias[col]));
             out[(long long)row * ldo + col] = float_to_bf16(sum);
         }

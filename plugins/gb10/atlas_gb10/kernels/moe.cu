@@ -182,62 +182,95 @@ extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS) moe_plan(
     }
 }
 
-// ---- grouped products -----------------------------------------------------------------------------
-// out[r, :] = x[x_rows ? x_rows[r] : r, :] @ w[e]^T for the rows r of m-tile blockIdx.y (tiles from moe_plan);
-// w is [E, N, K]. grid.x: n-tiles of NT x 8 columns; grid.y: max_tiles (tiles marked -1 exit).
+// ---- expert products -------------------------------------------------------------------------------
+// The rows one block computes: product rows [m0, M) of expert e. Grouped (tiles from moe_plan): m-tile
+// blockIdx.y (tiles marked -1 exit), rows gathered through x_rows, each written to its own output row. Direct
+// (tiles null: a single token, no plan): pair p = blockIdx.y alone, reading row p / pairs_per_row of x (the
+// token for gate/up, the pair's own row for down) and the matrix of expert ids[p] (ids outside [0, E) compute
+// nothing) into output row p. Both give the main loop the same operands (x, x_rows, m0, M).
+struct ExpertBlock {
+    int e, m0, M;
+};
+
+__device__ __forceinline__ bool expert_block(const int* tiles, int max_tiles, const int* ids, int pairs_per_row, int E,
+                                             ExpertBlock& b) {
+    const int y = blockIdx.y;
+    if (tiles) {
+        b = ExpertBlock{tiles[y], tiles[max_tiles + y], tiles[2 * max_tiles + y]};
+    } else {
+        const int row = y / pairs_per_row;
+        b = ExpertBlock{ids[y], row, row + 1};
+    }
+    return b.e >= 0 && b.e < E;
+}
+
+// out[row(r), :] = x[x_rows ? x_rows[r] : r, :] @ w[e]^T for the rows r of the block (ExpertBlock), rounded to
+// bf16; with relu2 (the non-gated activation) max(that, 0)^2 in fp32, rounded again. w is [E, N, K].
+// grid.x: n-tiles of NT x 8 columns; grid.y: max_tiles (grouped) or pairs (direct).
+template <int MT, int NT, int U, bool VEC, typename W>
+__device__ __forceinline__ void expert_product(const bf16_t* x, long long ldx, const int* x_rows, const W w,
+                                               bf16_t* out, long long ldo, const int* tiles, int max_tiles,
+                                               const int* ids, int pairs_per_row, int E, int N, int K, int relu2) {
+    __shared__ TilePartials<MT, NT> partials;
+    ExpertBlock b;
+    if (!expert_block(tiles, max_tiles, ids, pairs_per_row, E, b)) return;
+    const int n0 = blockIdx.x * NT * 8;
+    tile_partials<MT, NT, U, VEC, W>(partials, x, ldx, x_rows, bank_matrix(w, b.e, N, K), b.m0, b.M, n0, N, K);
+    for (int idx = threadIdx.x; idx < MT * NT * 4 * 32; idx += blockDim.x) {
+        const int f = idx >> 5, l = idx & 31;
+        const int e = f & 3, ij = f >> 2, i = ij / NT, j = ij % NT;
+        const int row = b.m0 + i * 16 + (l >> 2) + ((e & 2) ? 8 : 0);
+        const int col = n0 + j * 8 + 2 * (l & 3) + (e & 1);
+        if (row >= b.M || col >= N) continue;
+        float v = tile_sum<MT, NT>(partials, f, l);
+        if (relu2) {
+            v = fmaxf(bf16_to_float(float_to_bf16(v)), 0.0f);
+            v = v * v;
+        }
+        out[(long long)(tiles ? row : blockIdx.y) * ldo + col] = float_to_bf16(v);
+    }
+}
+
 // Each tile shape has a bf16-weight kernel and one over FP8 E4M3 weights with block scales (gemm_core.cuh:
 // Fp8Weight), the latter with U_FP8 chunks in flight (its conversion needs registers of its own).
-#define MOE_GEMM_BODY(MT, NT, U, VEC, W, w_value)                                                                   \
-    const int e = tiles[blockIdx.y];                                                                              \
-    if (e < 0) return;                                                                                            \
-    gemm_tile<MT, NT, U, VEC, W>(x, ldx, x_rows, bank_matrix(w_value, e, N, K), nullptr, out, ldo,                \
-                                 tiles[max_tiles + blockIdx.y], tiles[2 * max_tiles + blockIdx.y],                \
-                                 blockIdx.x * (NT * 8), N, K);
-
 #define MOE_GEMM_KERNEL(MT, NT, U, U_FP8, VEC, SUFFIX, MIN_BLOCKS)                                                   \
     extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) moe_gemm_m##MT##_n##NT##_##SUFFIX( \
         const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows, const bf16_t* __restrict__ w,    \
-        bf16_t* __restrict__ out, long long ldo, const int* __restrict__ tiles, int max_tiles, int N, int K) {         \
-        MOE_GEMM_BODY(MT, NT, U, VEC, const bf16_t*, w)                                                             \
+        bf16_t* __restrict__ out, long long ldo, const int* __restrict__ tiles, int max_tiles,                        \
+        const int* __restrict__ ids, int pairs_per_row, int E, int N, int K, int relu2) {                             \
+        expert_product<MT, NT, U, VEC, const bf16_t*>(x, ldx, x_rows, w, out, ldo, tiles, max_tiles, ids,             \
+                                                      pairs_per_row, E, N, K, relu2);                                 \
     }                                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS)                                      \
-        moe_gemm_fp8_m##MT##_n##NT##_##SUFFIX(const bf16_t* __restrict__ x, long long ldx,                           \
-                                              const int* __restrict__ x_rows, const unsigned char* __restrict__ w,    \
-                                              const float* __restrict__ scales, int bn, int bk,                       \
-                                              bf16_t* __restrict__ out, long long ldo, const int* __restrict__ tiles, \
-                                              int max_tiles, int N, int K) {                                          \
-        MOE_GEMM_BODY(MT, NT, U_FP8, VEC, Fp8Weight, (Fp8Weight{w, scales, bn, bk}))                                    \
+    extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) moe_gemm_fp8_m##MT##_n##NT##_##SUFFIX( \
+        const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,                                  \
+        const unsigned char* __restrict__ w, const float* __restrict__ scales, int bn, int bk,                        \
+        bf16_t* __restrict__ out, long long ldo, const int* __restrict__ tiles, int max_tiles,                        \
+        const int* __restrict__ ids, int pairs_per_row, int E, int N, int K, int relu2) {                             \
+        expert_product<MT, NT, U_FP8, VEC, Fp8Weight>(x, ldx, x_rows, Fp8Weight{w, scales, bn, bk}, out, ldo, tiles,  \
+                                                      max_tiles, ids, pairs_per_row, E, N, K, relu2);                 \
     }
 
-MOE_GEMM_KERNEL(1, 1, 16, 8, true, vec, 2)
 MOE_GEMM_KERNEL(1, 2, 8, 4, true, vec, 2)
 MOE_GEMM_KERNEL(1, 4, 4, 2, true, vec, 2)
 MOE_GEMM_KERNEL(2, 4, 2, 2, true, vec, 1)
-MOE_GEMM_KERNEL(1, 1, 8, 8, false, any, 2)
 MOE_GEMM_KERNEL(1, 2, 4, 4, false, any, 2)
 MOE_GEMM_KERNEL(1, 4, 2, 2, false, any, 2)
 MOE_GEMM_KERNEL(2, 4, 2, 2, false, any, 1)
 
-// ---- activation and combine -----------------------------------------------------------------------
-// Non-gated squared ReLU of the experts' hidden rows, in place: h = max(h, 0)^2 over [rows, I].
-extern "C" __global__ void moe_relu2(bf16_t* __restrict__ h, long long total) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
-        const float v = fmaxf(bf16_to_float(h[i]), 0.0f);
-        h[i] = float_to_bf16(v * v);
-    }
-}
-
-// out[t, c] = sum_j weights[t, j] * y[pair_rows[t * k + j], c] in slot order, fp32 -> bf16.
-// grid (ceil(H / blockDim.x), T): a thread per output element.
+// ---- combine --------------------------------------------------------------------------------------
+// out[t, c] = sum_j weights[t, j] * y[row(t * k + j), c] in slot order, fp32 -> bf16. The row of pair p is
+// pair_rows[p] (grouped products) or p itself (direct products: pair_rows null); -1, or an expert id outside
+// [0, E), is none. grid (ceil(H / blockDim.x), T): a thread per output element.
 extern "C" __global__ void moe_combine(const bf16_t* __restrict__ y, long long ldy, const int* __restrict__ pair_rows,
-                                       const float* __restrict__ weights, bf16_t* __restrict__ out, long long ldo, int k,
-                                       int H) {
+                                       const int* __restrict__ ids, int E, const float* __restrict__ weights,
+                                       bf16_t* __restrict__ out, long long ldo, int k, int H) {
     const int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= H) return;
     float acc = 0.0f;
     for (int j = 0; j < k; ++j) {
-        const int row = pair_rows[(long long)t * k + j];
-        if (row >= 0) acc = __fmaf_rn(weights[(long long)t * k + j], bf16_to_float(y[(long long)row * ldy + c]), acc);
+        const long long p = (long long)t * k + j;
+        const int row = pair_rows ? pair_rows[p] : (ids[p] >= 0 && ids[p] < E ? (int)p : -1);
+        if (row >= 0) acc = __fmaf_rn(weights[p], bf16_to_float(y[(long long)row * ldy + c]), acc);
     }
     out[(long long)t * ldo + c] = float_to_bf16(acc);
 }
