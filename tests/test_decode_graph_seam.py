@@ -7,7 +7,9 @@ from typing import Any
 from atlas_core import LLM, SamplingParams
 from atlas_core.backends.numpy_backend import NumpyBackend
 from atlas_core.batch.forward_batch import ForwardBatch
+from atlas_core.testing.family import mixed_prompts
 from tests.conftest import TINY, reference
+from tests.test_speculative_decoding import MTP, RecordedDrafts, _mtp_llm
 
 
 class RecordingGraphs:
@@ -16,14 +18,15 @@ class RecordingGraphs:
     def __init__(self, model: Any, kv: Any, max_batch: int) -> None:
         self.model, self.kv, self.max_batch = model, kv, max_batch
         self.batches: list[ForwardBatch] = []
+        self.last_hidden: Any = None
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return batch.attention.seq_lens.shape[0] <= self.max_batch
 
     def run(self, batch: ForwardBatch) -> Any:
         self.batches.append(batch)
-        hidden = self.model.forward(batch, self.kv)
-        return self.model.compute_logits(hidden[batch.logits_rows])
+        self.last_hidden = self.model.forward(batch, self.kv)
+        return self.model.compute_logits(self.last_hidden[batch.logits_rows])
 
 
 def test_pure_decode_steps_use_graphs_and_results_are_unchanged(monkeypatch: Any) -> None:
@@ -44,3 +47,28 @@ def test_pure_decode_steps_use_graphs_and_results_are_unchanged(monkeypatch: Any
     for batch in graphs.batches:
         assert batch.is_pure_decode and batch.num_tokens <= 4
         assert batch.num_tokens == len(batch.logits_rows)
+
+
+def test_mtp_reads_the_hidden_states_of_captured_steps(monkeypatch: Any) -> None:
+    """MTP speculation where the first decode steps go through the graphs (``min_tokens`` pending: no
+    drafts): the MTP layer reads their hidden states from the graphs, so the drafts it makes afterwards
+    equal those of an engine without graphs, and the tokens equal plain decoding's."""
+    created: list[RecordingGraphs] = []
+
+    def decode_graphs(self: NumpyBackend, model: Any, kv: Any) -> RecordingGraphs:
+        created.append(RecordingGraphs(model, kv, max_batch=8))
+        return created[-1]
+
+    params = SamplingParams(temperature=0, min_tokens=6, max_tokens=14, ignore_eos=True)
+    plain = LLM(TINY / "qwen3_next", backend="numpy", enable_prefix_caching=False)
+    prompts = mixed_prompts(plain.loaded.model.vocab_size, count=3, max_tail_length=20)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    eager, eager_drafts = _mtp_llm("qwen3_next", backend="numpy", enable_prefix_caching=False)
+    assert [o.outputs[0].token_ids for o in eager.generate(prompts, params)] == want
+    monkeypatch.setattr(NumpyBackend, "decode_graphs", decode_graphs)
+    graphed = LLM(TINY / "qwen3_next", backend="numpy", enable_prefix_caching=False, speculative_config=MTP)
+    assert graphed.engine.speculation is not None
+    graphed_drafts = RecordedDrafts(graphed.engine.speculation.proposer)  # type: ignore[arg-type]
+    assert [o.outputs[0].token_ids for o in graphed.generate(prompts, params)] == want
+    assert created[0].batches, "no decode step went through the graphs"
+    assert graphed_drafts.drafts == eager_drafts.drafts and any(graphed_drafts.drafts.values())

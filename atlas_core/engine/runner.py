@@ -17,6 +17,7 @@ from atlas_core.backends.base import Array, AttentionMetadata, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache, slots_for
 from atlas_core.engine.guided_decoding import GuidedDecoding
+from atlas_core.engine.images import BatchImages
 from atlas_core.engine.logprobs import position_logprobs
 from atlas_core.engine.sampling_inputs import logit_adjustments, sampling_tensors
 from atlas_core.engine.sequence import Sequence
@@ -59,6 +60,10 @@ class DecodeGraphs(Protocol):
         """True when a captured bucket fits this pure-decode batch."""
         ...
 
+    last_hidden: Array | None
+    """The final hidden states ``[B, H]`` of the last `run` (valid until the next one); speculative
+    proposers that read hidden states (MTP) use them. None: the backend does not keep them."""
+
     def run(self, batch: ForwardBatch) -> Array:
         """Replay: the logits ``[B, V]`` of the batch's decode tokens."""
         ...
@@ -92,7 +97,7 @@ class ModelRunner:
     ) -> None:
         """``rollback``: hybrid models with speculative decoding (restores the recurrent state of
         sequences whose drafts were rejected). ``hidden_observer``: a proposer that reads each step's
-        final hidden states (every step then runs eagerly)."""
+        final hidden states (MTP)."""
         self.model, self.backend, self.kv, self.tokenizer = model, backend, kv, tokenizer
         self.decode_graphs = decode_graphs
         self.guided = guided
@@ -111,11 +116,12 @@ class ModelRunner:
         rows = _Rows()
         max_blocks = max(len(c.seq.table.blocks) for c in chunks)
         tables = np.full((len(chunks), max_blocks), -1, dtype=np.int32)
+        images = BatchImages(self.model.vision)
         for b, chunk in enumerate(chunks):
             seq, start = chunk.seq, chunk.seq.num_computed
             end = start + chunk.num_tokens
             ids.extend(seq.token_ids[start:end])
-            positions.append(np.arange(start, end, dtype=np.int32))
+            positions.append(images.positions(seq.request.images, start, end, starts[-1]))
             slots.append(slots_for(seq.table.blocks, self.kv.block_size, start, end))
             tables[b, : len(seq.table.blocks)] = seq.table.blocks
             state_slots.append(-1 if seq.state_slot is None else seq.state_slot)
@@ -145,7 +151,9 @@ class ModelRunner:
                 logits_rows.extend(range(last, last + 1 + len(chunk.draft)))
             if chunk.draft:
                 ids.extend(chunk.draft)
-                positions.append(np.arange(end, end + len(chunk.draft), dtype=np.int32))
+                positions.append(
+                    images.positions(seq.request.images, end, end + len(chunk.draft), first_row + end - start)
+                )
                 slots.append(slots_for(seq.table.blocks, self.kv.block_size, end, end + len(chunk.draft)))
             starts.append(first_row + chunk.num_tokens + len(chunk.draft))
             seq_lens.append(end + len(chunk.draft))
@@ -156,6 +164,7 @@ class ModelRunner:
             block_tables=upload(tables),
             slot_mapping=upload(np.concatenate(slots).astype(np.int32)),
         )
+        visual, rope_rows = images.finish(self.backend)
         batch = ForwardBatch(
             input_ids=upload(np.asarray(ids, dtype=np.int32)),
             positions=upload(np.concatenate(positions)),
@@ -164,6 +173,8 @@ class ModelRunner:
             state_slots=upload(np.asarray(state_slots, dtype=np.int32)),
             is_pure_decode=all(c.num_tokens == 1 and c.seq.is_decoding and not c.draft for c in chunks)
             and not rows.prompt_rows,
+            visual=visual,
+            rope_rows=rope_rows,
         )
         return batch, rows
 
@@ -203,10 +214,11 @@ class ModelRunner:
 
     def _forward(self, batch: ForwardBatch) -> tuple[Array | None, Array | None]:
         """``(final hidden states, logits of batch.logits_rows)``; a captured graph, when one fits,
-        gives the logits only; no logits rows, no logits."""
-        graphs = self.decode_graphs if self.hidden_observer is None else None
+        gives the hidden states its backend keeps (`DecodeGraphs.last_hidden`); no logits rows, no logits."""
+        graphs = self.decode_graphs
         if batch.is_pure_decode and graphs is not None and graphs.can_run(batch):
-            return None, graphs.run(batch)
+            logits = graphs.run(batch)
+            return graphs.last_hidden, logits
         hidden = self.model.forward(batch, self.kv)
         if len(batch.logits_rows) == 0:
             return hidden, None

@@ -40,8 +40,9 @@ class HiddenSpan(NamedTuple):
 
 
 class HiddenObserver(Protocol):
-    """A proposer that reads the target's final hidden states (MTP heads). The runner then runs every
-    step eagerly and calls `observe` after sampling, once the step's confirmed tokens are appended."""
+    """A proposer that reads the target's final hidden states (MTP heads). The runner calls `observe`
+    after sampling, once the step's confirmed tokens are appended (a captured decode step shows its
+    hidden states when the backend's graphs keep them, `DecodeGraphs.last_hidden`)."""
 
     def observe(self, hidden: Array, spans: Seq[HiddenSpan]) -> None:
         """The step's final hidden states ``[T, H]`` and which of their rows are whose positions."""

@@ -68,9 +68,10 @@ class CudaDecodeGraphs:
         self.slot_mapping = cp.full((n,), -1, dtype=np.int32)
         self.state_slots = cp.full((n,), -1, dtype=np.int32)
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.graphs: dict[tuple[int, int], tuple[Any, Any, Any, Any]] = {}
+        self.graphs: dict[tuple[int, int], tuple[Any, Any, Any, Any, Any]] = {}
         self.failed = False
         self.replays = 0
+        self.last_hidden: Any = None
 
     def can_run(self, batch: ForwardBatch) -> bool:
         num_seqs = batch.attention.seq_lens.shape[0]
@@ -95,10 +96,10 @@ class CudaDecodeGraphs:
         if key not in self.graphs:
             captured = self._capture(size, splits)
             if captured is None:
-                hidden = self.model.forward(batch, self.kv)
-                return self.model.compute_logits(hidden)
+                self.last_hidden = self.model.forward(batch, self.kv)
+                return self.model.compute_logits(self.last_hidden)
             self.graphs[key] = captured
-        graph, logits = self.graphs[key][:2]
+        graph, logits, hidden = self.graphs[key][:3]
         self.backend.kernels.function("elementwise", "decode_inputs")(
             (size,),
             (128,),
@@ -122,6 +123,7 @@ class CudaDecodeGraphs:
         )
         graph.launch(stream=self.cp.cuda.get_current_stream())
         self.replays += 1
+        self.last_hidden = hidden[:b]
         return logits[:b]
 
     def _batch(self, size: int) -> ForwardBatch:
@@ -139,8 +141,9 @@ class CudaDecodeGraphs:
             is_pure_decode=True,
         )
 
-    def _capture(self, size: int, splits: int) -> tuple[Any, Any, Any, Any] | None:
-        """(graph, its logits buffer, its attention work list, its memory pool): kept as long as the graph."""
+    def _capture(self, size: int, splits: int) -> tuple[Any, Any, Any, Any, Any] | None:
+        """(graph, its logits buffer, its final hidden states, its attention work list, its memory pool):
+        kept as long as the graph."""
         cp, backend = self.cp, self.backend
         batch = self._batch(size)
         runner = backend.attention_runner
@@ -158,7 +161,8 @@ class CudaDecodeGraphs:
                 self.stream.synchronize()
                 self.stream.begin_capture()
                 try:
-                    logits = self.model.compute_logits(self.model.forward(batch, self.kv))
+                    hidden = self.model.forward(batch, self.kv)
+                    logits = self.model.compute_logits(hidden)
                 finally:
                     graph = self.stream.end_capture()
                 graph.upload(self.stream)
@@ -174,4 +178,4 @@ class CudaDecodeGraphs:
         finally:
             runner.static = None
         log.info("captured decode graph: batch bucket %d, %d context splits", size, splits)
-        return graph, logits, plan, pool
+        return graph, logits, hidden, plan, pool
