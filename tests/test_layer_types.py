@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from atlas_core import LLM, SamplingParams
 from atlas_core.builtin_plugin import CORE_LAYERS
@@ -43,6 +44,14 @@ FAMILY_LAYERS = {
         "pre_norm_decoder_layer",
     },
     "nemotron_h": {"rms_norm", "mamba2", "attention", "relu2_mlp", "moe", "routed_experts"},
+    "qwen3_vl": {
+        "rms_norm",
+        "attention",
+        "swiglu_mlp",
+        "pre_norm_decoder_layer",
+        "qwen3_vl_vision_block",
+        "qwen3_vl_patch_merger",
+    },
 }
 """The layer types each family's tiny fixture is built from."""
 
@@ -86,6 +95,13 @@ def test_family_runs_the_layer_classes_it_looked_up(
 
     monkeypatch.setattr(ModelWeightLoader, "layer_type", counting_layer_type)
     llm = LLM(TINY / fixture, backend="numpy")
-    prompt = np.random.default_rng(0).integers(0, llm.loaded.model.vocab_size, 12).tolist()
-    llm.generate(prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    prompt = np.random.default_rng(0).integers(0, min(llm.loaded.model.vocab_size, 200), 12).tolist()
+    vision = llm.loaded.model.vision
+    images = []
+    if vision is not None:  # a vision-language fixture: with one of its images, so the tower's layers run too
+        prompt.append(vision.image_token_id)
+        images.append(Image.open(TINY / fixture / "image_a.png"))
+    llm.generate(
+        {"prompt_token_ids": prompt, "images": images}, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    )
     assert set(calls) == expected

@@ -10,6 +10,18 @@ from atlas_core.backends.base import Array, AttentionMetadata
 
 
 @dataclass
+class VisualRows:
+    """Image features of one batch: ``embeds[n, H]`` replace the input embeddings of batch rows
+    ``rows[n]`` (backend int32, the image placeholder tokens), and ``deepstack[i][n, H]`` is added to
+    the same rows of the residual stream after decoder layer ``i`` (Qwen3-VL's deepstack; empty for
+    towers without it)."""
+
+    rows: Array
+    embeds: Array
+    deepstack: list[Array]
+
+
+@dataclass
 class ForwardBatch:
     """Inputs of one model forward.
 
@@ -19,6 +31,10 @@ class ForwardBatch:
     (one per sequence to sample, plus every prompt row whose prompt logprobs are asked for).
     state_slots: backend int32 ``[B]``, each sequence's recurrent-state slot (-1: none).
     is_pure_decode: every sequence contributes exactly one decode token (graph-capturable).
+    visual: image features to place into this batch's rows (None: a text-only batch).
+    rope_rows: multimodal RoPE (M-RoPE) of a batch with image tokens: per-token ``(cos, sin)`` rows
+    ``[T, R/2]`` (float32) and the row indices ``arange(T)`` (int32), which replace ``positions`` and the
+    layers' own tables for this batch (`rotary`). None: ``positions`` index the tables.
     """
 
     input_ids: Array
@@ -27,6 +43,16 @@ class ForwardBatch:
     logits_rows: np.ndarray
     state_slots: Array
     is_pure_decode: bool = False
+    visual: VisualRows | None = None
+    rope_rows: tuple[Array, Array, Array] | None = None
+
+    def rotary(self, cos: Array, sin: Array) -> tuple[Array, Array, Array]:
+        """``(positions, cos, sin)`` for `Backend.rope` of a layer whose tables are ``cos`` / ``sin``: the
+        batch's per-token M-RoPE rows when it has them, else ``positions`` into the layer's tables."""
+        if self.rope_rows is None:
+            return self.positions, cos, sin
+        cos_rows, sin_rows, rows = self.rope_rows
+        return rows, cos_rows, sin_rows
 
     @property
     def num_tokens(self) -> int:

@@ -171,8 +171,9 @@ class KVOffload:
         parent = seq.table.hashes[first - 1] if first else ROOT_HASH
         keys: list[Key] = []
         expected: list[np.ndarray] = []
-        for i in range(first, (len(seq.token_ids) - 1) // size):
-            ids = tuple(seq.token_ids[i * size : (i + 1) * size])
+        cache_ids = seq.cache_ids
+        for i in range(first, (len(cache_ids) - 1) // size):
+            ids = tuple(cache_ids[i * size : (i + 1) * size])
             h = block_hash(parent, ids)
             if h not in self.store:
                 break

@@ -17,8 +17,10 @@ from atlas_core.engine.pooling import PoolingType
 from atlas_core.engine.pooling_config import PoolingConfig, pooling_config
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.errors import InvalidRequestError
+from atlas_core.model.images import decode_image, prepare_image
 from atlas_core.model.load import load_model
 from atlas_core.model.sharding import TensorParallel
+from atlas_core.model.vision import PreparedImage
 from atlas_core.parallel.mirror import RankMirror
 from atlas_core.parallel.replica import load_engine_model
 from atlas_core.plugins import get_registry
@@ -142,12 +144,27 @@ class LLM:
             if len(params_list) != len(prompts):
                 raise InvalidRequestError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         order = []
-        for prompt, params in zip(prompts, params_list, strict=True):
+        for index, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
             text, ids = self._prompt(prompt)
             request_id = str(next(self._ids))
-            self.engine.add_request(request_id, text, ids, params)
+            self.engine.add_request(request_id, text, ids, params, self._images(prompt, index))
             order.append(request_id)
         return self._run(order, use_tqdm)
+
+    def _images(self, prompt: PromptInput, index: int) -> list[PreparedImage]:
+        """A prompt dict's ``images`` (PIL images or encoded image files as bytes), prepared by the model."""
+        items = prompt.get("images") if isinstance(prompt, dict) else None
+        if not items:
+            return []
+        vision = self.loaded.model.vision
+        if vision is None:
+            raise InvalidRequestError(f"the model ({self.loaded.name}) reads text only: it has no vision tower")
+        prepared = []
+        for k, item in enumerate(items):
+            part = f"prompts[{index}].images[{k}]"
+            image = decode_image(bytes(item), part) if isinstance(item, (bytes, bytearray)) else item
+            prepared.append(prepare_image(vision, image, part))
+        return prepared
 
     def chat(
         self,

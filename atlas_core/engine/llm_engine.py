@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence as Seq
 
 from atlas_core.backends.base import Backend
 from atlas_core.backends.kv_dtypes import dtype_label
@@ -10,6 +11,7 @@ from atlas_core.batch.kv_cache import KVCache, kv_storage_layouts, plan_kv_cache
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.config import EngineConfig, kv_budget
 from atlas_core.engine.guided_decoding import GuidedDecoding
+from atlas_core.engine.images import RequestImages
 from atlas_core.engine.kv_tiers import build_offload
 from atlas_core.engine.outputs import RequestOutput
 from atlas_core.engine.runner import ModelRunner, ScheduledChunk
@@ -21,6 +23,7 @@ from atlas_core.engine.spec.verify import RecurrentRollback
 from atlas_core.engine.state_slots import StateSlotPool, StateSnapshots
 from atlas_core.errors import InvalidRequestError
 from atlas_core.model.load import LoadedModel
+from atlas_core.model.vision import PreparedImage
 from atlas_core.parallel.mirror import RankMirror
 
 log = logging.getLogger("atlas.engine")
@@ -147,12 +150,22 @@ class LLMEngine:
         return "/".join(sorted({dtype_label(layout.dtype or default) for layout in self.kv_layouts}) or ["none"])
 
     def add_request(
-        self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        images: Seq[PreparedImage] = (),
     ) -> Request:
-        """Queue a request; invalid prompts or parameters raise `InvalidRequestError`."""
+        """Queue a request; invalid prompts or parameters raise `InvalidRequestError`. ``images`` (prepared by
+        the model's `VisionModel.prepare`) pair up with the prompt's image placeholders in order
+        (`atlas_core.model.vision.expand_placeholders`: a single placeholder token is expanded here)."""
         vocab = self.loaded.model.vocab_size
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty")
+        request_images = None
+        if images:
+            prompt_ids, request_images = self.prepare_images(prompt_ids, images)
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
         if params.pooling is not None and len(prompt_ids) > self.max_seq_len:
@@ -189,10 +202,21 @@ class LLMEngine:
         request = Request(
             request_id, prompt, prompt_ids, params, self.loaded.tokenizer, self.eos_token_ids, self.max_seq_len
         )
+        request.images = request_images
         self.guided.add(request)
         self.requests[request_id] = request
         self.scheduler.add(request.seqs[0])
         return request
+
+    def prepare_images(self, prompt_ids: list[int], images: Seq[PreparedImage]) -> tuple[list[int], RequestImages]:
+        """The prompt with its image placeholders expanded, and the request's images; `InvalidRequestError`
+        when the model reads text only, is split over ranks, or placeholders and images do not pair up."""
+        vision = self.loaded.model.vision
+        if vision is None:
+            raise InvalidRequestError(f"the served model ({self.loaded.name}) reads text only: it has no vision tower")
+        if self.loaded.model.mirror is not None:
+            raise InvalidRequestError("images are not supported on a model split over ranks yet")
+        return RequestImages.prepare(vision, prompt_ids, images)
 
     def abort(self, request_id: str) -> None:
         """Cancel a request; everything it holds is freed. Unknown or finished ids are ignored."""
@@ -230,7 +254,7 @@ class LLMEngine:
         for chunk in step.chunks:
             for seq in (chunk.seq, *chunk.followers):
                 if not seq.finished:
-                    self.blocks.register_computed(seq.table, seq.token_ids, seq.num_computed)
+                    self.blocks.register_computed(seq.table, seq.cache_ids, seq.num_computed)
                     self.scheduler.snapshot_state(seq)
         changed = {seq.request.request_id for seq in sampled} | {r for r, req in touched.items() if req.error}
         outputs = []

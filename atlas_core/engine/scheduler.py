@@ -215,7 +215,7 @@ class Scheduler:
         swapped = offload is not None and offload.is_swapped(seq)
         use_cache = not swapped and not seq.request.needs_every_position and (slots is None or snapshots is not None)
         reusable = snapshots.__contains__ if snapshots is not None else None
-        cached = self.blocks.allocate_prompt(seq.table, seq.token_ids, use_cache=use_cache, reusable=reusable)
+        cached = self.blocks.allocate_prompt(seq.table, seq.cache_ids, use_cache=use_cache, reusable=reusable)
         if cached is None:
             return False
         if slots is not None:

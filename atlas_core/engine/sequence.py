@@ -18,6 +18,7 @@ from collections import Counter
 import numpy as np
 
 from atlas_core.engine.block_manager import BlockTable
+from atlas_core.engine.images import RequestImages
 from atlas_core.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from atlas_core.engine.pooling import Pooler
 from atlas_core.engine.sampling_params import SamplingParams
@@ -83,6 +84,15 @@ class Sequence:
     @property
     def output_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def cache_ids(self) -> list[int]:
+        """The ids the prefix cache files this sequence's blocks under: its token ids, with image placeholder
+        tokens replaced by keys of their image's content (`atlas_core.model.vision.cache_keys`)."""
+        images = self.request.images
+        if images is None:
+            return self.token_ids
+        return images.cache_prefix + self.token_ids[len(images.cache_prefix) :]
 
     @property
     def num_uncomputed(self) -> int:
@@ -178,6 +188,8 @@ class Request:
         self.num_cached_tokens = 0
         self.error: str | None = None
         self.pooler = Pooler(params.pooling, len(self.prompt_ids)) if params.pooling else None
+        self.images: RequestImages | None = None
+        """The prompt's images (set by `LLMEngine.add_request`); None: a text-only request."""
 
     @property
     def needs_every_position(self) -> bool:

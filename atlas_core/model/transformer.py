@@ -10,6 +10,7 @@ from atlas_core.backends.base import Array, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import AnyKVLayout, KVCache
 from atlas_core.model.recurrent_state import RecurrentState
+from atlas_core.model.vision import VisionModel
 
 
 class Mixer(Protocol):
@@ -124,6 +125,8 @@ class TransformerModel:
         self.vocab_split = vocab_split
         self.mirror: ModelMirror | None = None
         """Rank 0 of a split replica: posts each forward and logits call to the other ranks first."""
+        self.vision: VisionModel | None = None
+        """A vision-language model's image side (set by its family's loader); None: the model reads text only."""
 
     def embed(self, input_ids: Array) -> Array:
         """``[T]`` token ids -> ``[T, H]`` input embeddings (rows of ``embed_tokens``)."""
@@ -139,9 +142,14 @@ class TransformerModel:
 
     def _forward(self, batch: ForwardBatch, kv: KVCache) -> Array:
         hidden: Array = self.embed(batch.input_ids)
+        visual = batch.visual
+        if visual is not None:  # image features replace the placeholder tokens' embeddings
+            hidden[visual.rows] = visual.embeds
         residual: Array | None = None
-        for layer in self.layers:
+        for index, layer in enumerate(self.layers):
             hidden, residual = layer(hidden, residual, batch, kv)
+            if visual is not None and index < len(visual.deepstack):  # the stream is hidden + residual
+                hidden[visual.rows] += visual.deepstack[index]
         return self.final_norm(hidden, residual)[0]
 
     @property

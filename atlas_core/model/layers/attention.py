@@ -73,6 +73,7 @@ class Attention:
         if self._fused_inputs() and kv.scales[self.layer_index] is None:
             norm = w.q_norm or w.k_norm
             eps = norm.eps if norm else 0.0
+            positions, cos, sin = batch.rotary(self.rope_cos, self.rope_sin)
             q = backend.qk_norm_rope_write_kv(
                 q,
                 k,
@@ -80,9 +81,9 @@ class Attention:
                 w.q_norm.weight if w.q_norm else None,
                 w.k_norm.weight if w.k_norm else None,
                 eps,
-                batch.positions,
-                self.rope_cos,
-                self.rope_sin,
+                positions,
+                cos,
+                sin,
                 k_cache,
                 v_cache,
                 batch.attention.slot_mapping,
@@ -95,7 +96,7 @@ class Attention:
         if w.k_norm is not None:
             k = w.k_norm(k)[0]
         if self.rope_cos is not None:  # None: a layer without positional rotation (Nemotron-H attention)
-            backend.rope(q, k, batch.positions, self.rope_cos, self.rope_sin)
+            backend.rope(q, k, *batch.rotary(self.rope_cos, self.rope_sin))
         self.write_kv(k, v, batch, kv)
         return self.attend(q, batch, kv)
 

@@ -1,0 +1,1 @@
+"""Atlas model family: Qwen3-VL (vision-language)."""

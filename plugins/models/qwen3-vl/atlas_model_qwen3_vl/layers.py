@@ -1,0 +1,96 @@
+"""The vision tower's layers, registered by this plugin: ``qwen3_vl_vision_block`` (pre-norm ViT block
+with 2-D rotary attention over each image's patches) and ``qwen3_vl_patch_merger`` (2x2 patch merge into
+the language model's width)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from atlas_core.backends.base import Array, Backend
+from atlas_model_qwen3_vl.ops import Qwen3VLVisionOps
+
+LAYER_NORM_EPS = 1e-6
+
+
+@dataclass
+class LayerNorm:
+    """LayerNorm with bias over the last axis."""
+
+    backend: Backend
+    weight: Array
+    bias: Array
+    eps: float = LAYER_NORM_EPS
+
+    def __call__(self, x: Array) -> Array:
+        return self.backend.ops(Qwen3VLVisionOps).layer_norm(x, self.weight, self.bias, self.eps)
+
+
+@dataclass
+class Linear:
+    """``x @ weight.T + bias``."""
+
+    backend: Backend
+    weight: Array
+    bias: Array | None
+
+    def __call__(self, x: Array) -> Array:
+        return self.backend.linear(x, self.weight, self.bias)
+
+
+@dataclass
+class VisionPatches:
+    """What every block of one encoder call shares: the segments (one per image, host ``cu_seqlens``) and
+    the 2-D rotary rows ``cos``/``sin`` ``[N, D/2]`` with ``rows = arange(N)`` (backend arrays)."""
+
+    cu_seqlens: np.ndarray
+    cos: Array
+    sin: Array
+    rows: Array
+
+
+class VisionBlock:
+    """``x + proj(attention(norm1(x)))``, then ``+ fc2(gelu_tanh(fc1(norm2(x))))``; the attention is full
+    within each image, with q and k rotated by the patches' (row, column) rotary."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        norm1: LayerNorm,
+        qkv: Linear,
+        proj: Linear,
+        norm2: LayerNorm,
+        fc1: Linear,
+        fc2: Linear,
+        num_heads: int,
+    ) -> None:
+        self.backend, self.norm1, self.qkv, self.proj = backend, norm1, qkv, proj
+        self.norm2, self.fc1, self.fc2, self.num_heads = norm2, fc1, fc2, num_heads
+
+    def __call__(self, x: Array, patches: VisionPatches) -> Array:
+        backend, ops = self.backend, self.backend.ops(Qwen3VLVisionOps)
+        tokens, width = x.shape
+        head_dim = width // self.num_heads
+        qkv = self.qkv(self.norm1(x)).reshape(tokens, 3, self.num_heads, head_dim)
+        q, k, v = qkv[:, 0].copy(), qkv[:, 1].copy(), qkv[:, 2]
+        backend.rope(q, k, patches.rows, patches.cos, patches.sin)
+        mixed = ops.segment_attention(q, k, v, patches.cu_seqlens, head_dim**-0.5)
+        x = x + self.proj(mixed.reshape(tokens, width))
+        return x + self.fc2(ops.gelu(self.fc1(self.norm2(x)), approximate=True))
+
+
+class PatchMerger:
+    """Each ``merge x merge`` block of patches (consecutive rows) -> one token: LayerNorm (over each patch,
+    or over the concatenated block when ``post_shuffle``), then ``fc2(gelu(fc1(.)))``."""
+
+    def __init__(
+        self, backend: Backend, norm: LayerNorm, fc1: Linear, fc2: Linear, merge_units: int, post_shuffle: bool
+    ) -> None:
+        self.backend, self.norm, self.fc1, self.fc2 = backend, norm, fc1, fc2
+        self.merge_units, self.post_shuffle = merge_units, post_shuffle
+
+    def __call__(self, x: Array) -> Array:
+        width = x.shape[1] * self.merge_units
+        merged = self.norm(x.reshape(-1, width)) if self.post_shuffle else self.norm(x).reshape(-1, width)
+        return self.fc2(self.backend.ops(Qwen3VLVisionOps).gelu(self.fc1(merged), approximate=False))

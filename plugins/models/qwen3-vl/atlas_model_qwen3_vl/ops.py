@@ -1,0 +1,81 @@
+"""The ``qwen3_vl_vision`` op group: what the vision tower needs beyond the core backend contract.
+
+LayerNorm with bias, GELU (exact or tanh) and full (non-causal) attention over the patches of each image
+of a packed batch. Every op computes in float32 and returns a new array in the dtype of its first
+argument; none works in place. The bodies are the host fallback (NumPy, through `on_host`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from atlas_core.backends.ops import OpGroup, on_host
+
+if TYPE_CHECKING:
+    from atlas_core.backends.base import Array
+
+_SQRT_2_OVER_PI = np.sqrt(2.0 / np.pi)
+
+
+def layer_norm_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last axis."""
+    wide = x.astype(np.float32)
+    centred = wide - wide.mean(axis=-1, keepdims=True)
+    normed = centred / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + np.float32(eps))
+    return (normed * weight.astype(np.float32) + bias.astype(np.float32)).astype(x.dtype)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """The error function in float64 (Abramowitz and Stegun 7.1.26, |error| < 1.5e-7)."""
+    sign = np.sign(x)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return sign * (1.0 - poly * np.exp(-a * a))
+
+
+def gelu_reference(x: np.ndarray, approximate: bool) -> np.ndarray:
+    """GELU: ``x * Phi(x)`` exactly (``approximate=False``, torch's ``nn.GELU()``) or with the tanh form
+    (``gelu_pytorch_tanh``)."""
+    wide = x.astype(np.float64)
+    if approximate:
+        out = 0.5 * wide * (1.0 + np.tanh(_SQRT_2_OVER_PI * (wide + 0.044715 * wide**3)))
+    else:
+        out = 0.5 * wide * (1.0 + _erf(wide / np.sqrt(2.0)))
+    return out.astype(x.dtype)
+
+
+def segment_attention_reference(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: np.ndarray, scale: float
+) -> np.ndarray:
+    """Full attention within each segment: ``q``/``k``/``v`` ``[N, heads, D]``; segment ``i`` is rows
+    ``cu_seqlens[i] .. cu_seqlens[i + 1] - 1`` and attends to itself only, without a causal mask."""
+    out = np.empty(q.shape, dtype=np.float32)
+    for start, stop in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist(), strict=True):
+        qs, ks, vs = (a[start:stop].astype(np.float32).transpose(1, 0, 2) for a in (q, k, v))
+        scores = qs @ ks.transpose(0, 2, 1) * np.float32(scale)
+        scores -= scores.max(axis=-1, keepdims=True)
+        weights = np.exp(scores)
+        weights /= weights.sum(axis=-1, keepdims=True)
+        out[start:stop] = (weights @ vs).transpose(1, 0, 2)
+    return out.astype(q.dtype)
+
+
+class Qwen3VLVisionOps(OpGroup):
+    """The vision tower's ops (see the module docstring)."""
+
+    name = "qwen3_vl_vision"
+
+    def layer_norm(self, x: Array, weight: Array, bias: Array, eps: float) -> Array:
+        """LayerNorm of ``x[..., C]`` with ``weight[C]`` and ``bias[C]``."""
+        return on_host(self.backend, layer_norm_reference, x, weight, bias, eps)
+
+    def gelu(self, x: Array, approximate: bool) -> Array:
+        """GELU of ``x``, exact or tanh-approximated."""
+        return on_host(self.backend, gelu_reference, x, approximate)
+
+    def segment_attention(self, q: Array, k: Array, v: Array, cu_seqlens: np.ndarray, scale: float) -> Array:
+        """Full attention of ``q``/``k``/``v`` ``[N, heads, D]`` within the segments of host ``cu_seqlens``."""
+        return on_host(self.backend, segment_attention_reference, q, k, v, cu_seqlens, scale)
