@@ -33,7 +33,10 @@ CASES = [  # (checkpoint, tensor_parallel_size, expert_parallel_size)
     ("mistral4", 1, 2),
     ("mistral4", 2, 1),
     ("qwen3_next", 1, 2),
+    ("qwen3_next", 2, 1),
+    ("qwen3_5", 2, 1),
     ("qwen3_5_moe", 1, 2),
+    ("qwen3_5_moe", 2, 2),
 ]
 PROMPTS = [[1, 7, 42, 9, 100], [3, 5]]
 

@@ -150,11 +150,8 @@ class DeepseekV3Loader(ModelWeightLoader):
                 f"{self.origin}: {q_name} {q_in.shape} and kv_a_proj_with_mqa {kv_in.shape} do not fit the config "
                 f"(together {expected_in})"
             )
-        kv_b_name, head_rows = a + "kv_b_proj.weight", shape.nope_dim + shape.v_dim
-        if len(heads) == spec.mla.heads:  # whole: read as floats (a quantized kv_b_proj comes dequantized)
-            kv_b = self.tensor(kv_b_name)
-        else:
-            kv_b = np.asarray(self.weight_part(kv_b_name, range(heads.start * head_rows, heads.stop * head_rows)))
+        head_rows = shape.nope_dim + shape.v_dim
+        kv_b = self.float_part(a + "kv_b_proj.weight", range(heads.start * head_rows, heads.stop * head_rows))
         try:
             uk, uv = split_kv_b(kv_b, shape)
         except ValueError as exc:

@@ -10,6 +10,7 @@ speculative decoding with method ``mtp`` (`Qwen3NextLoader.build_mtp`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,7 @@ import numpy as np
 from atlas_core.batch.kv_cache import KVLayout
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.attention import AttentionWeights
-from atlas_core.model.layers.gated_delta_net import GatedDeltaNetWeights
+from atlas_core.model.layers.gated_delta_net import GatedDeltaNetShape, GatedDeltaNetWeights
 from atlas_core.model.layers.moe import MoEFeedForward, RouterSpec, load_moe
 from atlas_core.model.loader import ModelWeightLoader
 from atlas_core.model.mtp import MtpHead, MtpLayer, no_mtp_error
@@ -25,7 +26,12 @@ from atlas_core.model.recurrent_state import RecurrentState
 from atlas_core.model.transformer import FeedForward, Mixer, TransformerModel
 from atlas_model_qwen3_next import shapes
 from atlas_model_qwen3_next.config import LINEAR_ATTENTION, HybridSpec
-from atlas_model_qwen3_next.projections import gdn_in_proj_from_fused, split_gated_query
+from atlas_model_qwen3_next.projections import (
+    check_fused_gdn_rows,
+    check_gated_query_rows,
+    gdn_in_proj_from_fused,
+    split_gated_query,
+)
 
 TEXT_PREFIXES = ("model.language_model.", "model.")
 """Where the text stack's weights may sit: vision-language checkpoints first."""
@@ -33,9 +39,12 @@ MTP_PREFIX = "mtp."
 
 
 class Qwen3NextLoader(ModelWeightLoader):
-    """Loads every ``model_type`` of the family (see ``plugin.py``)."""
+    """Loads every ``model_type`` of the family (see ``plugin.py``). Split by tensor parallelism, a rank
+    keeps its gated-attention query heads (key/value heads as `ShardPlan.kv_heads` says), its GDN key heads
+    with their value heads, and its rows of every MLP and shared expert."""
 
-    supports_expert_parallel = True  # its MoE blocks come from load_moe; the rest is whole on every rank
+    supports_tensor_parallel = True
+    supports_expert_parallel = True
 
     @classmethod
     def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -54,18 +63,20 @@ class Qwen3NextLoader(ModelWeightLoader):
         state = RecurrentState()
         kv_layouts: list[KVLayout] = []
         layers = []
+        key_heads = self.shard.split(spec.gdn.num_key_heads, "linear_num_key_heads")
+        gdn_shape = local_gdn_shape(spec.gdn, key_heads)
+        kv_heads = self.shard.kv_heads(decoder.num_kv_heads, decoder.num_heads)
         for i in self.layer_progress(len(spec.layer_types)):
             p = f"{self.prefix}layers.{i}."
             if spec.layer_types[i] == LINEAR_ATTENTION:
-                weights = self._gdn_weights(p + "linear_attn.", spec)
+                weights = self._gdn_weights(p + "linear_attn.", spec, key_heads)
                 mixer: Mixer = self.layer_type("gated_delta_net")(
-                    self.backend, weights, spec.gdn, layer_index=i, state=state
+                    self.backend, weights, gdn_shape, layer_index=i, state=state
                 )
             else:
                 mixer = self._attention(p + "self_attn.", spec, kv_index=len(kv_layouts))
-                kv_layouts.append(
-                    KVLayout(decoder.num_kv_heads, decoder.head_dim, None, *self.kv_scales(p + "self_attn."))
-                )
+                kv_layouts.append(KVLayout(len(kv_heads), decoder.head_dim, None, *self.kv_scales(p + "self_attn.")))
+            mixer = self.reduced_mixer(mixer)
             ffn = self._moe(p + "mlp.", spec) if i in spec.moe_layers else self.gated_mlp(p + "mlp.")
             layers.append(
                 self.layer_type("pre_norm_decoder_layer")(
@@ -75,17 +86,18 @@ class Qwen3NextLoader(ModelWeightLoader):
                     ffn,
                 )
             )
-        embed = self.upload(self.prefix + "embed_tokens.weight")
+        embed, vocab_split = self.vocab_rows(self.prefix + "embed_tokens.weight")
         return TransformerModel(
             self.backend,
             embed_tokens=embed,
             layers=layers,
             final_norm=self._norm(self.prefix + "norm.weight"),
-            lm_head=embed if decoder.tie_word_embeddings else self.upload("lm_head.weight"),
+            lm_head=embed if decoder.tie_word_embeddings else self.lm_head("lm_head.weight"),
             kv_layouts=kv_layouts,
             vocab_size=decoder.vocab_size,
             max_position_embeddings=decoder.max_position_embeddings,
             recurrent_state=state,
+            vocab_split=vocab_split,
         )
 
     def build_mtp(self, target: TransformerModel) -> MtpHead:
@@ -134,25 +146,36 @@ class Qwen3NextLoader(ModelWeightLoader):
             self,
             prefix,
             RouterSpec(moe.num_experts, moe.top_k, "softmax", normalize_top_k=moe.normalize_top_k),
-            shared_expert=self.gated_mlp(prefix + "shared_expert."),
+            shared_expert=self.gated_mlp(prefix + "shared_expert.", reduce=False),
             shared_expert_gate="shared_expert_gate.weight",
         )
 
     def _attention(self, prefix: str, spec: HybridSpec, kv_index: int) -> Any:
-        decoder = spec.decoder
-        q, gate = self._checked(split_gated_query, prefix + "q_proj.weight", decoder.num_heads, decoder.head_dim)
-        rows = [q, self.tensor(prefix + "k_proj.weight"), self.tensor(prefix + "v_proj.weight"), gate]
+        decoder, dim = spec.decoder, spec.decoder.head_dim
+        heads = self.shard.split(decoder.num_heads, "num_attention_heads")
+        q_rows, kv_rows = span(heads, 2 * dim), span(self.shard.kv_heads(decoder.num_kv_heads, decoder.num_heads), dim)
+
+        def query(kind: str) -> tuple[np.ndarray, np.ndarray]:
+            name = prefix + f"q_proj.{kind}"
+            self._checked(lambda shape: check_gated_query_rows(shape[0], decoder.num_heads, dim), name, shape_only=True)
+            return self._checked(split_gated_query, name, len(heads), dim, rows=q_rows)
+
+        q, gate = query("weight")
+        rows = [
+            q,
+            self.float_part(prefix + "k_proj.weight", kv_rows),
+            self.float_part(prefix + "v_proj.weight", kv_rows),
+        ]
         qkv_bias = None
         if decoder.qkv_bias:
-            heads, dim = decoder.num_heads, decoder.head_dim
-            q_bias, gate_bias = self._checked(split_gated_query, prefix + "q_proj.bias", heads, dim)
-            k_bias, v_bias = self.tensor(prefix + "k_proj.bias"), self.tensor(prefix + "v_proj.bias")
+            q_bias, gate_bias = query("bias")
+            k_bias, v_bias = (self.float_part(prefix + f"{p}_proj.bias", kv_rows) for p in "kv")
             qkv_bias = self.upload_arrays(q_bias, k_bias, v_bias, gate_bias)
         weights = AttentionWeights(
-            qkv=self.upload_arrays(*rows),
-            o=self.upload(prefix + "o_proj.weight"),
+            qkv=self.upload_arrays(*rows, gate),
+            o=self.upload_arrays(self.weight_part(prefix + "o_proj.weight", slice(None), span(heads, dim))),
             qkv_bias=qkv_bias,
-            o_bias=self.optional_upload(decoder.o_bias, prefix + "o_proj.bias"),
+            o_bias=self.row_parallel_bias(decoder.o_bias, prefix + "o_proj.bias"),
             q_norm=self._norm(prefix + "q_norm.weight"),
             k_norm=self._norm(prefix + "k_norm.weight"),
         )
@@ -160,23 +183,45 @@ class Qwen3NextLoader(ModelWeightLoader):
             self.backend,
             weights,
             layer_index=kv_index,
-            num_heads=decoder.num_heads,
-            num_kv_heads=decoder.num_kv_heads,
+            num_heads=len(heads),
+            num_kv_heads=len(kv_rows) // dim,
             head_dim=decoder.head_dim,
             rope_cos=self.rope_cos,
             rope_sin=self.rope_sin,
         )
 
-    def _gdn_weights(self, prefix: str, spec: HybridSpec) -> GatedDeltaNetWeights:
-        shape = spec.gdn
+    def _gdn_weights(self, prefix: str, spec: HybridSpec, key_heads: range) -> GatedDeltaNetWeights:
+        """The GDN layer's weights for key heads ``key_heads`` and their value heads (all of them unsplit)."""
+        whole, shape = spec.gdn, local_gdn_shape(spec.gdn, key_heads)
+        ratio = whole.num_value_heads // whole.num_key_heads
+        value_heads = range(key_heads.start * ratio, key_heads.stop * ratio)
+        dk, dv = whole.key_head_dim, whole.value_head_dim
+        channels = [span(key_heads, dk), span(key_heads, dk, whole.key_dim), span(value_heads, dv, 2 * whole.key_dim)]
         if prefix + "in_proj_qkvz.weight" in self.source:  # Qwen3-Next: fused, grouped by key head
-            ba = self.tensor(prefix + "in_proj_ba.weight")
-            in_proj = self._checked(gdn_in_proj_from_fused, prefix + "in_proj_qkvz.weight", ba, shape)
-        else:  # Qwen3.5: one projection each
-            in_proj = np.concatenate(
-                [self.tensor(prefix + f"in_proj_{part}.weight") for part in ("qkv", "z", "b", "a")]
+            ba_shape = self.weight_shape(prefix + "in_proj_ba.weight")
+            self._checked(check_fused_gdn_rows, prefix + "in_proj_qkvz.weight", ba_shape, whole, shape_only=True)
+            ba = self.float_part(prefix + "in_proj_ba.weight", span(key_heads, 2 * ratio))
+            group = 2 * dk + 2 * ratio * dv
+            in_proj = self._checked(
+                gdn_in_proj_from_fused, prefix + "in_proj_qkvz.weight", ba, shape, rows=span(key_heads, group)
             )
-        conv = self.tensor(prefix + "conv1d.weight")
+        else:  # Qwen3.5: one projection each
+            rows = sum(self.weight_shape(prefix + f"in_proj_{part}.weight")[0] for part in ("qkv", "z", "b", "a"))
+            hidden = self.weight_shape(prefix + "in_proj_qkv.weight")[1:]
+            self.check_shape(
+                f"{prefix.rstrip('.')} input projections",
+                (rows, *hidden),
+                (whole.projection_rows, spec.decoder.hidden_size),
+            )
+            qkv = [self.float_part(prefix + "in_proj_qkv.weight", rows) for rows in channels]
+            rest = [
+                self.float_part(prefix + f"in_proj_{part}.weight", rows)
+                for part, rows in (("z", span(value_heads, dv)), ("b", value_heads), ("a", value_heads))
+            ]
+            in_proj = np.concatenate([*qkv, *rest])
+        conv_shape = self.weight_shape(prefix + "conv1d.weight")
+        self.check_shape(prefix + "conv1d.weight", conv_shape, (whole.conv_dim, 1, whole.conv_kernel))
+        conv = np.concatenate([self.float_part(prefix + "conv1d.weight", rows) for rows in channels])
         self.check_shape(
             f"{prefix.rstrip('.')} input projections", in_proj.shape, (shape.projection_rows, spec.decoder.hidden_size)
         )
@@ -184,15 +229,33 @@ class Qwen3NextLoader(ModelWeightLoader):
         return GatedDeltaNetWeights(
             in_proj=self.upload_arrays(in_proj),
             conv=self.upload_arrays(conv.reshape(conv.shape[0], -1)),
-            a_log=self.upload_float32(self.tensor(prefix + "A_log")),
-            dt_bias=self.upload_float32(self.tensor(prefix + "dt_bias")),
+            a_log=self.upload_float32(self.float_part(prefix + "A_log", value_heads)),
+            dt_bias=self.upload_float32(self.float_part(prefix + "dt_bias", value_heads)),
             norm=self.upload(prefix + "norm.weight"),
-            out_proj=self.upload(prefix + "out_proj.weight"),
+            out_proj=self.upload_arrays(
+                self.weight_part(prefix + "out_proj.weight", slice(None), span(value_heads, dv))
+            ),
         )
 
-    def _checked(self, rearrange: Callable[..., Any], name: str, *args: Any) -> Any:
-        """``rearrange(tensor(name), *args)``, its `ValueError` turned into a `ModelLoadError` naming the tensor."""
+    def _checked(
+        self, rearrange: Callable[..., Any], name: str, *args: Any, rows: range | None = None, shape_only: bool = False
+    ) -> Any:
+        """``rearrange(tensor(name), *args)`` (only ``rows`` of the tensor when given; with ``shape_only`` its
+        shape: `weight_shape`), its `ValueError` turned into a `ModelLoadError` naming the tensor."""
         try:
-            return rearrange(self.tensor(name), *args)
+            if shape_only:
+                return rearrange(self.weight_shape(name), *args)
+            return rearrange(self.tensor(name) if rows is None else self.float_part(name, rows), *args)
         except ValueError as exc:
             raise ModelLoadError(f"{self.origin}: {name}: {exc}") from exc
+
+
+def span(heads: range, width: int, offset: int = 0) -> range:
+    """The rows of ``heads``, each ``width`` rows wide, in a tensor whose head 0 starts at row ``offset``."""
+    return range(offset + heads.start * width, offset + heads.stop * width)
+
+
+def local_gdn_shape(shape: GatedDeltaNetShape, key_heads: range) -> GatedDeltaNetShape:
+    """``shape`` cut to key heads ``key_heads`` and their value heads."""
+    ratio = shape.num_value_heads // shape.num_key_heads
+    return replace(shape, num_key_heads=len(key_heads), num_value_heads=len(key_heads) * ratio)
