@@ -27,6 +27,7 @@ CASES = [  # (checkpoint, tensor_parallel_size, expert_parallel_size)
     ("qwen3_moe", 2, 2),
     ("qwen3_moe_sparse_step", 1, 2),
     ("minimax_m2", 1, 2),
+    ("minimax_m2", 2, 2),
     ("deepseek_v3", 1, 2),
     ("deepseek_v3", 2, 1),
     ("deepseek_v3_no_q_lora", 2, 2),

@@ -8,7 +8,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from atlas_core.backends.base import Array
+from atlas_core.comm import CommBackend
 from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.moe import (
     MINIMAX_EXPERT_NAMES,
@@ -19,6 +22,7 @@ from atlas_core.model.layers.moe import (
     router_spec_from_config,
 )
 from atlas_core.model.layers.norm import RMSNorm
+from atlas_core.model.layers.parallel import ReducedMixer
 from atlas_core.model.loader import DenseDecoderLoader
 from atlas_core.model.rope import RopeSpec
 from atlas_core.model.spec import DecoderSpec
@@ -42,13 +46,29 @@ class AllHeadsRMSNorm:
         return normed.reshape(x.shape), x
 
 
+class SplitAllHeadsRMSNorm:
+    """`AllHeadsRMSNorm` of a tensor-parallel rank, which holds some heads: ``x[T, heads, D]`` of this rank's
+    heads is normed with the root mean square over every rank's heads (an all-reduce of each token's sum of
+    squares, in float32) and this rank's part of the weight. A key/value head replicated on several ranks
+    is counted once per rank, in the sum and in the count alike, so the mean is the same."""
+
+    def __init__(self, weight: Array, eps: float, comm: CommBackend, world: int) -> None:
+        self.weight, self.eps, self.comm, self.world = weight, eps, comm, world
+
+    def __call__(self, x: Array, residual: Array | None = None) -> tuple[Array, Array]:
+        if residual is not None:
+            raise ValueError("SplitAllHeadsRMSNorm normalises q or k alone; it takes no residual")
+        flat = x.reshape(x.shape[0], -1).astype(np.float32)
+        total = self.comm.all_reduce((flat * flat).sum(axis=-1, keepdims=True))
+        normed = flat / np.sqrt(total / (flat.shape[1] * self.world) + self.eps) * self.weight
+        return normed.astype(x.dtype).reshape(x.shape), x
+
+
 class MiniMaxM2Loader(DenseDecoderLoader):
     """``minimax_m2``: the dense decoder with a MoE feed-forward in every layer (`feed_forward`) and
     q/k norms over all heads at once (`AllHeadsRMSNorm`, put in place after `build`)."""
 
     spec_overrides = {"qk_norm": True}
-    supports_tensor_parallel = False  # its q/k norms span all heads, which a rank's shard does not hold
-    # expert parallelism alone keeps every head on every rank: supported (DenseDecoderLoader's flag)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -126,8 +146,21 @@ class MiniMaxM2Loader(DenseDecoderLoader):
 
     def build(self) -> TransformerModel:
         model = super().build()
-        for layer in model.layers:
+        spec = self.spec()
+        heads = self.shard.split(spec.num_heads, "num_attention_heads")
+        kv_heads = self.shard.kv_heads(spec.num_kv_heads, spec.num_heads)
+        for i, layer in enumerate(model.layers):
             block: Any = layer  # the base loader's `pre_norm_decoder_layer`: its mixer holds AttentionWeights
-            weights = block.mixer.weights
-            weights.q_norm, weights.k_norm = AllHeadsRMSNorm(weights.q_norm), AllHeadsRMSNorm(weights.k_norm)
+            attention: Any = block.mixer.mixer if isinstance(block.mixer, ReducedMixer) else block.mixer
+            weights = attention.weights
+            if self.parallel is None or not self.shard.tensor_split:
+                weights.q_norm, weights.k_norm = AllHeadsRMSNorm(weights.q_norm), AllHeadsRMSNorm(weights.k_norm)
+                continue
+            a, world = f"model.layers.{i}.self_attn.", self.shard.tensor_parallel_size
+            for kind, rows in (("q", heads), ("k", kv_heads)):
+                part = self.float_part(
+                    f"{a}{kind}_norm.weight", range(rows.start * spec.head_dim, rows.stop * spec.head_dim)
+                )
+                norm = SplitAllHeadsRMSNorm(self.upload_float32(part), spec.rms_norm_eps, self.parallel.comm, world)
+                setattr(weights, f"{kind}_norm", norm)
         return model
