@@ -38,6 +38,9 @@ CASES = [  # (checkpoint, tensor_parallel_size, expert_parallel_size)
     ("qwen3_5", 2, 1),
     ("qwen3_5_moe", 1, 2),
     ("qwen3_5_moe", 2, 2),
+    ("nemotron_h", 2, 1),
+    ("nemotron_h", 1, 2),
+    ("nemotron_h_latent", 2, 2),
 ]
 PROMPTS = [[1, 7, 42, 9, 100], [3, 5]]
 

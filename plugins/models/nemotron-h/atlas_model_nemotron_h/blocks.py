@@ -53,6 +53,8 @@ class LatentMoE:
         backend = self.backend
         weights, ids = self.moe.route(x)
         routed = self.moe.experts(backend.linear(x, self.fc1, self.fc1_bias), weights, ids)
+        if self.moe.all_reduce is not None:  # a split model's rank holds some experts: sum the ranks' parts
+            routed = self.moe.all_reduce(routed)
         out = backend.linear(routed, self.fc2, self.fc2_bias)
         out += self.shared_expert(x)
         return out
