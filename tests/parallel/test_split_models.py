@@ -41,6 +41,7 @@ CASES = [  # (checkpoint, tensor_parallel_size, expert_parallel_size)
     ("nemotron_h", 2, 1),
     ("nemotron_h", 1, 2),
     ("nemotron_h_latent", 2, 2),
+    ("gemma4_moe", 1, 2),
 ]
 PROMPTS = [[1, 7, 42, 9, 100], [3, 5]]
 
@@ -111,3 +112,17 @@ def test_a_rank_started_with_other_sizes_is_refused() -> None:
         join_world(
             WorldAddress(0, 1), ShardPlan(0, 2, 1), get_registry(), select_backend(get_registry(), "numpy"), "cpu", {}
         )
+
+
+def test_a_family_that_cannot_split_is_refused_by_name() -> None:
+    from atlas_core.backends.select import select_backend
+    from atlas_core.comm import SingleProcessComm
+    from atlas_core.errors import ModelLoadError
+    from atlas_core.model.load import load_model
+    from atlas_core.model.sharding import TensorParallel
+    from atlas_core.plugins import get_registry
+
+    registry = get_registry()
+    parallel = TensorParallel(ShardPlan(0, 2, 1), SingleProcessComm())
+    with pytest.raises(ModelLoadError, match="'gemma3_text' family .* cannot split a model by tensor parallelism"):
+        load_model(TINY / "gemma3", select_backend(registry, "numpy"), registry, parallel=parallel)

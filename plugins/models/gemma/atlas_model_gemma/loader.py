@@ -14,7 +14,8 @@ import numpy as np
 from atlas_core.backends.base import Array
 from atlas_core.batch.kv_cache import KVLayout
 from atlas_core.model.layers.attention import AttentionWeights
-from atlas_core.model.layers.moe import MoEFeedForward, read_experts
+from atlas_core.model.layers.expert_parallel import ExpertShard, read_expert_shard
+from atlas_core.model.layers.moe import ExpertNames, MoEFeedForward, read_experts
 from atlas_core.model.layers.norm import RMSNorm
 from atlas_core.model.loader import ModelWeightLoader
 from atlas_model_gemma import shapes
@@ -32,6 +33,7 @@ class GemmaLoader(ModelWeightLoader):
     """The parts Gemma 3 and Gemma 4 share; subclasses set `family` and build their layers."""
 
     family: ClassVar[Family]
+    supports_expert_parallel = True  # a rank holds its experts (`moe`); every other layer is whole on each rank
     zero_centred_norms: ClassVar[bool] = True
     """Whether the checkpoint's RMSNorm weights are ``w`` of a norm scaling by ``1 + w`` (Gemma 3)."""
 
@@ -218,8 +220,16 @@ class Gemma4Loader(GemmaLoader):
         hidden = int(self.spec["hidden_size"])
         input_scale = self.tensor(p + "router.scale").astype(np.float32) * np.float32(hidden**-0.5)
         router = self.tensor(p + "router.proj.weight").astype(np.float32) * input_scale[None, :]
-        w_in, w_out = read_experts(self, p + "experts.", spec.num_experts)
-        expert_scale = self.tensor(p + "router.per_expert_scale").astype(np.float32)
+        held = range(spec.num_experts)
+        if self.shard.is_split:  # expert parallelism: this rank's experts, the block sums the ranks' parts
+            held, w_in, w_out = read_expert_shard(self, p + "experts.", spec.num_experts, ExpertNames())
+        else:
+            w_in, w_out = read_experts(self, p + "experts.", spec.num_experts)
+        expert_scale = self.float_part(p + "router.per_expert_scale", held).astype(np.float32)
         w_out = w_out.astype(np.float32) * expert_scale[:, None, None]
-        experts = self.layer_type("routed_experts").upload(self.backend, w_in, w_out, "gelu_tanh")
+        experts: Any = self.layer_type("routed_experts").upload(self.backend, w_in, w_out, "gelu_tanh")
+        if self.shard.is_split and self.parallel is not None:
+            experts = ExpertShard(experts, held, spec.num_experts)
+            reduce = self.parallel.comm.all_reduce
+            return self.layer_type("moe")(self.backend, self.upload_arrays(router), experts, spec, all_reduce=reduce)
         return self.layer_type("moe")(self.backend, self.upload_arrays(router), experts, spec)
