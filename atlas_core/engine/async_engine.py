@@ -16,13 +16,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from atlas_core.engine.llm_engine import LLMEngine
 from atlas_core.engine.outputs import RequestOutput
 from atlas_core.engine.sampling_params import SamplingParams
+from atlas_core.model.vision import PreparedImage
 
 log = logging.getLogger("atlas.engine")
 
@@ -90,17 +91,30 @@ class AsyncEngine:
             loop, queue_ = target
             loop.call_soon_threadsafe(queue_.put_nowait, item)
 
-    def _add(self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams) -> None:
+    def _add(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        images: Sequence[PreparedImage] = (),
+    ) -> None:
         """Engine thread: queue the request in the engine; an invalid one is reported to its consumer."""
         try:
-            self.engine.add_request(request_id, prompt, prompt_ids, params)
+            self.engine.add_request(request_id, prompt, prompt_ids, params, images)
         except Exception as exc:
             self._deliver(request_id, exc)
 
     async def generate(
-        self, prompt: str | None, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt: str | None,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        images: Sequence[PreparedImage] = (),
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's output after every step that changed it; the last one has ``finished``.
+        ``images``: the prompt's prepared images (`LLMEngine.add_request`).
 
         Invalid requests raise `InvalidRequestError` before the first yield. Closing the iterator
         early aborts the request (at the engine thread's next turn).
@@ -110,7 +124,7 @@ class AsyncEngine:
         self._queues[request_id] = (asyncio.get_running_loop(), queue_)
         finished = False
         try:
-            self._submit(lambda: self._add(request_id, prompt, prompt_ids, params))
+            self._submit(lambda: self._add(request_id, prompt, prompt_ids, params, images))
             while True:
                 item = await queue_.get()
                 if isinstance(item, Exception):

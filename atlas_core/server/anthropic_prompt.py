@@ -7,6 +7,7 @@ from typing import Any
 from atlas_core.parsing.types import ToolDefinition
 from atlas_core.server.chat_prompt import ChatSetup, ToolChoice, check_tool_choice, template_kwargs
 from atlas_core.server.errors import invalid
+from atlas_core.server.media import ImageRef, anthropic_image
 from atlas_core.server.schemas_anthropic import (
     CountTokensRequest,
     DocumentBlock,
@@ -32,8 +33,9 @@ def anthropic_setup(state: ServerState, request: CountTokensRequest) -> ChatSetu
     if request.system:
         system = request.system if isinstance(request.system, str) else "\n".join(b.text for b in request.system)
         messages.append({"role": "system", "content": system})
+    images: list[ImageRef] = []
     for i, message in enumerate(request.messages):
-        messages.extend(_convert(message, i))
+        messages.extend(_convert(message, i, images))
     tools = []
     for i, tool in enumerate(request.tools or []):
         if tool.type not in (None, "custom"):
@@ -54,6 +56,8 @@ def anthropic_setup(state: ServerState, request: CountTokensRequest) -> ChatSetu
         parallel_tool_calls=parallel,
         template_kwargs=template_kwargs(state, None, enable_thinking=enable_thinking),
         special_tokens_in_content=state.config.enable_special_tokens_in_content,
+        images=images,
+        media=state.config.media,
     )
 
 
@@ -72,11 +76,14 @@ def _tool_choice(request: CountTokensRequest, has_tools: bool) -> tuple[ToolChoi
     return {"name": choice.name}, parallel
 
 
-def _convert(message: Message, index: int) -> list[dict[str, Any]]:
-    """One Anthropic message -> template messages (tool results become ``tool`` messages first)."""
+def _convert(message: Message, index: int, images: list[ImageRef]) -> list[dict[str, Any]]:
+    """One Anthropic message -> template messages (tool results become ``tool`` messages first); its
+    ``image`` blocks are appended to ``images`` and written as ``{"type": "image"}`` content items."""
     where = f"messages[{index}].content"
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
+    if message.role == "user" and any(isinstance(block, ImageBlock) for block in message.content):
+        return [{"role": "user", "content": _with_images(message.content, index, images)}]
     texts: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -84,8 +91,10 @@ def _convert(message: Message, index: int) -> list[dict[str, Any]]:
     for block in message.content:
         if isinstance(block, TextBlock):
             texts.append(block.text)
-        elif isinstance(block, (ImageBlock, DocumentBlock)):
-            raise invalid("image and document content is not supported: the served model reads text only", param=where)
+        elif isinstance(block, ImageBlock):
+            raise invalid("image blocks belong in user messages", param=where)
+        elif isinstance(block, DocumentBlock):
+            raise invalid("document content is not supported: the served model reads text and images only", param=where)
         elif isinstance(block, ThinkingBlock):
             reasoning.append(block.thinking)
         elif isinstance(block, RedactedThinkingBlock):
@@ -111,6 +120,22 @@ def _convert(message: Message, index: int) -> list[dict[str, Any]]:
     elif texts or not results:
         out.append({"role": message.role, "content": "\n".join(texts)})
     return out
+
+
+def _with_images(blocks: list[Any], index: int, images: list[ImageRef]) -> list[dict[str, str]]:
+    """A user message's blocks, some of them images -> list content of text and image items (text and
+    image blocks only)."""
+    content: list[dict[str, str]] = []
+    for k, block in enumerate(blocks):
+        part = f"messages[{index}].content[{k}]"
+        if isinstance(block, ImageBlock):
+            images.append(anthropic_image(part, block.source))
+            content.append({"type": "image"})
+        elif isinstance(block, TextBlock):
+            content.append({"type": "text", "text": block.text})
+        else:
+            raise invalid(f"{part}: a message with images may hold text and image blocks only", param=part)
+    return content
 
 
 def _result_text(block: ToolResultBlock, where: str) -> str:

@@ -11,8 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from atlas_core.errors import InvalidRequestError
+from atlas_core.model.vision import PreparedImage, expand_placeholders
 from atlas_core.parsing.types import ToolDefinition
 from atlas_core.server.errors import invalid
+from atlas_core.server.media import ImageRef, MediaPolicy, openai_image, prepare_images
 from atlas_core.server.sampling import check_prompt_length
 from atlas_core.server.schemas_openai import ChatCompletionRequest, ChatMessage, ImagePart, NamedToolChoice
 from atlas_core.server.state import ModelRuntime, ServerState
@@ -34,6 +37,10 @@ class ChatSetup:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     special_tokens_in_content: bool = False
+    images: list[ImageRef] = field(default_factory=list)
+    """The messages' images in order; a message with images has list content, ``{"type": "image"}``
+    items where they stand (the chat template writes each one's placeholder)."""
+    media: MediaPolicy = field(default_factory=MediaPolicy)
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         if not self.tools:
@@ -47,11 +54,19 @@ class ChatSetup:
         ]
 
 
-def render(runtime: ModelRuntime, setup: ChatSetup, *, check_length: bool = True) -> EncodedChat:
+@dataclass
+class ChatPrompt(EncodedChat):
+    """A rendered chat and its images, prepared for the model (their placeholders already expanded in ``ids``)."""
+
+    images: list[PreparedImage] = field(default_factory=list)
+
+
+def render(runtime: ModelRuntime, setup: ChatSetup, *, check_length: bool = True) -> ChatPrompt:
     """Render and tokenize (`encode_chat`: special-token strings in the content are plain text
-    unless ``setup.special_tokens_in_content``); 400 when there are no messages, the template
-    rejects them, or (``check_length``) the prompt leaves no room to answer. Blocking work: routes
-    run it in a worker thread."""
+    unless ``setup.special_tokens_in_content``), then read and prepare the images and expand their
+    placeholders (`atlas_core.server.media`); 400 when there are no messages, the template rejects
+    them, an image cannot be used, or (``check_length``) the prompt leaves no room to answer.
+    Blocking work: routes run it in a worker thread."""
     if not setup.messages:
         raise invalid("messages must not be empty", param="messages")
     prompt = encode_chat(
@@ -63,9 +78,17 @@ def render(runtime: ModelRuntime, setup: ChatSetup, *, check_length: bool = True
         chat_template_kwargs=setup.template_kwargs,
         special_tokens_in_content=setup.special_tokens_in_content,
     )
+    vision = runtime.engine.engine.loaded.model.vision
+    images = prepare_images(vision, setup.images, setup.media)
+    ids = prompt.ids
+    if vision is not None and images:
+        try:
+            ids = expand_placeholders(prompt.ids, images, vision.image_token_id)[0]
+        except InvalidRequestError as exc:
+            raise invalid(f"the chat template's image placeholders do not match the images: {exc}") from exc
     if check_length:
-        check_prompt_length(len(prompt.ids), runtime.max_seq_len)
-    return prompt
+        check_prompt_length(len(ids), runtime.max_seq_len)
+    return ChatPrompt(prompt.text, ids, images)
 
 
 def check_tool_choice(tools: list[ToolDefinition], choice: ToolChoice) -> None:
@@ -106,8 +129,9 @@ def openai_setup(state: ServerState, request: ChatCompletionRequest) -> ChatSetu
         choice = request.tool_choice or ("auto" if tools else "none")
     check_tool_choice(tools, choice)
     thinks = REASONING_EFFORT_THINKS.get(request.reasoning_effort) if request.reasoning_effort else None
+    images: list[ImageRef] = []
     return ChatSetup(
-        messages=[_openai_message(m, i) for i, m in enumerate(request.messages)],
+        messages=[_openai_message(m, i, images) for i, m in enumerate(request.messages)],
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=request.parallel_tool_calls,
@@ -115,20 +139,30 @@ def openai_setup(state: ServerState, request: ChatCompletionRequest) -> ChatSetu
         add_generation_prompt=request.add_generation_prompt,
         continue_final_message=request.continue_final_message,
         special_tokens_in_content=state.config.enable_special_tokens_in_content,
+        images=images,
+        media=state.config.media,
     )
 
 
-def _openai_message(message: ChatMessage, index: int) -> dict[str, Any]:
+def _openai_message(message: ChatMessage, index: int, images: list[ImageRef]) -> dict[str, Any]:
+    """One OpenAI message -> a template message; its ``image_url`` parts are appended to ``images``."""
     role = "system" if message.role == "developer" else message.role
     out: dict[str, Any] = {"role": role}
-    content = message.content
-    if isinstance(content, list):
-        texts = [part.text for part in content if not isinstance(part, ImagePart)]
-        if len(texts) < len(content):
-            raise invalid(
-                "image content is not supported: the served model reads text only", param=f"messages[{index}].content"
-            )
-        content = "\n".join(texts)
+    content: str | list[dict[str, str]] | None
+    if isinstance(message.content, list):
+        parts = message.content
+        if any(isinstance(part, ImagePart) for part in parts):
+            content = []
+            for k, part in enumerate(parts):
+                if isinstance(part, ImagePart):
+                    images.append(openai_image(f"messages[{index}].content[{k}]", part.image_url.url))
+                    content.append({"type": "image"})
+                else:
+                    content.append({"type": "text", "text": part.text})
+        else:
+            content = "\n".join(part.text for part in parts if not isinstance(part, ImagePart))
+    else:
+        content = message.content
     out["content"] = content if content is not None else ""
     if message.name is not None:
         out["name"] = message.name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import json
 import logging
 import sys
 import threading
@@ -12,11 +13,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from atlas_core.errors import ConfigError
 from atlas_core.options.flags import add_flags, parsed_values
 from atlas_core.options.resolve import Settings
 from atlas_core.server.settings import SERVE_OPTIONS
 
 if TYPE_CHECKING:
+    from atlas_core.server.media import MediaPolicy
     from atlas_core.server.state import ServerConfig
 
 log = logging.getLogger("atlas.serve")
@@ -106,6 +109,28 @@ def server_config(settings: Settings) -> ServerConfig:
         accept_any_model_name=settings["accept_any_model_name"],
         log_requests=settings["log_requests"],
         web_ui=not settings["no_web_ui"],
+        media=media_policy(settings),
+    )
+
+
+def media_policy(settings: Settings) -> MediaPolicy:
+    """The image limits of ``--limit-mm-per-prompt``, ``--vision-max-pixels`` and the remote-media flags."""
+    from atlas_core.server.media import MediaPolicy
+
+    limits = settings["limit_mm_per_prompt"] or {}
+    unknown = sorted(set(limits) - {"image"})
+    if unknown or not isinstance(limits.get("image", 8), int) or limits.get("image", 8) < 0:
+        raise ConfigError(f'--limit-mm-per-prompt takes {{"image": N}} with N >= 0, got {json.dumps(limits)}')
+    max_pixels = settings["vision_max_pixels"]
+    if max_pixels is not None and max_pixels < 1:
+        raise ConfigError(f"--vision-max-pixels must be at least 1, got {max_pixels}")
+    return MediaPolicy(
+        max_images=int(limits.get("image", 8)),
+        max_pixels=max_pixels,
+        allowed_domains=tuple(d.lower().lstrip(".") for d in settings["allowed_media_domains"] or []),
+        allow_remote=settings["allow_remote_media"],
+        max_bytes=settings["media_max_bytes"],
+        timeout=settings["media_fetch_timeout"],
     )
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Sequence
 from typing import TypeVar
 
 from litestar.types import Receive
 
 from atlas_core.engine.outputs import RequestOutput
 from atlas_core.engine.sampling_params import SamplingParams
+from atlas_core.model.vision import PreparedImage
 from atlas_core.server.errors import APIError
 from atlas_core.server.state import ServerState
 
@@ -30,15 +31,20 @@ CLIENT_CLOSED = 499
 
 
 async def generate(
-    state: ServerState, prompt: str | None, prompt_ids: list[int], params: SamplingParams
+    state: ServerState,
+    prompt: str | None,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    images: Sequence[PreparedImage] = (),
 ) -> AsyncGenerator[RequestOutput, None]:
-    """The outputs of one engine request; raises `APIError` on timeout, failure or shutdown."""
+    """The outputs of one engine request (with its prepared ``images``, placeholders expanded in
+    ``prompt_ids``); raises `APIError` on timeout, failure or shutdown."""
     runtime = state.require_runtime()
     if state.config.log_requests:
         log.info("prompt (%d tokens): %r", len(prompt_ids), prompt if prompt is not None else prompt_ids)
     timeout = state.config.request_timeout
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
-    stream = runtime.engine.generate(prompt, prompt_ids, params)
+    stream = runtime.engine.generate(prompt, prompt_ids, params, images=images)
     tracker = state.metrics.track(len(prompt_ids))
     try:
         while True:

@@ -56,7 +56,7 @@ async def create_message(
     constraints = await asyncio.to_thread(_constraints, data, parsers, runtime)
     params = sampling_params(fields, max_tokens=max_tokens, defaults=server.config.generation_defaults, **constraints)
     ctx = MessageContext(message_id=f"msg_{uuid.uuid4().hex}", model=server.model_name, parsers=parsers)
-    stream = generate(server, prompt.text, prompt.ids, params)
+    stream = generate(server, prompt.text, prompt.ids, params, prompt.images)
     if data.stream:
         started = await unless_disconnected(request.receive, start(stream))
         return event_stream(message_stream(started, ctx, len(prompt.ids)), anthropic_error_event)

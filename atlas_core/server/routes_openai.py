@@ -87,7 +87,7 @@ async def chat_completions(
         top_logprobs=top,
         include_usage=_include_usage(data.stream_options),
     )
-    stream = generate(server, prompt.text, prompt.ids, params)
+    stream = generate(server, prompt.text, prompt.ids, params, prompt.images)
     if data.stream:
         started = await unless_disconnected(request.receive, start(stream))
         return event_stream(chat_stream(started, ctx, data.n), openai_error_event)

@@ -116,6 +116,28 @@ class ServeOptions:
         help="/v1/embeddings: pool the final hidden states of the last token or the mean of all tokens",
         default_help="the model's (sentence-transformers Pooling config), else last",
     )
+    limit_mm_per_prompt: dict[str, Any] = option(
+        default_factory=lambda: {"image": 8},
+        metavar="JSON",
+        help="most media items one request may carry, by kind, e.g. '{\"image\": 4}'; more is a 400",
+    )
+    vision_max_pixels: int | None = option(
+        None,
+        metavar="PIXELS",
+        help="resize each image to at most this many pixels before the vision encoder (fewer tokens per image)",
+        default_help="the model's own pixel budget",
+    )
+    allowed_media_domains: list[str] = option(
+        default_factory=list,
+        metavar="HOST",
+        help="hosts (and their subdomains) whose http(s) image URLs requests may name; data: URLs are always read",
+        default_help="none",
+    )
+    allow_remote_media: bool = option(
+        False, help="fetch http(s) image URLs of any host (else see --allowed-media-domains)"
+    )
+    media_max_bytes: int = option(20 * 2**20, metavar="BYTES", help="largest image fetched from a URL")
+    media_fetch_timeout: float = option(10.0, metavar="SECONDS", help="longest wait for one image fetched from a URL")
 
 
 SERVE_OPTIONS = options_of(ModelChoice, EngineConfig, ServeOptions)

@@ -11,6 +11,7 @@ from atlas_core.engine.async_engine import AsyncEngine
 from atlas_core.engine.pooling_config import PoolingConfig
 from atlas_core.errors import ConfigError
 from atlas_core.server.errors import APIError
+from atlas_core.server.media import MediaPolicy
 from atlas_core.server.metrics import ServerMetrics
 from atlas_core.server.responses_store import ResponseStore
 from atlas_core.server.settings import ServeOptions
@@ -39,6 +40,7 @@ class ServerConfig:
     ``generation_config.json``). ``log_requests``: log each request's prompt text. ``pooling``: how
     ``/v1/embeddings`` makes a vector from the final hidden states (the model's, or ``--pooling``).
     ``web_ui``: serve the chat page at ``/`` (`atlas_core.server.routes_web`).
+    ``media``: what images requests may bring (`atlas_core.server.media.MediaPolicy`).
     """
 
     model_names: list[str] = field(default_factory=list)
@@ -59,6 +61,7 @@ class ServerConfig:
     log_requests: bool = ServeOptions.log_requests
     pooling: PoolingConfig = field(default_factory=PoolingConfig)
     web_ui: bool = True
+    media: MediaPolicy = field(default_factory=MediaPolicy)
 
     def __post_init__(self) -> None:
         for name in ("max_sequences_per_request", "max_tokens_per_request"):

@@ -172,7 +172,7 @@ ANTHROPIC_CASES: list[tuple[str, Any, str]] = [
             "max_tokens": 5,
             "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
         },
-        "image and document content is not supported",
+        "image content is not supported: the served model reads text only",
     ),
     (
         "prompt too long",
