@@ -19,15 +19,13 @@ from atlas_core.engine.kv_offload import KVOffload
 from atlas_core.server.cli_serve import serve_settings
 from atlas_core.testing.family import mixed_prompts
 from tests.conftest import TINY
-from tests.test_kv_spill import GREEDY, conversations, small_cache, tokens
+from tests.test_kv_spill import GREEDY, PROMPTS_33, small_cache, tokens
 from tests.test_kv_swap import LOGPROB_TOLERANCE, SCORED, assert_nothing_held, assert_same_outputs, tight_engine
 
 pytest.importorskip("atlas_storage_nvme", reason="the atlas-storage-nvme plugin is not installed")
 
 from atlas_storage_nvme.records import HEADER  # noqa: E402  # the plugin is optional
 from atlas_storage_nvme.tier import DATA_FILE, NvmeStorage  # noqa: E402
-
-PROMPTS_33 = [p + [1] * (33 - len(p)) for p in conversations()]  # 8 full blocks of 4 reusable each
 
 
 def nvme_tier(offload: KVOffload | None) -> NvmeStorage:

@@ -25,6 +25,9 @@ def conversations() -> list[list[int]]:
     return mixed_prompts(256, count=3, shared_length=0, max_tail_length=30, seed=3)
 
 
+PROMPTS_33 = [p + [1] * (33 - len(p)) for p in conversations()]  # 8 full blocks reusable each
+
+
 def tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
     return [llm.generate(prompt, GREEDY)[0].outputs[0].token_ids for prompt in prompts]
 
@@ -32,7 +35,7 @@ def tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
 def test_spilled_prefix_hit_equals_miss() -> None:
     """Three conversations take turns in a device cache that holds one: the second round finds every
     prefix in the host tier, loads it (num_cached_tokens counts it), and answers as without any cache."""
-    prompts = [p + [1] * (33 - len(p)) for p in conversations()]  # 33 tokens: 8 full blocks reusable each
+    prompts = PROMPTS_33
     expected = tokens(LLM(TINY / "llama", enable_prefix_caching=False), prompts)
     llm = small_cache(swap_space_gb=0.01)
     offload = llm.engine.offload
@@ -52,7 +55,7 @@ def test_spilled_prefix_hit_equals_miss() -> None:
 
 
 def test_without_tiers_the_evicted_prefix_is_recomputed() -> None:
-    prompts = [p + [1] * (33 - len(p)) for p in conversations()]
+    prompts = PROMPTS_33
     llm = small_cache()
     tokens(llm, prompts)
     assert [llm.generate(prompt, GREEDY)[0].num_cached_tokens for prompt in prompts] == [0, 0, 0]
@@ -61,7 +64,7 @@ def test_without_tiers_the_evicted_prefix_is_recomputed() -> None:
 def test_corrupt_spilled_block_is_recomputed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A spilled block whose token ids do not match the prompt (as a corrupted or colliding record would) is
     dropped: the hit stops before it and the rest is recomputed, with the same outputs."""
-    prompts = [p + [1] * (33 - len(p)) for p in conversations()]
+    prompts = PROMPTS_33
     expected = tokens(LLM(TINY / "llama", enable_prefix_caching=False), prompts)
     llm = small_cache(swap_space_gb=0.01)
     tokens(llm, prompts)
@@ -78,4 +81,18 @@ def test_corrupt_spilled_block_is_recomputed(monkeypatch: pytest.MonkeyPatch) ->
     outputs = [llm.generate(prompt, GREEDY)[0] for prompt in prompts]
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert [o.num_cached_tokens for o in outputs] == [8, 8, 8]
+    assert_no_leaks(llm)
+
+
+def test_one_token_requests_leave_their_prefix_cached() -> None:
+    """A request that finishes on its prefill step (max_tokens=1) still files its prompt's full blocks in the
+    prefix cache, so a returning prompt hits them on the device and, once evicted, in the tier."""
+    one = SamplingParams(temperature=0, max_tokens=1)
+    llm = small_cache(swap_space_gb=0.01)
+    for prompt in PROMPTS_33:
+        llm.generate(prompt, one)
+    outputs = [llm.generate(prompt, one)[0] for prompt in PROMPTS_33]
+    assert [o.num_cached_tokens for o in outputs] == [32, 32, 32]
+    offload = llm.engine.offload
+    assert offload is not None and offload.spill_hit_tokens > 0
     assert_no_leaks(llm)

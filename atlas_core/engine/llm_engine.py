@@ -253,8 +253,9 @@ class LLMEngine:
             sampled = []
         for chunk in step.chunks:
             for seq in (chunk.seq, *chunk.followers):
-                if not seq.finished:
+                if seq.request.error is None:  # finished by this step too: its prompt's blocks stay cached
                     self.blocks.register_computed(seq.table, seq.cache_ids, seq.num_computed)
+                if not seq.finished:
                     self.scheduler.snapshot_state(seq)
         changed = {seq.request.request_id for seq in sampled} | {r for r, req in touched.items() if req.error}
         outputs = []
