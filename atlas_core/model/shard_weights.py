@@ -18,7 +18,7 @@ from atlas_core.errors import ModelLoadError
 from atlas_core.model.layers.parallel import ReducedFeedForward, ReducedMixer, VocabParallelHead
 from atlas_core.model.sharding import ShardPlan, TensorParallel
 from atlas_core.model.transformer import FeedForward, Mixer
-from atlas_core.weights.quantized import QuantizedWeight
+from atlas_core.weights.quantized import QuantizedWeight, as_float, quantized_part
 from atlas_core.weights.source import WeightSource, quantized_tensor, tensor_part, tensor_shape
 
 
@@ -58,14 +58,14 @@ class ShardedWeights:
         shape = self.weight_shape(name)
         if all(_covers(i, size) for i, size in zip(index, shape, strict=False)):
             return self.linear_weight(name)
-        if quantized_tensor(self.source, name) is not None:
-            raise ModelLoadError(
-                f"{self.origin}: {name!r} is quantized, and quantized weights are not split over ranks yet; "
-                "run this checkpoint unsplit (tensor_parallel_size=1, expert_parallel_size=1)"
-            )
-        return tensor_part(
-            self.source, name, tuple(slice(i.start, i.stop) if isinstance(i, range) else i for i in index)
-        )
+        quantized = quantized_tensor(self.source, name)
+        slices = tuple(slice(i.start, i.stop) if isinstance(i, range) else i for i in index)
+        if quantized is not None:
+            try:
+                return quantized_part(quantized, slices)
+            except ValueError as exc:
+                raise ModelLoadError(f"{self.origin}: {name!r} cannot be split over ranks: {exc}") from exc
+        return tensor_part(self.source, name, slices)
 
     def float_part(self, name: str, *index: range | slice) -> np.ndarray:
         """The float values (`tensor`) of part ``index`` of ``name`` (a range or slice per leading axis), for
@@ -115,8 +115,7 @@ class ShardedWeights:
             return self.upload_arrays(self.tensor(name)), None
         vocab_size = self.weight_shape(name)[0]
         ids, per_rank = self.shard.vocab(vocab_size)
-        rows = self.weight_part(name, ids)
-        assert isinstance(rows, np.ndarray)  # weight_part refuses quantized weights of split models
+        rows = as_float(self.weight_part(name, ids))  # a quantized LM head is dequantized: its rows are padded
         padded = np.zeros((per_rank, *rows.shape[1:]), dtype=rows.dtype)
         padded[: len(rows)] = rows
         return self.upload_arrays(padded), VocabParallelHead(self.backend, self.parallel.comm, ids, vocab_size)

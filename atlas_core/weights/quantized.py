@@ -278,6 +278,36 @@ def stack_experts(parts: Sequence[np.ndarray | QuantizedWeight]) -> np.ndarray |
     return QuantizedWeight(quantized[0].format, data, scales, block, tuple(data.shape))
 
 
+def quantized_part(weight: QuantizedWeight, index: tuple[slice, ...]) -> QuantizedWeight:
+    """Part ``index`` (a contiguous slice per leading axis: an expert bank's experts, rows, columns) of a
+    quantized weight, copied out (of a file's memory map only that part is read); exact. A slice that
+    does not start and end on its axis's block boundaries first spreads that axis's scales to a finer
+    grid (`regrid`, to the gcd of the block and the bounds). A packed format's columns cannot be cut."""
+    ndim = weight.ndim
+    bounds = [range(size)[index[axis] if axis < len(index) else slice(None)] for axis, size in enumerate(weight.shape)]
+    if any(b.step != 1 for b in bounds):
+        raise ValueError(f"quantized_part takes contiguous slices, got {index}")
+    if weight.scales is None:  # packed: whole rows of bytes
+        if len(bounds[-1]) != weight.shape[-1]:
+            raise ValueError(f"the columns of a {weight.format} weight cannot be cut (its blocks pack whole rows)")
+        data = np.ascontiguousarray(np.asarray(weight.data)[tuple(slice(b.start, b.stop) for b in bounds[:-1])])
+        return replace(weight, data=data, shape=tuple(len(b) for b in bounds))
+    block = list(weight.block)
+    for side, (axis, length) in enumerate(zip((ndim - 2, ndim - 1), weight.shape[-2:], strict=True)):
+        cut = bounds[axis]
+        ends = [cut.start] + ([cut.stop] if cut.stop < length else [])
+        if any(end % block[side] for end in ends):
+            block[side] = math.gcd(block[side], *ends)
+    weight = regrid(weight, (block[0], block[1]))
+    data_index = tuple(slice(b.start, b.stop) for b in bounds)
+    scale_index = data_index[:-2] + tuple(
+        slice(b.start // side, -(-b.stop // side)) for b, side in zip(bounds[-2:], block, strict=True)
+    )
+    data = np.ascontiguousarray(np.asarray(weight.data)[data_index])
+    scales = np.ascontiguousarray(np.asarray(weight.scales)[scale_index])
+    return QuantizedWeight(weight.format, data, scales, (block[0], block[1]), tuple(data.shape))
+
+
 def as_float(weight: np.ndarray | QuantizedWeight) -> np.ndarray:
     """A host weight's values: `dequantize` for a quantized one, the array itself otherwise."""
     return dequantize(weight) if isinstance(weight, QuantizedWeight) else weight

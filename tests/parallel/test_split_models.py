@@ -4,6 +4,7 @@ within 1e-5, and each rank reads only its own share of the checkpoint."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from atlas_core.errors import ConfigError
 from atlas_core.model.layers.moe import config_num_experts
 from atlas_core.model.sharding import ShardPlan
 from atlas_core.testing.ranks import run_ranks
-from tests.conftest import TINY
+from tests.conftest import REPOSITORY, TINY, BorrowedCheckpoints
 from tests.parallel.split_runs import KV_GIB, greedy, run_split
 
 CASES = [  # (checkpoint, tensor_parallel_size, expert_parallel_size)
@@ -42,14 +43,24 @@ CASES = [  # (checkpoint, tensor_parallel_size, expert_parallel_size)
     ("nemotron_h", 1, 2),
     ("nemotron_h_latent", 2, 2),
     ("gemma4_moe", 1, 2),
+    ("llama_fp8_channel", 2, 1),
+    ("mistral_fp8_tensor", 2, 1),
+    ("qwen3_moe_fp8", 2, 2),
+    ("deepseek_v3_fp8", 2, 1),
 ]
 PROMPTS = [[1, 7, 42, 9, 100], [3, 5]]
+FP8 = BorrowedCheckpoints(*sorted(REPOSITORY.glob("plugins/**/tests/fixtures/fp8")))
+
+
+def checkpoint(name: str) -> Path:
+    """Tiny checkpoint ``name``: a float one, or an FP8 one (kept quantized, split in its blocks)."""
+    return FP8 / name if name in FP8.folders else TINY / name
 
 
 @pytest.fixture(scope="module")
 def split_results() -> list[list[dict[str, Any]]]:
     """Every case's results on each of 2 ranks (one pair of processes runs them all)."""
-    cases = [(TINY / name, tp, ep) for name, tp, ep in CASES]
+    cases = [(checkpoint(name), tp, ep) for name, tp, ep in CASES]
     return run_ranks(2, run_split, cases, PROMPTS, timeout_s=120)
 
 
@@ -58,7 +69,7 @@ def test_split_model_matches_the_whole_model(case: int, split_results: list[list
     name = CASES[case][0]
     from atlas_core import LLM
 
-    expected = greedy(LLM(TINY / name, backend="numpy", kv_cache_memory_gib=KV_GIB), PROMPTS)
+    expected = greedy(LLM(checkpoint(name), backend="numpy", kv_cache_memory_gib=KV_GIB), PROMPTS)
     for rank, results in enumerate(split_results):
         for (tokens, logprobs), (want_tokens, want_logprobs) in zip(results[case]["tokens"], expected, strict=True):
             assert tokens == want_tokens, f"rank {rank}"

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from atlas_core.model.layers.moe import ExpertNames, Experts
     from atlas_core.model.loader import ModelWeightLoader
 
+Bank = np.ndarray | QuantizedWeight
+"""An expert bank ``[E, N, K]`` (or one expert's weight), float or quantized."""
+
 
 class ExpertShard:
     """The routed experts ``experts`` (a bank of ``len(held)`` experts) of global ids ``held`` out of
@@ -44,10 +47,10 @@ class ExpertShard:
 
 def read_expert_shard(
     loader: ModelWeightLoader, prefix: str, num_experts: int, names: ExpertNames
-) -> tuple[range, np.ndarray, np.ndarray]:
+) -> tuple[range, Bank, Bank]:
     """``(held expert ids, w_in, w_out)``: this rank's experts under ``prefix`` (fused or per-expert
-    tensors, as `read_experts` reads them), each cut to the rank's intermediate rows; only those
-    parts are read from the checkpoint."""
+    tensors, as `read_experts` reads them; quantized ones stay quantized), each cut to the rank's
+    intermediate rows; only those parts are read from the checkpoint."""
     plan = loader.shard
     held = plan.experts(num_experts)
     gated = names.gate is not None
@@ -60,8 +63,8 @@ def read_expert_shard(
             )
         rows = plan.expert_rows(shape[2])
         in_parts = [rows, range(shape[2] + rows.start, shape[2] + rows.stop)] if gated else [rows]
-        w_in = np.concatenate([_float(loader.weight_part(fused_in, held, part)) for part in in_parts], axis=1)
-        return held, w_in, _float(loader.weight_part(fused_out, held, slice(None), rows))
+        w_in = concat_bank_rows([loader.weight_part(fused_in, held, part) for part in in_parts])
+        return held, w_in, loader.weight_part(fused_out, held, slice(None), rows)
     down = f"{prefix}{held.start}.{names.down}.weight"
     rows = plan.expert_rows(loader.weight_shape(down)[1])
     projections = [names.gate, names.up] if names.gate is not None else [names.up]
@@ -71,9 +74,18 @@ def read_expert_shard(
     stacked_out = stack_experts(
         [loader.weight_part(f"{prefix}{e}.{names.down}.weight", slice(None), rows) for e in held]
     )
-    return held, _float(stacked_in), _float(stacked_out)
+    return held, stacked_in, stacked_out
 
 
-def _float(part: np.ndarray | QuantizedWeight) -> np.ndarray:
-    assert isinstance(part, np.ndarray)  # weight_part refuses quantized weights of split models
-    return part
+def concat_bank_rows(parts: list[Bank]) -> Bank:
+    """Expert banks ``[E, N_i, K]`` joined along each expert's rows (gate rows, then up rows)."""
+    if len(parts) == 1:
+        return parts[0]
+    if all(isinstance(part, np.ndarray) for part in parts):
+        return np.concatenate(parts, axis=1)  # type: ignore[arg-type]
+    experts = parts[0].shape[0]
+    return stack_experts([concat_rows([_expert(part, e) for part in parts]) for e in range(experts)])
+
+
+def _expert(bank: Bank, index: int) -> np.ndarray | QuantizedWeight:
+    return bank.expert(index) if isinstance(bank, QuantizedWeight) else bank[index]

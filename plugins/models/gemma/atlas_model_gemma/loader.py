@@ -18,6 +18,7 @@ from atlas_core.model.layers.expert_parallel import ExpertShard, read_expert_sha
 from atlas_core.model.layers.moe import ExpertNames, MoEFeedForward, read_experts
 from atlas_core.model.layers.norm import RMSNorm
 from atlas_core.model.loader import ModelWeightLoader
+from atlas_core.weights.quantized import as_float
 from atlas_model_gemma import shapes
 from atlas_model_gemma.config import FULL, Family, GemmaLayerSpec, GemmaSpec, parse
 from atlas_model_gemma.layers import Gemma4DecoderLayer, ParallelMoEDecoderLayer
@@ -226,7 +227,7 @@ class Gemma4Loader(GemmaLoader):
         else:
             w_in, w_out = read_experts(self, p + "experts.", spec.num_experts)
         expert_scale = self.float_part(p + "router.per_expert_scale", held).astype(np.float32)
-        w_out = w_out.astype(np.float32) * expert_scale[:, None, None]
+        w_out = as_float(w_out).astype(np.float32) * expert_scale[:, None, None]
         experts: Any = self.layer_type("routed_experts").upload(self.backend, w_in, w_out, "gelu_tanh")
         if self.shard.is_split and self.parallel is not None:
             experts = ExpertShard(experts, held, spec.num_experts)
