@@ -99,9 +99,11 @@ def register_layers(register: Register) -> None:
 def register_comm_backends(register: Register) -> None:
     """Register collective-communication backends (the CommBackend plug point).
 
-    Target: a subclass of :class:`atlas_core.comm.CommBackend` (``all_reduce``, ``all_gather``,
-    ``broadcast``, ``send``/``recv`` across ranks). Core ships ``single`` (one rank).
-    Called in every rank's process.
+    Target: a subclass of :class:`atlas_core.comm.CommBackend` (built per rank with ``connect(rendezvous,
+    backend)``; ``all_reduce``, ``all_gather``, ``broadcast``, ``send``/``recv`` across ranks). Core ships
+    ``single`` (one rank) and ``cpu`` (NumPy arrays over TCP); atlas-comm-nccl ships ``nccl``. A split
+    model uses ``--comm-backend``, else ``cpu`` on the numpy backend and ``nccl`` otherwise. Called in
+    every rank's process.
     """
 
 
