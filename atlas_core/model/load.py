@@ -39,6 +39,7 @@ KNOWN_FAMILY_PACKAGES = {
     "qwen3_5_text": "atlas-model-qwen3-next",
     "qwen3_5_moe_text": "atlas-model-qwen3-next",
     "qwen3_vl": "atlas-model-qwen3-vl",
+    "qwen3_vl_moe": "atlas-model-qwen3-vl",
     "mistral3": "atlas-model-deepseek",
     "nemotron_h": "atlas-model-nemotron-h",
 }

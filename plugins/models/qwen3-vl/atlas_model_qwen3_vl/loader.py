@@ -1,7 +1,8 @@
-"""``qwen3_vl``: Qwen3-VL checkpoints. The text stack (``model.language_model.*``, settings under
-``text_config``) is core's dense decoder with Qwen3's q/k norms, read through `TextStackSource`; the
-vision tower (``model.visual.*``, ``vision_config``) is built from this plugin's registered layers and
-attached as the model's `atlas_core.model.vision.VisionModel`."""
+"""``qwen3_vl`` and ``qwen3_vl_moe``: Qwen3-VL checkpoints. The text stack (``model.language_model.*``,
+settings under ``text_config``) is core's dense decoder with Qwen3's q/k norms (and, for Qwen3-VL-MoE,
+MoE feed-forward layers), read through `TextStackSource`; the vision tower (``model.visual.*``,
+``vision_config``) is built from this plugin's registered layers and attached as the model's
+`atlas_core.model.vision.VisionModel`."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from typing import Any
 
 import numpy as np
 
+from atlas_core.backends.base import Array
 from atlas_core.errors import ModelLoadError
+from atlas_core.model.layers.moe import load_moe, router_spec_from_config
 from atlas_core.model.loader import DenseDecoderLoader, ModelWeightLoader
 from atlas_core.model.rope import inverse_frequencies
+from atlas_core.model.spec import DecoderSpec
 from atlas_core.model.transformer import TransformerModel
-from atlas_core.weights.source import WeightSource
+from atlas_core.weights.quantized import QuantizedWeight
+from atlas_core.weights.source import WeightSource, quantized_tensor, tensor_part, tensor_shape
 from atlas_model_qwen3_vl.layers import LayerNorm, Linear, PatchMerger
 from atlas_model_qwen3_vl.processor import ImageProcessor
 from atlas_model_qwen3_vl.tower import VisionTower
@@ -25,10 +30,18 @@ TEXT_PREFIX = "model.language_model."
 VISION_PREFIX = "model.visual."
 
 
+FUSED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
 class TextStackSource:
     """A vision-language checkpoint's text stack seen as a text-only checkpoint: ``config`` is its
     ``text_config`` (with the top-level ``tie_word_embeddings`` and ``quantization_config``), and text names
-    ``model.X`` read ``model.language_model.X``; other names (``lm_head.weight``) pass through."""
+    ``model.X`` read ``model.language_model.X``; other names (``lm_head.weight``) pass through.
+
+    Fused experts come as core's MoE loader reads them (``gate_up_proj [E, 2I, H]``, ``down_proj
+    [E, H, I]``): published Qwen3-VL-MoE checkpoints store them transposed (``[E, H, 2I]``, ``[E, I, H]``),
+    so a stored tensor whose shape is not the expected one is transposed, as transformers does on load.
+    """
 
     def __init__(self, source: WeightSource, origin: str) -> None:
         text = source.config.get("text_config")
@@ -55,15 +68,31 @@ class TextStackSource:
     def __contains__(self, name: str) -> bool:
         return self.stored(name) in self.source
 
-    def get(self, name: str) -> np.ndarray:
-        return self.source.get(self.stored(name))
+    def transposed(self, name: str) -> bool:
+        """Whether fused-expert tensor ``name`` is stored transposed (see the class docstring)."""
+        if not name.endswith(FUSED_EXPERTS):
+            return False
+        stored = tensor_shape(self.source, self.stored(name))
+        hidden, inter = int(self.config.get("hidden_size", 0)), int(self.config.get("moe_intermediate_size", 0))
+        expected = (2 * inter, hidden) if name.endswith("gate_up_proj") else (hidden, inter)
+        return len(stored) == 3 and stored[1:] != expected and stored[1:] == expected[::-1]
 
-    def __getattr__(self, attribute: str) -> Callable[..., Any]:
-        """The optional readers (``get_quantized``, ``shape``, ``get_part``) of the underlying source, renamed."""
-        if attribute not in ("get_quantized", "shape", "get_part"):
-            raise AttributeError(attribute)
-        method = getattr(self.source, attribute)
-        return lambda name, *args: method(self.stored(name), *args)
+    def get(self, name: str) -> np.ndarray:
+        tensor = self.source.get(self.stored(name))
+        return np.ascontiguousarray(tensor.transpose(0, 2, 1)) if self.transposed(name) else tensor
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        shape = tensor_shape(self.source, self.stored(name))
+        return (shape[0], shape[2], shape[1]) if self.transposed(name) else shape
+
+    def get_part(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        if self.transposed(name):
+            return np.ascontiguousarray(self.get(name)[index])
+        return tensor_part(self.source, self.stored(name), index)
+
+    def get_quantized(self, name: str) -> QuantizedWeight | None:
+        """The stored quantized weight; None for transposed experts (`get` dequantizes and transposes them)."""
+        return None if self.transposed(name) else quantized_tensor(self.source, self.stored(name))
 
 
 class Qwen3VLTextLoader(DenseDecoderLoader):
@@ -72,11 +101,27 @@ class Qwen3VLTextLoader(DenseDecoderLoader):
     spec_overrides = {"qk_norm": True}
 
 
+class Qwen3VLMoeTextLoader(Qwen3VLTextLoader):
+    """Qwen3-VL-MoE's text stack: layers outside ``mlp_only_layers`` whose ``(layer + 1)`` is a multiple of
+    ``decoder_sparse_step`` have a MoE block (softmax router, top ``num_experts_per_tok`` always
+    renormalised, fused experts, no shared expert); the others a dense SwiGLU MLP."""
+
+    def feed_forward(self, spec: DecoderSpec, layer: int) -> Callable[[Array], Array]:
+        config = self.source.config
+        step = int(config.get("decoder_sparse_step") or 1)
+        if layer in (config.get("mlp_only_layers") or []) or (layer + 1) % step:
+            return super().feed_forward(spec, layer)
+        router = router_spec_from_config(config, f"{self.origin}/config.json", scoring="softmax", normalize_top_k=True)
+        return load_moe(self, f"model.layers.{layer}.mlp.", router)
+
+
 class Qwen3VLLoader(ModelWeightLoader):
     """Text stack plus vision tower (see the module docstring)."""
 
+    text_loader: type[DenseDecoderLoader] = Qwen3VLTextLoader
+
     def build(self) -> TransformerModel:
-        text = Qwen3VLTextLoader(
+        text = self.text_loader(
             TextStackSource(self.source, self.origin), self.backend, self.registry, self.origin, self.max_positions
         )
         model = text.build()
@@ -158,3 +203,9 @@ class Qwen3VLLoader(ModelWeightLoader):
             merge,
             float((vision.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
         )
+
+
+class Qwen3VLMoeLoader(Qwen3VLLoader):
+    """``qwen3_vl_moe``: the same tower over Qwen3-VL-MoE's text stack."""
+
+    text_loader = Qwen3VLMoeTextLoader

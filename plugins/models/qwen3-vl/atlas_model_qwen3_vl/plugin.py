@@ -13,6 +13,12 @@ def register_model_loaders(register: Register) -> None:
         architectures=["Qwen3VLForConditionalGeneration"],
         defaults={"reasoning_parser": "qwen3", "tool_call_parser": "hermes"},
     )
+    register(
+        "qwen3_vl_moe",
+        "atlas_model_qwen3_vl.loader:Qwen3VLMoeLoader",
+        architectures=["Qwen3VLMoeForConditionalGeneration"],
+        defaults={"reasoning_parser": "qwen3", "tool_call_parser": "hermes"},
+    )
 
 
 @hookimpl

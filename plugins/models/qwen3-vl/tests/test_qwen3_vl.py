@@ -1,10 +1,12 @@
-"""atlas-model-qwen3-vl against transformers on the tiny ``qwen3_vl`` checkpoint: the image processor's
-pixel values, the tower's merged and deepstack features, M-RoPE positions, logits over image + text prompts
-and greedy decoding (alone and batched with text), the prefix cache keyed by image content, and refusals."""
+"""atlas-model-qwen3-vl against transformers on the tiny ``qwen3_vl`` and ``qwen3_vl_moe`` checkpoints: the
+image processor's pixel values, the tower's merged and deepstack features, M-RoPE positions, logits over
+image + text prompts and greedy decoding (alone and batched with text), published (transposed) fused
+experts, the prefix cache keyed by image content, and refusals."""
 
 from __future__ import annotations
 
 import io
+import shutil
 import struct
 import zlib
 from pathlib import Path
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 from atlas_model_qwen3_vl.vision import mrope_axes
 from PIL import Image, ImageOps
+from safetensors.numpy import load_file, save_file
 
 from atlas_core import LLM, SamplingParams
 from atlas_core.errors import InvalidRequestError
@@ -24,6 +27,7 @@ from atlas_core.testing.parity import TOLERANCE, ReferenceParity
 
 TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 FOLDER = TINY / "qwen3_vl"
+NAMES = ["qwen3_vl", "qwen3_vl_moe"]
 IMAGE_TOKEN = 250
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
 
@@ -34,14 +38,24 @@ class TestReferenceParity(ReferenceParity):
     checkpoints = TINY
 
 
+@pytest.fixture(scope="module", params=NAMES)
+def name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def reference() -> dict[str, np.ndarray]:
-    with np.load(FOLDER / "vision_reference.npz") as data:
+def reference(name: str) -> dict[str, np.ndarray]:
+    with np.load(TINY / name / "vision_reference.npz") as data:
         return dict(data)
 
 
 @pytest.fixture(scope="module")
-def llm() -> LLM:
+def llm(name: str) -> LLM:
+    return TINY.shared_llm(name)
+
+
+@pytest.fixture(scope="module")
+def dense() -> LLM:
     return TINY.shared_llm("qwen3_vl")
 
 
@@ -56,8 +70,9 @@ def prompt_images(llm: LLM, reference: dict[str, np.ndarray], i: int) -> list[Pr
     return [vision.prepare(picture(name)) for name in reference[f"images_{i}"].tolist()]
 
 
-def test_registration() -> None:
-    registration = load_plugins().get("model", "qwen3_vl")
+@pytest.mark.parametrize("model_type", NAMES)
+def test_registration(model_type: str) -> None:
+    registration = load_plugins().get("model", model_type)
     assert registration.plugin.distribution == "atlas-model-qwen3-vl"
 
 
@@ -109,10 +124,10 @@ def test_image_prompt_logits_match(llm: LLM, reference: dict[str, np.ndarray]) -
         np.testing.assert_allclose(ours, reference[f"logprobs_{i}"], atol=TOLERANCE, rtol=0, err_msg=f"prompt {i}")
 
 
-def test_greedy_batched_with_text_prompts(llm: LLM, reference: dict[str, np.ndarray]) -> None:
+def test_greedy_batched_with_text_prompts(name: str, llm: LLM, reference: dict[str, np.ndarray]) -> None:
     """Both image prompts (placeholders given as one token each, expanded by the engine) and a text prompt
     in one batch: greedy tokens and their log-probs are the reference's."""
-    text = TINY.reference("qwen3_vl")
+    text = TINY.reference(name)
     prompts: list[dict[str, object]] = []
     for i in range(2):
         ids = reference[f"prompt_{i}"].tolist()
@@ -131,8 +146,35 @@ def test_greedy_batched_with_text_prompts(llm: LLM, reference: dict[str, np.ndar
     assert outputs[2].outputs[0].token_ids == text["greedy_2"][:8].tolist()
 
 
-def test_prefix_cache_keys_include_the_image(llm: LLM, reference: dict[str, np.ndarray]) -> None:
+def test_published_expert_layout_is_transposed_on_load(tmp_path: Path) -> None:
+    """Qwen3-VL-MoE as published stores fused experts transposed ([E, H, 2I], [E, I, H]): same model."""
+    name, llm = "qwen3_vl_moe", TINY.shared_llm("qwen3_vl_moe")
+    folder = tmp_path / name
+    shutil.copytree(TINY / name, folder)
+    weights = load_file(folder / "model.safetensors")
+    fused = [key for key in weights if key.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    assert len(fused) == 4
+    save_file(
+        {k: np.ascontiguousarray(v.transpose(0, 2, 1)) if k in fused else v for k, v in weights.items()},
+        folder / "model.safetensors",
+        metadata={"format": "pt"},
+    )
+    prompt = TINY.reference(name)["prompt_3"].tolist()
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=0)
+    ours = LLM(folder, kv_cache_memory_gib=1 / 64).generate(prompt, params)[0].outputs[0]
+    want = llm.generate(prompt, params)[0].outputs[0]
+    assert ours.token_ids == want.token_ids
+    assert ours.logprobs is not None and want.logprobs is not None
+    assert [e[t].logprob for e, t in zip(ours.logprobs, ours.token_ids, strict=True)] == pytest.approx(
+        [e[t].logprob for e, t in zip(want.logprobs, want.token_ids, strict=True)], abs=1e-5
+    )
+
+
+def test_prefix_cache_keys_include_the_image(dense: LLM) -> None:
     """The same image and text reuse the cached blocks; a different image of the same size does not."""
+    llm = dense
+    with np.load(FOLDER / "vision_reference.npz") as data:
+        reference = dict(data)
     ids = reference["prompt_0"].tolist()
     same = llm.generate({"prompt_token_ids": ids, "images": [picture("a")]}, GREEDY)[0]
     again = llm.generate({"prompt_token_ids": ids, "images": [picture("a")]}, GREEDY)[0]
@@ -175,13 +217,15 @@ def encoded(image: Image.Image, kind: str = "PNG") -> bytes:
     ],
     ids=["truncated-png", "1x1", "20k-by-20k", "6k-by-6k", "pdf", "tiff"],
 )
-def test_bad_images_are_refused_naming_the_part(llm: LLM, data: bytes, message: str) -> None:
+def test_bad_images_are_refused_naming_the_part(dense: LLM, data: bytes, message: str) -> None:
+    llm = dense
     with pytest.raises(InvalidRequestError, match=rf"prompts\[0\]\.images\[0\]: .*{message}"):
         llm.generate({"prompt_token_ids": [1, IMAGE_TOKEN, 2], "images": [data]}, GREEDY)
     assert decode_image(encoded(picture("b")), "x").size == (20, 36)
 
 
-def test_placeholders_must_pair_with_images(llm: LLM) -> None:
+def test_placeholders_must_pair_with_images(dense: LLM) -> None:
+    llm = dense
     with pytest.raises(InvalidRequestError, match="1 image placeholder"):
         llm.generate({"prompt_token_ids": [1, IMAGE_TOKEN, 2], "images": [picture("a"), picture("b")]}, GREEDY)
     with pytest.raises(InvalidRequestError, match="3 tokens long"):
