@@ -10,6 +10,7 @@ import shutil
 import struct
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -231,3 +232,25 @@ def test_placeholders_must_pair_with_images(dense: LLM) -> None:
     with pytest.raises(InvalidRequestError, match="3 tokens long"):
         llm.generate({"prompt_token_ids": [1, *[IMAGE_TOKEN] * 3, 2], "images": [picture("a")]}, GREEDY)
     assert not llm.engine.has_unfinished()
+
+
+def test_chunked_prefill_encodes_each_image_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefill chunks of 7 tokens cut both images of prompt 1 several times: each chunk takes its share of
+    the rows, the tower runs once per image, and the greedy tokens are the reference's."""
+    with np.load(FOLDER / "vision_reference.npz") as data:
+        reference = dict(data)
+    llm = LLM(FOLDER, kv_cache_memory_gib=1 / 64, max_prefill_tokens=7, enable_prefix_caching=False)
+    vision = llm.loaded.model.vision
+    assert vision is not None
+    encoded: list[int] = []
+    encode = vision.encode
+
+    def counting(images: list[PreparedImage]) -> Any:
+        encoded.append(len(images))
+        return encode(images)
+
+    monkeypatch.setattr(vision, "encode", counting)
+    prompt = {"prompt_token_ids": reference["prompt_1"].tolist(), "images": [picture("b"), picture("a")]}
+    output = llm.generate(prompt, GREEDY)[0].outputs[0]
+    assert output.token_ids == reference["greedy_1"].tolist()
+    assert encoded == [1, 1]  # image b in the first chunks, image a later: one encoder call each
