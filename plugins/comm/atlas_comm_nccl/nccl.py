@@ -65,7 +65,11 @@ class NcclComm(CommBackend):
         unique_id = list(nccl.get_unique_id()) if rendezvous.rank == 0 else None
         shared = rendezvous.exchange(unique_id)[0]
         try:
-            communicator = nccl.NcclCommunicator(rendezvous.world_size, tuple(shared), rendezvous.rank)
+            try:
+                communicator = nccl.NcclCommunicator(rendezvous.world_size, tuple(shared), rendezvous.rank)
+            except TypeError:  # CuPy releases whose unique id is bytes, not a tuple of (signed) chars
+                comm_id = bytes(value & 0xFF for value in shared)
+                communicator = nccl.NcclCommunicator(rendezvous.world_size, comm_id, rendezvous.rank)
         except Exception as exc:  # NcclError: the message names NCCL's reason
             raise CommError(f"rank {rendezvous.rank}: NCCL could not set up the communicator: {exc}") from exc
         return cls(rendezvous.rank, rendezvous.world_size, communicator, nccl, cupy, rendezvous.address.timeout_s)

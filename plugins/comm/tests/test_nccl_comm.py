@@ -275,6 +275,26 @@ def test_connect_hands_rank_0s_unique_id_to_every_rank(monkeypatch: pytest.Monke
     assert [(c.rank, c.world_size, c.timeout_s) for c in comms] == [(0, 2, 7.0), (1, 2, 7.0)]
 
 
+def test_connect_passes_a_bytes_unique_id_where_cupy_wants_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CuPy releases whose NcclCommunicator takes the id as bytes (and refuses a tuple with TypeError)."""
+    made: list[bytes] = []
+    nccl = fake_nccl()
+    nccl.get_unique_id = lambda: bytes(range(128))
+
+    def communicator(size: int, unique_id: Any, rank: int) -> object:
+        if not isinstance(unique_id, bytes):
+            raise TypeError(f"Argument 'commId' has incorrect type (expected bytes, got {type(unique_id).__name__})")
+        made.append(unique_id)
+        return object()
+
+    nccl.NcclCommunicator = communicator
+    install_fake_cupy(monkeypatch, nccl)
+    shared: list[Any] = []
+    for rank in (0, 1):
+        NcclComm.connect(FakeRendezvous(rank, 2, shared), None)  # type: ignore[arg-type]
+    assert made == [bytes(range(128))] * 2
+
+
 def test_connect_without_nccl_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     nccl = fake_nccl()
     nccl.available = False
