@@ -43,6 +43,9 @@ CASES = [  # (checkpoint, tensor_parallel_size, expert_parallel_size)
     ("nemotron_h", 1, 2),
     ("nemotron_h_latent", 2, 2),
     ("gemma4_moe", 1, 2),
+    ("gemma3", 2, 1),
+    ("gemma4", 2, 1),
+    ("gemma4_moe", 2, 2),
     ("llama_fp8_channel", 2, 1),
     ("mistral_fp8_tensor", 2, 1),
     ("qwen3_moe_fp8", 2, 2),
@@ -125,7 +128,9 @@ def test_a_rank_started_with_other_sizes_is_refused() -> None:
         )
 
 
-def test_a_family_that_cannot_split_is_refused_by_name() -> None:
+def test_a_family_that_cannot_split_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from atlas_model_llama.loader import LlamaLoader
+
     from atlas_core.backends.select import select_backend
     from atlas_core.comm import SingleProcessComm
     from atlas_core.errors import ModelLoadError
@@ -133,7 +138,11 @@ def test_a_family_that_cannot_split_is_refused_by_name() -> None:
     from atlas_core.model.sharding import TensorParallel
     from atlas_core.plugins import get_registry
 
-    registry = get_registry()
-    parallel = TensorParallel(ShardPlan(0, 2, 1), SingleProcessComm())
-    with pytest.raises(ModelLoadError, match="'gemma3_text' family .* cannot split a model by tensor parallelism"):
-        load_model(TINY / "gemma3", select_backend(registry, "numpy"), registry, parallel=parallel)
+    monkeypatch.setattr(LlamaLoader, "supports_tensor_parallel", False)  # a third party's family that has not opted in
+    registry, folder = get_registry(), TINY / "llama"
+    backend = select_backend(registry, "numpy")
+    with pytest.raises(ModelLoadError, match="'llama' family .* cannot split a model by tensor parallelism"):
+        load_model(folder, backend, registry, parallel=TensorParallel(ShardPlan(0, 2, 1), SingleProcessComm()))
+    monkeypatch.setattr(LlamaLoader, "supports_expert_parallel", False)
+    with pytest.raises(ModelLoadError, match="'llama' family .* cannot split a model over ranks"):
+        load_model(folder, backend, registry, parallel=TensorParallel(ShardPlan(0, 1, 2), SingleProcessComm()))

@@ -34,7 +34,8 @@ class GemmaLoader(ModelWeightLoader):
     """The parts Gemma 3 and Gemma 4 share; subclasses set `family` and build their layers."""
 
     family: ClassVar[Family]
-    supports_expert_parallel = True  # a rank holds its experts (`moe`); every other layer is whole on each rank
+    supports_tensor_parallel = True  # attention by heads, MLPs by rows, the vocabulary by rows
+    supports_expert_parallel = True  # a rank holds its experts (`moe`)
     zero_centred_norms: ClassVar[bool] = True
     """Whether the checkpoint's RMSNorm weights are ``w`` of a norm scaling by ``1 + w`` (Gemma 3)."""
 
@@ -52,7 +53,7 @@ class GemmaLoader(ModelWeightLoader):
         for i, layer in enumerate(self.spec.layers):
             if layer.kv_source == i:
                 self.cache_slots[i] = len(self.cache_slots)
-        embed = self.upload(self.prefix + "embed_tokens.weight")
+        embed, vocab_split = self.vocab_rows(self.prefix + "embed_tokens.weight")
         owners = [self.spec.layers[i] for i in self.cache_slots]
         return self.model_class()(
             self.backend,
@@ -60,11 +61,12 @@ class GemmaLoader(ModelWeightLoader):
             layers=[self.decoder_layer(i, self.spec.layers[i]) for i in self.layer_progress(len(self.spec.layers))],
             final_norm=self.norm(self.prefix + "norm.weight"),
             lm_head=embed if self.spec.tie_word_embeddings else self._lm_head(),
-            kv_layouts=[KVLayout(layer.num_kv_heads, layer.head_dim) for layer in owners],
+            kv_layouts=[KVLayout(len(self.kv_heads(layer)), layer.head_dim) for layer in owners],
             vocab_size=int(self.spec["vocab_size"]),
             max_position_embeddings=int(self.spec["max_position_embeddings"]),
             hidden_size=int(self.spec["hidden_size"]),
             final_logit_softcapping=self.spec.final_logit_softcapping,
+            vocab_split=vocab_split,
             **self.model_extras(),
         )
 
@@ -97,7 +99,7 @@ class GemmaLoader(ModelWeightLoader):
         p = f"{self.prefix}layers.{i}."
         return (layer_class or self.layer_type("sandwich_decoder_layer"))(
             input_norm=self.norm(p + "input_layernorm.weight"),
-            mixer=self.attention(i, layer),
+            mixer=self.reduced_mixer(self.attention(i, layer)),
             post_mixer_norm=self.norm(p + "post_attention_layernorm.weight"),
             pre_ffn_norm=self.norm(p + "pre_feedforward_layernorm.weight"),
             ffn=self.mlp(p + "mlp."),
@@ -119,11 +121,22 @@ class GemmaLoader(ModelWeightLoader):
             self.family == "gemma4" and bool(self.spec["attention_k_eq_v"]) and layer.layer_type == FULL and not shared
         )
         projections = ["q"] if shared else ["q", "k"] if values_from_keys else ["q", "k", "v"]
+        heads, kv_heads = (
+            self.shard.split(int(self.spec["num_attention_heads"]), "num_attention_heads"),
+            self.kv_heads(layer),
+        )
+        dim = layer.head_dim
+        rows = {"q": range(heads.start * dim, heads.stop * dim), "k": range(kv_heads.start * dim, kv_heads.stop * dim)}
+        rows["v"] = rows["k"]
+
+        def parts(kind: str) -> list[Any]:
+            return [self.weight_part(f"{a}{n}_proj.{kind}", rows[n]) for n in projections]
+
         weights = AttentionWeights(
-            qkv=self.upload(*(f"{a}{n}_proj.weight" for n in projections)),
-            o=self.upload(a + "o_proj.weight"),
-            qkv_bias=self.optional_upload(bias, *(f"{a}{n}_proj.bias" for n in projections)),
-            o_bias=self.optional_upload(bias, a + "o_proj.bias"),
+            qkv=self.upload_arrays(*parts("weight")),
+            o=self.upload_arrays(self.weight_part(a + "o_proj.weight", slice(None), rows["q"])),
+            qkv_bias=self.upload_arrays(*parts("bias")) if bias else None,
+            o_bias=self.row_parallel_bias(bias, a + "o_proj.bias"),
             q_norm=self.norm(a + "q_norm.weight"),
             k_norm=None if shared else self.norm(a + "k_norm.weight"),
             v_norm=self.unit_norm(layer.head_dim) if self.family == "gemma4" and not shared else None,
@@ -135,14 +148,18 @@ class GemmaLoader(ModelWeightLoader):
             self.backend,
             weights,
             layer_index=self.cache_slots[layer.kv_source],
-            num_heads=int(self.spec["num_attention_heads"]),
-            num_kv_heads=layer.num_kv_heads,
+            num_heads=len(heads),
+            num_kv_heads=len(kv_heads),
             head_dim=layer.head_dim,
             rope_cos=cos,
             rope_sin=sin,
             scale=self.spec.attention_scale,
             sliding_window=layer.sliding_window,
         )
+
+    def kv_heads(self, layer: GemmaLayerSpec) -> range:
+        """The key/value heads of ``layer`` this rank keeps (`ShardPlan.kv_heads`; all of them unsplit)."""
+        return self.shard.kv_heads(layer.num_kv_heads, int(self.spec["num_attention_heads"]))
 
     def _rope_tables(self, layer: GemmaLayerSpec) -> tuple[Array, Array]:
         key = (layer.layer_type, layer.head_dim)
@@ -152,7 +169,7 @@ class GemmaLoader(ModelWeightLoader):
 
     def _lm_head(self) -> Array:
         """The untied output projection (tie_word_embeddings is false)."""
-        return self.upload(self.find_prefix(LM_HEAD_PREFIXES, "lm_head.weight") + "lm_head.weight")
+        return self.lm_head(self.find_prefix(LM_HEAD_PREFIXES, "lm_head.weight") + "lm_head.weight")
 
 
 class Gemma3Loader(GemmaLoader):

@@ -42,7 +42,7 @@ class Gemma4Model(GemmaModel):
         super().__init__(backend, **kwargs)
         self.per_layer_inputs = per_layer_inputs
 
-    def forward(self, batch: ForwardBatch, kv: KVCache) -> Array:
+    def _forward(self, batch: ForwardBatch, kv: KVCache) -> Array:  # `forward` (and a split model's mirror) calls it
         hidden, residual = self.embed(batch.input_ids), None
         inputs = None if self.per_layer_inputs is None else self.per_layer_inputs(batch.input_ids, hidden)
         for i, layer in enumerate(cast("list[Gemma4DecoderLayer]", self.layers)):
