@@ -3,7 +3,8 @@ fetching them under the server's media policy, and preparing them for the served
 
 ``data:`` URLs (base64) and Anthropic base64 sources are always read; ``http(s)`` URLs only when
 ``--allow-remote-media`` is on or the host is one of ``--allowed-media-domains`` (or a subdomain of one),
-each fetch limited to ``media_max_bytes`` and ``media_fetch_timeout`` seconds. Every failure is a 400 naming
+each fetch limited to ``media_max_bytes`` and ``media_fetch_timeout`` seconds (in all), following redirects only
+to URLs the policy allows. Every failure is a 400 naming
 the request part. Fetching, decoding and preprocessing are blocking: they run in `render`'s worker thread.
 """
 
@@ -11,16 +12,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any
+from http.client import HTTPMessage
+from typing import IO, Any
 
 from atlas_core.errors import InvalidRequestError
 from atlas_core.model.images import decode_image, prepare_image
 from atlas_core.model.vision import PreparedImage, VisionModel
 from atlas_core.server.errors import invalid
 
+READ_SIZE = 1 << 16
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/jpg", "image/webp", "image/gif", "image/bmp")
 
 
@@ -91,25 +96,55 @@ def read_image(ref: ImageRef, policy: MediaPolicy) -> bytes:
         if media_type.lower() not in IMAGE_TYPES:
             raise invalid(f"{part}: data URL type {media_type!r} is not an image type", param=part)
         return _base64(payload, part)
-    parsed = urllib.parse.urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise invalid(f"{part}: image URLs must be data:, http: or https: URLs", param=part)
-    host = parsed.hostname.lower()
-    allowed = any(host == d or host.endswith("." + d) for d in policy.allowed_domains)
-    if not (policy.allow_remote or allowed):
-        raise invalid(
-            f"{part}: fetching images from {host} is not allowed on this server (--allowed-media-domains, "
-            "--allow-remote-media); send the image as a data: URL",
-            param=part,
-        )
+    refusal = _refusal(url, policy)
+    if refusal:
+        raise invalid(f"{part}: {refusal}", param=part)
+    opener = urllib.request.build_opener(_CheckedRedirects(policy))
+    deadline = time.monotonic() + policy.timeout
+    data = b""
     try:
-        with urllib.request.urlopen(url, timeout=policy.timeout) as response:  # noqa: S310 (scheme checked above)
-            data = response.read(policy.max_bytes + 1)
+        with opener.open(url, timeout=policy.timeout) as response:
+            while len(data) <= policy.max_bytes:
+                if time.monotonic() > deadline:
+                    raise invalid(f"{part}: fetching the image took more than {policy.timeout} s", param=part)
+                chunk = response.read(min(READ_SIZE, policy.max_bytes + 1 - len(data)))
+                if not chunk:
+                    break
+                data += chunk
     except OSError as exc:
         raise invalid(f"{part}: the image could not be fetched: {exc}", param=part) from exc
     if len(data) > policy.max_bytes:
         raise invalid(f"{part}: the image is larger than {policy.max_bytes} bytes", param=part)
     return data
+
+
+def _refusal(url: str, policy: MediaPolicy) -> str | None:
+    """Why ``url`` may not be fetched under ``policy`` (None: it may)."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return "image URLs must be data:, http: or https: URLs"
+    host = parsed.hostname.lower()
+    if policy.allow_remote or any(host == d or host.endswith("." + d) for d in policy.allowed_domains):
+        return None
+    return (
+        f"fetching images from {host} is not allowed on this server (--allowed-media-domains, --allow-remote-media); "
+        "send the image as a data: URL"
+    )
+
+
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to a URL the policy allows (else the fetch fails)."""
+
+    def __init__(self, policy: MediaPolicy) -> None:
+        self.policy = policy
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: HTTPMessage, newurl: str
+    ) -> urllib.request.Request | None:
+        refusal = _refusal(newurl, self.policy)
+        if refusal:
+            raise urllib.error.URLError(f"redirected to {newurl}: {refusal}")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 def prepare_images(vision: VisionModel | None, refs: list[ImageRef], policy: MediaPolicy) -> list[PreparedImage]:

@@ -153,6 +153,11 @@ def test_anthropic_sdk_base64_image_block(server: LiveServer) -> None:
 
 class _Images(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path == "/redirect":  # to the same server under another host name
+            self.send_response(302)
+            self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/a.png")
+            self.end_headers()
+            return
         body = png()
         self.send_response(200)
         self.send_header("Content-Type", "image/png")
@@ -185,6 +190,9 @@ def test_remote_images_only_from_allowed_hosts(
         model="qwen3-vl", messages=openai_messages(image_host), max_tokens=2
     )
     assert chat.usage is not None and chat.usage.prompt_tokens > IMAGE_TOKENS
+    redirect = image_host.replace("/a.png", "/redirect")
+    with pytest.raises(openai.BadRequestError, match="redirected to http://localhost:.*is not allowed"):
+        allowed.openai().chat.completions.create(model="qwen3-vl", messages=openai_messages(redirect), max_tokens=2)
     small = start(media=MediaPolicy(allow_remote=True, max_bytes=100))
     with pytest.raises(openai.BadRequestError, match="larger than 100 bytes"):
         small.openai().chat.completions.create(model="qwen3-vl", messages=openai_messages(image_host), max_tokens=2)
