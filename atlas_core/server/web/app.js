@@ -105,7 +105,10 @@ function requestOptions() {
 
 const MODELS_RETRY_MS = 1000; // how often the list is asked for again while the model loads (503)
 
+let modelsRetry = null; // the pending retry of loadModels, at most one
+
 async function loadModels() {
+  clearTimeout(modelsRetry);
   let response;
   try {
     response = await fetch("/v1/models", { headers: authHeaders() });
@@ -121,7 +124,7 @@ async function loadModels() {
   }
   if (response.status === 503) {
     showStatus("The model is still loading; it appears here when it is ready.");
-    setTimeout(loadModels, MODELS_RETRY_MS);
+    modelsRetry = setTimeout(loadModels, MODELS_RETRY_MS);
     return;
   }
   if (!response.ok) {
