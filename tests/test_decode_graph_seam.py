@@ -70,5 +70,6 @@ def test_mtp_reads_the_hidden_states_of_captured_steps(monkeypatch: Any) -> None
     assert graphed.engine.speculation is not None
     graphed_drafts = RecordedDrafts(graphed.engine.speculation.proposer)  # type: ignore[arg-type]
     assert [o.outputs[0].token_ids for o in graphed.generate(prompts, params)] == want
-    assert created[0].batches, "no decode step went through the graphs"
+    assert any(b.is_pure_decode for b in created[0].batches), "no decode step went through the graphs"
+    assert any(b.verify_tokens == 3 for b in created[0].batches), "no uniform verify step reached the graphs"
     assert graphed_drafts.drafts == eager_drafts.drafts and any(graphed_drafts.drafts.values())

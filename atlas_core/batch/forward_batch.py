@@ -31,6 +31,8 @@ class ForwardBatch:
     (one per sequence to sample, plus every prompt row whose prompt logprobs are asked for).
     state_slots: backend int32 ``[B]``, each sequence's recurrent-state slot (-1: none).
     is_pure_decode: every sequence contributes exactly one decode token (graph-capturable).
+    verify_tokens: speculative decoding's verify step where every sequence contributes its decode token
+    and the same number of draft tokens, this many in all per sequence (graph-capturable); 0: not one.
     visual: image features to place into this batch's rows (None: a text-only batch).
     rope_rows: multimodal RoPE (M-RoPE) of a batch with image tokens: per-token ``(cos, sin)`` rows
     ``[T, R/2]`` (float32) and the row indices ``arange(T)`` (int32), which replace ``positions`` and the
@@ -43,6 +45,7 @@ class ForwardBatch:
     logits_rows: np.ndarray
     state_slots: Array
     is_pure_decode: bool = False
+    verify_tokens: int = 0
     visual: VisualRows | None = None
     rope_rows: tuple[Array, Array, Array] | None = None
 

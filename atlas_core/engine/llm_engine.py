@@ -137,13 +137,6 @@ class LLMEngine:
         )
         if self.speculation:
             self.speculation.guided = self.guided
-            if self.runner.decode_graphs is not None:
-                log.info(
-                    "speculative decoding: verify steps run without captured graphs on the %s backend (an eager "
-                    "step each); where captured decode is much faster than eager (MoE and hybrid models), "
-                    "speculation can be slower than plain decoding: see docs/benchmarks.md",
-                    backend.name,
-                )
         self.requests: dict[str, Request] = {}
 
     @property

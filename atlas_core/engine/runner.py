@@ -50,22 +50,23 @@ class ScheduledChunk:
 
 
 class DecodeGraphs(Protocol):
-    """Captured pure-decode forwards over fixed buffers, one per batch-size bucket (CUDA graphs).
+    """Captured pure-decode forwards over fixed buffers, one per batch-size bucket (CUDA graphs), and,
+    where the backend captures them too, uniform verify steps (`ForwardBatch.verify_tokens`).
 
     A backend offers them through ``Backend.decode_graphs(model, kv)``; results must equal the
     eager forward's.
     """
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        """True when a captured bucket fits this pure-decode batch."""
+        """True when a captured graph serves this batch (pure decode, or a uniform verify step)."""
         ...
 
     last_hidden: Array | None
-    """The final hidden states ``[B, H]`` of the last `run` (valid until the next one); speculative
+    """The final hidden states ``[T, H]`` of the last `run` (valid until the next one); speculative
     proposers that read hidden states (MTP) use them. None: the backend does not keep them."""
 
     def run(self, batch: ForwardBatch) -> Array:
-        """Replay: the logits ``[B, V]`` of the batch's decode tokens."""
+        """Replay: the logits ``[T, V]`` of every token of the batch."""
         ...
 
 
@@ -173,6 +174,7 @@ class ModelRunner:
             state_slots=upload(np.asarray(state_slots, dtype=np.int32)),
             is_pure_decode=all(c.num_tokens == 1 and c.seq.is_decoding and not c.draft for c in chunks)
             and not rows.prompt_rows,
+            verify_tokens=_verify_tokens(chunks) if not rows.prompt_rows and visual is None else 0,
             visual=visual,
             rope_rows=rope_rows,
         )
@@ -216,7 +218,7 @@ class ModelRunner:
         """``(final hidden states, logits of batch.logits_rows)``; a captured graph, when one fits,
         gives the hidden states its backend keeps (`DecodeGraphs.last_hidden`); no logits rows, no logits."""
         graphs = self.decode_graphs
-        if batch.is_pure_decode and graphs is not None and graphs.can_run(batch):
+        if (batch.is_pure_decode or batch.verify_tokens) and graphs is not None and graphs.can_run(batch):
             logits = graphs.run(batch)
             return graphs.last_hidden, logits
         hidden = self.model.forward(batch, self.kv)
@@ -289,3 +291,11 @@ class ModelRunner:
                 if self.rollback is not None and accepted < len(draft) and not seq.finished:
                     self.rollback.restore(seq)
         return list(dict.fromkeys(seqs))
+
+
+def _verify_tokens(chunks: list[ScheduledChunk]) -> int:
+    """`ForwardBatch.verify_tokens` of a step: 1 + the drafts' length when every chunk is a decode token
+    with that many drafts, else 0."""
+    lengths = {len(chunk.draft) for chunk in chunks}
+    uniform = len(lengths) == 1 and all(chunk.num_tokens == 1 and chunk.seq.is_decoding for chunk in chunks)
+    return 1 + lengths.pop() if uniform and 0 not in lengths else 0

@@ -27,15 +27,18 @@ WIDE = 16
 
 @dataclass
 class StaticAttentionPlan:
-    """A fixed work list for graph capture: every sequence of the bucket is one decode token, cut into
-    ``splits`` splits of the context (rows whose context is shorter get empty splits); 0: direct mode."""
+    """A fixed work list for graph capture: every sequence of the bucket is ``query_tokens`` tokens (one
+    decode token, or a verify step's token and its drafts), cut into ``splits`` splits of the context
+    (rows whose context is shorter get empty splits); 0: direct mode."""
 
     work: Any
     """Device int32 ``[num_seqs * splits, 4]``: (sequence, 0, split, 0)."""
     splits: int
     derived: dict[str, Any] = field(default_factory=dict)
-    """Plans other kernels derive from this one (MLA's, whose splits are longer), made during the
-    eager warm-up before capture and kept as long as the graph that holds this plan."""
+    """Plans other kernels derive from this one (MLA's, whose splits are longer; the query tiles of
+    several tokens per sequence), made during the eager warm-up before capture and kept as long as the
+    graph that holds this plan."""
+    query_tokens: int = 1
 
     @property
     def num_seqs(self) -> int:
@@ -69,12 +72,13 @@ class AttentionRunner:
         """Splits of ``split`` keys (default: attention's) that cover ``context`` keys, at least 1."""
         return max(1, math.ceil(context / (split or self.split)))
 
-    def static_work(self, num_seqs: int, splits: int) -> StaticAttentionPlan:
-        """One item per (sequence, split); with a single split, direct mode (no workspace, no combine)."""
-        work = np.zeros((num_seqs * splits, 4), dtype=np.int32)
-        work[:, 0] = np.repeat(np.arange(num_seqs), splits)
-        work[:, 2] = np.tile(np.arange(splits), num_seqs) if splits > 1 else -1
-        return StaticAttentionPlan(self.cp.asarray(work), splits if splits > 1 else 0)
+    def static_work(self, num_seqs: int, splits: int, query_tokens: int = 1) -> StaticAttentionPlan:
+        """One item per (sequence, split); with a single split, direct mode (no workspace, no combine).
+        With several ``query_tokens`` per sequence, the items of each tile of them are derived when the
+        tile size is known (`_plan`, in the eager warm-up)."""
+        seqs = np.arange(num_seqs)
+        work = _items(seqs, np.zeros_like(seqs), splits if splits > 1 else 0)
+        return StaticAttentionPlan(self.cp.asarray(work), splits if splits > 1 else 0, query_tokens=query_tokens)
 
     def __call__(
         self,
@@ -189,10 +193,17 @@ class AttentionRunner:
         )
 
     def _plan(self, meta: AttentionMetadata, group: int, tokens: int, kv_heads: int, max_rows: int = 64) -> _Plan:
-        if self.static is not None:
-            return _Plan(
-                self.static.work, int(self.static.work.shape[0]), self.static.splits, 16 if group <= 16 else 64
-            )
+        static = self.static
+        if static is not None and static.query_tokens == 1:
+            return _Plan(static.work, int(static.work.shape[0]), static.splits, 16 if group <= 16 else 64)
+        if static is not None:  # a captured verify step: query tiles of the sequences' tokens
+            tile_rows = 16 if static.query_tokens * group <= 16 or max_rows == 16 else 64
+            key = f"tiles_{tile_rows}_{group}"
+            if key not in static.derived:
+                q_lens = np.full(static.num_seqs, static.query_tokens)
+                static.derived[key] = self.cp.asarray(_items(*_tiles(q_lens, tile_rows // group), static.splits))
+            work = static.derived[key]
+            return _Plan(work, int(work.shape[0]), static.splits, tile_rows)
         q_lens, lengths = self.host_lengths(meta)
         tile_rows = 16 if int(q_lens.max(initial=0)) * group <= 16 or max_rows == 16 else 64
         work, splits = self.work_list(q_lens, lengths, tile_rows // group, kv_heads, self.split)
@@ -213,21 +224,12 @@ class AttentionRunner:
         and contexts span several splits of ``split`` keys (or `split_policy` says "always"), every item
         is cut into its splits; the kernels give the same bits either way.
         """
-        seqs = np.repeat(np.arange(len(q_lens)), -(-q_lens // tokens_per_tile))
-        first = (
-            np.concatenate([np.arange(0, n, tokens_per_tile) for n in q_lens]) if len(q_lens) else np.zeros(0, np.int64)
-        )
+        seqs, first = _tiles(q_lens, tokens_per_tile)
         splits = self.splits_for(int(lengths.max(initial=1)), split)
         idle = len(seqs) * blocks_per_item < self.backend.profile.sm_count
         if self.split_policy == "always" or (self.split_policy == "auto" and splits > 1 and idle):
-            work = np.zeros((len(seqs) * splits, 4), dtype=np.int32)
-            work[:, 0] = np.repeat(seqs, splits)
-            work[:, 1] = np.repeat(first, splits)
-            work[:, 2] = np.tile(np.arange(splits), len(seqs))
-            return work, splits
-        work = np.zeros((len(seqs), 4), dtype=np.int32)
-        work[:, 0], work[:, 1], work[:, 2] = seqs, first, -1
-        return work, 0
+            return _items(seqs, first, splits), splits
+        return _items(seqs, first, 0), 0
 
     def host_lengths(self, meta: AttentionMetadata) -> tuple[np.ndarray, np.ndarray]:
         """Query tokens and context length of every sequence on the host, read once per forward (per
@@ -235,3 +237,24 @@ class AttentionRunner:
         if self._host_meta is None or self._host_meta[0] is not meta:
             self._host_meta = (meta, self.cp.asnumpy(meta.query_start_loc), self.cp.asnumpy(meta.seq_lens))
         return np.diff(self._host_meta[1]), self._host_meta[2]
+
+
+def _tiles(q_lens: np.ndarray, tokens_per_tile: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sequence, first query token) of every tile of ``tokens_per_tile`` query tokens."""
+    seqs = np.repeat(np.arange(len(q_lens)), -(-q_lens // tokens_per_tile))
+    first = np.concatenate([np.arange(0, n, tokens_per_tile) for n in q_lens]) if len(q_lens) else np.zeros(0, np.int64)
+    return seqs, first
+
+
+def _items(seqs: np.ndarray, first: np.ndarray, splits: int) -> np.ndarray:
+    """Work items (sequence, first query token, split, 0): each tile cut into ``splits`` splits of its
+    context, or (direct mode, ``splits`` 0) one item per tile with split -1."""
+    if not splits:
+        work = np.zeros((len(seqs), 4), dtype=np.int32)
+        work[:, 0], work[:, 1], work[:, 2] = seqs, first, -1
+        return work
+    work = np.zeros((len(seqs) * splits, 4), dtype=np.int32)
+    work[:, 0] = np.repeat(seqs, splits)
+    work[:, 1] = np.repeat(first, splits)
+    work[:, 2] = np.tile(np.arange(splits), len(seqs))
+    return work

@@ -15,6 +15,11 @@ allocated from the shared pool and the buffers stay owned by the graph. Each gra
 one graph's scratch memory must never overlap the logits or the work list that another graph keeps
 between replays.
 A model whose forward cannot be captured (a host fallback op, say) runs eagerly, with one log line.
+
+Speculative decoding's verify steps (`ForwardBatch.verify_tokens`: every sequence one token and the
+same number of drafts) replay graphs of their own, keyed by the exact number of sequences (at most
+`MAX_VERIFY_SEQS`), the tokens per sequence and the context splits; their inputs have their own
+buffers. A model whose verify step cannot be captured (MLA, say) verifies eagerly.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ MIN_SPLIT_ITEMS = 16
 decode token's attention spreads over 16 blocks per KV head (splits past its context exit at once),
 and one graph serves every context up to 16 splits, so a growing context does not re-capture."""
 DIRECT_MIN_BATCH = 16
+MAX_VERIFY_SEQS = 8
+"""Verify steps of at most this many sequences replay graphs (speculation pays most at small batches)."""
+MAX_VERIFY_TOKENS = 17
 """Batch buckets from this size run attention in direct mode (a block per sequence and KV head walks
 all its splits): enough blocks to fill the GPU, no workspace, no combine, one graph for every context."""
 
@@ -72,9 +80,20 @@ class CudaDecodeGraphs:
         self.failed = False
         self.replays = 0
         self.last_hidden: Any = None
+        self.verify = _VerifyBuffers(cp, self.table_width)
+        self.verify_failed = False
+        self.capture_error = ""
+        self.verify_graphs: dict[tuple[int, int, int], tuple[Any, ...]] = {}
 
     def can_run(self, batch: ForwardBatch) -> bool:
         num_seqs = batch.attention.seq_lens.shape[0]
+        if batch.verify_tokens:
+            return (
+                not self.verify_failed
+                and num_seqs <= MAX_VERIFY_SEQS
+                and batch.verify_tokens <= MAX_VERIFY_TOKENS
+                and batch.attention.block_tables.shape[1] <= self.table_width
+            )
         return (
             not self.failed
             and num_seqs <= self.max_batch
@@ -83,6 +102,8 @@ class CudaDecodeGraphs:
         )
 
     def run(self, batch: ForwardBatch) -> Any:
+        if batch.verify_tokens:
+            return self._run_verify(batch)
         meta = batch.attention
         b = meta.seq_lens.shape[0]
         size = bucket(b)
@@ -144,19 +165,31 @@ class CudaDecodeGraphs:
     def _capture(self, size: int, splits: int) -> tuple[Any, Any, Any, Any, Any] | None:
         """(graph, its logits buffer, its final hidden states, its attention work list, its memory pool):
         kept as long as the graph."""
-        cp, backend = self.cp, self.backend
-        batch = self._batch(size)
-        runner = backend.attention_runner
+        cp = self.cp
         cp.cuda.Device().synchronize()
         self.seq_lens[:size] = 0  # the warm-up reads no KV and writes none, and no recurrent state
         self.slot_mapping[:size] = -1
         self.state_slots[:size] = -1
         cp.cuda.Device().synchronize()
+        captured = self._capture_forward(
+            self._batch(size), lambda: self.backend.attention_runner.static_work(size, splits)
+        )
+        if captured is None:
+            self.failed = True
+            log.warning("decode graphs disabled for this model, decode runs eagerly: %s", self.capture_error)
+            return None
+        log.info("captured decode graph: batch bucket %d, %d context splits", size, splits)
+        return captured
+
+    def _capture_forward(self, batch: ForwardBatch, make_plan: Any) -> tuple[Any, Any, Any, Any, Any] | None:
+        """Warm up, then capture the forward of ``batch`` (its buffers) with the attention plan
+        ``make_plan()``: (graph, logits, hidden, plan, pool), or None (``capture_error`` says why)."""
+        cp, runner = self.cp, self.backend.attention_runner
         graph = None
         pool = cp.cuda.MemoryPool()
         try:
             with cp.cuda.using_allocator(pool.malloc), self.stream:
-                plan = runner.static = runner.static_work(size, splits)
+                plan = runner.static = make_plan()
                 self.model.compute_logits(self.model.forward(batch, self.kv))  # warm-up: kernels, pool blocks
                 self.stream.synchronize()
                 self.stream.begin_capture()
@@ -168,14 +201,86 @@ class CudaDecodeGraphs:
                 graph.upload(self.stream)
                 self.stream.synchronize()
         except Exception as exc:  # noqa: BLE001 - a forward that cannot be captured runs eagerly
-            self.failed = True
-            log.warning(
-                "decode graphs disabled for this model, decode runs eagerly: capture failed (%s: %s)",
-                type(exc).__name__,
-                exc,
-            )
+            self.capture_error = f"capture failed ({type(exc).__name__}: {exc})"
             return None
         finally:
             runner.static = None
-        log.info("captured decode graph: batch bucket %d, %d context splits", size, splits)
         return graph, logits, hidden, plan, pool
+
+    def _run_verify(self, batch: ForwardBatch) -> Any:
+        """Replay the verify graph of this batch's shape (captured on first use); eager when it cannot be."""
+        meta = batch.attention
+        b, q = meta.seq_lens.shape[0], batch.verify_tokens
+        width = meta.block_tables.shape[1]
+        splits = bucket(max(self.backend.attention_runner.splits_for(width * self.kv.block_size), MIN_SPLIT_ITEMS // b))
+        key = (b, q, splits)
+        if key not in self.verify_graphs:
+            captured = self._capture_verify(b, q, splits)
+            if captured is None:
+                self.last_hidden = self.model.forward(batch, self.kv)
+                return self.model.compute_logits(self.last_hidden)
+            self.verify_graphs[key] = captured
+        graph, logits, hidden = self.verify_graphs[key][:3]
+        self.verify.load(batch, width)
+        graph.launch(stream=self.cp.cuda.get_current_stream())
+        self.replays += 1
+        self.last_hidden = hidden
+        return logits
+
+    def _capture_verify(self, b: int, q: int, splits: int) -> tuple[Any, ...] | None:
+        self.cp.cuda.Device().synchronize()
+        batch = self.verify.warm_up_batch(b, q)
+        self.cp.cuda.Device().synchronize()
+        captured = self._capture_forward(batch, lambda: self.backend.attention_runner.static_work(b, splits, q))
+        if captured is None:
+            self.verify_failed = True
+            log.info("verify steps of speculative decoding run eagerly for this model: %s", self.capture_error)
+            return None
+        log.info("captured verify graph: %d sequences x %d tokens, %d context splits", b, q, splits)
+        return (*captured, batch.attention.query_start_loc)
+
+
+class _VerifyBuffers:
+    """The fixed inputs of verify graphs: up to `MAX_VERIFY_SEQS` sequences of `MAX_VERIFY_TOKENS` tokens."""
+
+    def __init__(self, cp: Any, table_width: int) -> None:
+        tokens, seqs = MAX_VERIFY_SEQS * MAX_VERIFY_TOKENS, MAX_VERIFY_SEQS
+        self.cp = cp
+        self.input_ids = cp.zeros((tokens,), dtype=np.int32)
+        self.positions = cp.zeros((tokens,), dtype=np.int32)
+        self.slot_mapping = cp.full((tokens,), -1, dtype=np.int32)
+        self.seq_lens = cp.zeros((seqs,), dtype=np.int32)
+        self.block_tables = cp.zeros((seqs, table_width), dtype=np.int32)
+        self.state_slots = cp.full((seqs,), -1, dtype=np.int32)
+
+    def warm_up_batch(self, b: int, q: int) -> ForwardBatch:
+        """The batch over the buffers for ``b`` sequences of ``q`` tokens, set for a warm-up that reads
+        only block 0 and writes no KV and no state."""
+        n = b * q
+        self.seq_lens[:b] = q
+        self.block_tables[:b] = 0
+        self.slot_mapping[:n] = -1
+        self.state_slots[:b] = -1
+        return ForwardBatch(
+            input_ids=self.input_ids[:n],
+            positions=self.positions[:n],
+            attention=AttentionMetadata(
+                query_start_loc=self.cp.arange(0, n + 1, q, dtype=np.int32),
+                seq_lens=self.seq_lens[:b],
+                block_tables=self.block_tables[:b],
+                slot_mapping=self.slot_mapping[:n],
+            ),
+            logits_rows=np.arange(n),
+            state_slots=self.state_slots[:b],
+            verify_tokens=q,
+        )
+
+    def load(self, batch: ForwardBatch, width: int) -> None:
+        """Copy a verify batch's inputs into the buffers (device to device, on the current stream)."""
+        meta, n, b = batch.attention, batch.num_tokens, batch.attention.seq_lens.shape[0]
+        self.input_ids[:n] = batch.input_ids
+        self.positions[:n] = batch.positions
+        self.slot_mapping[:n] = meta.slot_mapping
+        self.seq_lens[:b] = meta.seq_lens
+        self.block_tables[:b, :width] = meta.block_tables
+        self.state_slots[:b] = batch.state_slots

@@ -286,6 +286,8 @@ class CudaMLAOps(MLAOps):
         the forward's other MLA layers."""
         runner = self.runner
         static = runner.static
+        if static is not None and static.query_tokens != 1:
+            raise NotImplementedError("MLA steps of several tokens per sequence are not captured (they run eagerly)")
         if static is not None:
             mt, buffers = self._fitting_shape(width, 1) or (1, 1)
             derived = static if static.splits == 0 else static.derived.get("mla")

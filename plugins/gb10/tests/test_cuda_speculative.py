@@ -1,7 +1,8 @@
-"""Speculative decoding on the cuda backend: verify steps (eager, several rows per sequence) give the
-greedy tokens of plain decoding (captured graphs, one row per sequence), for scripted drafts on a dense
-and a MoE model and for the MTP layers of the hybrid checkpoints, whose drafts after captured decode
-steps equal those of an engine without graphs. Needs a CUDA GPU."""
+"""Speculative decoding on the cuda backend: verify steps (several rows per sequence, replayed from
+their own graphs when every sequence has as many drafts) give the greedy tokens of plain decoding (one
+row per sequence), for scripted drafts on a dense and a MoE model and for the MTP layers of the hybrid
+checkpoints, whose drafts after captured steps equal those of an engine without graphs. Needs a CUDA
+GPU."""
 
 from __future__ import annotations
 
@@ -70,6 +71,8 @@ def test_verified_drafts_give_the_plain_greedy_tokens(name: str) -> None:
     assert _tokens(spec, prompts) == want
     stats = spec.engine.runner.spec_stats
     assert 0 < stats.accepted < stats.proposed
+    graphs = spec.engine.runner.decode_graphs
+    assert graphs is not None and graphs.verify_graphs and not graphs.verify_failed  # uniform verify steps replay
     assert_no_leaks(spec)
 
 
@@ -103,7 +106,8 @@ def test_mtp_on_captured_steps(name: str, monkeypatch: pytest.MonkeyPatch) -> No
     graphed = LLM(TINY / name, **on_gpu(enable_prefix_caching=False, speculative_config=MTP))
     graphed_drafts = Recorded(graphed)
     assert _tokens(graphed, prompts, params) == want
-    assert graphed.engine.runner.decode_graphs is not None and graphed.engine.runner.decode_graphs.replays > 0
+    graphs = graphed.engine.runner.decode_graphs
+    assert graphs is not None and graphs.replays > 0 and graphs.verify_graphs and not graphs.verify_failed
     assert graphed.engine.runner.spec_stats.proposed > 0
     monkeypatch.setenv("ATLAS_CUDA_GRAPHS", "0")
     eager = LLM(TINY / name, **on_gpu(enable_prefix_caching=False, speculative_config=MTP))
