@@ -4,7 +4,7 @@ A backend is built for one rank by ``cls.connect(rendezvous, backend)``: ``rende
 `atlas_core.comm.rendezvous.Rendezvous` every rank of the replica has met at (rank, world size,
 a small all-to-all exchange of JSON values for addresses or NCCL ids); ``backend`` is the array
 backend whose arrays the collectives take. Core ships ``single`` (world size 1) and ``cpu`` (one
-process per rank over TCP, `atlas_core.parallel.cpu_comm`); ``nccl`` comes from atlas-comm-nccl.
+process per rank over TCP, `atlas_core.comm.cpu`); ``nccl`` comes from atlas-comm-nccl.
 """
 
 from __future__ import annotations

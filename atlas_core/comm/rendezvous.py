@@ -4,14 +4,14 @@ settings) before any weights are read.
 
 The connections stay open after the meeting: `Rendezvous.exchange` is a small all-gather of JSON
 values (listener addresses for the CPU comm backend, the NCCL unique id), and rank 0 sends each
-step's work to the other ranks over them (`post` / `receive`, `atlas_core.workers`).
+step's work to the other ranks over them (`post` / `receive`, `atlas_core.parallel`).
 """
 
 from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from atlas_core.comm import CommError
 from atlas_core.comm.wire import recv_message, send_message
 
 CONNECT_RETRY_S = 0.05
+GONE_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -62,14 +63,18 @@ class Rendezvous:
         """Rank 0: the connection to each other rank; other ranks: ``{0: the connection to rank 0}``."""
 
     @classmethod
-    def meet(cls, address: WorldAddress, identity: dict[str, Any]) -> Rendezvous:
+    def meet(
+        cls, address: WorldAddress, identity: dict[str, Any], gone: Callable[[], str | None] | None = None
+    ) -> Rendezvous:
         """Meet every rank of ``address``'s world. ``identity`` (JSON values) must be equal on every rank:
         a rank whose identity differs from rank 0's is refused, and both sides raise `CommError` naming
-        the settings that differ. Waits at most ``timeout_s`` for the others."""
+        the settings that differ. Waits at most ``timeout_s`` for the others; rank 0 also stops waiting,
+        with `CommError`, as soon as ``gone()`` (polled while it waits) names a rank that will not come
+        (a process it started that exited)."""
         if address.world_size == 1:
             return cls(address, {})
         if address.rank == 0:
-            return cls(address, _accept_ranks(address, identity))
+            return cls(address, _accept_ranks(address, identity, gone))
         return cls(address, {0: _join(address, identity)})
 
     @property
@@ -118,17 +123,24 @@ class Rendezvous:
             raise CommError(f"rank {self.rank}: rank {rank} did not answer: {exc}") from exc
 
 
-def _accept_ranks(address: WorldAddress, identity: dict[str, Any]) -> dict[int, socket.socket]:
+def _accept_ranks(
+    address: WorldAddress, identity: dict[str, Any], gone: Callable[[], str | None] | None
+) -> dict[int, socket.socket]:
     """Rank 0: accept the other ranks' connections and check their hello (rank, world size, identity)."""
     listener = socket.create_server((address.master_addr, address.master_port), reuse_port=False)
     peers: dict[int, socket.socket] = {}
     deadline = time.monotonic() + address.timeout_s
     try:
         while len(peers) < address.world_size - 1:
-            listener.settimeout(max(0.0, deadline - time.monotonic()))
+            listener.settimeout(min(GONE_POLL_S, max(0.0, deadline - time.monotonic())))
             try:
                 sock, _ = listener.accept()
             except TimeoutError:
+                reason = None if gone is None else gone()
+                if reason is not None:
+                    raise CommError(f"rank 0 stopped waiting for the other ranks: {reason}") from None
+                if time.monotonic() < deadline:
+                    continue
                 missing = sorted(set(range(1, address.world_size)) - set(peers))
                 raise CommError(
                     f"rank 0 waited {address.timeout_s:g} s at {address.master_addr}:{address.master_port} "

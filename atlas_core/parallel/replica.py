@@ -113,6 +113,14 @@ def start_local_ranks(
     return processes
 
 
+def exited(processes: list[subprocess.Popen[bytes]]) -> str | None:
+    """Which of the rank processes (ranks 1, 2, ... in order) has exited, with its status; None while all run."""
+    for rank, process in enumerate(processes, start=1):
+        if process.poll() is not None:
+            return f"rank {rank}'s process exited with status {process.returncode} before it joined"
+    return None
+
+
 def rank_environment(rank: int) -> dict[str, str]:
     """The environment of local rank ``rank``: this process's, with one GPU per rank: the rank's process sees
     only the ``rank``-th GPU this one sees (``CUDA_VISIBLE_DEVICES``), as its device 0; rank 0 uses its first."""
@@ -142,7 +150,7 @@ def load_engine_model(
     address = WorldAddress(0, settings.world, settings.master_addr, port, settings.comm_timeout)
     processes = [] if settings.rank is not None else start_local_ranks(model, backend.name, settings, address)
     try:
-        world = join_replica(model, backend, registry, settings, address)
+        world = join_replica(model, backend, registry, settings, address, lambda: exited(processes))
     except BaseException:
         for process in processes:
             process.kill()

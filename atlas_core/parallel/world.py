@@ -7,6 +7,7 @@ read (`atlas_core.comm.rendezvous`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,14 +49,19 @@ def comm_backend_name(settings: ReplicaSettings, backend_name: str) -> str:
 
 
 def join_replica(
-    model: str | None, backend: Any, registry: PluginRegistry, settings: ReplicaSettings, address: WorldAddress
+    model: str | None,
+    backend: Any,
+    registry: PluginRegistry,
+    settings: ReplicaSettings,
+    address: WorldAddress,
+    gone: Callable[[], str | None] | None = None,
 ) -> World:
     """`join_world` for rank ``address.rank`` of the replica ``settings`` describe, serving ``model``: the
     model reference, the backend and `IDENTITY_SETTINGS` must be the same on every rank."""
     identity = {"model": None if model is None else str(model), "backend": backend.name}
     identity |= {name: getattr(settings, name) for name in IDENTITY_SETTINGS}
     comm = comm_backend_name(settings, backend.name)
-    return join_world(address, settings.shard_plan(address.rank), registry, backend, comm, identity)
+    return join_world(address, settings.shard_plan(address.rank), registry, backend, comm, identity, gone)
 
 
 def join_world(
@@ -65,6 +71,7 @@ def join_world(
     backend: Any,
     comm_backend: str,
     identity: dict[str, Any],
+    gone: Callable[[], str | None] | None = None,
 ) -> World:
     """Meet the ranks of ``address`` (``identity``, the JSON settings every rank must share, is checked
     along with the Atlas version and the parallel sizes), then connect the registered ``comm_backend``.
@@ -82,7 +89,7 @@ def join_world(
         "comm_backend": comm_backend,
     }
     comm_class = registry.load("comm", comm_backend)
-    rendezvous = Rendezvous.meet(address, full_identity)
+    rendezvous = Rendezvous.meet(address, full_identity, gone)
     try:
         comm: CommBackend = comm_class.connect(rendezvous, backend)
     except BaseException:
