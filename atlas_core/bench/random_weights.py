@@ -181,6 +181,9 @@ def random_weights_llm(
         )
     loader_class = registration.load()
     shapes = loader_class.checkpoint_shapes(config)
+    speculation = engine_config.speculation
+    if speculation is not None and speculation.method == "mtp" and hasattr(loader_class, "mtp_checkpoint_shapes"):
+        shapes |= loader_class.mtp_checkpoint_shapes(config)  # the MTP layers the speculation reads
     host_kv = int(engine_config.kv_cache_memory_gib * 2**30) if chosen.device_memory() is None else 0
     check_fits(name, shapes, chosen, layer_count(config), host_kv)
     source = RandomWeightSource(config, shapes)
@@ -193,6 +196,7 @@ def random_weights_llm(
         model=model,
         tokenizer=None,
         family_defaults=dict(registration.metadata.get("defaults", {})),
+        source=source,
     )
     llm = LLM.__new__(LLM)
     llm.backend, llm.loaded = chosen, loaded

@@ -55,6 +55,8 @@ class LoadedModel:
     model: TransformerModel
     tokenizer: Tokenizer | None
     family_defaults: dict[str, Any]
+    source: WeightSource | None = None
+    """Where the weights came from, when it is not reopened from ``resolved`` (random weights)."""
 
 
 def keep_gguf_blocks(source: GGUFSource, backend: Backend, gguf_weights: str) -> bool:

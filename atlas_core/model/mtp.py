@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from atlas_core.backends.base import Array, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
@@ -82,6 +82,11 @@ class MtpLoader(Protocol):
     def build_mtp(self, target: TransformerModel) -> MtpHead:
         """The checkpoint's MTP head over the already built ``target``; `ConfigError` when the
         checkpoint has no MTP weights."""
+        ...
+
+    @classmethod
+    def mtp_checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """Tensor name -> shape of what `build_mtp` reads (random-weights benchmarks)."""
         ...
 
 

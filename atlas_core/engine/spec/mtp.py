@@ -48,7 +48,8 @@ class MtpProposer:
         origin = str(target.resolved.path)
         if registration is None:
             raise no_mtp_error(origin, model_type)
-        loader = registration.load()(open_source(target.resolved), backend, registry, origin, max_seq_len)
+        source = target.source or open_source(target.resolved)
+        loader = registration.load()(source, backend, registry, origin, max_seq_len)
         if not isinstance(loader, MtpLoader):
             raise no_mtp_error(origin, model_type)
         return cls(loader.build_mtp(target.model), backend, num_tokens)

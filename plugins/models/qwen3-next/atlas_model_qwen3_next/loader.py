@@ -100,6 +100,11 @@ class Qwen3NextLoader(ModelWeightLoader):
             vocab_split=vocab_split,
         )
 
+    @classmethod
+    def mtp_checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The tensors `build_mtp` reads (one MTP layer), for random weights."""
+        return shapes.mtp_shapes(HybridSpec.from_config(config, "config.json"))
+
     def build_mtp(self, target: TransformerModel) -> MtpHead:
         """The ``mtp.*`` layers (`atlas_core.model.mtp`): ``fc`` over [embedding, hidden] after their
         zero-centred norms, ``layers.i`` a gated-attention decoder layer (MoE when it has a router, as

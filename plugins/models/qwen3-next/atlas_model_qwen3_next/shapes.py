@@ -5,7 +5,8 @@ The text stack sits under ``model.language_model.`` when the config nests it in 
 (Qwen3.5's vision-language checkpoints) and under ``model.`` otherwise. Qwen3-Next stores each gated
 delta net's input projections fused by key head (``in_proj_qkvz``, ``in_proj_ba``), Qwen3.5 one
 projection each; routed experts are described fused (``experts.gate_up_proj``), a layout the loader
-reads like the per-expert one.
+reads like the per-expert one. `mtp_shapes` describes the one multi-token-prediction layer (``mtp.*``)
+the published checkpoints carry, which `Qwen3NextLoader.build_mtp` reads.
 """
 
 from __future__ import annotations
@@ -40,6 +41,25 @@ def checkpoint_shapes(config: dict[str, Any]) -> Shapes:
         else:
             shapes |= swiglu_shapes(p + "mlp.", hidden, decoder.intermediate_size)
     return shapes
+
+
+def mtp_shapes(spec: HybridSpec) -> Shapes:
+    """One MTP layer (`Qwen3NextLoader.build_mtp`): ``fc`` over [embedding, hidden], its norms, and a
+    gated-attention decoder layer with a MoE (a dense MLP in dense models)."""
+    hidden, p = spec.decoder.hidden_size, "mtp.layers.0."
+    shapes: Shapes = {"mtp.fc.weight": (hidden, 2 * hidden)}
+    for norm in (
+        "mtp.pre_fc_norm_embedding",
+        "mtp.pre_fc_norm_hidden",
+        "mtp.norm",
+        p + "input_layernorm",
+        p + "post_attention_layernorm",
+    ):
+        shapes[norm + ".weight"] = (hidden,)
+    mlp = (
+        moe_shapes(p + "mlp.", spec) if spec.moe else swiglu_shapes(p + "mlp.", hidden, spec.decoder.intermediate_size)
+    )
+    return shapes | gated_attention_shapes(p + "self_attn.", spec) | mlp
 
 
 def gated_delta_net_shapes(prefix: str, spec: HybridSpec, *, fused: bool) -> Shapes:
