@@ -8,7 +8,9 @@ verification, and the tokens/s the most a proposer with perfect drafts can reach
 
     python scripts/bench_verify_step.py llama-3-8b qwen3.5-35b-a3b:8 [--tokens 128] [--prompt-len 32]
 
-A ``:N`` suffix keeps the first N layers of a shape that does not fit.
+A ``:N`` suffix keeps the first N layers of a shape that does not fit. ``--mtp`` runs the checkpoint's
+MTP layer (random weights too) after every step as MTP speculation does, while the known continuation
+is still what is proposed: the ceiling of MTP speculation, its own steps included.
 """
 
 from __future__ import annotations
@@ -58,14 +60,16 @@ def _timed(call: Any) -> tuple[float, Any]:
     return time.perf_counter() - start, result
 
 
-def bench(shape: str, tokens: int, prompt_len: int) -> None:
+def bench(shape: str, tokens: int, prompt_len: int, mtp: bool) -> None:
     name, _, layers = shape.partition(":")
+    spec: dict[str, Any] = {"method": "mtp" if mtp else "ngram", "num_speculative_tokens": max(DRAFT_LENGTHS)}
     llm = random_weights_llm(
-        name, num_layers=int(layers) if layers else None, max_seq_len=2048, num_speculative_tokens=max(DRAFT_LENGTHS)
+        name, num_layers=int(layers) if layers else None, max_seq_len=2048, speculative_config=spec
     )
-    speculation = llm.engine.speculation
+    speculation, runner = llm.engine.speculation, llm.engine.runner
+    observer, runner.hidden_observer = runner.hidden_observer, None  # plain steps run no MTP layer
     prompt = np.random.default_rng(0).integers(0, llm.loaded.model.vocab_size, prompt_len).tolist()
-    speculation.proposer = KnownContinuation({})  # no drafts: plain decode steps
+    speculation.proposer.propose = KnownContinuation({}).propose  # no drafts: plain decode steps
     decode_seconds(llm, prompt, 8)  # warm-up (kernels, graphs)
     plain, greedy = decode_seconds(llm, prompt, tokens)
     step = plain / (tokens - 1)
@@ -75,9 +79,14 @@ def bench(shape: str, tokens: int, prompt_len: int) -> None:
     eager = decode_seconds(llm, prompt, tokens)[0] / (tokens - 1)
     llm.engine.runner.decode_graphs = graphs
     print(f"  eager decode   {1e3 * eager:7.2f} ms/step  {1 / eager:7.1f} tok/s (no captured graphs, as verify steps)")
-    speculation.proposer = KnownContinuation({tuple(prompt): greedy})
+    speculation.proposer.propose = KnownContinuation({tuple(prompt): greedy}).propose
+    runner.hidden_observer = observer
+    if mtp:
+        print("  (the MTP layer runs after every verify step; its drafts are replaced by the known tokens)")
     for k in DRAFT_LENGTHS:
-        speculation.config = type(speculation.config)("ngram", k)  # K drafts per step
+        speculation.config = type(speculation.config)(speculation.config.method, k)  # K drafts per step
+        if mtp:
+            speculation.proposer.num_tokens = k  # the MTP layer's chained steps per verify step
         decode_seconds(llm, prompt, 8)  # warm-up of this shape
         seconds, got = decode_seconds(llm, prompt, tokens)
         assert got == greedy, "speculation changed the greedy tokens"
@@ -93,9 +102,10 @@ def main() -> None:
     parser.add_argument("shapes", nargs="+", help="presets of atlas bench --random-weights, NAME or NAME:LAYERS")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--mtp", action="store_true", help="run the MTP layer after every verify step")
     args = parser.parse_args()
     for shape in args.shapes:
-        bench(shape, args.tokens, args.prompt_len)
+        bench(shape, args.tokens, args.prompt_len, args.mtp)
 
 
 if __name__ == "__main__":
