@@ -146,6 +146,6 @@ def test_bad_prompts() -> None:
         llm.generate([[1, 999]])
     with pytest.raises(InvalidRequestError, match="max_seq_len"):
         llm.generate([[1] * 600])
-    with pytest.raises(InvalidRequestError, match="no tokenizer.json"):
+    with pytest.raises(InvalidRequestError, match=r"no tokenizer \(tokenizer.json or tokenizer.model\)"):
         llm.generate("text needs a tokenizer")
     assert not llm.engine.has_unfinished()
