@@ -33,6 +33,8 @@ class ForwardBatch:
     is_pure_decode: every sequence contributes exactly one decode token (graph-capturable).
     verify_tokens: speculative decoding's verify step where every sequence contributes its decode token
     and the same number of draft tokens, this many in all per sequence (graph-capturable); 0: not one.
+    input_hidden: MTP layers (`atlas_core.model.mtp`): the target's final hidden state ``[T, H]`` that
+    each token is read with (None for a model's own forward).
     visual: image features to place into this batch's rows (None: a text-only batch).
     rope_rows: multimodal RoPE (M-RoPE) of a batch with image tokens: per-token ``(cos, sin)`` rows
     ``[T, R/2]`` (float32) and the row indices ``arange(T)`` (int32), which replace ``positions`` and the
@@ -46,6 +48,7 @@ class ForwardBatch:
     state_slots: Array
     is_pure_decode: bool = False
     verify_tokens: int = 0
+    input_hidden: Array | None = None
     visual: VisualRows | None = None
     rope_rows: tuple[Array, Array, Array] | None = None
 

@@ -57,13 +57,16 @@ class MtpHead:
         self.backend, self.target = backend, target
         self.layers, self.kv_layouts = list(layers), list(kv_layouts)
 
-    def forward(self, step: int, token_ids: Array, hidden: Array, batch: ForwardBatch, kv: KVCache) -> Array:
-        """MTP layer ``step % len(layers)`` over the batch: ``token_ids[T]`` (token ``p + 1`` of each row)
-        and ``hidden[T, H]`` (``h_p``) -> the normed output rows ``[T, H]`` (`logits` of them predict token
-        ``p + 2``; they are the ``hidden`` of the next chained step). ``batch`` positions are the ``p``."""
+    def forward(self, step: int, batch: ForwardBatch, kv: KVCache) -> Array:
+        """MTP layer ``step % len(layers)`` over the batch: ``batch.input_ids[T]`` (token ``p + 1`` of each
+        row) and ``batch.input_hidden[T, H]`` (``h_p``) -> the normed output rows ``[T, H]`` (`logits` of
+        them predict token ``p + 2``; they are the ``input_hidden`` of the next chained step). ``batch``
+        positions are the ``p``."""
+        if batch.input_hidden is None:
+            raise ValueError("an MTP step reads batch.input_hidden: the target's hidden state of each token")
         mtp = self.layers[step % len(self.layers)]
-        embedded, _ = mtp.embed_norm(self.target.embed(token_ids))
-        normed_hidden, _ = mtp.hidden_norm(hidden)
+        embedded, _ = mtp.embed_norm(self.target.embed(batch.input_ids))
+        normed_hidden, _ = mtp.hidden_norm(batch.input_hidden)
         # fc over the concatenation == the sum of its halves; the layer's input norm adds them (residual form)
         x = self.backend.linear(embedded, mtp.fc_embed)
         residual = self.backend.linear(normed_hidden, mtp.fc_hidden)
@@ -73,6 +76,29 @@ class MtpHead:
     def logits(self, hidden: Array) -> Array:
         """``[S, H]`` MTP output rows -> ``[S, V]`` logits through the target's LM head."""
         return self.target.compute_logits(hidden)
+
+    def steps(self) -> list[MtpStep]:
+        """Each MTP layer as a model of its own (`MtpStep`); chained step ``k`` runs ``steps()[k % len]``."""
+        return [MtpStep(self, i) for i in range(len(self.layers))]
+
+
+class MtpStep:
+    """One MTP layer in the shape of a model, so that a backend's decode graphs (`Backend.decode_graphs`)
+    capture its steps as they capture a model's: ``forward(batch, kv)`` and ``compute_logits``, over
+    batches that carry ``input_hidden`` (``input_hidden_size`` wide)."""
+
+    has_recurrent_state = False
+
+    def __init__(self, head: MtpHead, index: int) -> None:
+        self.head, self.index = head, index
+        self.max_position_embeddings = head.target.max_position_embeddings
+        self.input_hidden_size = int(head.layers[index].fc_hidden.shape[1])
+
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> Array:
+        return self.head.forward(self.index, batch, kv)
+
+    def compute_logits(self, hidden: Array) -> Array:
+        return self.head.logits(hidden)
 
 
 @runtime_checkable

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from atlas_core.backends.base import AttentionMetadata, Backend
+from atlas_core.backends.base import Array, AttentionMetadata, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import AnyKVLayout, KVCache, kv_storage_layouts, plan_kv_cache, slots_for
 from atlas_core.engine.block_manager import BlockManager, BlockTable
@@ -26,9 +26,14 @@ class DraftRows:
     token_ids: list[int]
 
 
-def draft_batch(backend: Backend, block_size: int, rows: Seq[DraftRows]) -> ForwardBatch:
-    """The forward over ``rows`` (one entry per sequence); its logits rows are each entry's last row."""
+def draft_batch(
+    backend: Backend, block_size: int, rows: Seq[DraftRows], input_hidden: Array | None = None
+) -> ForwardBatch:
+    """The forward over ``rows`` (one entry per sequence, ``input_hidden`` its tokens' hidden states for an
+    MTP layer); its logits rows are each entry's last row. Rows of one token each make a pure-decode
+    batch, rows of as many tokens each a uniform one (`ForwardBatch.verify_tokens`): graphs may run them."""
     positions, slots, starts, seq_lens = [], [], [0], []
+    lengths = {len(row.token_ids) for row in rows}
     tables = np.full((len(rows), max(len(row.blocks) for row in rows)), -1, dtype=np.int32)
     for b, row in enumerate(rows):
         end = row.position + len(row.token_ids)
@@ -49,6 +54,9 @@ def draft_batch(backend: Backend, block_size: int, rows: Seq[DraftRows]) -> Forw
         ),
         logits_rows=np.asarray(starts[1:], dtype=np.int64) - 1,
         state_slots=upload(np.full(len(rows), -1, dtype=np.int32)),
+        is_pure_decode=lengths == {1},
+        verify_tokens=lengths.pop() if len(lengths) == 1 and 1 not in lengths else 0,
+        input_hidden=input_hidden,
     )
 
 

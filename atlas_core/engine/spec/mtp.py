@@ -10,7 +10,8 @@ When that reaches the sequence's newest token, its last row predicts the first d
 ``K - 1`` chained steps (the MTP output standing in for ``h``, the draft for the token) predict the
 rest, writing provisional entries that the next observation overwrites. The chain stops at the end of
 the blocks the sequence already holds (drafts never allocate). `propose` hands out the drafts made for
-the sequence's current length.
+the sequence's current length. The MTP steps replay the backend's decode graphs (`MtpStep` looks like
+a model to them) where those serve the batch: one token per sequence, or as many tokens each.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from atlas_core.backends.base import Array, Backend
+from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import AnyKVLayout, KVCache
+from atlas_core.engine.runner import DecodeGraphs
 from atlas_core.engine.sequence import Sequence
 from atlas_core.engine.spec.draft_kv import DraftRows, draft_batch
 from atlas_core.engine.spec.proposer import HiddenSpan
@@ -34,6 +37,8 @@ class MtpProposer:
 
     def __init__(self, head: MtpHead, backend: Backend, num_tokens: int) -> None:
         self.head, self.backend, self.num_tokens = head, backend, num_tokens
+        self.steps = head.steps()
+        self.graphs: list[DecodeGraphs | None] = []
         self.kv: KVCache | None = None
         self._end: dict[Sequence, int] = {}  # seq -> first position without a confirmed MTP entry
         self._drafts: dict[Sequence, tuple[int, list[int]]] = {}  # seq -> (its length they follow, drafts)
@@ -60,8 +65,10 @@ class MtpProposer:
         return self.head.kv_layouts
 
     def attach(self, kv: KVCache) -> None:
-        """Use the target's cache ``kv`` (which holds `kv_layouts` after the target's own)."""
+        """Use the target's cache ``kv`` (which holds `kv_layouts` after the target's own), and the
+        backend's decode graphs for the MTP steps where it has them."""
         self.kv = kv
+        self.graphs = [self.backend.decode_graphs(step, kv) for step in self.steps]
 
     @property
     def tracked_sequences(self) -> int:
@@ -95,18 +102,32 @@ class MtpProposer:
         if not rows:
             return
         upload = self.backend.from_numpy
-        batch = draft_batch(self.backend, self.kv.block_size, rows)
-        out = self.head.forward(0, batch.input_ids, hidden[upload(np.asarray(gather))], batch, self.kv)
+        batch = draft_batch(self.backend, self.kv.block_size, rows, hidden[upload(np.asarray(gather))])
+        out, logits = self._run(0, batch)
         # sequences whose newest token was fed: their last row predicts the first draft token
         ready = [i for i, seq in enumerate(seqs) if self._end[seq] == len(seq.token_ids) - 1]
         if ready:
-            self._chain([seqs[i] for i in ready], out[upload(batch.logits_rows[ready])])
+            chosen = upload(np.asarray(ready))
+            self._chain([seqs[i] for i in ready], out[chosen], logits[chosen])
 
-    def _chain(self, seqs: list[Sequence], hidden: Array) -> None:
-        """From the MTP rows ``hidden`` at each sequence's newest position, the first draft token and up to
-        ``num_tokens - 1`` chained ones; kept for `propose`."""
+    def _run(self, step: int, batch: ForwardBatch) -> tuple[Array, Array]:
+        """MTP step ``step`` over ``batch``: (the output rows of ``batch.logits_rows``, their logits),
+        through the step's captured graphs when they serve the batch, else eagerly."""
         assert self.kv is not None  # observe() checked it
-        proposals = [[token] for token in self._greedy(hidden)]
+        model, graphs = self.steps[step % len(self.steps)], self.graphs[step % len(self.steps)]
+        rows = self.backend.from_numpy(batch.logits_rows)
+        if graphs is not None and (batch.is_pure_decode or batch.verify_tokens) and graphs.can_run(batch):
+            logits = graphs.run(batch)  # every row's
+            if graphs.last_hidden is not None:
+                return graphs.last_hidden[rows], logits[rows]
+        hidden = model.forward(batch, self.kv)[rows]
+        return hidden, model.compute_logits(hidden)
+
+    def _chain(self, seqs: list[Sequence], hidden: Array, logits: Array) -> None:
+        """From the MTP rows ``hidden`` (and their ``logits``) at each sequence's newest position, the first
+        draft token and up to ``num_tokens - 1`` chained ones; kept for `propose`."""
+        assert self.kv is not None  # observe() checked it
+        proposals = [[token] for token in self._greedy(logits)]
         active = list(range(len(seqs)))
         for step in range(1, self.num_tokens):
             # chained step `step` writes position end + step - 1; only into blocks the sequence holds
@@ -120,15 +141,14 @@ class MtpProposer:
             if len(keep) < len(active):
                 active, hidden = [active[j] for j in keep], hidden[self.backend.from_numpy(np.asarray(keep))]
             rows = [DraftRows(seqs[i].table.blocks, self._end[seqs[i]] + step - 1, proposals[i][-1:]) for i in active]
-            batch = draft_batch(self.backend, self.kv.block_size, rows)
-            hidden = self.head.forward(step, batch.input_ids, hidden, batch, self.kv)
-            for i, token in zip(active, self._greedy(hidden), strict=True):
+            hidden, logits = self._run(step, draft_batch(self.backend, self.kv.block_size, rows, hidden))
+            for i, token in zip(active, self._greedy(logits), strict=True):
                 proposals[i].append(token)
         for seq, proposal in zip(seqs, proposals, strict=True):
             self._drafts[seq] = (len(seq.token_ids), proposal)
 
-    def _greedy(self, hidden: Array) -> list[int]:
-        return [int(t) for t in self.backend.to_numpy(self.backend.argmax(self.head.logits(hidden)))]
+    def _greedy(self, logits: Array) -> list[int]:
+        return [int(t) for t in self.backend.to_numpy(self.backend.argmax(logits))]
 
     def release(self, seq: Sequence) -> None:
         self._end.pop(seq, None)

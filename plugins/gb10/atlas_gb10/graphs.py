@@ -75,12 +75,15 @@ class CudaDecodeGraphs:
         self.block_tables = cp.zeros((n, self.table_width), dtype=np.int32)
         self.slot_mapping = cp.full((n,), -1, dtype=np.int32)
         self.state_slots = cp.full((n,), -1, dtype=np.int32)
+        # a model that reads the target's hidden states (an MTP step, `atlas_core.model.mtp.MtpStep`)
+        hidden_width = int(getattr(model, "input_hidden_size", 0))
+        self.input_hidden = backend.zeros((n, hidden_width), backend.activation_dtype) if hidden_width else None
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.graphs: dict[tuple[int, int], tuple[Any, Any, Any, Any, Any]] = {}
         self.failed = False
         self.replays = 0
         self.last_hidden: Any = None
-        self.verify = _VerifyBuffers(cp, self.table_width)
+        self.verify = _VerifyBuffers(backend, self.table_width, hidden_width)
         self.verify_failed = False
         self.capture_error = ""
         self.verify_graphs: dict[tuple[int, int, int], tuple[Any, ...]] = {}
@@ -142,6 +145,8 @@ class CudaDecodeGraphs:
                 np.int32(self.table_width),
             ),
         )
+        if self.input_hidden is not None:
+            self.input_hidden[:b] = batch.input_hidden
         graph.launch(stream=self.cp.cuda.get_current_stream())
         self.replays += 1
         self.last_hidden = hidden[:b]
@@ -160,6 +165,7 @@ class CudaDecodeGraphs:
             logits_rows=np.arange(size),
             state_slots=self.state_slots[:size],
             is_pure_decode=True,
+            input_hidden=None if self.input_hidden is None else self.input_hidden[:size],
         )
 
     def _capture(self, size: int, splits: int) -> tuple[Any, Any, Any, Any, Any] | None:
@@ -241,11 +247,13 @@ class CudaDecodeGraphs:
 
 
 class _VerifyBuffers:
-    """The fixed inputs of verify graphs: up to `MAX_VERIFY_SEQS` sequences of `MAX_VERIFY_TOKENS` tokens."""
+    """The fixed inputs of verify graphs: up to `MAX_VERIFY_SEQS` sequences of `MAX_VERIFY_TOKENS` tokens
+    (and their hidden-state inputs, for an MTP step)."""
 
-    def __init__(self, cp: Any, table_width: int) -> None:
+    def __init__(self, backend: Any, table_width: int, hidden_width: int) -> None:
         tokens, seqs = MAX_VERIFY_SEQS * MAX_VERIFY_TOKENS, MAX_VERIFY_SEQS
-        self.cp = cp
+        self.cp = cp = backend.cp
+        self.input_hidden = backend.zeros((tokens, hidden_width), backend.activation_dtype) if hidden_width else None
         self.input_ids = cp.zeros((tokens,), dtype=np.int32)
         self.positions = cp.zeros((tokens,), dtype=np.int32)
         self.slot_mapping = cp.full((tokens,), -1, dtype=np.int32)
@@ -273,6 +281,7 @@ class _VerifyBuffers:
             logits_rows=np.arange(n),
             state_slots=self.state_slots[:b],
             verify_tokens=q,
+            input_hidden=None if self.input_hidden is None else self.input_hidden[:n],
         )
 
     def load(self, batch: ForwardBatch, width: int) -> None:
@@ -284,3 +293,5 @@ class _VerifyBuffers:
         self.seq_lens[:b] = meta.seq_lens
         self.block_tables[:b, :width] = meta.block_tables
         self.state_slots[:b] = batch.state_slots
+        if self.input_hidden is not None:
+            self.input_hidden[:n] = batch.input_hidden
