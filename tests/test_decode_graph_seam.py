@@ -76,3 +76,29 @@ def test_mtp_reads_the_hidden_states_of_captured_steps(monkeypatch: Any) -> None
     # the MTP layer's own steps (an MtpStep looks like a model to the backend's graphs)
     assert any(b.is_pure_decode and b.input_hidden is not None for b in mtp_graphs.batches)
     assert graphed_drafts.drafts == eager_drafts.drafts and any(graphed_drafts.drafts.values())
+
+
+def test_draft_model_steps_go_through_the_graphs(monkeypatch: Any) -> None:
+    """A draft model's greedy steps of one token per sequence replay the backend's decode graphs of the
+    draft model; the tokens equal plain decoding's (a self-draft: every draft accepted)."""
+    from atlas_core.engine.spec.draft_model import DraftModelProposer
+
+    created: list[RecordingGraphs] = []
+
+    def decode_graphs(self: NumpyBackend, model: Any, kv: Any) -> RecordingGraphs:
+        created.append(RecordingGraphs(model, kv, max_batch=8))
+        return created[-1]
+
+    plain = LLM(TINY / "qwen3", backend="numpy", enable_prefix_caching=False)
+    prompts = mixed_prompts(plain.loaded.model.vocab_size, count=3, max_tail_length=20)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    monkeypatch.setattr(NumpyBackend, "decode_graphs", decode_graphs)
+    config = {"method": "draft_model", "model": str(TINY / "qwen3"), "num_speculative_tokens": 3}
+    spec = LLM(TINY / "qwen3", backend="numpy", speculative_config=config)
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == want
+    assert spec.engine.speculation is not None and isinstance(spec.engine.speculation.proposer, DraftModelProposer)
+    draft_graphs = [g for g in created if g.model is spec.engine.speculation.proposer.draft.model]
+    assert draft_graphs and any(b.is_pure_decode for b in draft_graphs[0].batches)
+    stats = spec.engine.runner.spec_stats
+    assert stats.accepted == stats.proposed > 0

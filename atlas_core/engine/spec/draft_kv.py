@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -14,6 +15,9 @@ from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import AnyKVLayout, KVCache, kv_storage_layouts, plan_kv_cache, slots_for
 from atlas_core.engine.block_manager import BlockManager, BlockTable
 from atlas_core.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from atlas_core.engine.runner import DecodeGraphs
 
 
 @dataclass
@@ -58,6 +62,28 @@ def draft_batch(
         verify_tokens=lengths.pop() if len(lengths) == 1 and 1 not in lengths else 0,
         input_hidden=input_hidden,
     )
+
+
+class ProposerModel(Protocol):
+    """What a proposer runs: a draft model, or one MTP layer (`atlas_core.model.mtp.MtpStep`)."""
+
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> Array: ...
+
+    def compute_logits(self, hidden: Array) -> Array: ...
+
+
+def forward_rows(
+    backend: Backend, model: ProposerModel, graphs: DecodeGraphs | None, batch: ForwardBatch, kv: KVCache
+) -> tuple[Array, Array]:
+    """``model`` over ``batch``: (the final hidden states of ``batch.logits_rows``, their logits), by the
+    model's captured graphs (``backend.decode_graphs``) when they serve the batch, else eagerly."""
+    rows = backend.from_numpy(batch.logits_rows)
+    if graphs is not None and (batch.is_pure_decode or batch.verify_tokens) and graphs.can_run(batch):
+        logits = graphs.run(batch)  # every row's
+        if graphs.last_hidden is not None:
+            return graphs.last_hidden[rows], logits[rows]
+    hidden = model.forward(batch, kv)[rows]
+    return hidden, model.compute_logits(hidden)
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 The draft model keeps its own paged KV cache (`DraftKV`). Each `propose` first brings a sequence's draft
 KV up to its current tokens (only the tokens the draft has not seen: after a verification, the draft
-KV of accepted draft tokens is kept), then runs ``k`` batched greedy steps.
+KV of accepted draft tokens is kept), then runs ``k`` batched greedy steps, replaying the backend's
+decode graphs of the draft model where they serve a step.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from atlas_core.backends.base import Backend
+from atlas_core.engine.runner import DecodeGraphs
 from atlas_core.engine.sequence import Sequence
 from atlas_core.engine.spec.config import SpeculativeConfig
-from atlas_core.engine.spec.draft_kv import DraftKV, DraftRows
+from atlas_core.engine.spec.draft_kv import DraftKV, DraftRows, forward_rows
 from atlas_core.errors import ConfigError
 from atlas_core.model.load import LoadedModel, load_model
 from atlas_core.plugins import get_registry
@@ -33,6 +35,7 @@ class DraftModelProposer:
         self.draft, self.backend, self.target_vocab = draft, backend, target_vocab
         self.cache = DraftKV(backend, draft.model.kv_layouts, max_seq_len)
         self._seen: dict[Sequence, list[int]] = {}  # the tokens whose draft KV the sequence's table holds
+        self.graphs: DecodeGraphs | None = None  # the backend's captured steps of the draft model, made on first use
 
     @classmethod
     def load(
@@ -84,9 +87,9 @@ class DraftModelProposer:
         ]
         batch = self.cache.batch(rows)
         assert self.cache.kv is not None  # batch() checked it
-        model = self.draft.model
-        hidden = model.forward(batch, self.cache.kv)
-        logits = model.compute_logits(hidden[self.backend.from_numpy(batch.logits_rows)])
+        if self.graphs is None:
+            self.graphs = self.backend.decode_graphs(self.draft.model, self.cache.kv)
+        logits = forward_rows(self.backend, self.draft.model, self.graphs, batch, self.cache.kv)[1]
         return [int(token) for token in self.backend.to_numpy(self.backend.argmax(logits))]
 
     def release(self, seq: Sequence) -> None:

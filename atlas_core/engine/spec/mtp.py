@@ -25,7 +25,7 @@ from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import AnyKVLayout, KVCache
 from atlas_core.engine.runner import DecodeGraphs
 from atlas_core.engine.sequence import Sequence
-from atlas_core.engine.spec.draft_kv import DraftRows, draft_batch
+from atlas_core.engine.spec.draft_kv import DraftRows, draft_batch, forward_rows
 from atlas_core.engine.spec.proposer import HiddenSpan
 from atlas_core.model.load import LoadedModel, open_source
 from atlas_core.model.mtp import MtpHead, MtpLoader, no_mtp_error
@@ -111,17 +111,10 @@ class MtpProposer:
             self._chain([seqs[i] for i in ready], out[chosen], logits[chosen])
 
     def _run(self, step: int, batch: ForwardBatch) -> tuple[Array, Array]:
-        """MTP step ``step`` over ``batch``: (the output rows of ``batch.logits_rows``, their logits),
-        through the step's captured graphs when they serve the batch, else eagerly."""
+        """MTP step ``step`` over ``batch``: (the output rows of ``batch.logits_rows``, their logits)."""
         assert self.kv is not None  # observe() checked it
-        model, graphs = self.steps[step % len(self.steps)], self.graphs[step % len(self.steps)]
-        rows = self.backend.from_numpy(batch.logits_rows)
-        if graphs is not None and (batch.is_pure_decode or batch.verify_tokens) and graphs.can_run(batch):
-            logits = graphs.run(batch)  # every row's
-            if graphs.last_hidden is not None:
-                return graphs.last_hidden[rows], logits[rows]
-        hidden = model.forward(batch, self.kv)[rows]
-        return hidden, model.compute_logits(hidden)
+        index = step % len(self.steps)
+        return forward_rows(self.backend, self.steps[index], self.graphs[index], batch, self.kv)
 
     def _chain(self, seqs: list[Sequence], hidden: Array, logits: Array) -> None:
         """From the MTP rows ``hidden`` (and their ``logits``) at each sequence's newest position, the first
