@@ -116,3 +116,22 @@ def test_mtp_on_captured_steps(name: str, monkeypatch: pytest.MonkeyPatch) -> No
     assert _tokens(eager, prompts, params) == want
     assert graphed_drafts.drafts == eager_drafts.drafts
     assert_no_leaks(graphed)
+
+
+def test_draft_model_steps_replay_graphs() -> None:
+    """A self-draft (the target as its own draft model: every draft accepted) gives the plain tokens; its
+    one-token steps replay the draft model's graphs and the uniform verify steps the target's."""
+    plain = LLM(TINY / "llama", **on_gpu())
+    prompts = mixed_prompts(plain.loaded.model.vocab_size, count=3)
+    want = _tokens(plain, prompts)
+    config = {"method": "draft_model", "model": str(TINY / "llama"), "num_speculative_tokens": 3}
+    spec = LLM(TINY / "llama", **on_gpu(speculative_config=config))
+    assert _tokens(spec, prompts) == want
+    stats = spec.engine.runner.spec_stats
+    assert stats.accepted == stats.proposed > 0
+    speculation = spec.engine.speculation
+    assert speculation is not None
+    draft_graphs = speculation.proposer.graphs  # type: ignore[attr-defined]
+    assert draft_graphs is not None and draft_graphs.replays > 0
+    assert spec.engine.runner.decode_graphs is not None and spec.engine.runner.decode_graphs.verify_graphs
+    assert_no_leaks(spec)
