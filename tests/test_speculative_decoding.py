@@ -124,6 +124,26 @@ def test_ngram_greedy_and_seeded_sampling_identical_under_preemption() -> None:
     assert spec.engine.runner.spec_stats.accepted > 0
 
 
+def test_penalised_sequences_speculate_and_sample_as_plain_decoding() -> None:
+    """Repetition, presence and frequency penalties: each verified row is penalised as if the drafts before
+    it were kept, so greedy and seeded outputs equal plain decoding's while drafts are both accepted and
+    rejected."""
+    plain = LLM(TINY / "qwen3", enable_prefix_caching=False)
+    prompts = mixed_prompts(plain.loaded.model.vocab_size, count=4)
+    penalties = {"repetition_penalty": 1.3, "presence_penalty": 0.4, "frequency_penalty": 0.3}
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, **penalties)
+    seeded = SamplingParams(temperature=0.8, top_k=20, max_tokens=16, ignore_eos=True, seed=3, **penalties)
+    spec = LLM(TINY / "qwen3", num_speculative_tokens=3)
+    assert spec.engine.speculation is not None
+    for params in (greedy, seeded):
+        want = _outputs(plain, prompts, params)
+        proposer = ScriptedProposer({tuple(p): w for p, w in zip(prompts, want, strict=True)}, 256)
+        spec.engine.speculation.proposer = proposer
+        assert _outputs(spec, prompts, params) == want
+    stats = spec.engine.runner.spec_stats
+    assert 0 < stats.accepted < stats.proposed
+
+
 def _tight(llm: LLM) -> float:
     """A KV budget of about 200 tokens of ``llm``'s model."""
     per_token = llm.engine.kv_plan.bytes_per_token

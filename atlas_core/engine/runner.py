@@ -246,18 +246,19 @@ class ModelRunner:
         each sequence its tokens: one, or those `accept_sampled` keeps."""
         if not rows.sample_rows:
             return []
-        seqs, offsets, row_list = [], [], []
+        seqs, offsets, row_list, drafted = [], [], [], []
         for seq, row, draft in rows.sample_rows:
             for offset in range(len(draft) + 1):
                 seqs.append(seq)
                 offsets.append(offset)
                 row_list.append(row + offset)
+                drafted.append(draft[:offset])  # the tokens before this row's, if the drafts are kept
         indices = np.asarray(row_list)
         if len(indices) != logits.shape[0] or not np.array_equal(indices, np.arange(len(indices))):
             logits = logits[self.backend.from_numpy(indices)]
         guided = self.guided if self.guided is not None and self.guided.active else None
         forced = guided.forced_tokens(seqs) if guided else {}
-        adjustments = logit_adjustments(seqs, guided.banned_tokens(seqs, skip=forced) if guided else None)
+        adjustments = logit_adjustments(seqs, guided.banned_tokens(seqs, skip=forced) if guided else None, drafted)
         if adjustments is not None:  # logprobs above are of the unadjusted distribution
             self.backend.adjust_logits(logits, adjustments)
         tokens = self.backend.to_numpy(self.backend.sample(logits, sampling_tensors(seqs, offsets))).tolist()

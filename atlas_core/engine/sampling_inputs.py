@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence as Seq
 
 import numpy as np
@@ -29,10 +30,11 @@ def sampling_tensors(seqs: Seq[Sequence], offsets: Seq[int] | None = None) -> Sa
 
 
 def logit_adjustments(
-    seqs: Seq[Sequence], bans: tuple[np.ndarray, np.ndarray] | None = None
+    seqs: Seq[Sequence], bans: tuple[np.ndarray, np.ndarray] | None = None, drafted: Seq[Seq[int]] | None = None
 ) -> LogitAdjustments | None:
     """Penalties, logit bias, min_tokens bans and ``bans`` (rows, tokens: grammar masks) for the
-    rows; None when no row needs any."""
+    rows; None when no row needs any. ``drafted[i]``: the draft tokens before row ``i``'s position in a
+    verify step, counted as output by the penalties (the row samples as if they were accepted)."""
     penalised = [row for row, seq in enumerate(seqs) if seq.params.penalised]
     biased = [row for row, seq in enumerate(seqs) if seq.params.logit_bias or seq.min_tokens_pending]
     if not penalised and not biased and bans is None:
@@ -41,10 +43,13 @@ def logit_adjustments(
     for row in penalised:
         seq = seqs[row]
         prompt_tokens = set(seq.token_ids[: seq.num_prompt_tokens])
-        for token in prompt_tokens | seq.output_counts.keys():
+        output_counts = seq.output_counts
+        if drafted is not None and drafted[row]:
+            output_counts = output_counts + Counter(drafted[row])
+        for token in prompt_tokens | output_counts.keys():
             rows.append(row)
             tokens.append(token)
-            counts.append(seq.output_counts.get(token, 0))
+            counts.append(output_counts.get(token, 0))
             in_prompt.append(token in prompt_tokens)
     bias_rows: list[int] = []
     bias_tokens: list[int] = []

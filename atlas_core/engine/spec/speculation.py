@@ -6,9 +6,9 @@ sequence's token (`Scheduler`), `propose` fills the scheduled chunks' drafts, th
 the same forward as everything else (`atlas_core.engine.spec.verify`).
 
 A sequence speculates unless its next tokens depend on the tokens before them in a way a verify forward
-cannot see: repetition/presence/frequency penalties, ``min_tokens`` still pending, structured output or a
-thinking budget (`GuidedDecoding`), and pooling requests. Those sequences decode one token per step in
-the same batches.
+does not model: ``min_tokens`` still pending, structured output or a thinking budget (`GuidedDecoding`),
+and pooling requests. Those sequences decode one token per step in the same batches. Penalties are
+applied per verified row as if the drafts before it were kept (`logit_adjustments`).
 """
 
 from __future__ import annotations
@@ -80,10 +80,8 @@ class Speculation:
     def draft_room(self, seq: Sequence) -> int:
         """How many draft tokens ``seq`` may verify in its next step: 0 when it does not speculate, else
         K capped so that the verified tokens never run past the sequence's length limit."""
-        params = seq.params
         if (
             seq.request.pooler is not None
-            or params.penalised
             or seq.min_tokens_pending
             or (self.guided is not None and self.guided.guides(seq))
         ):
