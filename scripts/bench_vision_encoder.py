@@ -1,0 +1,167 @@
+#!/usr/bin/env python
+"""Qwen3-VL's vision encoder in Atlas beside transformers, on CPU, at a published tower's shape.
+
+Two steps, one per environment (the engine never imports torch):
+
+    # in a virtual environment with torch and transformers 5.23 (see make_tiny_checkpoints.py):
+    python scripts/bench_vision_encoder.py make /tmp/vl-bench --blocks 4 --sizes 512 1024
+    # in the project's environment:
+    uv run python scripts/bench_vision_encoder.py atlas /tmp/vl-bench
+
+``make`` writes a checkpoint with Qwen3-VL-8B's vision tower (hidden 1152, 16 heads, MLP 4304, patch 16,
+2x2 merge; the first ``--blocks`` blocks, deepstack after blocks 0..2 of them) on a one-layer text stack,
+Qwen3-VL's ``preprocessor_config.json`` and one deterministic square PNG per ``--sizes`` side; it runs
+transformers' processor and tower (float32, eager attention, ``--threads`` threads) over each image and
+saves the merged features and the times. Times are the process's CPU seconds (`time.process_time`: every
+thread's), so that other work on the machine does not count; run ``atlas`` with ``OPENBLAS_NUM_THREADS=1``
+to compare with one torch thread. ``atlas`` loads the checkpoint on the NumPy backend, prepares and
+encodes the same images, checks the features against transformers' and prints both times per image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+VISION = {
+    "depth": 27,
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "num_heads": 16,
+    "patch_size": 16,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "num_position_embeddings": 2304,
+}
+PROCESSOR = {
+    "patch_size": 16,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+    "image_mean": [0.5] * 3,
+    "image_std": [0.5] * 3,
+    "size": {"shortest_edge": 65536, "longest_edge": 16777216},
+}
+
+
+def picture(side: int) -> np.ndarray:
+    y, x = np.mgrid[0:side, 0:side].astype(np.float32)
+    rng = np.random.default_rng(side)
+    base = np.stack([x / side, y / side, (x + y) / (2 * side)], axis=-1) * 200
+    return np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
+
+
+def make(folder: Path, blocks: int, sizes: list[int], threads: int, repeats: int) -> None:
+    import torch
+    from PIL import Image
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    torch.manual_seed(0)
+    torch.set_num_threads(threads)
+    vision = {
+        **VISION,
+        "depth": blocks,
+        "deepstack_visual_indexes": list(range(min(3, blocks))),
+        "out_hidden_size": 256,
+    }
+    text = {
+        "vocab_size": 256,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 5e6,
+            "mrope_section": [12, 10, 10],
+            "mrope_interleaved": True,
+        },
+    }
+    config = Qwen3VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=250,
+        video_token_id=251,
+        vision_start_token_id=248,
+        vision_end_token_id=249,
+    )
+    model = Qwen3VLForConditionalGeneration._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    model.eval().save_pretrained(folder)
+    processor = Qwen2VLImageProcessorPil(**PROCESSOR)
+    processor.save_pretrained(folder)
+    timings: dict[str, float] = {}
+    for side in sizes:
+        Image.fromarray(picture(side)).save(folder / f"image_{side}.png")
+        with Image.open(folder / f"image_{side}.png") as image:
+            start = time.process_time()
+            batch = processor(images=[image], return_tensors="pt")
+            prepared = time.process_time()
+        with torch.no_grad():
+            for _ in range(repeats):
+                begin = time.process_time()
+                merged = model.model.visual(batch["pixel_values"], grid_thw=batch["image_grid_thw"]).pooler_output
+                timings[f"encode_{side}"] = min(timings.get(f"encode_{side}", 1e9), time.process_time() - begin)
+        timings[f"prepare_{side}"] = prepared - start
+        np.save(folder / f"merged_{side}.npy", merged.numpy())
+        print(
+            f"transformers {side}x{side}: {int(batch['image_grid_thw'].prod())} patches, prepare "
+            f"{timings[f'prepare_{side}']:.3f} s, encode {timings[f'encode_{side}']:.3f} s"
+        )
+    (folder / "timings_transformers.json").write_text(json.dumps({"threads": threads, **timings}))
+
+
+def atlas(folder: Path, repeats: int) -> None:
+    from PIL import Image
+
+    from atlas_core import LLM
+
+    vision = LLM(folder, backend="numpy", kv_cache_memory_gib=1 / 64).loaded.model.vision
+    assert vision is not None
+    reference = json.loads((folder / "timings_transformers.json").read_text())
+    for path in sorted(folder.glob("image_*.png"), key=lambda p: int(p.stem.split("_")[1])):
+        side = int(path.stem.split("_")[1])
+        with Image.open(path) as image:
+            start = time.process_time()
+            prepared = vision.prepare(image.convert("RGB"))
+            prepare = time.process_time() - start
+        encode = 1e9
+        for _ in range(repeats):
+            begin = time.process_time()
+            embeds = vision.encode([prepared])[0].embeds
+            encode = min(encode, time.process_time() - begin)
+        error = float(np.abs(np.asarray(embeds) - np.load(folder / f"merged_{side}.npy")).max())
+        print(
+            f"{side}x{side} ({prepared.pixel_values.shape[0]} patches, {prepared.num_tokens} tokens): "
+            f"prepare atlas {prepare:.3f} s / transformers {reference[f'prepare_{side}']:.3f} s; "
+            f"encode atlas {encode:.3f} s / transformers {reference[f'encode_{side}']:.3f} s "
+            f"({reference['threads']} torch threads); max |delta| of merged features {error:.2e}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    made = sub.add_parser("make", help="write the checkpoint and transformers' features and times (torch)")
+    made.add_argument("folder", type=Path)
+    made.add_argument("--blocks", type=int, default=4, help="vision blocks kept (Qwen3-VL-8B has 27)")
+    made.add_argument("--sizes", type=int, nargs="+", default=[512, 1024], help="square image sides in pixels")
+    made.add_argument("--threads", type=int, default=1)
+    made.add_argument("--repeats", type=int, default=1)
+    run = sub.add_parser("atlas", help="encode the same images with Atlas and compare")
+    run.add_argument("folder", type=Path)
+    run.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args()
+    if args.step == "make":
+        make(args.folder, args.blocks, args.sizes, args.threads, args.repeats)
+    else:
+        atlas(args.folder, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
