@@ -144,6 +144,31 @@ def test_penalised_sequences_speculate_and_sample_as_plain_decoding() -> None:
     assert 0 < stats.accepted < stats.proposed
 
 
+def test_structured_output_speculates_with_masks_that_follow_the_drafts(default_llm: LLM) -> None:
+    """A JSON-schema constraint on the real model: each verified row is masked by the grammar after the
+    drafts before it (a draft token the grammar refuses ends the run), so greedy and seeded outputs equal
+    plain decoding's while drafts are accepted and rejected."""
+    from atlas_core.parsing.structured import StructuredOutput
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
+    structured = StructuredOutput.json(schema)
+    llm = default_llm
+    prompts = [llm.require_tokenizer().encode(f"Plan a trip {i}. Answer in JSON:") for i in range(2)]
+    spec = LLM(llm.loaded.resolved.path, backend="numpy", num_speculative_tokens=3)
+    assert spec.engine.speculation is not None
+    for params in (
+        SamplingParams(temperature=0, max_tokens=12, structured=structured),
+        SamplingParams(temperature=0.9, max_tokens=12, seed=11, structured=structured),
+    ):
+        want = _outputs(llm, prompts, params)
+        spec.engine.speculation.proposer = ScriptedProposer(
+            {tuple(p): w for p, w in zip(prompts, want, strict=True)}, spec.loaded.model.vocab_size, wrong_every=2
+        )
+        assert _outputs(spec, prompts, params) == want
+    stats = spec.engine.runner.spec_stats
+    assert 0 < stats.accepted < stats.proposed
+
+
 def _tight(llm: LLM) -> float:
     """A KV budget of about 200 tokens of ``llm``'s model."""
     per_token = llm.engine.kv_plan.bytes_per_token

@@ -118,6 +118,12 @@ class GuidedDecoding:
         """True when ``seq``'s tokens are constrained (structured output or a thinking budget)."""
         return seq in self._states
 
+    def allows_drafts(self, seq: Sequence) -> bool:
+        """True when ``seq`` may verify draft tokens: unconstrained, or constrained by a grammar alone (the
+        masks of its verified rows follow the drafts, `banned_tokens`); a thinking budget forces tokens."""
+        state = self._states.get(seq)
+        return state is None or state.budget is None
+
     def release(self, seq: Sequence) -> None:
         """Forget ``seq`` (finished or aborted); unknown sequences are ignored."""
         self._states.pop(seq, None)
@@ -132,8 +138,13 @@ class GuidedDecoding:
                 forced[row] = token
         return forced
 
-    def banned_tokens(self, seqs: list[Sequence], skip: dict[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
-        """(rows, tokens) the grammars forbid next, for the rows not in ``skip``; None if none."""
+    def banned_tokens(
+        self, seqs: list[Sequence], skip: dict[int, int], drafted: list[list[int]] | None = None
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """(rows, tokens) the grammars forbid next, for the rows not in ``skip``; None if none.
+        ``drafted[row]``: in a verify step, the draft tokens before the row's position: its mask is the
+        grammar's after them, and a row behind a draft token the grammar refuses gets none (that token
+        can never be accepted, so the row is never used)."""
         constrained = [
             (row, state.matcher)
             for row, seq in enumerate(seqs)
@@ -144,7 +155,14 @@ class GuidedDecoding:
         bitmask = allocate_token_bitmask(len(constrained), self._tokenizer().vocab_size)
         rows, tokens = [], []
         for i, (row, matcher) in enumerate(constrained):
+            before = drafted[row] if drafted is not None else []
+            consumed = matcher.try_consume_tokens(before) if before else 0
+            if consumed < len(before):  # a refused draft token: this row is never used
+                matcher.rollback(consumed)
+                continue
             fill_next_token_bitmask(matcher, bitmask, i)
+            if consumed:
+                matcher.rollback(consumed)
             allowed = np.unpackbits(bitmask[i].view(np.uint8), bitorder="little")[: self.vocab_size]
             allowed[self._known_ids :] = 0  # padding rows of the embedding: no text, never allowed
             banned = np.flatnonzero(allowed == 0)

@@ -258,7 +258,8 @@ class ModelRunner:
             logits = logits[self.backend.from_numpy(indices)]
         guided = self.guided if self.guided is not None and self.guided.active else None
         forced = guided.forced_tokens(seqs) if guided else {}
-        adjustments = logit_adjustments(seqs, guided.banned_tokens(seqs, skip=forced) if guided else None, drafted)
+        bans = guided.banned_tokens(seqs, skip=forced, drafted=drafted) if guided else None
+        adjustments = logit_adjustments(seqs, bans, drafted)
         if adjustments is not None:  # logprobs above are of the unadjusted distribution
             self.backend.adjust_logits(logits, adjustments)
         tokens = self.backend.to_numpy(self.backend.sample(logits, sampling_tensors(seqs, offsets))).tolist()

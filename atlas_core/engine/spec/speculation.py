@@ -6,9 +6,10 @@ sequence's token (`Scheduler`), `propose` fills the scheduled chunks' drafts, th
 the same forward as everything else (`atlas_core.engine.spec.verify`).
 
 A sequence speculates unless its next tokens depend on the tokens before them in a way a verify forward
-does not model: ``min_tokens`` still pending, structured output or a thinking budget (`GuidedDecoding`),
-and pooling requests. Those sequences decode one token per step in the same batches. Penalties are
-applied per verified row as if the drafts before it were kept (`logit_adjustments`).
+does not model: ``min_tokens`` still pending, a thinking budget (`GuidedDecoding`), and pooling
+requests. Those sequences decode one token per step in the same batches. Penalties and grammar masks
+are applied per verified row as if the drafts before it were kept (`logit_adjustments`,
+`GuidedDecoding.banned_tokens`).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class Speculation:
         if (
             seq.request.pooler is not None
             or seq.min_tokens_pending
-            or (self.guided is not None and self.guided.guides(seq))
+            or (self.guided is not None and not self.guided.allows_drafts(seq))
         ):
             return 0
         return max(0, min(self.config.num_speculative_tokens, seq.max_len - len(seq.token_ids) - 1))
