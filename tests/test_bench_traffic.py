@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from atlas_core.backends.select import select_backend
-from atlas_core.bench.roofline import NON_WEIGHT_ATTRIBUTES, model_weights, weight_traffic
+from atlas_core.bench.roofline import ENCODER_ATTRIBUTES, NON_WEIGHT_ATTRIBUTES, model_weights, weight_traffic
 from atlas_core.plugins import get_registry
 from atlas_core.weights.safetensors_source import SafetensorsSource
 from tests.conftest import TINY
@@ -41,6 +41,8 @@ def test_every_uploaded_weight_is_counted_once(name: str) -> None:
     model = build(name, uploads)
     weights, objects = model_weights(model)
     tables = {id(getattr(obj, attr)) for obj in objects for attr in NON_WEIGHT_ATTRIBUTES if hasattr(obj, attr)}
+    encoders = [getattr(model, attr) for attr in ENCODER_ATTRIBUTES if getattr(model, attr, None) is not None]
+    tables |= {key for encoder in encoders for key in model_weights(encoder)[0]}  # prefill-only weights
     uncounted = [tuple(a.shape) for a in uploads if id(a) not in weights and id(a) not in tables]
     assert not uncounted, f"uploaded but not counted: {uncounted}"
     assert set(weights) <= {id(a) for a in uploads}  # no recurrent state or other non-weight arrays

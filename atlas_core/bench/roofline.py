@@ -31,6 +31,9 @@ from atlas_core.bench.sequence_traffic import SequenceTraffic, sequence_traffic
 
 # Precomputed tables that are attributes of the model but not weights: a step reads a few rows.
 NON_WEIGHT_ATTRIBUTES = frozenset({"rope_cos", "rope_sin", "cos", "sin", "inv_freq", "position_scale"})
+ENCODER_ATTRIBUTES = frozenset({"vision"})
+"""Model attributes holding an input encoder (a vision tower): it runs on prefill steps that hold images,
+never in a decode step, so its weights are not decode traffic."""
 GATHERED_WEIGHTS = "gathered_weights"
 """A layer class attribute naming the attributes that hold lookup tables a step gathers rows from
 (like the embedding table; e.g. Gemma 4's per-layer embeddings): not read in full, not multiplied."""
@@ -96,7 +99,7 @@ class WeightTraffic:
 def model_weights(model: Any, max_depth: int = 12) -> tuple[dict[int, Any], list[Any]]:
     """Every distinct array reachable from ``model`` through attributes, lists, tuples and dicts, and
     every distinct object visited on the way (layers, blocks...). The recurrent state (per-sequence
-    data, `atlas_core.bench.sequence_traffic`) and `NON_WEIGHT_ATTRIBUTES` are not walked."""
+    data, `atlas_core.bench.sequence_traffic`), `NON_WEIGHT_ATTRIBUTES` and `ENCODER_ATTRIBUTES` are not walked."""
     from atlas_core.model.recurrent_state import RecurrentState
 
     seen: dict[int, Any] = {}
@@ -115,7 +118,9 @@ def model_weights(model: Any, max_depth: int = 12) -> tuple[dict[int, Any], list
             items = value.values()
         elif hasattr(value, "__dict__"):
             items = [
-                item for name, item in vars(value).items() if name not in NON_WEIGHT_ATTRIBUTES and name != "backend"
+                item
+                for name, item in vars(value).items()
+                if name not in NON_WEIGHT_ATTRIBUTES and name not in ENCODER_ATTRIBUTES and name != "backend"
             ]
         else:
             return

@@ -14,7 +14,7 @@ import numpy as np
 
 from atlas_core.backends.base import Array
 from atlas_core.errors import ModelLoadError
-from atlas_core.model.layers.moe import load_moe, router_spec_from_config
+from atlas_core.model.layers.moe import config_num_experts, load_moe, router_spec_from_config
 from atlas_core.model.loader import DenseDecoderLoader, ModelWeightLoader
 from atlas_core.model.rope import inverse_frequencies
 from atlas_core.model.spec import DecoderSpec
@@ -33,6 +33,18 @@ VISION_PREFIX = "model.visual."
 FUSED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
+def text_config(config: dict[str, Any], origin: str = "") -> dict[str, Any]:
+    """A vision-language ``config``'s ``text_config``, with its top-level ``tie_word_embeddings`` and
+    ``quantization_config``."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise ModelLoadError(f"{origin}/config.json: a {config.get('model_type')!r} config needs text_config")
+    merged: dict[str, Any] = {**text, "tie_word_embeddings": config.get("tie_word_embeddings", False)}
+    if "quantization_config" in config:
+        merged["quantization_config"] = config["quantization_config"]
+    return merged
+
+
 class TextStackSource:
     """A vision-language checkpoint's text stack seen as a text-only checkpoint: ``config`` is its
     ``text_config`` (with the top-level ``tie_word_embeddings`` and ``quantization_config``), and text names
@@ -44,15 +56,8 @@ class TextStackSource:
     """
 
     def __init__(self, source: WeightSource, origin: str) -> None:
-        text = source.config.get("text_config")
-        if not isinstance(text, dict):
-            raise ModelLoadError(
-                f"{origin}/config.json: a {source.config.get('model_type')!r} config needs text_config"
-            )
         self.source = source
-        self.config: dict[str, Any] = {**text, "tie_word_embeddings": source.config.get("tie_word_embeddings", False)}
-        if "quantization_config" in source.config:
-            self.config["quantization_config"] = source.config["quantization_config"]
+        self.config = text_config(source.config, origin)
 
     @staticmethod
     def stored(name: str) -> str:
@@ -101,15 +106,39 @@ class Qwen3VLTextLoader(DenseDecoderLoader):
     spec_overrides = {"qk_norm": True}
 
 
+def sparse_layer(config: dict[str, Any], layer: int) -> bool:
+    """Whether Qwen3-VL-MoE text layer ``layer`` has experts: outside ``mlp_only_layers``, every
+    ``decoder_sparse_step``-th."""
+    step = int(config.get("decoder_sparse_step") or 1)
+    return layer not in (config.get("mlp_only_layers") or []) and (layer + 1) % step == 0
+
+
 class Qwen3VLMoeTextLoader(Qwen3VLTextLoader):
-    """Qwen3-VL-MoE's text stack: layers outside ``mlp_only_layers`` whose ``(layer + 1)`` is a multiple of
-    ``decoder_sparse_step`` have a MoE block (softmax router, top ``num_experts_per_tok`` always
-    renormalised, fused experts, no shared expert); the others a dense SwiGLU MLP."""
+    """Qwen3-VL-MoE's text stack: `sparse_layer` layers have a MoE block (softmax router, top
+    ``num_experts_per_tok`` always renormalised, fused experts, no shared expert); the others a dense
+    SwiGLU MLP."""
+
+    @classmethod
+    def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The dense stack's tensors with each sparse layer's MLP replaced by its router and fused experts."""
+        shapes = super().checkpoint_shapes(config)
+        experts, hidden = config_num_experts(config), int(config["hidden_size"])
+        inter = int(config["moe_intermediate_size"])
+        for layer in range(int(config["num_hidden_layers"])):
+            if sparse_layer(config, layer):
+                p = f"model.layers.{layer}.mlp."
+                for name in ("gate_proj", "up_proj", "down_proj"):
+                    del shapes[f"{p}{name}.weight"]
+                shapes |= {
+                    p + "gate.weight": (experts, hidden),
+                    p + "experts.gate_up_proj": (experts, 2 * inter, hidden),
+                    p + "experts.down_proj": (experts, hidden, inter),
+                }
+        return shapes
 
     def feed_forward(self, spec: DecoderSpec, layer: int) -> Callable[[Array], Array]:
         config = self.source.config
-        step = int(config.get("decoder_sparse_step") or 1)
-        if layer in (config.get("mlp_only_layers") or []) or (layer + 1) % step:
+        if not sparse_layer(config, layer):
             return super().feed_forward(spec, layer)
         router = router_spec_from_config(config, f"{self.origin}/config.json", scoring="softmax", normalize_top_k=True)
         return load_moe(self, f"model.layers.{layer}.mlp.", router)
@@ -119,6 +148,13 @@ class Qwen3VLLoader(ModelWeightLoader):
     """Text stack plus vision tower (see the module docstring)."""
 
     text_loader: type[DenseDecoderLoader] = Qwen3VLTextLoader
+
+    @classmethod
+    def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The text stack's tensors (under ``model.language_model.``) and the vision tower's."""
+        text = cls.text_loader.checkpoint_shapes(text_config(config))
+        shapes = {TextStackSource.stored(name): shape for name, shape in text.items()}
+        return shapes | tower_shapes(config.get("vision_config") or {})
 
     def build(self) -> TransformerModel:
         text = self.text_loader(
@@ -209,3 +245,38 @@ class Qwen3VLMoeLoader(Qwen3VLLoader):
     """``qwen3_vl_moe``: the same tower over Qwen3-VL-MoE's text stack."""
 
     text_loader = Qwen3VLMoeTextLoader
+
+
+def tower_shapes(vision: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a Qwen3-VL vision tower with ``vision_config`` ``vision``, by checkpoint name."""
+    p, width = VISION_PREFIX, int(vision.get("hidden_size", 1152))
+    inter, merge = int(vision.get("intermediate_size", 4304)), int(vision.get("spatial_merge_size", 2))
+    patch, frames = int(vision.get("patch_size", 16)), int(vision.get("temporal_patch_size", 2))
+    merged, out = width * merge * merge, int(vision.get("out_hidden_size", 3584))
+    shapes: dict[str, tuple[int, ...]] = {
+        p + "patch_embed.proj.weight": (width, int(vision.get("in_channels", 3)), frames, patch, patch),
+        p + "patch_embed.proj.bias": (width,),
+        p + "pos_embed.weight": (int(vision.get("num_position_embeddings", 2304)), width),
+    }
+
+    def linear(name: str, rows: int, columns: int) -> None:
+        shapes.update({name + ".weight": (rows, columns), name + ".bias": (rows,)})
+
+    def norm(name: str, size: int) -> None:
+        shapes.update({name + ".weight": (size,), name + ".bias": (size,)})
+
+    for i in range(int(vision.get("depth", 0))):
+        b = f"{p}blocks.{i}."
+        norm(b + "norm1", width)
+        norm(b + "norm2", width)
+        linear(b + "attn.qkv", 3 * width, width)
+        linear(b + "attn.proj", width, width)
+        linear(b + "mlp.linear_fc1", inter, width)
+        linear(b + "mlp.linear_fc2", width, inter)
+    deepstack = len(vision.get("deepstack_visual_indexes", []))
+    mergers = [(p + "merger", width)] + [(f"{p}deepstack_merger_list.{i}", merged) for i in range(deepstack)]
+    for name, normed in mergers:
+        norm(name + ".norm", normed)
+        linear(name + ".linear_fc1", merged, merged)
+        linear(name + ".linear_fc2", out, merged)
+    return shapes
