@@ -27,24 +27,45 @@ def layer_norm_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, ep
     return (normed * weight.astype(np.float32) + bias.astype(np.float32)).astype(x.dtype)
 
 
+_ERF = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
 def _erf(x: np.ndarray) -> np.ndarray:
-    """The error function in float64 (Abramowitz and Stegun 7.1.26, |error| < 1.5e-7)."""
-    sign = np.sign(x)
+    """The error function of float32 ``x`` (Abramowitz and Stegun 7.1.26, |error| < 1.5e-7), in float32."""
     a = np.abs(x)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    return sign * (1.0 - poly * np.exp(-a * a))
+    t = np.float32(0.3275911) * a
+    t += 1
+    np.reciprocal(t, out=t)
+    poly = np.full_like(t, _ERF[-1])
+    for coefficient in _ERF[-2::-1]:
+        poly *= t
+        poly += np.float32(coefficient)
+    poly *= t
+    np.square(a, out=a)
+    np.negative(a, out=a)
+    np.exp(a, out=a)
+    poly *= a
+    np.subtract(1, poly, out=poly)
+    return np.copysign(poly, x, out=poly)
 
 
 def gelu_reference(x: np.ndarray, approximate: bool) -> np.ndarray:
     """GELU: ``x * Phi(x)`` exactly (``approximate=False``, torch's ``nn.GELU()``) or with the tanh form
-    (``gelu_pytorch_tanh``)."""
-    wide = x.astype(np.float64)
+    (``gelu_pytorch_tanh``), in float32."""
+    wide = x.astype(np.float32)
     if approximate:
-        out = 0.5 * wide * (1.0 + np.tanh(_SQRT_2_OVER_PI * (wide + 0.044715 * wide**3)))
+        inner = np.square(wide)
+        inner *= np.float32(0.044715)
+        inner += 1
+        inner *= wide
+        inner *= np.float32(_SQRT_2_OVER_PI)
+        np.tanh(inner, out=inner)
     else:
-        out = 0.5 * wide * (1.0 + _erf(wide / np.sqrt(2.0)))
-    return out.astype(x.dtype)
+        inner = _erf(wide * np.float32(1 / np.sqrt(2.0)))
+    inner += 1
+    inner *= wide
+    inner *= np.float32(0.5)
+    return inner.astype(x.dtype, copy=False)
 
 
 def segment_attention_reference(
