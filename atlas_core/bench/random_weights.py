@@ -26,7 +26,7 @@ import ml_dtypes
 import numpy as np
 
 from atlas_core.backends.memory import available_memory, weight_itemsize
-from atlas_core.errors import ModelLoadError
+from atlas_core.errors import ConfigError, ModelLoadError
 
 PRESETS: dict[str, dict[str, Any]] = json.loads(resources.files(__package__).joinpath("presets.json").read_text())
 """Shapes of real models: their published config.json values that matter here (``presets.json``)."""
@@ -172,6 +172,11 @@ def random_weights_llm(
         config = cut_layers(config, num_layers)
         name = f"{name}, {num_layers} layer{'s' if num_layers > 1 else ''}"
     engine_config = EngineConfig(**engine_args)
+    if engine_config.replica_settings().world > 1:
+        raise ConfigError(
+            "--random-weights builds the model on one rank; tensor_parallel_size or expert_parallel_size above 1 "
+            "needs a checkpoint (each rank reads its share of it)"
+        )
     registry = get_registry()
     chosen = select_backend(registry, backend)
     registration = registry.find("model", config.get("model_type", ""))

@@ -146,3 +146,10 @@ def test_a_family_that_cannot_split_is_refused_by_name(monkeypatch: pytest.Monke
     monkeypatch.setattr(LlamaLoader, "supports_expert_parallel", False)
     with pytest.raises(ModelLoadError, match="'llama' family .* cannot split a model over ranks"):
         load_model(folder, backend, registry, parallel=TensorParallel(ShardPlan(0, 1, 2), SingleProcessComm()))
+
+
+def test_random_weights_are_not_split_silently() -> None:
+    from atlas_core.bench.random_weights import random_weights_llm
+
+    with pytest.raises(ConfigError, match="--random-weights builds the model on one rank"):
+        random_weights_llm("qwen3-0.6b", backend="numpy", tensor_parallel_size=2)
