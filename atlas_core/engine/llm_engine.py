@@ -87,7 +87,9 @@ class LLMEngine:
         mirror = model.mirror if isinstance(model.mirror, RankMirror) else None
         if mirror is not None:  # rank 0 of a split replica: the other ranks allocate their KV cache too
             mirror.check_engine(
-                speculative_decoding=config.speculation is not None,
+                # n-gram drafts need no model: the verify step is one more posted forward
+                speculative_decoding_with_a_draft_model_or_mtp=config.speculation is not None
+                and config.speculation.method != "ngram",
                 swap_space_gb=config.swap_space_gb > 0,
                 kv_spill_dir=config.kv_spill_dir is not None,
             )

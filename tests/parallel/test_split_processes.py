@@ -59,6 +59,17 @@ def test_rank_processes_follow_rank_0_and_stop_with_it(name: str, tp: int, ep: i
     assert [process.returncode for process in replica_processes(llm)] == [0]
 
 
+def test_ngram_speculation_runs_split_and_keeps_the_greedy_tokens() -> None:
+    folder, long = TINY / "llama", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    with LLM(folder, backend="numpy", kv_cache_memory_gib=KV_GIB) as whole:
+        expected = tokens(whole, long)
+    with LLM(
+        folder, backend="numpy", tensor_parallel_size=2, kv_cache_memory_gib=KV_GIB, num_speculative_tokens=3
+    ) as llm:
+        assert tokens(llm, long) == expected
+        assert llm.engine.runner.spec_stats.proposed > 0  # drafts were verified by split forwards
+
+
 def test_a_killed_rank_fails_the_next_step_with_a_clear_error() -> None:
     llm = LLM(TINY / "llama", backend="numpy", tensor_parallel_size=2, kv_cache_memory_gib=KV_GIB, comm_timeout=20)
     try:
