@@ -121,7 +121,8 @@ def bench_conversations(args: argparse.Namespace) -> None:
     from atlas_core import LLM, SamplingParams  # the disk benchmark runs without the engine's dependencies
     from atlas_core.bench.header import device_line
 
-    probe = LLM(args.model, backend=args.backend)
+    common = {"backend": args.backend, "gguf_weights": args.gguf_weights}
+    probe = LLM(args.model, **common)
     per_token = probe.engine.kv_plan.bytes_per_token
     vocab = probe.loaded.model.vocab_size
     print(device_line(probe.backend))
@@ -149,7 +150,7 @@ def bench_conversations(args: argparse.Namespace) -> None:
     answers: dict[str, list[list[int]]] = {}
     try:
         for mode, settings in modes.items():
-            llm = LLM(args.model, backend=args.backend, kv_cache_memory_gib=cache_gib, max_seq_len=length, **settings)
+            llm = LLM(args.model, kv_cache_memory_gib=cache_gib, max_seq_len=length, **common, **settings)
             llm.generate(prefixes[0][:32], first)  # warm-up
             arrivals = [timed(llm, prompt, first)[0] for prompt in prefixes]
             returning = [timed(llm, prompt, first) for prompt in returns]
@@ -189,6 +190,12 @@ def main() -> None:
     conversations = commands.add_parser("conversations", help="returning-conversation TTFT, spill vs none")
     conversations.add_argument("model", nargs="?", default=None)
     conversations.add_argument("--backend", default=None)
+    conversations.add_argument(
+        "--gguf-weights",
+        default="float",
+        help="float (default): a step's cost follows its tokens; kept-quantized GGUF weights are dequantized on "
+        "every step of the numpy backend, which would hide what the tiers save",
+    )
     conversations.add_argument("--dir", required=True, help="a directory on the disk of the NVMe tier")
     conversations.add_argument("--conversations", type=int, default=16)
     conversations.add_argument("--prefix-tokens", type=int, default=1024)
