@@ -30,16 +30,21 @@ DRAFT_LENGTHS = (1, 2, 4)
 
 
 class KnownContinuation:
-    """Proposes each sequence's known greedy continuation: every draft is accepted."""
+    """Proposes each sequence's known greedy continuation: every draft is accepted, except that every
+    ``wrong_every``-th proposal (0: none) has a wrong last token."""
 
-    def __init__(self, continuation: dict[tuple[int, ...], list[int]]) -> None:
-        self.continuation = continuation
+    def __init__(self, continuation: dict[tuple[int, ...], list[int]], wrong_every: int = 0) -> None:
+        self.continuation, self.wrong_every, self.calls = continuation, wrong_every, 0
 
     def propose(self, seqs: Seq[Sequence], max_tokens: Seq[int]) -> list[list[int]]:
-        return [
-            self.continuation.get(tuple(seq.token_ids[: seq.num_prompt_tokens]), [])[len(seq.output_ids) :][:k]
-            for seq, k in zip(seqs, max_tokens, strict=True)
-        ]
+        drafts = []
+        for seq, k in zip(seqs, max_tokens, strict=True):
+            draft = self.continuation.get(tuple(seq.token_ids[: seq.num_prompt_tokens]), [])[len(seq.output_ids) :][:k]
+            self.calls += 1
+            if draft and self.wrong_every and self.calls % self.wrong_every == 0:
+                draft = [*draft[:-1], draft[-1] + 1]
+            drafts.append(draft)
+        return drafts
 
     def release(self, seq: Sequence) -> None:
         return None
@@ -60,7 +65,7 @@ def _timed(call: Any) -> tuple[float, Any]:
     return time.perf_counter() - start, result
 
 
-def bench(shape: str, tokens: int, prompt_len: int, mtp: bool) -> None:
+def bench(shape: str, tokens: int, prompt_len: int, mtp: bool, wrong_every: int) -> None:
     name, _, layers = shape.partition(":")
     spec: dict[str, Any] = {"method": "mtp" if mtp else "ngram", "num_speculative_tokens": max(DRAFT_LENGTHS)}
     llm = random_weights_llm(
@@ -79,7 +84,7 @@ def bench(shape: str, tokens: int, prompt_len: int, mtp: bool) -> None:
     eager = decode_seconds(llm, prompt, tokens)[0] / (tokens - 1)
     llm.engine.runner.decode_graphs = graphs
     print(f"  eager decode   {1e3 * eager:7.2f} ms/step  {1 / eager:7.1f} tok/s (no captured graphs, as verify steps)")
-    speculation.proposer.propose = KnownContinuation({tuple(prompt): greedy}).propose
+    speculation.proposer.propose = KnownContinuation({tuple(prompt): greedy}, wrong_every).propose
     runner.hidden_observer = observer
     if mtp:
         print("  (the MTP layer runs after every verify step; its drafts are replaced by the known tokens)")
@@ -88,12 +93,18 @@ def bench(shape: str, tokens: int, prompt_len: int, mtp: bool) -> None:
         if mtp:
             speculation.proposer.num_tokens = k  # the MTP layer's chained steps per verify step
         decode_seconds(llm, prompt, 8)  # warm-up of this shape
+        stats = llm.engine.runner.spec_stats
+        proposed, accepted = stats.proposed, stats.accepted
         seconds, got = decode_seconds(llm, prompt, tokens)
         assert got == greedy, "speculation changed the greedy tokens"
-        verify = seconds / -(-(tokens - 1) // (k + 1))  # every step yields k + 1 tokens (fewer at the end)
+        rate = (stats.accepted - accepted) / max(1, stats.proposed - proposed)
+        line = f"  verify K={k}     "
+        if not wrong_every:  # every step yields k + 1 tokens (fewer at the end)
+            per_step = seconds / -(-(tokens - 1) // (k + 1))
+            line += f"{1e3 * per_step:7.2f} ms/step  ({per_step / step:.2f}x a decode step for {k + 1} tokens) "
         print(
-            f"  verify K={k}     {1e3 * verify:7.2f} ms/step  {(tokens - 1) / seconds:7.1f} tok/s "
-            f"({verify / step:.2f}x a decode step for {k + 1} tokens: {step * (tokens - 1) / seconds:.2f}x plain)"
+            f"{line}{(tokens - 1) / seconds:7.1f} tok/s, {step * (tokens - 1) / seconds:.2f}x plain, "
+            f"{100 * rate:.0f}% accepted"
         )
 
 
@@ -103,9 +114,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--mtp", action="store_true", help="run the MTP layer after every verify step")
+    parser.add_argument(
+        "--wrong-every", type=int, default=0, help="every N-th proposal has a wrong last token (0: all accepted)"
+    )
     args = parser.parse_args()
     for shape in args.shapes:
-        bench(shape, args.tokens, args.prompt_len, args.mtp)
+        bench(shape, args.tokens, args.prompt_len, args.mtp, args.wrong_every)
 
 
 if __name__ == "__main__":

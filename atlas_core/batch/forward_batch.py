@@ -31,8 +31,8 @@ class ForwardBatch:
     (one per sequence to sample, plus every prompt row whose prompt logprobs are asked for).
     state_slots: backend int32 ``[B]``, each sequence's recurrent-state slot (-1: none).
     is_pure_decode: every sequence contributes exactly one decode token (graph-capturable).
-    verify_tokens: speculative decoding's verify step where every sequence contributes its decode token
-    and the same number of draft tokens, this many in all per sequence (graph-capturable); 0: not one.
+    tokens_per_seq: every sequence contributes this many tokens, at least 2 (a decode token and its
+    drafts, the recompute after a rejection, a short prefill chunk): graph-capturable; 0: not so.
     input_hidden: MTP layers (`atlas_core.model.mtp`): the target's final hidden state ``[T, H]`` that
     each token is read with (None for a model's own forward).
     visual: image features to place into this batch's rows (None: a text-only batch).
@@ -47,7 +47,7 @@ class ForwardBatch:
     logits_rows: np.ndarray
     state_slots: Array
     is_pure_decode: bool = False
-    verify_tokens: int = 0
+    tokens_per_seq: int = 0
     input_hidden: Array | None = None
     visual: VisualRows | None = None
     rope_rows: tuple[Array, Array, Array] | None = None

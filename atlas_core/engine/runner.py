@@ -51,7 +51,8 @@ class ScheduledChunk:
 
 class DecodeGraphs(Protocol):
     """Captured pure-decode forwards over fixed buffers, one per batch-size bucket (CUDA graphs), and,
-    where the backend captures them too, uniform verify steps (`ForwardBatch.verify_tokens`).
+    where the backend captures them too, steps of as many tokens per sequence (`ForwardBatch.tokens_per_seq`:
+    speculative decoding's verify steps and the recompute after a rejection).
 
     A backend offers them through ``Backend.decode_graphs(model, kv)``; results must equal the
     eager forward's.
@@ -174,7 +175,7 @@ class ModelRunner:
             state_slots=upload(np.asarray(state_slots, dtype=np.int32)),
             is_pure_decode=all(c.num_tokens == 1 and c.seq.is_decoding and not c.draft for c in chunks)
             and not rows.prompt_rows,
-            verify_tokens=_verify_tokens(chunks) if not rows.prompt_rows and visual is None else 0,
+            tokens_per_seq=_tokens_per_seq(chunks) if visual is None else 0,
             visual=visual,
             rope_rows=rope_rows,
         )
@@ -218,8 +219,11 @@ class ModelRunner:
         """``(final hidden states, logits of batch.logits_rows)``; a captured graph, when one fits,
         gives the hidden states its backend keeps (`DecodeGraphs.last_hidden`); no logits rows, no logits."""
         graphs = self.decode_graphs
-        if (batch.is_pure_decode or batch.verify_tokens) and graphs is not None and graphs.can_run(batch):
-            logits = graphs.run(batch)
+        if (batch.is_pure_decode or batch.tokens_per_seq) and graphs is not None and graphs.can_run(batch):
+            logits = graphs.run(batch)  # every row's
+            rows = batch.logits_rows
+            if len(rows) != logits.shape[0] or not np.array_equal(rows, np.arange(len(rows))):
+                logits = logits[self.backend.from_numpy(rows)]
             return graphs.last_hidden, logits
         hidden = self.model.forward(batch, self.kv)
         if len(batch.logits_rows) == 0:
@@ -295,9 +299,8 @@ class ModelRunner:
         return list(dict.fromkeys(seqs))
 
 
-def _verify_tokens(chunks: list[ScheduledChunk]) -> int:
-    """`ForwardBatch.verify_tokens` of a step: 1 + the drafts' length when every chunk is a decode token
-    with that many drafts, else 0."""
-    lengths = {len(chunk.draft) for chunk in chunks}
-    uniform = len(lengths) == 1 and all(chunk.num_tokens == 1 and chunk.seq.is_decoding for chunk in chunks)
-    return 1 + lengths.pop() if uniform and 0 not in lengths else 0
+def _tokens_per_seq(chunks: list[ScheduledChunk]) -> int:
+    """`ForwardBatch.tokens_per_seq` of a step: the tokens every chunk runs (its own and its drafts) when
+    that is the same number, at least 2, for all of them; else 0."""
+    lengths = {chunk.num_tokens + len(chunk.draft) for chunk in chunks}
+    return lengths.pop() if len(lengths) == 1 and 1 not in lengths else 0

@@ -35,7 +35,7 @@ def draft_batch(
 ) -> ForwardBatch:
     """The forward over ``rows`` (one entry per sequence, ``input_hidden`` its tokens' hidden states for an
     MTP layer); its logits rows are each entry's last row. Rows of one token each make a pure-decode
-    batch, rows of as many tokens each a uniform one (`ForwardBatch.verify_tokens`): graphs may run them."""
+    batch, rows of as many tokens each a uniform one (`ForwardBatch.tokens_per_seq`): graphs may run them."""
     positions, slots, starts, seq_lens = [], [], [0], []
     lengths = {len(row.token_ids) for row in rows}
     tables = np.full((len(rows), max(len(row.blocks) for row in rows)), -1, dtype=np.int32)
@@ -59,7 +59,7 @@ def draft_batch(
         logits_rows=np.asarray(starts[1:], dtype=np.int64) - 1,
         state_slots=upload(np.full(len(rows), -1, dtype=np.int32)),
         is_pure_decode=lengths == {1},
-        verify_tokens=lengths.pop() if len(lengths) == 1 and 1 not in lengths else 0,
+        tokens_per_seq=lengths.pop() if len(lengths) == 1 and 1 not in lengths else 0,
         input_hidden=input_hidden,
     )
 
@@ -78,7 +78,7 @@ def forward_rows(
     """``model`` over ``batch``: (the final hidden states of ``batch.logits_rows``, their logits), by the
     model's captured graphs (``backend.decode_graphs``) when they serve the batch, else eagerly."""
     rows = backend.from_numpy(batch.logits_rows)
-    if graphs is not None and (batch.is_pure_decode or batch.verify_tokens) and graphs.can_run(batch):
+    if graphs is not None and (batch.is_pure_decode or batch.tokens_per_seq) and graphs.can_run(batch):
         logits = graphs.run(batch)  # every row's
         if graphs.last_hidden is not None:
             return graphs.last_hidden[rows], logits[rows]

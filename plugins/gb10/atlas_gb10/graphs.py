@@ -16,10 +16,11 @@ one graph's scratch memory must never overlap the logits or the work list that a
 between replays.
 A model whose forward cannot be captured (a host fallback op, say) runs eagerly, with one log line.
 
-Speculative decoding's verify steps (`ForwardBatch.verify_tokens`: every sequence one token and the
-same number of drafts) replay graphs of their own, keyed by the exact number of sequences (at most
-`MAX_VERIFY_SEQS`), the tokens per sequence and the context splits; their inputs have their own
-buffers. A model whose verify step cannot be captured (MLA, say) verifies eagerly.
+Steps of several tokens per sequence, as many for each (`ForwardBatch.tokens_per_seq`: speculative
+decoding's verify steps, the recompute after a rejected draft, short prefill chunks), replay graphs of
+their own, keyed by the exact number of sequences (at most `MAX_VERIFY_SEQS`), the tokens per sequence
+and the context splits, at most `MAX_VERIFY_GRAPHS` of them; their inputs have their own buffers. A
+model whose multi-token step cannot be captured (MLA, say) runs those steps eagerly.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ DIRECT_MIN_BATCH = 16
 MAX_VERIFY_SEQS = 8
 """Verify steps of at most this many sequences replay graphs (speculation pays most at small batches)."""
 MAX_VERIFY_TOKENS = 17
+MAX_VERIFY_GRAPHS = 48
+"""Multi-token graphs kept at most (each holds logits for all its rows); further shapes run eagerly."""
 """Batch buckets from this size run attention in direct mode (a block per sequence and KV head walks
 all its splits): enough blocks to fill the GPU, no workspace, no combine, one graph for every context."""
 
@@ -90,11 +93,11 @@ class CudaDecodeGraphs:
 
     def can_run(self, batch: ForwardBatch) -> bool:
         num_seqs = batch.attention.seq_lens.shape[0]
-        if batch.verify_tokens:
+        if batch.tokens_per_seq:
             return (
                 not self.verify_failed
                 and num_seqs <= MAX_VERIFY_SEQS
-                and batch.verify_tokens <= MAX_VERIFY_TOKENS
+                and batch.tokens_per_seq <= MAX_VERIFY_TOKENS
                 and batch.attention.block_tables.shape[1] <= self.table_width
             )
         return (
@@ -105,7 +108,7 @@ class CudaDecodeGraphs:
         )
 
     def run(self, batch: ForwardBatch) -> Any:
-        if batch.verify_tokens:
+        if batch.tokens_per_seq:
             return self._run_verify(batch)
         meta = batch.attention
         b = meta.seq_lens.shape[0]
@@ -216,10 +219,13 @@ class CudaDecodeGraphs:
     def _run_verify(self, batch: ForwardBatch) -> Any:
         """Replay the verify graph of this batch's shape (captured on first use); eager when it cannot be."""
         meta = batch.attention
-        b, q = meta.seq_lens.shape[0], batch.verify_tokens
+        b, q = meta.seq_lens.shape[0], batch.tokens_per_seq
         width = meta.block_tables.shape[1]
         splits = bucket(max(self.backend.attention_runner.splits_for(width * self.kv.block_size), MIN_SPLIT_ITEMS // b))
         key = (b, q, splits)
+        if key not in self.verify_graphs and len(self.verify_graphs) >= MAX_VERIFY_GRAPHS:
+            self.last_hidden = self.model.forward(batch, self.kv)
+            return self.model.compute_logits(self.last_hidden)
         if key not in self.verify_graphs:
             captured = self._capture_verify(b, q, splits)
             if captured is None:
@@ -280,7 +286,7 @@ class _VerifyBuffers:
             ),
             logits_rows=np.arange(n),
             state_slots=self.state_slots[:b],
-            verify_tokens=q,
+            tokens_per_seq=q,
             input_hidden=None if self.input_hidden is None else self.input_hidden[:n],
         )
 
