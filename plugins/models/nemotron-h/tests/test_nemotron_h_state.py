@@ -92,9 +92,9 @@ def test_preemption_in_the_middle_of_a_prefill_keeps_outputs(alone: list[list[in
     mid_prefill: list[bool] = []
     preempt = scheduler.preempt
 
-    def recording_preempt(seq: Sequence) -> None:
+    def recording_preempt(seq: Sequence, *pending_copies: list[tuple[int, int]] | None) -> None:
         mid_prefill.append(0 < seq.num_computed < seq.num_prompt_tokens)
-        preempt(seq)
+        preempt(seq, *pending_copies)
 
     scheduler.preempt = recording_preempt  # type: ignore[method-assign]
     outputs = llm.generate(PROMPTS, GREEDY)
