@@ -72,7 +72,7 @@ def test_mtp_reads_the_hidden_states_of_captured_steps(monkeypatch: Any) -> None
     assert [o.outputs[0].token_ids for o in graphed.generate(prompts, params)] == want
     target_graphs, mtp_graphs = sorted(created, key=lambda graphs: graphs.model is not graphed.loaded.model)
     assert any(b.is_pure_decode for b in target_graphs.batches), "no decode step went through the graphs"
-    assert any(b.tokens_per_seq == 3 for b in target_graphs.batches), "no uniform verify step reached the graphs"
+    assert any(b.tokens_per_seq >= 3 for b in target_graphs.batches), "no uniform verify step reached the graphs"
     # the MTP layer's own steps (an MtpStep looks like a model to the backend's graphs)
     assert any(b.is_pure_decode and b.input_hidden is not None for b in mtp_graphs.batches)
     assert graphed_drafts.drafts == eager_drafts.drafts and any(graphed_drafts.drafts.values())

@@ -15,6 +15,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from atlas_core import LLM, SamplingParams
+from atlas_core.engine.runner import ScheduledChunk
 from atlas_core.engine.sequence import Sequence
 from atlas_core.engine.spec.config import SpeculativeConfig, speculative_config
 from atlas_core.engine.spec.draft_kv import DraftKV
@@ -99,12 +100,21 @@ def test_greedy_tokens_identical_with_rejections_batched_and_cached(name: str) -
     assert spec.engine.speculation is not None
     proposer = ScriptedProposer({tuple(p): w for p, w in zip(prompts, want, strict=True)}, spec.loaded.model.vocab_size)
     spec.engine.speculation.proposer = proposer
+    execute, verified = spec.engine.runner.execute, []
+
+    def recording(chunks: list[ScheduledChunk], copies: list[tuple[int, int]]) -> list[Sequence]:
+        verified.extend((chunk.num_tokens, len(chunk.draft)) for chunk in chunks if chunk.draft)
+        return execute(chunks, copies)
+
+    spec.engine.runner.execute = recording  # type: ignore[method-assign]
     for _ in range(2):  # the second run hits the prefix cache the first filled
         assert _outputs(spec, prompts, GREEDY) == want
         assert_no_leaks(spec)
     stats = spec.engine.runner.spec_stats
     assert 0 < stats.accepted < stats.proposed
     assert len(proposer.released) == 2 * len(prompts)
+    if spec.loaded.model.has_recurrent_state:  # after a rejection the recompute verifies new drafts too
+        assert any(tokens > 1 for tokens, _ in verified)
 
 
 def test_ngram_greedy_and_seeded_sampling_identical_under_preemption() -> None:

@@ -34,8 +34,9 @@ class ScheduledChunk:
     their own first token from its last row.
 
     Speculative decoding: ``draft_room`` is how many draft tokens the scheduler made room for (KV
-    blocks and token budget) behind a decode token; ``draft`` holds at most that many proposed tokens,
-    run after the decode token and verified (`atlas_core.engine.spec.verify`)."""
+    blocks and token budget) behind a chunk that reaches the sequence's last token (a decode token, or
+    a recompute of generated tokens); ``draft`` holds at most that many proposed tokens, run after the
+    chunk and verified (`atlas_core.engine.spec.verify`)."""
 
     seq: Sequence
     num_tokens: int

@@ -3,7 +3,8 @@
 Each step has a token budget (``max_num_batched_tokens``). The scheduler fills it in order:
 
 1. one token for every running sequence that is decoding (with speculative decoding, plus room for
-   its draft tokens when the budget and free blocks allow it; drafts never preempt). When a decode
+   its draft tokens when the budget and free blocks allow it; drafts never preempt; a sequence that
+   recomputes its generated tokens, after a rejected draft or preemption, gets that room too). When a decode
    needs a KV block and none is free, the most recently admitted running sequence is preempted: its
    blocks and state slot are freed and it goes back to the front of the queue, to be recomputed later;
 2. the next chunk (at most ``max_prefill_tokens``) of running sequences whose prefill is
@@ -111,9 +112,13 @@ class Scheduler:
             if budget == 0:
                 break
             count = self._prefill_chunk(seq, budget)
-            if self._reserve(seq, count, step, copies):
-                step.chunks.append(ScheduledChunk(seq, count))
-                budget -= count
+            # a sequence resuming its generation (recomputing after a rejected draft on a hybrid model, or
+            # after preemption) verifies drafts behind its known tokens in the same step
+            resumes = count == seq.num_uncomputed and bool(seq.output_ids)
+            room = self._draft_room(seq, budget - count, copies, count) if resumes else 0
+            if room or self._reserve(seq, count, step, copies):
+                step.chunks.append(ScheduledChunk(seq, count, draft_room=room))
+                budget -= count + room
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self._next_waiting()
             if not self._admit(seq):
@@ -144,14 +149,16 @@ class Scheduler:
             if victim is seq:
                 return False
 
-    def _draft_room(self, seq: Sequence, budget: int, copies: dict[Sequence, list[tuple[int, int]]]) -> int:
-        """Speculative decoding: make room for ``seq``'s decode token and up to ``draft_room(seq)`` (at
-        most ``budget``) draft tokens behind it, without preempting anyone; how many drafts fit (0: none,
-        and nothing reserved)."""
+    def _draft_room(
+        self, seq: Sequence, budget: int, copies: dict[Sequence, list[tuple[int, int]]], count: int = 1
+    ) -> int:
+        """Speculative decoding: make room for ``count`` tokens of ``seq`` (its decode token, or the rest of
+        its known tokens) and up to ``draft_room(seq)`` (at most ``budget``) draft tokens behind them,
+        without preempting anyone; how many drafts fit (0: none, and nothing reserved)."""
         room = min(self.draft_room(seq), budget) if self.draft_room is not None else 0
         if room < 1 or self.blocks.num_free_blocks < len(self.running):  # keep a block for each decoder
             return 0
-        needed = self.blocks.prepare_write(seq.table, seq.num_computed, seq.num_computed + 1 + room)
+        needed = self.blocks.prepare_write(seq.table, seq.num_computed, seq.num_computed + count + room)
         if needed is None:
             return 0
         copies.setdefault(seq, []).extend(needed)
