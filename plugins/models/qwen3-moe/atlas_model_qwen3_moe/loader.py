@@ -13,8 +13,9 @@ from typing import Any
 
 from atlas_core.backends.base import Array
 from atlas_core.errors import ModelLoadError
-from atlas_core.model.layers.moe import RouterSpec, config_num_experts, load_moe, router_spec_from_config
+from atlas_core.model.layers.moe import RouterSpec, load_moe, router_spec_from_config
 from atlas_core.model.loader import DenseDecoderLoader
+from atlas_core.model.sparse_layers import qwen_sparse_layer, with_sparse_mlp_shapes
 from atlas_core.model.spec import DecoderSpec
 
 
@@ -47,37 +48,14 @@ class Qwen3MoeLoader(DenseDecoderLoader):
 
     def is_sparse(self, layer: int) -> bool:
         """Whether ``layer`` has experts (the rule of transformers' ``Qwen3MoeDecoderLayer``)."""
-        return sparse_layer(self.config, layer)
+        return qwen_sparse_layer(self.config, layer)
 
     @classmethod
     def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         """The dense decoder's tensors, with each sparse layer's MLP replaced by its router and fused experts."""
-        shapes = super().checkpoint_shapes(config)
-        experts, hidden = config_num_experts(config), int(config["hidden_size"])
-        inter = int(config["moe_intermediate_size"])
-        for layer in range(int(config["num_hidden_layers"])):
-            if sparse_layer(config, layer):
-                p = f"model.layers.{layer}.mlp."
-                for name in ("gate_proj", "up_proj", "down_proj"):
-                    del shapes[f"{p}{name}.weight"]
-                shapes |= {
-                    p + "gate.weight": (experts, hidden),
-                    p + "experts.gate_up_proj": (experts, 2 * inter, hidden),
-                    p + "experts.down_proj": (experts, hidden, inter),
-                }
-        return shapes
+        return with_sparse_mlp_shapes(super().checkpoint_shapes(config), config)
 
     def feed_forward(self, spec: DecoderSpec, layer: int) -> Callable[[Array], Array]:
         if not self.is_sparse(layer):
             return super().feed_forward(spec, layer)
         return load_moe(self, f"model.layers.{layer}.mlp.", self.router_spec())
-
-
-def sparse_layer(config: dict[str, Any], layer: int) -> bool:
-    """Whether ``layer`` of a ``config`` has experts (the rule of transformers' ``Qwen3MoeDecoderLayer``)."""
-    step = int(config.get("decoder_sparse_step") or 1)
-    return (
-        layer not in (config.get("mlp_only_layers") or [])
-        and config_num_experts(config) > 0
-        and (layer + 1) % step == 0
-    )

@@ -14,9 +14,10 @@ import numpy as np
 
 from atlas_core.backends.base import Array
 from atlas_core.errors import ModelLoadError
-from atlas_core.model.layers.moe import config_num_experts, load_moe, router_spec_from_config
+from atlas_core.model.layers.moe import load_moe, router_spec_from_config
 from atlas_core.model.loader import DenseDecoderLoader, ModelWeightLoader
 from atlas_core.model.rope import inverse_frequencies
+from atlas_core.model.sparse_layers import qwen_sparse_layer, with_sparse_mlp_shapes
 from atlas_core.model.spec import DecoderSpec
 from atlas_core.model.transformer import TransformerModel
 from atlas_core.weights.quantized import QuantizedWeight
@@ -106,39 +107,19 @@ class Qwen3VLTextLoader(DenseDecoderLoader):
     spec_overrides = {"qk_norm": True}
 
 
-def sparse_layer(config: dict[str, Any], layer: int) -> bool:
-    """Whether Qwen3-VL-MoE text layer ``layer`` has experts: outside ``mlp_only_layers``, every
-    ``decoder_sparse_step``-th."""
-    step = int(config.get("decoder_sparse_step") or 1)
-    return layer not in (config.get("mlp_only_layers") or []) and (layer + 1) % step == 0
-
-
 class Qwen3VLMoeTextLoader(Qwen3VLTextLoader):
-    """Qwen3-VL-MoE's text stack: `sparse_layer` layers have a MoE block (softmax router, top
+    """Qwen3-VL-MoE's text stack: sparse layers (`qwen_sparse_layer`) have a MoE block (softmax router, top
     ``num_experts_per_tok`` always renormalised, fused experts, no shared expert); the others a dense
     SwiGLU MLP."""
 
     @classmethod
     def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         """The dense stack's tensors with each sparse layer's MLP replaced by its router and fused experts."""
-        shapes = super().checkpoint_shapes(config)
-        experts, hidden = config_num_experts(config), int(config["hidden_size"])
-        inter = int(config["moe_intermediate_size"])
-        for layer in range(int(config["num_hidden_layers"])):
-            if sparse_layer(config, layer):
-                p = f"model.layers.{layer}.mlp."
-                for name in ("gate_proj", "up_proj", "down_proj"):
-                    del shapes[f"{p}{name}.weight"]
-                shapes |= {
-                    p + "gate.weight": (experts, hidden),
-                    p + "experts.gate_up_proj": (experts, 2 * inter, hidden),
-                    p + "experts.down_proj": (experts, hidden, inter),
-                }
-        return shapes
+        return with_sparse_mlp_shapes(super().checkpoint_shapes(config), config)
 
     def feed_forward(self, spec: DecoderSpec, layer: int) -> Callable[[Array], Array]:
         config = self.source.config
-        if not sparse_layer(config, layer):
+        if not qwen_sparse_layer(config, layer):
             return super().feed_forward(spec, layer)
         router = router_spec_from_config(config, f"{self.origin}/config.json", scoring="softmax", normalize_top_k=True)
         return load_moe(self, f"model.layers.{layer}.mlp.", router)
