@@ -123,8 +123,7 @@ class CudaDecodeGraphs:
         if key not in self.graphs:
             captured = self._capture(size, splits)
             if captured is None:
-                self.last_hidden = self.model.forward(batch, self.kv)
-                return self.model.compute_logits(self.last_hidden)
+                return self._eager(batch)
             self.graphs[key] = captured
         graph, logits, hidden = self.graphs[key][:3]
         self.backend.kernels.function("elementwise", "decode_inputs")(
@@ -223,14 +222,10 @@ class CudaDecodeGraphs:
         width = meta.block_tables.shape[1]
         splits = bucket(max(self.backend.attention_runner.splits_for(width * self.kv.block_size), MIN_SPLIT_ITEMS // b))
         key = (b, q, splits)
-        if key not in self.verify_graphs and len(self.verify_graphs) >= MAX_VERIFY_GRAPHS:
-            self.last_hidden = self.model.forward(batch, self.kv)
-            return self.model.compute_logits(self.last_hidden)
         if key not in self.verify_graphs:
-            captured = self._capture_verify(b, q, splits)
+            captured = self._capture_verify(b, q, splits) if len(self.verify_graphs) < MAX_VERIFY_GRAPHS else None
             if captured is None:
-                self.last_hidden = self.model.forward(batch, self.kv)
-                return self.model.compute_logits(self.last_hidden)
+                return self._eager(batch)
             self.verify_graphs[key] = captured
         graph, logits, hidden = self.verify_graphs[key][:3]
         self.verify.load(batch, width)
@@ -238,6 +233,11 @@ class CudaDecodeGraphs:
         self.replays += 1
         self.last_hidden = hidden
         return logits
+
+    def _eager(self, batch: ForwardBatch) -> Any:
+        """The forward without a graph: every row's logits, its hidden states kept as `last_hidden`."""
+        self.last_hidden = self.model.forward(batch, self.kv)
+        return self.model.compute_logits(self.last_hidden)
 
     def _capture_verify(self, b: int, q: int, splits: int) -> tuple[Any, ...] | None:
         self.cp.cuda.Device().synchronize()
