@@ -9,7 +9,7 @@ from atlas_core.backends.numpy_backend import NumpyBackend
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.testing.family import mixed_prompts
 from tests.conftest import TINY, reference
-from tests.test_speculative_decoding import MTP, RecordedDrafts, _mtp_llm
+from tests.test_speculative_mtp import MTP, RecordedDrafts, mtp_llm
 
 
 class RecordingGraphs:
@@ -63,7 +63,7 @@ def test_mtp_reads_the_hidden_states_of_captured_steps(monkeypatch: Any) -> None
     plain = LLM(TINY / "qwen3_next", backend="numpy", enable_prefix_caching=False)
     prompts = mixed_prompts(plain.loaded.model.vocab_size, count=3, max_tail_length=20)
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
-    eager, eager_drafts = _mtp_llm("qwen3_next", backend="numpy", enable_prefix_caching=False)
+    eager, eager_drafts = mtp_llm("qwen3_next", backend="numpy", enable_prefix_caching=False)
     assert [o.outputs[0].token_ids for o in eager.generate(prompts, params)] == want
     monkeypatch.setattr(NumpyBackend, "decode_graphs", decode_graphs)
     graphed = LLM(TINY / "qwen3_next", backend="numpy", enable_prefix_caching=False, speculative_config=MTP)

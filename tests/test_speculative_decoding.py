@@ -20,7 +20,6 @@ from atlas_core.engine.sequence import Sequence
 from atlas_core.engine.spec.config import SpeculativeConfig, speculative_config
 from atlas_core.engine.spec.draft_kv import DraftKV
 from atlas_core.engine.spec.draft_model import DraftModelProposer
-from atlas_core.engine.spec.mtp import MtpProposer
 from atlas_core.engine.spec.proposer import NgramProposer
 from atlas_core.errors import ConfigError
 from atlas_core.testing.family import assert_no_leaks, mixed_prompts
@@ -52,7 +51,7 @@ class ScriptedProposer:
         self.released.append(seq)
 
 
-def _outputs(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+def outputs_of(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
     return [output.outputs[0].token_ids for output in llm.generate(prompts, params)]
 
 
@@ -95,7 +94,7 @@ def test_greedy_tokens_identical_with_rejections_batched_and_cached(name: str) -
     sequences with rejected drafts is rolled back."""
     plain = LLM(TINY / name, enable_prefix_caching=False)
     prompts = mixed_prompts(plain.loaded.model.vocab_size, count=8)
-    want = _outputs(plain, prompts, GREEDY)
+    want = outputs_of(plain, prompts, GREEDY)
     spec = LLM(TINY / name, num_speculative_tokens=3, block_size=4)
     assert spec.engine.speculation is not None
     proposer = ScriptedProposer({tuple(p): w for p, w in zip(prompts, want, strict=True)}, spec.loaded.model.vocab_size)
@@ -108,7 +107,7 @@ def test_greedy_tokens_identical_with_rejections_batched_and_cached(name: str) -
 
     spec.engine.runner.execute = recording  # type: ignore[method-assign]
     for _ in range(2):  # the second run hits the prefix cache the first filled
-        assert _outputs(spec, prompts, GREEDY) == want
+        assert outputs_of(spec, prompts, GREEDY) == want
         assert_no_leaks(spec)
     stats = spec.engine.runner.spec_stats
     assert 0 < stats.accepted < stats.proposed
@@ -125,10 +124,10 @@ def test_ngram_greedy_and_seeded_sampling_identical_under_preemption() -> None:
     prompts = [p + p[-12:] + p[-12:] for p in mixed_prompts(vocab, count=6, max_tail_length=30)]
     sampled = SamplingParams(temperature=0.9, top_p=0.95, top_k=20, max_tokens=20, ignore_eos=True, seed=5)
     spec = LLM(
-        TINY / "llama", num_speculative_tokens=4, block_size=4, max_seq_len=128, kv_cache_memory_gib=_tight(plain)
+        TINY / "llama", num_speculative_tokens=4, block_size=4, max_seq_len=128, kv_cache_memory_gib=tight_kv_gib(plain)
     )
     for params in (GREEDY, sampled):
-        assert _outputs(spec, prompts, params) == _outputs(plain, prompts, params)
+        assert outputs_of(spec, prompts, params) == outputs_of(plain, prompts, params)
         assert_no_leaks(spec)
     assert spec.engine.scheduler.num_preemptions > 0
     assert spec.engine.runner.spec_stats.accepted > 0
@@ -146,10 +145,10 @@ def test_penalised_sequences_speculate_and_sample_as_plain_decoding() -> None:
     spec = LLM(TINY / "qwen3", num_speculative_tokens=3)
     assert spec.engine.speculation is not None
     for params in (greedy, seeded):
-        want = _outputs(plain, prompts, params)
+        want = outputs_of(plain, prompts, params)
         proposer = ScriptedProposer({tuple(p): w for p, w in zip(prompts, want, strict=True)}, 256)
         spec.engine.speculation.proposer = proposer
-        assert _outputs(spec, prompts, params) == want
+        assert outputs_of(spec, prompts, params) == want
     stats = spec.engine.runner.spec_stats
     assert 0 < stats.accepted < stats.proposed
 
@@ -170,16 +169,16 @@ def test_structured_output_speculates_with_masks_that_follow_the_drafts(default_
         SamplingParams(temperature=0, max_tokens=12, structured=structured),
         SamplingParams(temperature=0.9, max_tokens=12, seed=11, structured=structured),
     ):
-        want = _outputs(llm, prompts, params)
+        want = outputs_of(llm, prompts, params)
         spec.engine.speculation.proposer = ScriptedProposer(
             {tuple(p): w for p, w in zip(prompts, want, strict=True)}, spec.loaded.model.vocab_size, wrong_every=2
         )
-        assert _outputs(spec, prompts, params) == want
+        assert outputs_of(spec, prompts, params) == want
     stats = spec.engine.runner.spec_stats
     assert 0 < stats.accepted < stats.proposed
 
 
-def _tight(llm: LLM) -> float:
+def tight_kv_gib(llm: LLM) -> float:
     """A KV budget of about 200 tokens of ``llm``'s model."""
     per_token = llm.engine.kv_plan.bytes_per_token
     return 200 * per_token / 2**30
@@ -190,7 +189,7 @@ def test_logprobs_and_stops_inside_accepted_drafts() -> None:
     output token carries the logprobs plain decoding gives it."""
     plain = LLM(TINY / "qwen3", enable_prefix_caching=False)
     prompts = mixed_prompts(plain.loaded.model.vocab_size, count=4)
-    full = _outputs(plain, prompts, GREEDY)
+    full = outputs_of(plain, prompts, GREEDY)
     stop = full[0][6]
     params = SamplingParams(temperature=0, max_tokens=11, stop_token_ids=[stop], logprobs=2)
     want = plain.generate(prompts, params)
@@ -216,10 +215,10 @@ def test_draft_model_proposals_and_abort_free_everything() -> None:
     request mid-generation frees its target and draft blocks."""
     plain = LLM(TINY / "qwen3", enable_prefix_caching=False)
     prompts = mixed_prompts(plain.loaded.model.vocab_size, count=5)
-    want = _outputs(plain, prompts, GREEDY)
+    want = outputs_of(plain, prompts, GREEDY)
     config = {"method": "draft_model", "model": str(TINY / "qwen3"), "num_speculative_tokens": 3}
     spec = LLM(TINY / "qwen3", speculative_config=config)
-    assert _outputs(spec, prompts, GREEDY) == want
+    assert outputs_of(spec, prompts, GREEDY) == want
     stats = spec.engine.runner.spec_stats
     assert stats.accepted == stats.proposed > 0
     engine = spec.engine
@@ -306,76 +305,6 @@ def _joint_probability(llm: LLM, prompt: list[int], tokens: list[int]) -> float:
     return probability
 
 
-MTP = {"method": "mtp", "num_speculative_tokens": 2}
-
-
-class RecordedDrafts:
-    """Wraps an `MtpProposer`'s `propose`: the drafts it gave, by the sequence's tokens at the time."""
-
-    def __init__(self, proposer: MtpProposer) -> None:
-        self.proposer, self.drafts = proposer, {}
-        self.original = proposer.propose
-        proposer.propose = self.propose  # type: ignore[method-assign]
-
-    def propose(self, seqs: Seq[Sequence], max_tokens: Seq[int]) -> list[list[int]]:
-        out = self.original(seqs, max_tokens)
-        for seq, draft in zip(seqs, out, strict=True):
-            self.drafts[tuple(seq.token_ids)] = draft
-        return out
-
-
-def _mtp_llm(name: str, **kwargs: object) -> tuple[LLM, RecordedDrafts]:
-    llm = LLM(TINY / name, speculative_config=MTP, **kwargs)  # type: ignore[arg-type]
-    assert llm.engine.speculation is not None and isinstance(llm.engine.speculation.proposer, MtpProposer)
-    return llm, RecordedDrafts(llm.engine.speculation.proposer)
-
-
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_moe"])
-def test_mtp_greedy_identical_and_drafts_equal_a_fresh_computation(name: str) -> None:
-    """MTP speculation on the hybrid MoE checkpoints (batched; every step's drafts verified and, with
-    random MTP weights, mostly rejected, so the recurrent state rolls back): the tokens equal plain
-    decoding's, with and without prefix-cache hits; the drafts made incrementally (MTP KV kept across
-    steps, provisional entries overwritten, positions recomputed after rollbacks) equal those of a fresh
-    engine that gets the same tokens as one prompt; nothing is left behind."""
-    plain = LLM(TINY / name, enable_prefix_caching=False)
-    prompts = mixed_prompts(plain.loaded.model.vocab_size, count=6, max_tail_length=40)
-    want = _outputs(plain, prompts, GREEDY)
-    cached, _ = _mtp_llm(name, block_size=4)
-    for _ in range(2):  # the second run hits the prefix cache the first filled
-        assert _outputs(cached, prompts, GREEDY) == want
-        assert_no_leaks(cached)
-    spec, recorded = _mtp_llm(name, block_size=4, enable_prefix_caching=False)
-    assert _outputs(spec, prompts, GREEDY) == want
-    assert spec.engine.runner.spec_stats.proposed > 0
-    assert recorded.proposer.tracked_sequences == 0
-    fresh, fresh_recorded = _mtp_llm(name, enable_prefix_caching=False)
-    for tokens in [t for t, draft in recorded.drafts.items() if draft][-12::4]:
-        # the fresh engine prefills tokens[:-1], samples tokens[-1] (greedy, deterministic), drafts
-        fresh.generate(list(tokens[:-1]), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-        draft = recorded.drafts[tokens]  # cut short near max_tokens
-        assert fresh_recorded.drafts[tokens][: len(draft)] == draft
-
-
-def test_mtp_under_preemption_and_refused_without_mtp_layers() -> None:
-    plain = LLM(TINY / "qwen3_next", enable_prefix_caching=False)
-    prompts = mixed_prompts(plain.loaded.model.vocab_size, count=6, max_tail_length=30)
-    state = 8 * plain.loaded.model.state_bytes_per_slot() / 2**30  # 4 sequences' slots and their rollback copies
-    budget = 1.5 * _tight(plain) + state  # ~200 tokens of the model's KV and its MTP layer's
-    spec, _ = _mtp_llm(
-        "qwen3_next",
-        block_size=4,
-        max_seq_len=128,
-        max_num_seqs=4,
-        enable_prefix_caching=False,
-        kv_cache_memory_gib=budget,
-    )
-    assert _outputs(spec, prompts, GREEDY) == _outputs(plain, prompts, GREEDY)
-    assert spec.engine.scheduler.num_preemptions > 0
-    assert_no_leaks(spec)
-    with pytest.raises(ConfigError, match="has none; use method 'ngram' or 'draft_model'"):
-        LLM(TINY / "qwen3", speculative_config=MTP)
-
-
 def test_metrics_count_proposed_and_accepted_drafts() -> None:
     """``/metrics`` counters: drafts proposed and accepted, and accepted by draft position."""
     from prometheus_client import CollectorRegistry, generate_latest
@@ -384,11 +313,11 @@ def test_metrics_count_proposed_and_accepted_drafts() -> None:
 
     plain = LLM(TINY / "llama", enable_prefix_caching=False)
     prompts = mixed_prompts(plain.loaded.model.vocab_size, count=3)
-    want = _outputs(plain, prompts, GREEDY)
+    want = outputs_of(plain, prompts, GREEDY)
     spec = LLM(TINY / "llama", num_speculative_tokens=3)
     assert spec.engine.speculation is not None
     spec.engine.speculation.proposer = ScriptedProposer({tuple(p): w for p, w in zip(prompts, want, strict=True)}, 256)
-    assert _outputs(spec, prompts, GREEDY) == want
+    assert outputs_of(spec, prompts, GREEDY) == want
     registry = CollectorRegistry()
     registry.register(_EngineCollector(spec.engine, lambda: "tiny"))
     values = {
