@@ -13,23 +13,27 @@ plugin runs these checks on all its checkpoints with a three-line test class::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
 import pytest
 
 from atlas_core import LLM, SamplingParams
+from atlas_core.model.vision import PreparedImage
 from atlas_core.testing.checkpoints import REFERENCE_PROMPTS, TinyCheckpoints
 
 TOLERANCE = 1e-3
 """Largest |log-prob difference| to the reference allowed anywhere (fp32)."""
 
 
-def full_prompt_logprobs(llm: LLM, prompt: list[int]) -> np.ndarray:
-    """``[T, V]`` log-softmax of every prompt position, from one prefill through the engine's runner."""
+def full_prompt_logprobs(llm: LLM, prompt: list[int], images: Sequence[PreparedImage] = ()) -> np.ndarray:
+    """``[T, V]`` log-softmax of every prompt position, from one prefill through the engine's runner
+    (``images``: prepared images for the prompt's placeholders, in order)."""
     engine = llm.engine
     # prompt_logprobs: no prefix-cache reuse and no chunk cut at a state-snapshot boundary, so one step runs it all
-    engine.add_request("score", None, prompt, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))
+    params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
+    engine.add_request("score", None, prompt, params, images)
     try:
         step = engine.scheduler.schedule()
         batch, _ = engine.runner.build_batch(step.chunks)

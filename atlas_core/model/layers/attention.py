@@ -148,5 +148,5 @@ class SharedKVAttention(Attention):
         if w.q_norm is not None:
             q = w.q_norm(q)[0]
         # rope rotates its q and k arguments alike: with no keys here, the query heads go in as both
-        backend.rope(q[:, :1], q[:, 1:], batch.positions, self.rope_cos, self.rope_sin)
+        backend.rope(q[:, :1], q[:, 1:], *batch.rotary(self.rope_cos, self.rope_sin))
         return self.attend(q, batch, kv)

@@ -27,7 +27,7 @@ class GatedAttention(Attention):
             q = w.q_norm(q)[0]
         if w.k_norm is not None:
             k = w.k_norm(k)[0]
-        backend.rope(q, k, batch.positions, self.rope_cos, self.rope_sin)
+        backend.rope(q, k, *batch.rotary(self.rope_cos, self.rope_sin))
         self.write_kv(k, v, batch, kv)
         mixed = self.mix(q, batch, kv).reshape(tokens, q_width)
         return backend.linear(backend.sigmoid_gate(mixed, projected[:, v_end:]), w.o, w.o_bias)

@@ -2,9 +2,11 @@
 
 Each layer: zero-centred RMSNorm (scale ``1 + w``) -> gated delta net or gated attention -> RMSNorm ->
 dense SwiGLU MLP or sparse MoE with a sigmoid-gated shared expert. The text stack sits under
-``model.`` or, in Qwen3.5's vision-language checkpoints, ``model.language_model.`` (the vision tower
-``model.visual.*`` is not loaded). The multi-token-prediction layers (``mtp.*``) are read only for
-speculative decoding with method ``mtp`` (`Qwen3NextLoader.build_mtp`).
+``model.`` or, in Qwen3.5's vision-language checkpoints, ``model.language_model.``; their vision tower
+(``model.visual.*``, Qwen3-VL's ViT without deepstack) is attached as the model's vision side by
+``atlas-model-qwen3-vl`` (`atlas_model_qwen3_vl.attach`), images rotated by interleaved M-RoPE. The
+multi-token-prediction layers (``mtp.*``) are read only for speculative decoding with method ``mtp``
+(`Qwen3NextLoader.build_mtp`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+from atlas_model_qwen3_vl.attach import TOWER_PROBE, attach_vision
 
 from atlas_core.batch.kv_cache import KVLayout
 from atlas_core.errors import ModelLoadError
@@ -87,7 +90,7 @@ class Qwen3NextLoader(ModelWeightLoader):
                 )
             )
         embed, vocab_split = self.vocab_rows(self.prefix + "embed_tokens.weight")
-        return TransformerModel(
+        model = TransformerModel(
             self.backend,
             embed_tokens=embed,
             layers=layers,
@@ -99,6 +102,9 @@ class Qwen3NextLoader(ModelWeightLoader):
             recurrent_state=state,
             vocab_split=vocab_split,
         )
+        if TOWER_PROBE in self.source:
+            model.vision = attach_vision(self, decoder.rope)
+        return model
 
     @classmethod
     def mtp_checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -5,13 +5,16 @@ The text stack sits under ``model.language_model.`` when the config nests it in 
 (Qwen3.5's vision-language checkpoints) and under ``model.`` otherwise. Qwen3-Next stores each gated
 delta net's input projections fused by key head (``in_proj_qkvz``, ``in_proj_ba``), Qwen3.5 one
 projection each; routed experts are described fused (``experts.gate_up_proj``), a layout the loader
-reads like the per-expert one. `mtp_shapes` describes the one multi-token-prediction layer (``mtp.*``)
-the published checkpoints carry, which `Qwen3NextLoader.build_mtp` reads.
+reads like the per-expert one; a ``vision_config`` adds the vision tower (``model.visual.*``).
+`mtp_shapes` describes the one multi-token-prediction layer (``mtp.*``) the published checkpoints
+carry, which `Qwen3NextLoader.build_mtp` reads.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from atlas_model_qwen3_vl.attach import tower_shapes
 
 from atlas_core.model.layers.moe import fused_expert_shapes
 from atlas_model_qwen3_next.config import LINEAR_ATTENTION, HybridSpec
@@ -40,6 +43,8 @@ def checkpoint_shapes(config: dict[str, Any]) -> Shapes:
             shapes |= moe_shapes(p + "mlp.", spec)
         else:
             shapes |= swiglu_shapes(p + "mlp.", hidden, decoder.intermediate_size)
+    if isinstance(config.get("vision_config"), dict):
+        shapes |= tower_shapes(config["vision_config"])
     return shapes
 
 

@@ -1,7 +1,7 @@
-"""atlas-model-qwen3-vl against transformers on the tiny ``qwen3_vl`` and ``qwen3_vl_moe`` checkpoints: the
-image processor's pixel values, the tower's merged and deepstack features, M-RoPE positions, logits over
-image + text prompts and greedy decoding (alone and batched with text), published (transposed) fused
-experts, the prefix cache keyed by image content, and refusals."""
+"""atlas-model-qwen3-vl against transformers on the tiny ``qwen3_vl`` and ``qwen3_vl_moe`` checkpoints: text
+and image parity (`ReferenceParity`, `VisionParity`: preprocessing, tower and deepstack features, M-RoPE
+positions, logits over image + text prompts, greedy decoding batched with text), published (transposed)
+fused experts, the prefix cache keyed by image content, chunked prefill across images, and refusals."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from atlas_core.model.images import decode_image
 from atlas_core.model.vision import PreparedImage
 from atlas_core.plugins import load_plugins
 from atlas_core.testing.checkpoints import TinyCheckpoints
-from atlas_core.testing.parity import TOLERANCE, ReferenceParity
+from atlas_core.testing.parity import ReferenceParity
+from atlas_core.testing.vision_parity import VisionParity
 
 TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 FOLDER = TINY / "qwen3_vl"
@@ -39,20 +40,10 @@ class TestReferenceParity(ReferenceParity):
     checkpoints = TINY
 
 
-@pytest.fixture(scope="module", params=NAMES)
-def name(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+class TestVisionParity(VisionParity):
+    """Image + text prompts: preprocessing, tower and deepstack features, M-RoPE, logits, greedy."""
 
-
-@pytest.fixture(scope="module")
-def reference(name: str) -> dict[str, np.ndarray]:
-    with np.load(TINY / name / "vision_reference.npz") as data:
-        return dict(data)
-
-
-@pytest.fixture(scope="module")
-def llm(name: str) -> LLM:
-    return TINY.shared_llm(name)
+    checkpoints = TINY
 
 
 @pytest.fixture(scope="module")
@@ -65,86 +56,14 @@ def picture(name: str) -> Image.Image:
         return image.convert("RGB")
 
 
-def prompt_images(llm: LLM, reference: dict[str, np.ndarray], i: int) -> list[PreparedImage]:
-    vision = llm.loaded.model.vision
-    assert vision is not None
-    return [vision.prepare(picture(name)) for name in reference[f"images_{i}"].tolist()]
-
-
 @pytest.mark.parametrize("model_type", NAMES)
 def test_registration(model_type: str) -> None:
     registration = load_plugins().get("model", model_type)
     assert registration.plugin.distribution == "atlas-model-qwen3-vl"
 
 
-def test_processor_gives_transformers_pixel_values(llm: LLM, reference: dict[str, np.ndarray]) -> None:
-    vision = llm.loaded.model.vision
-    assert vision is not None
-    for name in "ab":
-        prepared = vision.prepare(picture(name))
-        assert prepared.grid == tuple(reference[f"grid_{name}"])
-        assert prepared.num_tokens == int(np.prod(reference[f"grid_{name}"])) // 4
-        np.testing.assert_allclose(prepared.pixel_values, reference[f"pixel_values_{name}"], atol=1e-6, rtol=0)
-
-
-def test_tower_features_match(llm: LLM, reference: dict[str, np.ndarray]) -> None:
-    """Both images in one encoder call (each attends to its own patches only)."""
-    vision = llm.loaded.model.vision
-    assert vision is not None
-    features = vision.encode([vision.prepare(picture(name)) for name in "ab"])
-    for name, feature in zip("ab", features, strict=True):
-        np.testing.assert_allclose(feature.embeds, reference[f"embeds_{name}"], atol=1e-4, rtol=0)
-        np.testing.assert_allclose(np.stack(feature.deepstack), reference[f"deepstack_{name}"], atol=1e-4, rtol=0)
-
-
-def test_mrope_positions_and_axes(llm: LLM, reference: dict[str, np.ndarray]) -> None:
-    for i in range(2):
-        _, images = llm.engine.prepare_images(reference[f"prompt_{i}"].tolist(), prompt_images(llm, reference, i))
-        assert images.positions is not None
-        np.testing.assert_array_equal(images.positions, reference[f"mrope_positions_{i}"])
-        assert images.delta == int(reference[f"mrope_delta_{i}"])
+def test_mrope_axes_interleave_the_sections() -> None:
     assert mrope_axes(8, [4, 2, 2]).tolist() == [0, 1, 2, 0, 1, 2, 0, 0]
-
-
-def image_prompt_logprobs(llm: LLM, prompt: list[int], images: list[PreparedImage]) -> np.ndarray:
-    """``[T, V]`` log-softmax of every position of an image prompt, from one prefill."""
-    engine = llm.engine
-    engine.add_request("score", None, prompt, SamplingParams(max_tokens=1, prompt_logprobs=0), images)
-    try:
-        batch, _ = engine.runner.build_batch(engine.scheduler.schedule().chunks)
-        assert batch.visual is not None and batch.rope_rows is not None
-        hidden = llm.loaded.model.forward(batch, engine.kv)
-        return engine.backend.to_numpy(engine.backend.log_softmax(llm.loaded.model.compute_logits(hidden)))
-    finally:
-        engine.abort("score")
-
-
-def test_image_prompt_logits_match(llm: LLM, reference: dict[str, np.ndarray]) -> None:
-    for i in range(2):
-        ours = image_prompt_logprobs(llm, reference[f"prompt_{i}"].tolist(), prompt_images(llm, reference, i))
-        np.testing.assert_allclose(ours, reference[f"logprobs_{i}"], atol=TOLERANCE, rtol=0, err_msg=f"prompt {i}")
-
-
-def test_greedy_batched_with_text_prompts(name: str, llm: LLM, reference: dict[str, np.ndarray]) -> None:
-    """Both image prompts (placeholders given as one token each, expanded by the engine) and a text prompt
-    in one batch: greedy tokens and their log-probs are the reference's."""
-    text = TINY.reference(name)
-    prompts: list[dict[str, object]] = []
-    for i in range(2):
-        ids = reference[f"prompt_{i}"].tolist()
-        collapsed = [t for j, t in enumerate(ids) if t != IMAGE_TOKEN or ids[j - 1] != IMAGE_TOKEN]
-        prompts.append(
-            {"prompt_token_ids": collapsed, "images": [picture(n) for n in reference[f"images_{i}"].tolist()]}
-        )
-    prompts.append({"prompt_token_ids": text["prompt_2"].tolist()})
-    outputs = llm.generate(prompts, GREEDY)
-    for i in range(2):
-        completion = outputs[i].outputs[0]
-        assert completion.token_ids == reference[f"greedy_{i}"].tolist()
-        assert completion.logprobs is not None
-        for step, (entry, token) in enumerate(zip(completion.logprobs, completion.token_ids, strict=True)):
-            assert abs(entry[token].logprob - reference[f"greedy_logprobs_{i}"][step, token]) < TOLERANCE
-    assert outputs[2].outputs[0].token_ids == text["greedy_2"][:8].tolist()
 
 
 def test_published_expert_layout_is_transposed_on_load(tmp_path: Path) -> None:
