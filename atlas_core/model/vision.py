@@ -12,7 +12,7 @@ rows for batches holding image tokens (`VisionModel.rope_positions`, `VisionMode
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -72,6 +72,17 @@ class VisionModel(Protocol):
 
     image_token_id: int
     """The placeholder token whose rows take an image's features."""
+
+    bidirectional_images: bool
+    """True: each image's tokens attend to every token of the same image (and causally to what precedes
+    it), as Gemma 3 / 4 do in prefill; the scheduler then never cuts an image across prefill chunks. False:
+    causal attention throughout (Qwen)."""
+
+    def rewrite_template_text(self, text: str, token: Callable[[int], str]) -> str:
+        """The rendered chat ``text`` as the model's own processor rewrites it before tokenization (Gemma 3
+        wraps each begin-of-image token the template writes into the full image sequence); ``token(id)``
+        is a special token's string. Models whose templates write the final placeholders return ``text``."""
+        ...
 
     def prepare(self, image: Image, max_pixels: int | None = None) -> PreparedImage:
         """``image`` (RGB) resized, normalised and patched as the model's processor does it, within the

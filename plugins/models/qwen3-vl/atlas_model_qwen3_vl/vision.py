@@ -3,7 +3,7 @@ preprocessing, the tower, and interleaved multimodal RoPE (M-RoPE) positions and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -65,6 +65,11 @@ class Qwen3VLVision:
         self.inv_freq = np.asarray(inv_freq, dtype=np.float32)
         self.axes = mrope_axes(len(self.inv_freq), sections)
         self.attention_factor = attention_factor
+
+    bidirectional_images = False
+
+    def rewrite_template_text(self, text: str, token: Callable[[int], str]) -> str:
+        return text  # the template writes <|vision_start|><|image_pad|><|vision_end|> itself
 
     def prepare(self, image: Image, max_pixels: int | None = None) -> PreparedImage:
         return self.processor(image, max_pixels)
