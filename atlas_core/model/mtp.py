@@ -9,10 +9,14 @@ predicted token ``p + 1``) with the embedding of token ``p + 1`` and predicts to
     y = final_norm(decoder_layer(x))                           # one full-attention decoder layer
     logits = lm_head(y)                                        # the target's head, shared
 
-``y`` stands in for ``h`` in the next chained step (``p + 1`` with the drafted token). The decoder
-layers' KV lives in the target's paged cache, after the target's layers: a family builds layer ``i``'s
-attention with ``kv_index = len(target.kv_layouts) + i`` and lists its layouts in ``kv_layouts``.
-A family offers its heads by giving its `ModelWeightLoader` a ``build_mtp`` method (`MtpLoader`).
+``y`` stands in for ``h`` in the next chained step (``p + 1`` with the drafted token). DeepSeek-V3's MTP
+layers (``model.layers.{num_hidden_layers + k}``: ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head``)
+compute the same, but chain the layer's output before ``final_norm`` (``MtpLayer.norm_in_logits``, as
+vLLM's ``deepseek_mtp``), and may carry their own embedding and LM head. ``h_p`` is always the
+target's normed final hidden state. The decoder layers' KV lives in the target's paged cache, after
+the target's layers: a family builds layer ``i``'s attention with ``kv_index = len(target.kv_layouts) +
+i`` and lists its layouts in ``kv_layouts``. A family offers its heads by giving its
+`ModelWeightLoader` a ``build_mtp`` method (`MtpLoader`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,13 @@ from atlas_core.model.transformer import DecoderLayer, Norm, TransformerModel
 @dataclass
 class MtpLayer:
     """One MTP depth: the input norms, ``fc`` split into its embedding half ``fc_embed`` and hidden half
-    ``fc_hidden`` (``[H, H]`` each), the decoder layer and its output norm."""
+    ``fc_hidden`` (``[H, H]`` each), the decoder layer and its output norm.
+
+    ``norm_in_logits``: False (Qwen3-Next): ``final_norm`` ends the step, and the normed rows feed both
+    the LM head and the next chained step; True (DeepSeek-V3): the step ends with the layer's residual
+    stream, which feeds the next chained step, and ``final_norm`` applies on the way to the LM head.
+    ``embed_tokens`` / ``lm_head``: the layer's own tables (``[V, H]``, split like the target's), or None
+    for the target's."""
 
     embed_norm: Norm
     hidden_norm: Norm
@@ -39,6 +49,9 @@ class MtpLayer:
     fc_hidden: Array
     layer: DecoderLayer
     final_norm: Norm
+    norm_in_logits: bool = False
+    embed_tokens: Array | None = None
+    lm_head: Array | None = None
 
 
 class MtpHead:
@@ -59,23 +72,38 @@ class MtpHead:
 
     def forward(self, step: int, batch: ForwardBatch, kv: KVCache) -> Array:
         """MTP layer ``step % len(layers)`` over the batch: ``batch.input_ids[T]`` (token ``p + 1`` of each
-        row) and ``batch.input_hidden[T, H]`` (``h_p``) -> the normed output rows ``[T, H]`` (`logits` of
-        them predict token ``p + 2``; they are the ``input_hidden`` of the next chained step). ``batch``
-        positions are the ``p``."""
+        row) and ``batch.input_hidden[T, H]`` (``h_p``) -> the output rows ``[T, H]``, normed unless the
+        layer's ``norm_in_logits`` (`logits` of them predict token ``p + 2``; they are the
+        ``input_hidden`` of the next chained step). ``batch`` positions are the ``p``."""
         if batch.input_hidden is None:
             raise ValueError("an MTP step reads batch.input_hidden: the target's hidden state of each token")
         mtp = self.layers[step % len(self.layers)]
-        embedded, _ = mtp.embed_norm(self.target.embed(batch.input_ids))
+        embedded, _ = mtp.embed_norm(self._embed(mtp, batch.input_ids))
         normed_hidden, _ = mtp.hidden_norm(batch.input_hidden)
         # fc over the concatenation == the sum of its halves; the layer's input norm adds them (residual form)
         x = self.backend.linear(embedded, mtp.fc_embed)
         residual = self.backend.linear(normed_hidden, mtp.fc_hidden)
         out, residual_out = mtp.layer(x, residual, batch, kv)
-        return mtp.final_norm(out, residual_out)[0]
+        normed, stream = mtp.final_norm(out, residual_out)
+        return stream if mtp.norm_in_logits else normed
 
-    def logits(self, hidden: Array) -> Array:
-        """``[S, H]`` MTP output rows -> ``[S, V]`` logits through the target's LM head."""
-        return self.target.compute_logits(hidden)
+    def logits(self, hidden: Array, step: int = 0) -> Array:
+        """``[S, H]`` output rows of chained step ``step`` -> ``[S, V]`` logits through the layer's LM head
+        (the target's unless the layer has its own)."""
+        mtp = self.layers[step % len(self.layers)]
+        if mtp.norm_in_logits:
+            hidden = mtp.final_norm(hidden)[0]
+        if mtp.lm_head is None:
+            return self.target.compute_logits(hidden)
+        split = self.target.vocab_split
+        return self.backend.linear(hidden, mtp.lm_head) if split is None else split.logits(hidden, mtp.lm_head)
+
+    def _embed(self, mtp: MtpLayer, input_ids: Array) -> Array:
+        if mtp.embed_tokens is None:
+            return self.target.embed(input_ids)
+        split = self.target.vocab_split
+        table = mtp.embed_tokens
+        return self.backend.embedding(table, input_ids) if split is None else split.embed(table, input_ids)
 
     def steps(self) -> list[MtpStep]:
         """Each MTP layer as a model of its own (`MtpStep`); chained step ``k`` runs ``steps()[k % len]``."""
@@ -98,7 +126,7 @@ class MtpStep:
         return self.head.forward(self.index, batch, kv)
 
     def compute_logits(self, hidden: Array) -> Array:
-        return self.head.logits(hidden)
+        return self.head.logits(hidden, self.index)
 
 
 @runtime_checkable
