@@ -20,6 +20,7 @@ form multiplies them per head with ``mla_head_linear``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -30,7 +31,8 @@ from atlas_core.errors import ModelLoadError, UnsupportedArchitectureError
 from atlas_core.model.layers.mla import MLAWeights, deinterleave_rope_rows, split_kv_b
 from atlas_core.model.layers.moe import MoEFeedForward, load_moe
 from atlas_core.model.loader import ModelWeightLoader
-from atlas_core.model.transformer import TransformerModel
+from atlas_core.model.mtp import MtpHead, MtpLayer, no_mtp_error
+from atlas_core.model.transformer import DecoderLayer, TransformerModel
 from atlas_core.weights.quantized import concat_rows
 from atlas_model_deepseek import shapes
 from atlas_model_deepseek.spec import DeepseekSpec, Family
@@ -45,7 +47,8 @@ TEXT_LAYOUTS = {
 
 class DeepseekV3Loader(ModelWeightLoader):
     """DeepSeek-V3 / R1 (``deepseek_v3`` checkpoints): sigmoid router with
-    ``e_score_correction_bias``. Multi-token-prediction layers past ``num_hidden_layers`` are ignored."""
+    ``e_score_correction_bias``. The multi-token-prediction layers past ``num_hidden_layers`` are read
+    only for speculative decoding with method ``mtp`` (`build_mtp`)."""
 
     family: ClassVar[Family] = "deepseek_v3"
     supports_tensor_parallel = True
@@ -64,51 +67,109 @@ class DeepseekV3Loader(ModelWeightLoader):
         """The config of the language model (the whole config for a causal LM checkpoint)."""
         return self.source.config
 
-    def build(self) -> TransformerModel:
-        spec = DeepseekSpec.from_config(self.text_config(), self.family, origin=f"{self.origin}/config.json")
-        prefix = self.find_prefix(list(TEXT_LAYOUTS), "embed_tokens.weight")
-        lm_head_name = TEXT_LAYOUTS[prefix]
-        backend = self.backend
-        cos, sin = self.rope_tables(spec.rope, spec.max_position_embeddings)
+    def _prepare(self) -> DeepseekSpec:
+        """Parse the config and set what every layer reads: ``spec``, the text stack's ``prefix``, the RoPE
+        tables, Mistral 4's query scale table and this rank's query ``heads`` (the latent is whole)."""
+        spec = self.spec = DeepseekSpec.from_config(
+            self.text_config(), self.family, origin=f"{self.origin}/config.json"
+        )
+        self.prefix = self.find_prefix(list(TEXT_LAYOUTS), "embed_tokens.weight")
+        self.rope_cos, self.rope_sin = self.rope_tables(spec.rope, spec.max_position_embeddings)
         table = spec.position_scale_table(self.table_length(spec.max_position_embeddings))
-        position_scale = None if table is None else self.upload_float32(table)
+        self.position_scale = None if table is None else self.upload_float32(table)
+        self.heads = self.shard.split(spec.mla.heads, "num_attention_heads")
+        return spec
 
-        attention_type, layer_type = self.layer_type("mla"), self.layer_type("pre_norm_decoder_layer")
-        heads = self.shard.split(spec.mla.heads, "num_attention_heads")  # a rank's query heads (the latent is whole)
-        layers = []
-        for i in self.layer_progress(spec.num_layers):
-            p = f"{prefix}layers.{i}."
-            attention = attention_type(
-                backend,
-                self._mla_weights(spec, p + "self_attn.", heads),
-                layer_index=i,
-                shape=replace(spec.mla, heads=len(heads)),
-                rope_cos=cos,
-                rope_sin=sin,
-                scale=spec.softmax_scale,
-                position_scale=position_scale,
-            )
-            ffn = self._moe(spec, p + "mlp.") if spec.is_moe_layer(i) else self.gated_mlp(p + "mlp.")
-            layers.append(
-                layer_type(
-                    self._norm(p + "input_layernorm.weight", spec),
-                    self.reduced_mixer(attention),
-                    self._norm(p + "post_attention_layernorm.weight", spec),
-                    ffn,
-                )
-            )
+    def build(self) -> TransformerModel:
+        spec = self._prepare()
+        prefix = self.prefix
+        layers = [self._decoder_layer(i, kv_index=i) for i in self.layer_progress(spec.num_layers)]
         embed, vocab_split = self.vocab_rows(prefix + "embed_tokens.weight")
         return TransformerModel(
-            backend,
+            self.backend,
             embed_tokens=embed,
             layers=layers,
             final_norm=self._norm(prefix + "norm.weight", spec),
-            lm_head=embed if self.ties_embeddings(spec) else self.lm_head(lm_head_name),
-            kv_layouts=[LatentKVLayout(spec.mla.latent_dim, spec.mla.rope_dim)] * spec.num_layers,
+            lm_head=embed if self.ties_embeddings(spec) else self.lm_head(TEXT_LAYOUTS[prefix]),
+            kv_layouts=[self._kv_layout(spec)] * spec.num_layers,
             vocab_size=spec.vocab_size,
             max_position_embeddings=spec.max_position_embeddings,
             vocab_split=vocab_split,
         )
+
+    def _decoder_layer(self, index: int, kv_index: int) -> DecoderLayer:
+        """Checkpoint layer ``index`` (``{prefix}layers.{index}.``): MLA attention whose latent KV is cache
+        layer ``kv_index``, then a dense MLP or MoE as ``index`` says (`DeepseekSpec.is_moe_layer`)."""
+        spec, p = self.spec, f"{self.prefix}layers.{index}."
+        attention = self.layer_type("mla")(
+            self.backend,
+            self._mla_weights(spec, p + "self_attn.", self.heads),
+            layer_index=kv_index,
+            shape=replace(spec.mla, heads=len(self.heads)),
+            rope_cos=self.rope_cos,
+            rope_sin=self.rope_sin,
+            scale=spec.softmax_scale,
+            position_scale=self.position_scale,
+        )
+        ffn = self._moe(spec, p + "mlp.") if spec.is_moe_layer(index) else self.gated_mlp(p + "mlp.")
+        layer: DecoderLayer = self.layer_type("pre_norm_decoder_layer")(
+            self._norm(p + "input_layernorm.weight", spec),
+            self.reduced_mixer(attention),
+            self._norm(p + "post_attention_layernorm.weight", spec),
+            ffn,
+        )
+        return layer
+
+    @staticmethod
+    def _kv_layout(spec: DeepseekSpec) -> LatentKVLayout:
+        return LatentKVLayout(spec.mla.latent_dim, spec.mla.rope_dim)
+
+    @classmethod
+    def mtp_checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The tensors `build_mtp` reads (``num_nextn_predict_layers`` layers), for random weights."""
+        spec = DeepseekSpec.from_config(config, cls.family)
+        return shapes.mtp_shapes(spec, "model.", cls.correction_bias)
+
+    def build_mtp(self, target: TransformerModel) -> MtpHead:
+        """DeepSeek-V3's multi-token-prediction layers ``{prefix}layers.{num_hidden_layers + k}``
+        (`atlas_core.model.mtp`): ``eh_proj`` over [``enorm``(embedding), ``hnorm``(h)], a full decoder
+        layer (MoE by the layer rule), ``shared_head.norm`` then ``shared_head.head``, the un-normed
+        output chained (``norm_in_logits``). The layer's ``embed_tokens`` and ``shared_head.head`` are
+        used when stored and different from the target's; published checkpoints store copies of the
+        target's, which are then shared rather than held twice."""
+        spec = self._prepare()
+        hidden_size = spec.hidden_size
+        target_head = self.prefix + "embed_tokens.weight" if self.ties_embeddings(spec) else TEXT_LAYOUTS[self.prefix]
+        layers: list[MtpLayer] = []
+        for index in range(spec.num_layers, spec.num_layers + spec.num_mtp_layers):
+            p = f"{self.prefix}layers.{index}."
+            if p + "eh_proj.weight" not in self.source:
+                break  # checkpoints converted or quantized without their MTP layers
+            eh_proj = self.tensor(p + "eh_proj.weight")
+            self.check_shape(p + "eh_proj.weight", eh_proj.shape, (hidden_size, 2 * hidden_size))
+            layers.append(
+                MtpLayer(
+                    embed_norm=self._norm(p + "enorm.weight", spec),
+                    hidden_norm=self._norm(p + "hnorm.weight", spec),
+                    fc_embed=self.upload_arrays(np.ascontiguousarray(eh_proj[:, :hidden_size])),
+                    fc_hidden=self.upload_arrays(np.ascontiguousarray(eh_proj[:, hidden_size:])),
+                    layer=self._decoder_layer(index, kv_index=len(target.kv_layouts) + len(layers)),
+                    final_norm=self._norm(p + "shared_head.norm.weight", spec),
+                    norm_in_logits=True,
+                    embed_tokens=self._own_table(p + "embed_tokens.weight", self.prefix + "embed_tokens.weight"),
+                    lm_head=self._own_table(p + "shared_head.head.weight", target_head),
+                )
+            )
+        if not layers:
+            raise no_mtp_error(self.origin, self.family)
+        return MtpHead(self.backend, target, layers, [self._kv_layout(spec)] * len(layers))
+
+    def _own_table(self, name: str, target_name: str) -> Any:
+        """An MTP layer's own vocabulary table ``name`` (embedding or LM head, this rank's rows), or None
+        when the checkpoint has none or its values equal the target's ``target_name``."""
+        if name not in self.source or same_values(self, name, target_name):
+            return None
+        return self.vocab_rows(name)[0]
 
     def ties_embeddings(self, spec: DeepseekSpec) -> bool:
         """Whether the LM head is the embedding table (no LM head tensor in the checkpoint)."""
@@ -205,9 +266,35 @@ class Mistral3Loader(Mistral4Loader):
         lm_head = None if config.get("tie_word_embeddings", True) else "language_model.lm_head.weight"
         return shapes.checkpoint_shapes(spec, "language_model.model.", lm_head, cls.correction_bias)
 
+    @classmethod
+    def mtp_checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The multi-token-prediction layers of the text config's ``num_nextn_predict_layers`` (none in
+        Mistral Small 4), in the original layout."""
+        spec = DeepseekSpec.from_config(mistral4_text_config(config), cls.family)
+        return shapes.mtp_shapes(spec, "language_model.model.", cls.correction_bias)
+
     def ties_embeddings(self, spec: DeepseekSpec) -> bool:
         """transformers ties a vision-language model's LM head by the top-level config key (default True)."""
         return bool(self.source.config.get("tie_word_embeddings", True))
+
+
+COMPARE_CHUNK = 1 << 24
+"""Elements of each tensor read at a time by `same_values`."""
+
+
+def same_values(loader: ModelWeightLoader, name: str, other: str) -> bool:
+    """Whether checkpoint tensors ``name`` and ``other`` have the same shape and values (False when
+    ``other`` is missing), read a block of rows at a time so that host memory stays small."""
+    if other not in loader.source:
+        return False
+    shape = loader.weight_shape(name)
+    if loader.weight_shape(other) != shape or not shape:
+        return False
+    rows = max(1, COMPARE_CHUNK // max(1, math.prod(shape[1:])))
+    return all(
+        np.array_equal(loader.float_part(name, part), loader.float_part(other, part))
+        for part in (range(start, min(start + rows, shape[0])) for start in range(0, shape[0], rows))
+    )
 
 
 def mistral4_text_config(config: dict[str, Any], origin: str = "config.json") -> dict[str, Any]:

@@ -3,7 +3,8 @@
 
 Routed experts are described fused (``experts.gate_up_proj [E, 2I, H]``, ``experts.down_proj
 [E, H, I]``, Mistral 4's layout), which the loader reads like DeepSeek-V3's per-expert tensors.
-Multi-token-prediction layers past ``num_hidden_layers`` are not read, so not described.
+The multi-token-prediction layers past ``num_hidden_layers`` (read only for speculative decoding) are
+described apart (`mtp_shapes`).
 """
 
 from __future__ import annotations
@@ -23,13 +24,39 @@ def checkpoint_shapes(spec: DeepseekSpec, prefix: str, lm_head: str | None, corr
     if lm_head is not None:
         shapes[lm_head] = (spec.vocab_size, hidden)
     for i in range(spec.num_layers):
-        p = f"{prefix}layers.{i}."
-        shapes |= {p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,)}
-        shapes |= mla_shapes(p + "self_attn.", spec)
-        if spec.is_moe_layer(i):
-            shapes |= moe_shapes(p + "mlp.", spec, correction_bias)
-        else:
-            shapes |= swiglu_shapes(p + "mlp.", hidden, spec.intermediate_size)
+        shapes |= decoder_layer_shapes(f"{prefix}layers.{i}.", spec, i, correction_bias)
+    return shapes
+
+
+def decoder_layer_shapes(prefix: str, spec: DeepseekSpec, index: int, correction_bias: str | None) -> Shapes:
+    """Decoder layer ``index`` under ``prefix``: its norms, MLA attention and dense MLP or MoE block."""
+    hidden = spec.hidden_size
+    shapes: Shapes = {
+        prefix + "input_layernorm.weight": (hidden,),
+        prefix + "post_attention_layernorm.weight": (hidden,),
+    }
+    shapes |= mla_shapes(prefix + "self_attn.", spec)
+    if spec.is_moe_layer(index):
+        return shapes | moe_shapes(prefix + "mlp.", spec, correction_bias)
+    return shapes | swiglu_shapes(prefix + "mlp.", hidden, spec.intermediate_size)
+
+
+def mtp_shapes(spec: DeepseekSpec, prefix: str, correction_bias: str | None) -> Shapes:
+    """DeepSeek-V3's ``num_nextn_predict_layers`` multi-token-prediction layers after the decoder's
+    (`DeepseekV3Loader.build_mtp`): ``enorm``, ``hnorm``, ``eh_proj``, a decoder layer and
+    ``shared_head.norm``. The layers' ``embed_tokens`` and ``shared_head.head``, in published checkpoints
+    copies of the target's that `build_mtp` shares, are left out: the target's serve."""
+    hidden = spec.hidden_size
+    shapes: Shapes = {}
+    for index in range(spec.num_layers, spec.num_layers + spec.num_mtp_layers):
+        p = f"{prefix}layers.{index}."
+        shapes |= {
+            p + "enorm.weight": (hidden,),
+            p + "hnorm.weight": (hidden,),
+            p + "eh_proj.weight": (hidden, 2 * hidden),
+            p + "shared_head.norm.weight": (hidden,),
+        }
+        shapes |= decoder_layer_shapes(p, spec, index, correction_bias)
     return shapes
 
 

@@ -47,6 +47,9 @@ class DeepseekSpec:
     attention_bias: bool
     llama4_scaling_beta: float | None
     llama4_original_context: int
+    num_mtp_layers: int = 0
+    """DeepSeek-V3's ``num_nextn_predict_layers``: the multi-token-prediction layers the checkpoint may
+    store after its decoder layers (``layers.{num_layers + k}``)."""
 
     @classmethod
     def from_config(cls, config: dict[str, Any], family: Family, origin: str = "config.json") -> DeepseekSpec:
@@ -91,6 +94,7 @@ class DeepseekSpec:
             llama4_scaling_beta=None if beta is None else float(beta),
             # transformers defaults original_max_position_embeddings to max_position_embeddings
             llama4_original_context=int(rope.scaling.get("original_max_position_embeddings") or max_positions),
+            num_mtp_layers=int(config.get("num_nextn_predict_layers") or 0),
         )
 
     def is_moe_layer(self, layer: int) -> bool:
