@@ -44,8 +44,9 @@ def oracle_attention(
         for i, row in enumerate(range(start, end)):
             position = ctx - (end - start) + i
             first = 0 if sliding_window is None else max(0, position - sliding_window + 1)
-            keys = np.stack([k_cache[table[p // block_size], p % block_size] for p in range(first, position + 1)])
-            values = np.stack([v_cache[table[p // block_size], p % block_size] for p in range(first, position + 1)])
+            last = position if meta.visible_end is None else int(meta.visible_end[row]) - 1
+            keys = np.stack([k_cache[table[p // block_size], p % block_size] for p in range(first, last + 1)])
+            values = np.stack([v_cache[table[p // block_size], p % block_size] for p in range(first, last + 1)])
             for head in range(q.shape[1]):
                 kv_head = head // group
                 scores = keys[:, kv_head] @ q[row, head] * scale
@@ -184,6 +185,10 @@ def attention_lengths(case: Case, scenario: str, block_size: int) -> list[tuple[
         return [(0, 1), (draw(1, 30), 1), (3 * block_size - 1, 1), (draw(20, 50), 1)]
     if scenario == "prefill":
         return [(0, draw(9, 17)), (0, 1)]
+    if scenario == "images_long":  # contexts over one split of keys, a decode token beside them
+        return [(draw(60, 90), draw(30, 50)), (draw(5, 20), 1), (0, draw(10, 20))]
+    if scenario == "images_short":
+        return [(draw(3, 10), draw(10, 20))]
     raise ValueError(scenario)
 
 
@@ -229,8 +234,27 @@ def upload_meta(case: Case, host_meta: AttentionMetadata) -> AttentionMetadata:
         *(
             case.backend.from_numpy(getattr(host_meta, name))
             for name in ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")
-        )
+        ),
+        visible_end=None if host_meta.visible_end is None else case.backend.from_numpy(host_meta.visible_end),
     )
+
+
+def image_spans(case: Case, batch: PagedBatch) -> None:
+    """Give the batch's prefill rows bidirectional spans (`AttentionMetadata.visible_end`): one or two
+    random runs of each sequence's new tokens (more than one token, the last one at the chunk's end or
+    before it) see up to their run's end; every other row stays causal."""
+    meta = batch.host_meta
+    limits = batch.positions.astype(np.int32) + 1
+    for b in range(meta.num_seqs):
+        start, end = int(meta.query_start_loc[b]), int(meta.query_start_loc[b + 1])
+        cut = start
+        while end - cut >= 3:
+            first = int(case.rng.integers(cut, end - 2))
+            stop = int(case.rng.integers(first + 2, min(end, first + 20) + 1))
+            limits[first:stop] = limits[stop - 1]
+            cut = stop + 1
+    meta.visible_end = limits
+    batch.meta = upload_meta(case, meta)
 
 
 @pytest.mark.parametrize("group", [1, 2, 4], ids=["mha", "gqa2", "gqa4"])
@@ -281,6 +305,27 @@ def test_attention_sliding_window(case: Case, scenario: str, window: int) -> Non
         ),
         want,
         f"attention with sliding_window={window} ({scenario}, {batch.describe()}; blocks before the window are NaN)",
+    )
+
+
+@pytest.mark.parametrize("window", [None, 6], ids=["full", "window6"])
+@pytest.mark.parametrize("scenario", ["images_long", "images_short"])
+def test_attention_bidirectional_image_spans(case: Case, scenario: str, window: int | None) -> None:
+    """Rows of an image that attends to itself (Gemma 3 / 4) see the image's later keys too; a sliding
+    window still counts back from each row's own position."""
+    backend, kv_heads, head_dim, group = case.backend, 2, 16, 2
+    batch = paged_batch(case, scenario, kv_heads, head_dim)
+    image_spans(case, batch)
+    assert batch.host_meta.visible_end is not None
+    assert (batch.host_meta.visible_end > batch.positions + 1).any()
+    q_dev, q = case.upload(case.normal(len(batch.positions), kv_heads * group, head_dim, scale=1.5))
+    want = oracle_attention(q, batch.k_cache, batch.v_cache, batch.host_meta, batch.scale, sliding_window=window)
+    case.check_out_variants(
+        lambda out: backend.attention(
+            q_dev, batch.k_cache_dev, batch.v_cache_dev, batch.meta, batch.scale, out=out, sliding_window=window
+        ),
+        want,
+        f"attention with visible_end={batch.host_meta.visible_end.tolist()} window={window} ({batch.describe()})",
     )
 
 

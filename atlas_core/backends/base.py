@@ -48,12 +48,17 @@ class AttentionMetadata:
       slot_mapping [T]: flat KV slot (block * block_size + offset) each new token is written to.
     Query row i of sequence b sits at position ``seq_lens[b] - q_len_b + i`` and attends causally
     to keys ``0 ..= that position``.
+      visible_end [T] or None: when set, query row t attends to keys ``0 .. visible_end[t] - 1`` instead
+    (at least its own position + 1, never past its sequence's ``seq_lens``, non-decreasing along each
+    sequence's rows): the tokens of an image that attends to itself bidirectionally (Gemma 3 / 4) see
+    the whole image. A sliding window still counts back from the row's own position. None in decode.
     """
 
     query_start_loc: np.ndarray
     seq_lens: np.ndarray
     block_tables: np.ndarray
     slot_mapping: np.ndarray
+    visible_end: np.ndarray | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -320,7 +325,8 @@ class Backend(ABC):
     ) -> Array:
         """Causal paged attention with GQA (``Hq`` a multiple of ``Hk``) for a varlen batch mixing
         prefill chunks and decode tokens. ``q[T, Hq, D]`` -> ``[T, Hq, D]``; keys and values are
-        read from the caches (this step's tokens must already be written).
+        read from the caches (this step's tokens must already be written). Rows see further keys where
+        ``meta.visible_end`` says so.
 
         ``sliding_window`` W (None: unlimited): a query at position p sees keys ``max(0, p - W + 1) ..= p``
         (W keys including itself, the Hugging Face convention). Block-table entries of blocks that lie

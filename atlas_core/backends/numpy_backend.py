@@ -169,7 +169,8 @@ class NumpyBackend(Backend):
             scores = scores.reshape(num_kv_heads, group, q_len, ctx - first)
             query_pos = np.arange(ctx - q_len, ctx)[:, None]
             key_pos = np.arange(first, ctx)[None, :]
-            visible = key_pos <= query_pos
+            last = query_pos if meta.visible_end is None else meta.visible_end[start:end, None] - 1
+            visible = key_pos <= last
             if sliding_window is not None:
                 visible &= key_pos > query_pos - sliding_window
             if not visible.all():

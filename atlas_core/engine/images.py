@@ -30,6 +30,8 @@ class RequestImages:
     delta: int
     cache_prefix: list[int]
     features: dict[int, tuple[np.ndarray, list[np.ndarray]]] = field(default_factory=dict)
+    bidirectional: bool = False
+    """Each image's tokens attend to the whole image (`VisionModel.bidirectional_images`)."""
 
     @classmethod
     def prepare(
@@ -39,7 +41,35 @@ class RequestImages:
         ids, placed = expand_placeholders(prompt_ids, images, vision.image_token_id)
         rope = vision.rope_positions(ids, placed)
         positions, delta = (None, 0) if rope is None else rope
-        return ids, cls(placed, positions, delta, cache_keys(ids, placed))
+        return ids, cls(placed, positions, delta, cache_keys(ids, placed), bidirectional=vision.bidirectional_images)
+
+    def chunk_tokens(self, start: int, count: int) -> int:
+        """How many of the ``count`` tokens from ``start`` a prefill chunk may take: with bidirectional
+        images, a chunk never ends inside an image (its earlier tokens could not see the later ones). It
+        ends before the image, or, when it starts inside or at it, runs to the image's end (past ``count``
+        when the image is longer)."""
+        if not self.bidirectional:
+            return count
+        end = start + count
+        for placed in self.placed:
+            if placed.offset < end < placed.end:
+                return placed.offset - start if placed.offset > start else placed.end - start
+        return count
+
+    def visible_end(self, start: int, end: int) -> np.ndarray | None:
+        """For tokens ``start .. end - 1``: the end (exclusive) of the keys each one attends to, ``index + 1``
+        for causal rows and the image's end for a bidirectional image's rows; None when no row looks
+        ahead."""
+        if not self.bidirectional:
+            return None
+        limits = np.arange(start + 1, end + 1, dtype=np.int32)
+        ahead = False
+        for placed in self.placed:
+            first, stop = max(start, placed.offset), min(end, placed.end)
+            if first < stop:
+                limits[first - start : stop - start] = placed.end
+                ahead = True
+        return limits if ahead else None
 
     def axes_positions(self, start: int, end: int) -> np.ndarray:
         """Positions ``[3, end - start]`` of tokens ``start .. end - 1``: the prompt's multimodal ones, then
@@ -68,10 +98,15 @@ class BatchImages:
         self.vision = vision
         self.axes: list[np.ndarray] = []
         self.wanted: list[_Wanted] = []
+        self.limits: list[np.ndarray] = []
+        self.looks_ahead = False
 
     def positions(self, images: RequestImages | None, start: int, end: int, first_row: int) -> np.ndarray:
         """The positions ``[end - start]`` (int32) of a sequence's tokens ``start .. end - 1``, laid out from
-        batch row ``first_row``; records the image rows among them."""
+        batch row ``first_row``; records the image rows among them and how far each row attends."""
+        limits = None if images is None else images.visible_end(start, end)
+        self.looks_ahead |= limits is not None
+        self.limits.append(np.arange(start + 1, end + 1, dtype=np.int32) if limits is None else limits)
         if images is None:
             positions = np.arange(start, end, dtype=np.int32)
             self.axes.append(np.broadcast_to(positions, (3, end - start)))
@@ -85,6 +120,11 @@ class BatchImages:
                     _Wanted(images, k, first - placed.offset, stop - placed.offset, first_row + first - start)
                 )
         return axes[0].astype(np.int32)
+
+    def visible_end(self) -> np.ndarray | None:
+        """`AttentionMetadata.visible_end` of the batch (host int32 ``[T]``, rows in the order `positions`
+        was called); None when every row is causal."""
+        return np.concatenate(self.limits) if self.looks_ahead else None
 
     def finish(self, backend: Backend) -> tuple[VisualRows | None, tuple[Array, Array, Array] | None]:
         """``(visual rows, M-RoPE rows)`` of the batch: both None when it holds no image token."""

@@ -167,6 +167,9 @@ class ModelRunner:
             block_tables=upload(tables),
             slot_mapping=upload(np.concatenate(slots).astype(np.int32)),
         )
+        visible_end = images.visible_end()
+        if visible_end is not None:
+            meta.visible_end = upload(visible_end)
         visual, rope_rows = images.finish(self.backend)
         batch = ForwardBatch(
             input_ids=upload(np.asarray(ids, dtype=np.int32)),

@@ -97,7 +97,7 @@ class Scheduler:
         copies: dict[Sequence, list[tuple[int, int]]] = {}
         budget = self.config.max_num_batched_tokens
         for seq in [s for s in self.running if s.is_decoding]:
-            if budget == 0:
+            if budget <= 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue
@@ -109,7 +109,7 @@ class Scheduler:
             step.block_copies = [pair for pairs in copies.values() for pair in pairs]
             return step
         for seq in [s for s in self.running if not s.is_decoding]:
-            if budget == 0:
+            if budget <= 0:
                 break
             count = self._prefill_chunk(seq, budget)
             # a sequence resuming its generation (recomputing after a rejected draft on a hybrid model, or
@@ -165,12 +165,15 @@ class Scheduler:
         return room
 
     def _prefill_chunk(self, seq: Sequence, budget: int) -> int:
-        """Tokens of ``seq``'s prefill to run now; a chunk never runs past the sequence's snapshot boundary."""
+        """Tokens of ``seq``'s prefill to run now; a chunk never runs past the sequence's snapshot boundary
+        and never ends inside an image that attends to itself bidirectionally (it stops before the image,
+        or takes all of it when it starts there, even past ``budget``)."""
         count = min(seq.num_uncomputed, self.config.max_prefill_tokens, budget)
         boundary = self._snapshot_boundary(seq)
         if boundary is not None and seq.num_computed < boundary < seq.num_computed + count:
             count = boundary - seq.num_computed
-        return count
+        images = seq.request.images
+        return count if images is None else images.chunk_tokens(seq.num_computed, count)
 
     def _snapshot_boundary(self, seq: Sequence) -> int | None:
         """Where ``seq``'s recurrent state is saved: the last block boundary before its last known token

@@ -158,6 +158,7 @@ class AttentionRunner:
                 np.float32(scale),
                 np.int32(sliding_window or 0),
                 np.int32(q_vec),
+                np.uint64(0) if meta.visible_end is None else meta.visible_end,
             ),
             shared_mem=smem,
         )
@@ -189,7 +190,7 @@ class AttentionRunner:
             + (tile_rows + 2 * buffers * self.tile_n) * stride * 2
             + tile_rows * (self.tile_n + 1) * 4
             + running_output
-            + 6 * tile_rows * 4
+            + 7 * tile_rows * 4
         )
 
     def _plan(self, meta: AttentionMetadata, group: int, tokens: int, kv_heads: int, max_rows: int = 64) -> _Plan:

@@ -88,7 +88,7 @@ __device__ __forceinline__ void attention_body(
     const bf16_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,
     const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work, bf16_t* __restrict__ out,
     long long o_s0, long long o_s1, float* __restrict__ ws_acc, float2* __restrict__ ws_ml, int splits, int q_heads,
-    int kv_heads, int d, int block_size, float scale, int window, int q_vec) {
+    int kv_heads, int d, int block_size, float scale, int window, int q_vec, const int* __restrict__ visible_end) {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int BUFFERS = ATT_BUFFERS(TM, DPT);
     constexpr bool O_REGS = DPT > 8;  // direct mode's running output: registers, else shared memory (Ot)
@@ -106,6 +106,7 @@ __device__ __forceinline__ void attention_body(
     float* M_tot = alpha + TM;
     float* L_tot = M_tot + TM;
     int* qpos = reinterpret_cast<int*>(L_tot + TM);
+    int* qlast = qpos + TM;  // the last key each row sees: its position, or its image's end - 1 (visible_end)
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int4 item = work[blockIdx.x];
@@ -118,12 +119,14 @@ __device__ __forceinline__ void attention_body(
     if (rows <= 0) return;
     const int first_pos = ctx - q_len + tile_tok;
     const int last_pos = first_pos + tokens - 1;
-    const int key_end = last_pos + 1;
+    // visible_end is non-decreasing along a sequence's rows: the tile's last row sees the furthest
+    const int key_end = visible_end ? max(last_pos + 1, visible_end[q_begin + tile_tok + tokens - 1]) : last_pos + 1;
     const int key_start = window > 0 ? max(0, first_pos - window + 1) : 0;
     const int* table = block_tables + (long long)b * table_width;
 
     for (int r = tid; r < TM; r += ATT_THREADS) {
         qpos[r] = r < rows ? first_pos + r / group : -1;
+        qlast[r] = r < rows ? (visible_end ? visible_end[q_begin + tile_tok + r / group] - 1 : qpos[r]) : -1;
         M_tot[r] = NEG_INF;
         L_tot[r] = 0.0f;
     }
@@ -242,7 +245,8 @@ __device__ __forceinline__ void attention_body(
                     const int r = rg + ROW_GROUPS * i;
                     if (r < rows) {
                         const int p = qpos[r];
-                        const bool visible = kpos <= p && kpos >= key_start && (window <= 0 || kpos > p - window);
+                        const bool visible =
+                            kpos <= qlast[r] && kpos >= key_start && (window <= 0 || kpos > p - window);
                         Ps[r * (ATT_TILE_N + 1) + c_own] = visible ? __fmul_rn(sc[i], scale) : NEG_INF;
                     }
                 }
@@ -361,10 +365,10 @@ __device__ __forceinline__ void attention_body(
         const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work,                         \
         bf16_t* __restrict__ out, long long o_s0, long long o_s1, float* __restrict__ ws_acc,                         \
         float2* __restrict__ ws_ml, int splits, int q_heads, int kv_heads, int d, int block_size, float scale,        \
-        int window, int q_vec) {                                                                                      \
+        int window, int q_vec, const int* __restrict__ visible_end) {                                                 \
         attention_body<TM, DPT>(q, q_s0, q_s1, k_cache, v_cache, query_start, seq_lens, block_tables, table_width,     \
                                 work, out, o_s0, o_s1, ws_acc, ws_ml, splits, q_heads, kv_heads, d, block_size,       \
-                                scale, window, q_vec);                                                                \
+                                scale, window, q_vec, visible_end);                                                   \
     }
 
 ATTENTION_KERNEL(16, 1)
