@@ -94,3 +94,20 @@ def test_the_special_token_pattern_finds_the_longest_token_quickly() -> None:
     start = time.monotonic()
     assert not pattern.search("<div class=x>hello <b>world</b></div> " * 20000)
     assert time.monotonic() - start < 1.0
+
+
+def test_rewrite_changes_the_template_text_but_not_the_content(tokenizer: Tokenizer) -> None:
+    """A vision model's processor rewrite (`VisionModel.rewrite_template_text`) applies to the rendered
+    template only: the same marker spelled inside the content is left alone (and stays plain text)."""
+    messages = [{"role": "user", "content": "look: <|im_start|>"}]
+
+    def wrap_markers(text: str) -> str:
+        return text.replace("<|im_start|>", "<|im_start|><|im_end|>")
+
+    chat = encode_chat(tokenizer, messages, rewrite=wrap_markers)
+    stand_in = wrap_markers(tokenizer.apply_chat_template([{"role": "user", "content": "look: X"}]))
+    assert chat.text == stand_in.replace("look: X", "look: <|im_start|>")
+    assert starts(tokenizer, chat.ids) == 2  # the content's marker is text
+    assert chat.ids.count(tokenizer.backend.token_to_id("<|im_end|>")) == 3  # two inserted, the turn's end
+    whole = encode_chat(tokenizer, messages, special_tokens_in_content=True, rewrite=wrap_markers)
+    assert whole.ids == tokenizer.encode(whole.text, add_special_tokens=False)

@@ -9,6 +9,7 @@ what published templates expect. `ChatSetup` carries what the output parser need
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from atlas_core.errors import InvalidRequestError
@@ -63,12 +64,17 @@ class ChatPrompt(EncodedChat):
 
 def render(runtime: ModelRuntime, setup: ChatSetup, *, check_length: bool = True) -> ChatPrompt:
     """Render and tokenize (`encode_chat`: special-token strings in the content are plain text
-    unless ``setup.special_tokens_in_content``), then read and prepare the images and expand their
+    unless ``setup.special_tokens_in_content``; with images, the rendered text rewritten as the model's
+    processor does, `VisionModel.rewrite_template_text`), then read and prepare the images and expand their
     placeholders (`atlas_core.server.media`); 400 when there are no messages, the template rejects
     them, an image cannot be used, or (``check_length``) the prompt leaves no room to answer.
     Blocking work: routes run it in a worker thread."""
     if not setup.messages:
         raise invalid("messages must not be empty", param="messages")
+    vision = runtime.engine.engine.loaded.model.vision
+    rewrite = None
+    if vision is not None and setup.images:
+        rewrite = partial(vision.rewrite_template_text, token=runtime.tokenizer.token_to_str)
     prompt = encode_chat(
         runtime.tokenizer,
         setup.messages,
@@ -77,8 +83,8 @@ def render(runtime: ModelRuntime, setup: ChatSetup, *, check_length: bool = True
         continue_final_message=setup.continue_final_message,
         chat_template_kwargs=setup.template_kwargs,
         special_tokens_in_content=setup.special_tokens_in_content,
+        rewrite=rewrite,
     )
-    vision = runtime.engine.engine.loaded.model.vision
     images = prepare_images(vision, setup.images, setup.media)
     ids = prompt.ids
     if vision is not None and images:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,12 +49,15 @@ def encode_chat(
     continue_final_message: bool = False,
     chat_template_kwargs: dict[str, Any] | None = None,
     special_tokens_in_content: bool = False,
+    rewrite: Callable[[str], str] | None = None,
 ) -> EncodedChat:
     """Render ``messages`` (and ``tools``) with the model's chat template and tokenize the text.
 
     Special-token strings inside ``messages`` and ``tools`` are plain text unless
     ``special_tokens_in_content`` (then the rendered text is tokenized as a whole, so they become
-    special tokens). Errors as `Tokenizer.apply_chat_template`.
+    special tokens). ``rewrite`` changes the rendered text before tokenization (a vision model's
+    processor wrapping the template's image markers, `VisionModel.rewrite_template_text`); content is
+    protected from it like from the tokenizer. Errors as `Tokenizer.apply_chat_template`.
     """
     literal = None if special_tokens_in_content else _literal_specials(tokenizer)
     found: dict[str, int] = {}
@@ -68,6 +71,8 @@ def encode_chat(
         continue_final_message=continue_final_message,
         chat_template_kwargs=chat_template_kwargs,
     )
+    if rewrite is not None:
+        text = rewrite(text)
     if not found:
         return EncodedChat(text, tokenizer.encode(text, add_special_tokens=False))
     assert literal is not None
