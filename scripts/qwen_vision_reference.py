@@ -11,7 +11,8 @@
   ``get_rope_index``), ``greedy_i`` and ``greedy_logprobs_i`` (``generate``, EOS ignored).
 
 Text token ids stay below `VISION_START`; the config's special vision tokens are `VISION_START`,
-`VISION_END`, `IMAGE` and `VIDEO`, inside the tiny vocabulary of 256.
+`VISION_END`, `IMAGE` and `VIDEO`, inside the tiny vocabulary of 256. The images and the prompt runs are
+``vision_reference.py``'s, shared with the other families.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from vision_reference import REFERENCE_FILE, prompt_reference, text_tokens, write_images
 
 VISION_START, VISION_END, IMAGE, VIDEO = 248, 249, 250, 251
 PATCH, MERGE, TEMPORAL = 4, 2, 2
 MIN_PIXELS, MAX_PIXELS = 16 * 16, 64 * 64
-IMAGE_SIZES = {"image_a.png": (45, 30), "image_b.png": (20, 36)}  # (width, height)
-GREEDY_TOKENS = 8
 
 
 def tiny_tower(text: dict[str, Any], **settings: Any) -> dict[str, Any]:
@@ -45,15 +45,6 @@ def tiny_tower(text: dict[str, Any], **settings: Any) -> dict[str, Any]:
         "initializer_range": text["initializer_range"],
         **settings,
     }
-
-
-def make_image(name: str, size: tuple[int, int], seed: int) -> np.ndarray:
-    """A deterministic RGB picture: smooth gradients plus noise, ``[height, width, 3]`` uint8."""
-    width, height = size
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-    base = np.stack([x / width, y / height, (x + y) / (width + height)], axis=-1) * 200
-    return np.clip(base + rng.normal(0, 25, base.shape), 0, 255).astype(np.uint8)
 
 
 def placeholder(tokens: int) -> list[int]:
@@ -77,11 +68,9 @@ def vision_reference(model: Any, dest: Path) -> None:
     processor.save_pretrained(dest)
     out: dict[str, np.ndarray] = {}
     features = {}
-    for i, (name, size) in enumerate(IMAGE_SIZES.items()):
-        Image.fromarray(make_image(name, size, 7 + i)).save(dest / name)
-        with Image.open(dest / name) as image:
+    for key, path in write_images(dest).items():
+        with Image.open(path) as image:
             batch = processor(images=[image], return_tensors="pt")
-        key = name.removesuffix(".png").removeprefix("image_")
         out[f"pixel_values_{key}"] = batch["pixel_values"].numpy().astype(np.float32)
         out[f"grid_{key}"] = batch["image_grid_thw"].numpy()[0]
         with torch.no_grad():
@@ -93,7 +82,7 @@ def vision_reference(model: Any, dest: Path) -> None:
     rng = np.random.default_rng(20)
 
     def text(n: int) -> list[int]:
-        return rng.integers(0, VISION_START, size=n).tolist()
+        return text_tokens(rng, n, VISION_START)
 
     prompts = [
         (text(5) + placeholder(features["a"][1]) + text(6), ["a"]),
@@ -105,34 +94,14 @@ def vision_reference(model: Any, dest: Path) -> None:
             "pixel_values": torch.cat([features[k][0]["pixel_values"] for k in images]),
             "image_grid_thw": torch.cat([features[k][0]["image_grid_thw"] for k in images]),
             "mm_token_type_ids": (input_ids == IMAGE).int(),
-            "attention_mask": torch.ones_like(input_ids),
         }
+        prompt_reference(model, i, ids, images, out, **kwargs)
         with torch.no_grad():
-            logits = model(input_ids=input_ids, use_cache=False, **kwargs).logits[0]
             positions, delta = model.model.get_rope_index(
                 input_ids=input_ids,
                 mm_token_type_ids=kwargs["mm_token_type_ids"],
                 image_grid_thw=kwargs["image_grid_thw"],
             )
-            gen = model.generate(
-                input_ids=input_ids,
-                do_sample=False,
-                max_new_tokens=GREEDY_TOKENS,
-                min_new_tokens=GREEDY_TOKENS,
-                eos_token_id=None,
-                pad_token_id=0,
-                output_logits=True,
-                return_dict_in_generate=True,
-                **kwargs,
-            )
-        step_logits = torch.stack([lg[0] for lg in gen.logits])
-        out[f"prompt_{i}"] = np.asarray(ids, dtype=np.int64)
-        out[f"images_{i}"] = np.asarray(images)
-        out[f"logprobs_{i}"] = torch.log_softmax(logits, -1).numpy()
         out[f"mrope_positions_{i}"] = positions[:, 0].numpy()
         out[f"mrope_delta_{i}"] = delta.numpy().reshape(())
-        out[f"greedy_{i}"] = gen.sequences[0, len(ids) :].numpy()
-        out[f"greedy_logprobs_{i}"] = torch.log_softmax(step_logits, -1).numpy()
-        top = torch.topk(torch.cat([logits, step_logits]), 2, dim=-1).values
-        print(f"    vision prompt {i}: {len(ids)} tokens, min top-2 margin {float((top[:, 0] - top[:, 1]).min()):.4f}")
-    np.savez(dest / "vision_reference.npz", **out)
+    np.savez(dest / REFERENCE_FILE, **out)

@@ -24,6 +24,14 @@ FAMILY_LAYERS = {
     "minimax_m2": {"rms_norm", "attention", "moe", "routed_experts", "pre_norm_decoder_layer"},
     "deepseek_v3": {"rms_norm", "mla", "swiglu_mlp", "moe", "routed_experts", "pre_norm_decoder_layer"},
     "gemma3": {"rms_norm", "attention", "geglu_mlp", "sandwich_decoder_layer"},
+    "gemma3_vl": {
+        "rms_norm",
+        "attention",
+        "geglu_mlp",
+        "sandwich_decoder_layer",
+        "siglip_encoder_layer",
+        "gemma3_multimodal_projector",
+    },
     "gemma4": {
         "rms_norm",
         "attention",
@@ -65,7 +73,8 @@ def test_every_core_layer_type_is_registered_and_imports() -> None:
 
 
 def test_the_families_cover_every_registered_layer_type() -> None:
-    """Core's layer types and the family plugins' own (Gemma's per-layer inputs and sandwich layer)."""
+    """Core's layer types and the family plugins' own (Gemma's per-layer inputs, sandwich layer and vision
+    layers, Qwen3-VL's vision layers)."""
     registry = load_plugins()
     shipped = {
         r.name

@@ -2,7 +2,9 @@
 
 Weight names are Hugging Face's under the text stack's prefix: ``model.`` for the text-only
 classes, ``model.language_model.`` for vision-language checkpoints (``language_model.model.`` in
-ones saved before transformers 4.52). Vision and audio towers are not read.
+ones saved before transformers 4.52). Gemma 3's vision side (SigLIP tower and projector), when the
+checkpoint holds it, is attached as the model's `VisionModel` (`atlas_model_gemma.attach`); Gemma 4's
+vision and audio towers are not read.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from atlas_core.model.layers.norm import RMSNorm
 from atlas_core.model.loader import ModelWeightLoader
 from atlas_core.weights.quantized import as_float
 from atlas_model_gemma import shapes
+from atlas_model_gemma.attach import attach_vision, has_tower, image_token, vision_shapes
 from atlas_model_gemma.config import FULL, Family, GemmaLayerSpec, GemmaSpec, parse
 from atlas_model_gemma.layers import Gemma4DecoderLayer, ParallelMoEDecoderLayer
 from atlas_model_gemma.model import Gemma4Model, GemmaModel
@@ -173,9 +176,28 @@ class GemmaLoader(ModelWeightLoader):
 
 
 class Gemma3Loader(GemmaLoader):
-    """``gemma3_text`` (Gemma3ForCausalLM) and the text stack of ``gemma3`` (Gemma3ForConditionalGeneration)."""
+    """``gemma3_text`` (Gemma3ForCausalLM) and ``gemma3`` (Gemma3ForConditionalGeneration): the text stack,
+    and for a ``gemma3`` checkpoint that holds the SigLIP tower, its vision side (``model.vision``)."""
 
     family = "gemma3"
+
+    @classmethod
+    def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The text stack's tensors, and the vision side's for a ``gemma3`` config with a ``vision_config``
+        whose image token is inside the vocabulary (the tower `build` attaches)."""
+        described = super().checkpoint_shapes(config)
+        text = parse(config, cls.family, "config.json")
+        if config.get("model_type") != "gemma3" or not isinstance(config.get("vision_config"), dict):
+            return described
+        if image_token(config, int(text["vocab_size"])) is None:  # read as a text model (`attach_vision`)
+            return described
+        return described | vision_shapes(config, int(text["hidden_size"]))
+
+    def build(self) -> GemmaModel:
+        model = super().build()
+        if self.source.config.get("model_type") == "gemma3" and has_tower(self):
+            model.vision = attach_vision(self, int(self.spec["vocab_size"]))
+        return model
 
 
 class Gemma4Loader(GemmaLoader):

@@ -1,9 +1,10 @@
 """The gemma op group, registered by this plugin (an op group of a family plugin, see `atlas_core.backends.ops`).
 
-Elementwise ops the Gemma families need beyond the core: logit soft-capping, scaling by a constant
-(embedding scale, per-layer-input scales, layer scalars), a scaled residual sum, and a GELU-tanh
-gate whose two operands live in separate arrays (Gemma 4's per-layer inputs). Every op computes in
-float32 and returns a new array in the dtype of its first argument; none works in place.
+Ops the Gemma families need beyond the core: logit soft-capping, scaling by a constant (embedding
+scale, per-layer-input scales, layer scalars), a scaled residual sum, a GELU-tanh gate whose two
+operands live in separate arrays (Gemma 4's per-layer inputs), and the average pooling of Gemma 3's
+multimodal projector. Every op computes in float32 and returns a new array in the dtype of its first
+argument; none works in place.
 """
 
 from __future__ import annotations
@@ -43,6 +44,14 @@ def gelu_tanh_gate_reference(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return (gelu * up.astype(np.float32)).astype(gate.dtype)
 
 
+def pool_patches_reference(x: np.ndarray, side: int, kernel: int) -> np.ndarray:
+    """Mean of every ``kernel x kernel`` block of each ``side x side`` patch grid: ``x[n * side**2, C]``
+    (grids row-major, one after another) -> ``[n * (side // kernel)**2, C]`` (blocks row-major)."""
+    width, out = x.shape[1], side // kernel
+    grids = x.astype(np.float32).reshape(-1, out, kernel, out, kernel, width)
+    return grids.mean(axis=(2, 4), dtype=np.float32).reshape(-1, width).astype(x.dtype)
+
+
 class GemmaOps(OpGroup):
     """The gemma op group: every op defaults to its NumPy reference run on the host; a backend's
     native implementation (registered through ``register_op_implementations``) overrides them."""
@@ -70,3 +79,10 @@ class GemmaOps(OpGroup):
         `Backend.gelu_tanh_mul`, which takes both halves in one array). Float32 math; a new array in
         ``gate``'s dtype."""
         return on_host(self.backend, gelu_tanh_gate_reference, gate, up)
+
+    def pool_patches(self, x: Array, side: int, kernel: int) -> Array:
+        """Average pooling of patch grids (Gemma 3's multimodal projector, ``AvgPool2d(kernel)``): ``x`` is
+        ``[n * side**2, C]``, ``n`` grids of ``side x side`` patches row-major; ``side % kernel == 0``.
+        Returns ``[n * (side // kernel)**2, C]``: each grid's ``kernel x kernel`` blocks, row-major, as the
+        mean of their patches. Float32 math; a new array in ``x``'s dtype."""
+        return on_host(self.backend, pool_patches_reference, x, side, kernel)

@@ -31,6 +31,8 @@ GEMMA_LAYERS = {
     "per_layer_inputs": "atlas_model_gemma.per_layer_inputs:PerLayerInputs",
     "per_layer_input_gate": "atlas_model_gemma.per_layer_inputs:PerLayerInputGate",
     "sandwich_decoder_layer": "atlas_model_gemma.sandwich:SandwichDecoderLayer",
+    "siglip_encoder_layer": "atlas_model_gemma.siglip:SiglipEncoderLayer",
+    "gemma3_multimodal_projector": "atlas_model_gemma.siglip:MultiModalProjector",
 }
 """Layer types only the Gemma families use (contracts in docs/plugin-hooks.md)."""
 

@@ -69,9 +69,11 @@ def test_atlas_plugins_lists_the_family_and_imports_its_loaders(capsys: pytest.C
         "gemma4_text",
     ]
     assert sorted(name for kind, name in registrations if kind == "layer") == [
+        "gemma3_multimodal_projector",
         "per_layer_input_gate",
         "per_layer_inputs",
         "sandwich_decoder_layer",
+        "siglip_encoder_layer",
     ]
     assert ("op_group", "gemma") in registrations
     assert {r["check"]["status"] for r in registrations.values()} == {"ok"}

@@ -1,5 +1,5 @@
-"""Backend conformance: the gemma ops (soft_cap, scale, add_scaled, gelu_tanh_gate) against float64
-oracles written from the op group's docstrings.
+"""Backend conformance: the gemma ops (soft_cap, scale, add_scaled, gelu_tanh_gate, pool_patches) against
+float64 oracles written from the op group's docstrings.
 
 Fixtures, tolerances and the seed handling (``ATLAS_CONFORMANCE_SEED``) are in
 ``atlas_core.testing.conformance``.
@@ -89,3 +89,19 @@ def test_gelu_tanh_gate_agrees_with_gelu_tanh_mul(case: Case) -> None:
         case.host(case.backend.gelu_tanh_mul(joined_dev)),
         "gelu_tanh_gate vs gelu_tanh_mul",
     )
+
+
+@pytest.mark.parametrize(("images", "side", "kernel"), [(1, 4, 2), (3, 6, 3), (2, 4, 1)])
+def test_pool_patches(case: Case, images: int, side: int, kernel: int) -> None:
+    x_dev, x = case.upload(case.normal(images * side * side, 8))
+    with case.unchanged("pool_patches", x=x_dev):
+        got = gemma(case).pool_patches(x_dev, side, kernel)
+    out = side // kernel
+    want = np.empty((images, out, out, 8))
+    grids = x.reshape(images, side, side, 8)
+    for n in range(images):
+        for i in range(out):
+            for j in range(out):
+                block = grids[n, i * kernel : (i + 1) * kernel, j * kernel : (j + 1) * kernel]
+                want[n, i, j] = block.reshape(-1, 8).mean(axis=0)
+    case.assert_close(got, want.reshape(-1, 8), f"pool_patches ({images} x {side}x{side}, kernel {kernel})")

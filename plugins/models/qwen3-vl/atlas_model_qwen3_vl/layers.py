@@ -42,17 +42,23 @@ class Linear:
 @dataclass
 class VisionPatches:
     """What every block of one encoder call shares: the segments (one per image, host ``cu_seqlens``) and
-    the 2-D rotary rows ``cos``/``sin`` ``[N, D/2]`` with ``rows = arange(N)`` (backend arrays)."""
+    the 2-D rotary rows ``cos``/``sin`` ``[N, D/2]`` with ``rows = arange(N)`` (backend arrays; all None for
+    towers without rotary, such as SigLIP's, which add learned positions to the patch embeddings instead)."""
 
     cu_seqlens: np.ndarray
-    cos: Array
-    sin: Array
-    rows: Array
+    cos: Array | None = None
+    sin: Array | None = None
+    rows: Array | None = None
+
+    def rotate(self, backend: Backend, q: Array, k: Array) -> None:
+        """Rotate ``q`` and ``k`` ``[N, heads, D]`` in place by the rotary rows (nothing without them)."""
+        if self.cos is not None and self.sin is not None and self.rows is not None:
+            backend.rope(q, k, self.rows, self.cos, self.sin)
 
 
 class VisionBlock:
     """``x + proj(attention(norm1(x)))``, then ``+ fc2(gelu_tanh(fc1(norm2(x))))``; the attention is full
-    within each image, with q and k rotated by the patches' (row, column) rotary."""
+    within each image, with q and k rotated by the patches' (row, column) rotary when `VisionPatches` has it."""
 
     def __init__(
         self,
@@ -74,7 +80,7 @@ class VisionBlock:
         head_dim = width // self.num_heads
         qkv = self.qkv(self.norm1(x)).reshape(tokens, 3, self.num_heads, head_dim)
         q, k, v = qkv[:, 0].copy(), qkv[:, 1].copy(), qkv[:, 2]
-        backend.rope(q, k, patches.rows, patches.cos, patches.sin)
+        patches.rotate(backend, q, k)
         mixed = ops.segment_attention(q, k, v, patches.cu_seqlens, head_dim**-0.5)
         x = x + self.proj(mixed.reshape(tokens, width))
         return x + self.fc2(ops.gelu(self.fc1(self.norm2(x)), approximate=True))

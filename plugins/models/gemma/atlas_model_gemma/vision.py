@@ -1,0 +1,65 @@
+"""`Gemma3Vision`: Gemma 3's image side as the engine uses it (`atlas_core.model.vision.VisionModel`).
+
+Images are resized to the tower's square and encoded to ``mm_tokens_per_image`` features each; the features
+replace the input embeddings of the image tokens after Gemma's ``sqrt(hidden_size)`` embedding scale (as
+transformers' ``Gemma3Model`` scatters them into the scaled embeddings), so they enter the decoder unscaled:
+`TransformerModel`'s placement as is. Gemma 3 rotates by the token index (no multimodal RoPE), and its
+image tokens attend bidirectionally within their image in prefill (`bidirectional_images`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from atlas_core.model.vision import ImageFeatures, PlacedImage, PreparedImage
+from atlas_model_gemma.image_processor import Gemma3ImageProcessor
+from atlas_model_gemma.siglip import SiglipTower
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+
+def full_image_sequence(token: Callable[[int], str], boi: int, image: int, eoi: int) -> str:
+    """What transformers' ``Gemma3Processor`` writes for one image (``full_image_sequence``), with one image
+    token where it writes ``image_seq_length`` of them (the engine expands it to the image's tokens)."""
+    return f"\n\n{token(boi)}{token(image)}{token(eoi)}\n\n"
+
+
+class Gemma3Vision:
+    """Gemma 3's `VisionModel`: ``processor`` prepares images, ``tower`` encodes them; ``image_token_id``
+    (config ``image_token_index``) marks the feature rows, ``boi_token_id`` / ``eoi_token_id`` (config
+    ``boi_token_index`` / ``eoi_token_index``) wrap each image in the prompt."""
+
+    bidirectional_images = True
+
+    def __init__(
+        self,
+        processor: Gemma3ImageProcessor,
+        tower: SiglipTower,
+        image_token_id: int,
+        boi_token_id: int,
+        eoi_token_id: int,
+    ) -> None:
+        self.processor, self.tower = processor, tower
+        self.image_token_id, self.boi_token_id, self.eoi_token_id = image_token_id, boi_token_id, eoi_token_id
+
+    def rewrite_template_text(self, text: str, token: Callable[[int], str]) -> str:
+        """Each begin-of-image token of ``text`` (Gemma 3's chat template writes only that) becomes
+        ``"\\n\\n" + boi + image + eoi + "\\n\\n"``, as ``Gemma3Processor`` rewrites it (without pan-and-scan)."""
+        boi = token(self.boi_token_id)
+        return text.replace(boi, full_image_sequence(token, self.boi_token_id, self.image_token_id, self.eoi_token_id))
+
+    def prepare(self, image: Image, max_pixels: int | None = None) -> PreparedImage:
+        return self.processor(image, max_pixels)
+
+    def encode(self, images: Sequence[PreparedImage]) -> list[ImageFeatures]:
+        return self.tower.encode(images)
+
+    def rope_positions(self, prompt_ids: Sequence[int], images: Sequence[PlacedImage]) -> None:
+        return None  # positions are token indices
+
+    def rope_rows(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError("Gemma 3 has no multimodal RoPE (rope_positions is None)")
