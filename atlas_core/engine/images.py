@@ -96,23 +96,22 @@ class BatchImages:
 
     def __init__(self, vision: VisionModel | None) -> None:
         self.vision = vision
-        self.axes: list[np.ndarray] = []
+        self.axes: dict[int, np.ndarray] = {}  # multimodal positions of the spans of requests with images
         self.wanted: list[_Wanted] = []
-        self.limits: list[np.ndarray] = []
-        self.looks_ahead = False
+        self.spans: list[tuple[int, int]] = []
+        self.limits: dict[int, np.ndarray] = {}
 
     def positions(self, images: RequestImages | None, start: int, end: int, first_row: int) -> np.ndarray:
         """The positions ``[end - start]`` (int32) of a sequence's tokens ``start .. end - 1``, laid out from
         batch row ``first_row``; records the image rows among them and how far each row attends."""
-        limits = None if images is None else images.visible_end(start, end)
-        self.looks_ahead |= limits is not None
-        self.limits.append(np.arange(start + 1, end + 1, dtype=np.int32) if limits is None else limits)
+        self.spans.append((start, end))
         if images is None:
-            positions = np.arange(start, end, dtype=np.int32)
-            self.axes.append(np.broadcast_to(positions, (3, end - start)))
-            return positions
+            return np.arange(start, end, dtype=np.int32)
+        limits = images.visible_end(start, end)
+        if limits is not None:
+            self.limits[len(self.spans) - 1] = limits
         axes = images.axes_positions(start, end)
-        self.axes.append(axes)
+        self.axes[len(self.spans) - 1] = axes
         for k, placed in enumerate(images.placed):
             first, stop = max(start, placed.offset), min(end, placed.end)
             if first < stop:
@@ -124,7 +123,14 @@ class BatchImages:
     def visible_end(self) -> np.ndarray | None:
         """`AttentionMetadata.visible_end` of the batch (host int32 ``[T]``, rows in the order `positions`
         was called); None when every row is causal."""
-        return np.concatenate(self.limits) if self.looks_ahead else None
+        if not self.limits:
+            return None
+        return np.concatenate(
+            [
+                self.limits.get(i, np.arange(start + 1, end + 1, dtype=np.int32))
+                for i, (start, end) in enumerate(self.spans)
+            ]
+        )
 
     def finish(self, backend: Backend) -> tuple[VisualRows | None, tuple[Array, Array, Array] | None]:
         """``(visual rows, M-RoPE rows)`` of the batch: both None when it holds no image token."""
@@ -143,7 +149,13 @@ class BatchImages:
         ]
         visual = VisualRows(backend.from_numpy(rows), backend.from_numpy(embeds), deepstack)
         rope = None
-        positions = np.concatenate(self.axes, axis=1)
+        positions = np.concatenate(
+            [
+                self.axes[i] if i in self.axes else np.broadcast_to(np.arange(start, end), (3, end - start))
+                for i, (start, end) in enumerate(self.spans)
+            ],
+            axis=1,
+        )
         if any(w.images.positions is not None for w in self.wanted):
             cos, sin = self.vision.rope_rows(positions)
             float32 = np.dtype(np.float32)
