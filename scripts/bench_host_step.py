@@ -1,0 +1,109 @@
+"""Host time per engine step: what the engine spends outside the model's forward at a large decode batch.
+
+The offline-throughput ceiling of a fast device is set by the host once the forward takes a few
+milliseconds: at 256 sequences, 12,000 output tok/s leaves 21 ms per step for everything. This runs
+``--num-seqs`` sequences of one model to completion and times each phase of the steps where every
+sequence decodes: the scheduler, building the batch, the forward (the device's share: the model and the
+logits, or a decode graph's replay; synchronous on host backends), sampling and the rest of the step (the
+engine's bookkeeping and the outputs). It prints the median of each, in ms per step, and the output tok/s
+the host alone would allow.
+
+    python scripts/bench_host_step.py [MODEL] [--num-seqs 256] [--prompt-len 128] [--max-tokens 64]
+
+MODEL defaults to the tiny llama fixture (a forward of well under a millisecond per layer on the numpy
+backend, so the host's share stands out); ``--backend cuda`` times the same phases on a device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atlas_core import LLM, SamplingParams
+
+TINY_LLAMA = Path(__file__).resolve().parents[1] / "plugins/models/llama/tests/fixtures/tiny/llama"
+PHASES = ("schedule", "build_batch", "forward", "sample", "rest")
+
+
+class PhaseTimer:
+    """Wraps methods of live objects so that each call adds its wall time to the current step's phase."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = {}
+
+    def wrap(self, owner: Any, method: str, phase: str) -> None:
+        inner: Callable[..., Any] = getattr(owner, method)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.current[phase] = self.current.get(phase, 0.0) + time.perf_counter() - start
+
+        setattr(owner, method, timed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", nargs="?", default=str(TINY_LLAMA))
+    parser.add_argument("--backend", default="numpy")
+    parser.add_argument("--num-seqs", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+
+    llm = LLM(args.model, backend=args.backend, max_num_seqs=args.num_seqs, kv_cache_memory_gib=0.5)
+    engine = llm.engine
+    vocab = engine.loaded.model.vocab_size
+    rng = np.random.default_rng(0)
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=args.max_tokens, ignore_eos=True, seed=0)
+    prompts = [rng.integers(0, vocab, args.prompt_len).tolist() for _ in range(args.num_seqs)]
+    llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], params)  # warm-up (kernels, graphs)
+
+    timer = PhaseTimer()
+    timer.wrap(engine.scheduler, "schedule", "schedule")
+    timer.wrap(engine.runner, "build_batch", "build_batch")
+    timer.wrap(engine.runner, "_forward", "forward")
+    timer.wrap(engine.runner, "_sample", "sample")
+    timer.wrap(engine.backend, "sample", "device_sample")  # the device's share of sampling
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", None, prompt, params)
+    decode_steps: list[dict[str, float]] = []
+    while engine.has_unfinished():
+        timer.current = {}
+        running = [s for s in engine.scheduler.running if s.is_decoding]
+        full = len(running) == args.num_seqs and not engine.scheduler.waiting
+        start = time.perf_counter()
+        engine.step()
+        total = time.perf_counter() - start
+        if full:
+            phases = dict(timer.current)
+            device_sample = phases.pop("device_sample", 0.0)
+            phases["sample"] = phases.get("sample", 0.0) - device_sample
+            phases["forward"] = phases.get("forward", 0.0) + device_sample
+            phases["rest"] = total - sum(phases.get(p, 0.0) for p in PHASES[:-1])
+            decode_steps.append(phases)
+
+    print(
+        f"model {args.model} on {args.backend}: {args.num_seqs} sequences, prompt {args.prompt_len}, "
+        f"{args.max_tokens} tokens each; {len(decode_steps)} steps with every sequence decoding"
+    )
+    medians = {p: 1000 * statistics.median(s.get(p, 0.0) for s in decode_steps) for p in PHASES}
+    for phase in PHASES:
+        print(f"  {phase:<12} {medians[phase]:8.2f} ms/step")
+    host = sum(medians[p] for p in PHASES if p != "forward")
+    print(
+        f"  host total   {host:8.2f} ms/step ({1000 * host / args.num_seqs:.1f} us per sequence): "
+        f"the host alone allows {args.num_seqs / host * 1000:,.0f} output tok/s"
+    )
+
+
+if __name__ == "__main__":
+    main()
