@@ -25,6 +25,7 @@ CORE_LAYERS = {
     "moe": LAYERS + "moe:MoEFeedForward",
     "routed_experts": LAYERS + "moe:RoutedExperts",
     "pre_norm_decoder_layer": "atlas_core.model.transformer:PreNormDecoderLayer",
+    "vision_block": LAYERS + "vision:VisionBlock",
 }
 """Core's layer types: registered name -> ``module:Class`` (contracts in docs/plugin-hooks.md).
 Family loaders get them with `ModelWeightLoader.layer_type`, so a plugin can supply its own."""
@@ -47,6 +48,7 @@ CORE_OP_GROUPS = {
     "mla": "atlas_core.backends.ops.mla:MLAOps",
     "gated_delta": "atlas_core.backends.ops.gated_delta:GatedDeltaOps",
     "mamba2": "atlas_core.backends.ops.mamba2:Mamba2Ops",
+    "vision": "atlas_core.backends.ops.vision:VisionOps",
 }
 """Core's op groups: shared primitives that several model architectures use."""
 

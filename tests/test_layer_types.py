@@ -57,7 +57,7 @@ FAMILY_LAYERS = {
         "attention",
         "swiglu_mlp",
         "pre_norm_decoder_layer",
-        "qwen3_vl_vision_block",
+        "vision_block",
         "qwen3_vl_patch_merger",
     },
 }

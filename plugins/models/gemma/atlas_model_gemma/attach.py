@@ -14,9 +14,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from atlas_model_qwen3_vl.layers import LayerNorm, Linear
-
 from atlas_core.errors import ModelLoadError
+from atlas_core.model.layers.vision import LayerNorm, Linear
 from atlas_core.model.loader import ModelWeightLoader
 from atlas_model_gemma.image_processor import Gemma3ImageProcessor
 from atlas_model_gemma.siglip import SiglipTower

@@ -1,14 +1,15 @@
 """Gemma 3's vision side as layers: the SigLIP tower and the multimodal projector.
 
 Layer types registered by this plugin: ``siglip_encoder_layer`` (a pre-norm ViT block: LayerNorm,
-attention with biases over each image's patches, LayerNorm, gelu-tanh MLP; Qwen3-VL's block run without
-rotary, with the q/k/v projections fused at load) and ``gemma3_multimodal_projector`` (average pooling of
-the patch grid to ``mm_tokens_per_image`` tokens, Gemma's ``1 + w`` RMSNorm, projection to the text width).
+attention with biases over each image's patches, LayerNorm, gelu-tanh MLP; core's ViT block
+(``vision_block``) run without rotary, with the q/k/v projections fused at load) and
+``gemma3_multimodal_projector`` (average pooling of the patch grid to ``mm_tokens_per_image`` tokens,
+Gemma's ``1 + w`` RMSNorm, projection to the text width).
 `SiglipTower.encode` runs patch embedding, learned positions, the encoder layers, the post-LayerNorm and
 the projector over several images at once.
 
-The LayerNorm, GELU and per-image attention ops are Qwen3-VL's ``qwen3_vl_vision`` op group (the same
-math; they belong in core, see docs/architecture.md); the pooling is the ``gemma`` group's ``pool_patches``.
+The LayerNorm, GELU and per-image attention ops are core's ``vision`` op group; the pooling is the
+``gemma`` group's ``pool_patches``.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from atlas_model_qwen3_vl.layers import LayerNorm, Linear, VisionBlock, VisionPatches
 
 from atlas_core.backends.base import Array, Backend
 from atlas_core.model.layers.norm import RMSNorm
+from atlas_core.model.layers.vision import LayerNorm, Linear, VisionBlock, VisionPatches
 from atlas_core.model.vision import ImageFeatures, PreparedImage
 from atlas_model_gemma.ops import GemmaOps
 

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from atlas_core.errors import ModelLoadError
+from atlas_core.model.layers.vision import LayerNorm, Linear
 from atlas_core.model.loader import ModelWeightLoader
 from atlas_core.model.rope import RopeSpec, inverse_frequencies
-from atlas_model_qwen3_vl.layers import LayerNorm, Linear, PatchMerger
+from atlas_model_qwen3_vl.layers import PatchMerger
 from atlas_model_qwen3_vl.processor import ImageProcessor
 from atlas_model_qwen3_vl.tower import VisionTower
 from atlas_model_qwen3_vl.vision import Qwen3VLVision
@@ -55,9 +56,9 @@ def attach_vision(loader: ModelWeightLoader, rope: RopeSpec) -> Qwen3VLVision:
 
 def load_tower(loader: ModelWeightLoader, vision: dict[str, Any]) -> VisionTower:
     """The vision tower from ``model.visual.*`` and ``vision_config`` ``vision``, its blocks and mergers
-    built from the registered ``qwen3_vl_vision_block`` and ``qwen3_vl_patch_merger`` layers."""
+    built from the registered ``vision_block`` (core's) and ``qwen3_vl_patch_merger`` layers."""
     backend, p = loader.backend, VISION_PREFIX
-    block_type, merger_type = loader.layer_type("qwen3_vl_vision_block"), loader.layer_type("qwen3_vl_patch_merger")
+    block_type, merger_type = loader.layer_type("vision_block"), loader.layer_type("qwen3_vl_patch_merger")
     heads, merge = int(vision.get("num_heads", 16)), int(vision.get("spatial_merge_size", 2))
     if vision.get("hidden_act", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
         raise ModelLoadError(

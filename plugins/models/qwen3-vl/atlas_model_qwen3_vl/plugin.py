@@ -23,10 +23,4 @@ def register_model_loaders(register: Register) -> None:
 
 @hookimpl
 def register_layers(register: Register) -> None:
-    register("qwen3_vl_vision_block", "atlas_model_qwen3_vl.layers:VisionBlock")
     register("qwen3_vl_patch_merger", "atlas_model_qwen3_vl.layers:PatchMerger")
-
-
-@hookimpl
-def register_op_groups(register: Register) -> None:
-    register("qwen3_vl_vision", "atlas_model_qwen3_vl.ops:Qwen3VLVisionOps")

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from atlas_core.backends.base import Array, Backend
+from atlas_core.model.layers.vision import Linear, VisionBlock, VisionPatches
 from atlas_core.model.vision import ImageFeatures, PreparedImage
-from atlas_model_qwen3_vl.layers import Linear, PatchMerger, VisionBlock, VisionPatches
+from atlas_model_qwen3_vl.layers import PatchMerger
 
 
 def block_order(grid_h: int, grid_w: int, merge: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,5 @@
-"""The ``qwen3_vl_vision`` op group: what the vision tower needs beyond the core backend contract.
+"""The ``vision`` op group: what vision towers (Qwen3-VL's and Qwen3.5's ViT, SigLIP) need beyond the core
+backend contract.
 
 LayerNorm with bias, GELU (exact or tanh) and full (non-causal) attention over the patches of each image
 of a packed batch. Every op computes in float32 and returns a new array in the dtype of its first
@@ -84,10 +85,10 @@ def segment_attention_reference(
     return out.astype(q.dtype)
 
 
-class Qwen3VLVisionOps(OpGroup):
-    """The vision tower's ops (see the module docstring)."""
+class VisionOps(OpGroup):
+    """The vision towers' ops (see the module docstring)."""
 
-    name = "qwen3_vl_vision"
+    name = "vision"
 
     def layer_norm(self, x: Array, weight: Array, bias: Array, eps: float) -> Array:
         """LayerNorm of ``x[..., C]`` with ``weight[C]`` and ``bias[C]``."""
