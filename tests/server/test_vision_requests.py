@@ -44,17 +44,19 @@ TEMPLATE = (
 IMAGE_TOKENS = 24  # image_a.png: a 8 x 12 patch grid, merged 2 x 2
 
 
-def write_tokenizer(folder: Path) -> None:
-    """A character-level tokenizer (printable ASCII and newline) with the vision and chat specials at the
-    checkpoint's ids, and the chat template."""
+def write_tokenizer(
+    folder: Path, specials: dict[str, int] = SPECIALS, template: str = TEMPLATE, eos: str = "<|im_end|>"
+) -> None:
+    """A character-level tokenizer (printable ASCII and newline) with the vision and chat ``specials`` at the
+    checkpoint's ids, and the chat ``template``."""
     vocab = {chr(c): i for i, c in enumerate(range(32, 127))} | {"\n": 95, "<unk>": 96}
-    vocab |= {f"<unused_{i}>": i for i in range(97, 256) if i not in SPECIALS.values()} | SPECIALS
+    vocab |= {f"<unused_{i}>": i for i in range(97, 256) if i not in specials.values()} | specials
     tokenizer = HFTokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
-    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in SPECIALS])
+    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in specials])
     tokenizer.save(str(folder / "tokenizer.json"))
-    config = {"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "tokenizer_class": "PreTrainedTokenizerFast"}
+    config = {"chat_template": template, "eos_token": eos, "tokenizer_class": "PreTrainedTokenizerFast"}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
 
 
