@@ -24,5 +24,6 @@ def register_op_implementations(register: Register) -> None:
     register("gated_delta", "atlas_gb10.gated_delta:CudaGatedDeltaOps", backend="cuda")
     register("mamba2", "atlas_gb10.mamba2:CudaMamba2Ops", backend="cuda")
     register("mla", "atlas_gb10.mla:CudaMLAOps", backend="cuda")
+    register("vision", "atlas_gb10.vision:CudaVisionOps", backend="cuda")
     if importlib.util.find_spec("atlas_model_gemma") is not None:
         register("gemma", "atlas_gb10.gemma:CudaGemmaOps", backend="cuda")

@@ -383,13 +383,61 @@ __device__ void map_rows(const bf16_t* __restrict__ x, long long ldx, const bf16
     }
 }
 
-#define GEMMA_KERNEL(NAME, OP)                                                                                       \
+#define MAP_KERNEL(NAME, OP)                                                                                         \
     extern "C" __global__ void NAME(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ y,       \
                                     long long ldy, bf16_t* __restrict__ out, int cols, long long rows, float value) { \
         map_rows(x, ldx, y, ldy, out, cols, rows, OP);                                                               \
     }
 
-GEMMA_KERNEL(gemma_soft_cap_bf16, SoftCap{value})
-GEMMA_KERNEL(gemma_scale_bf16, Scale{value})
-GEMMA_KERNEL(gemma_add_scaled_bf16, AddScaled{value})
-GEMMA_KERNEL(gemma_gelu_tanh_gate_bf16, GeluTanhGate{})
+MAP_KERNEL(gemma_soft_cap_bf16, SoftCap{value})
+MAP_KERNEL(gemma_scale_bf16, Scale{value})
+MAP_KERNEL(gemma_add_scaled_bf16, AddScaled{value})
+MAP_KERNEL(gemma_gelu_tanh_gate_bf16, GeluTanhGate{})
+
+// The vision towers' ops (core's `vision` op group). GELU, exact (erf) or tanh-approximated, through
+// map_rows; LayerNorm with bias: out[r, :] = (x - mean) / sqrt(var + eps) * weight + bias over rows of
+// `cols` (x row stride ldx, out contiguous), fp32 math in two passes (the mean, then the centred
+// variance), one 256-thread block per row.
+struct GeluErf {
+    __device__ float operator()(float x, float) const { return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f)); }
+};
+
+struct GeluTanhUnary {
+    __device__ float operator()(float x, float) const { return GeluTanh{}(x); }
+};
+
+MAP_KERNEL(vision_gelu_erf_bf16, GeluErf{})
+MAP_KERNEL(vision_gelu_tanh_bf16, GeluTanhUnary{})
+
+#define LN_THREADS 256
+__device__ __forceinline__ float block_sum(float v, float* partial) {
+    v = warp_sum(v);
+    __syncthreads();  // an earlier call's readers are done with `partial`
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < LN_THREADS / 32; ++w) total = __fadd_rn(total, partial[w]);
+    return total;
+}
+
+extern "C" __global__ void __launch_bounds__(LN_THREADS) layer_norm_bf16(
+    const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ weight, const bf16_t* __restrict__ bias,
+    bf16_t* __restrict__ out, int cols, float eps) {
+    __shared__ float partial[LN_THREADS / 32];
+    const bf16_t* row = x + (long long)blockIdx.x * ldx;
+    float sum = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += LN_THREADS) sum = __fadd_rn(sum, bf16_to_float(row[c]));
+    const float mean = __fdiv_rn(block_sum(sum, partial), (float)cols);
+    float squares = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += LN_THREADS) {
+        const float d = __fsub_rn(bf16_to_float(row[c]), mean);
+        squares = __fmaf_rn(d, d, squares);
+    }
+    const float inv = rsqrtf(__fadd_rn(__fdiv_rn(block_sum(squares, partial), (float)cols), eps));
+    bf16_t* dst = out + (long long)blockIdx.x * cols;
+    for (int c = threadIdx.x; c < cols; c += LN_THREADS) {
+        const float normed = __fmul_rn(__fsub_rn(bf16_to_float(row[c]), mean), inv);
+        dst[c] = float_to_bf16(__fmaf_rn(normed, bf16_to_float(weight[c]), bf16_to_float(bias[c])));
+    }
+}
