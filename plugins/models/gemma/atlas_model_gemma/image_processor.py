@@ -30,7 +30,8 @@ BILINEAR = 2
 """``PIL.Image.Resampling.BILINEAR``: transformers' default for Gemma 3 (and what its checkpoints name)."""
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` ({} when there is no such file); `ModelLoadError` naming it otherwise."""
     if not path.is_file():
         return {}
     try:
@@ -40,6 +41,22 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path}: expected a JSON object")
     return data
+
+
+def channels_first(
+    image: Image.Image, rescale: float | None, normalization: tuple[tuple[float, ...], tuple[float, ...]] | None
+) -> np.ndarray:
+    """An RGB ``image`` -> ``[3, H, W]`` float32 as transformers' PIL processors make it: times ``rescale``
+    (in float64, then float32; None: not rescaled), then ``(x - mean) / std`` per channel in float32 when
+    ``normalization`` is ``(mean, std)``."""
+    pixels = np.asarray(image).transpose(2, 0, 1)
+    if rescale is not None:
+        pixels = (pixels.astype(np.float64) * rescale).astype(np.float32)
+    pixels = pixels.astype(np.float32)
+    if normalization is not None:
+        mean, std = (np.asarray(values, dtype=np.float32)[:, None, None] for values in normalization)
+        pixels = (pixels - mean) / std
+    return pixels
 
 
 @dataclass(frozen=True)
@@ -63,7 +80,7 @@ class Gemma3ImageProcessor:
         ``vision_config`` ``vision`` whose images take ``num_tokens`` tokens. `ModelLoadError` when its size
         is not the square the tower was trained on, or its filter is not one of Pillow's."""
         path = folder / "preprocessor_config.json"
-        config = _read_json(path)
+        config = read_json(path)
         image_size = int(vision.get("image_size", 224))
         size = config.get("size") or {"height": image_size, "width": image_size}
         if (size.get("height"), size.get("width")) != (image_size, image_size):
@@ -92,6 +109,11 @@ class Gemma3ImageProcessor:
         )
 
     @property
+    def normalization(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """``(mean, std)`` when pixels are normalised, else None."""
+        return (self.mean, self.std) if self.do_normalize else None
+
+    @property
     def grid(self) -> tuple[int, int, int]:
         """``(1, side, side)``: the patch grid of every image."""
         side = self.image_size // self.patch_size
@@ -103,12 +125,5 @@ class Gemma3ImageProcessor:
         rgb = image if image.mode == "RGB" else image.convert("RGB")
         side = self.image_size
         resized = rgb.resize((side, side), Image.Resampling(self.resample))
-        pixels = np.asarray(resized).transpose(2, 0, 1)
-        if self.do_rescale:
-            pixels = (pixels.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        pixels = pixels.astype(np.float32)
-        if self.do_normalize:
-            mean = np.asarray(self.mean, dtype=np.float32)[:, None, None]
-            std = np.asarray(self.std, dtype=np.float32)[:, None, None]
-            pixels = (pixels - mean) / std
+        pixels = channels_first(resized, self.rescale_factor if self.do_rescale else None, self.normalization)
         return PreparedImage.make(np.ascontiguousarray(pixels, dtype=np.float32), self.grid, self.num_tokens)

@@ -2,9 +2,9 @@
 
 Weight names are Hugging Face's under the text stack's prefix: ``model.`` for the text-only
 classes, ``model.language_model.`` for vision-language checkpoints (``language_model.model.`` in
-ones saved before transformers 4.52). Gemma 3's vision side (SigLIP tower and projector), when the
-checkpoint holds it, is attached as the model's `VisionModel` (`atlas_model_gemma.attach`); Gemma 4's
-vision and audio towers are not read.
+ones saved before transformers 4.52). Gemma 3's vision side (SigLIP tower and projector) and Gemma 4's
+(vision tower and embedder), when the checkpoint holds them, are attached as the model's `VisionModel`
+(`atlas_model_gemma.attach`, `atlas_model_gemma.gemma4_attach`); Gemma 4's audio tower is not read.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from atlas_core.model.layers.moe import ExpertNames, MoEFeedForward, read_expert
 from atlas_core.model.layers.norm import RMSNorm
 from atlas_core.model.loader import ModelWeightLoader
 from atlas_core.weights.quantized import as_float
-from atlas_model_gemma import shapes
+from atlas_model_gemma import gemma4_attach, shapes
 from atlas_model_gemma.attach import attach_vision, has_tower, image_token, vision_shapes
-from atlas_model_gemma.config import FULL, Family, GemmaLayerSpec, GemmaSpec, parse
+from atlas_model_gemma.config import FULL, Family, GemmaLayerSpec, GemmaSpec, parse, text_config
 from atlas_model_gemma.layers import Gemma4DecoderLayer, ParallelMoEDecoderLayer
 from atlas_model_gemma.model import Gemma4Model, GemmaModel
 
@@ -201,19 +201,40 @@ class Gemma3Loader(GemmaLoader):
 
 
 class Gemma4Loader(GemmaLoader):
-    """``gemma4_text`` (Gemma4ForCausalLM, dense or MoE) and the text stack of ``gemma4``
-    (Gemma4ForConditionalGeneration). Norms scale by ``w`` (not ``1 + w``)."""
+    """``gemma4_text`` (Gemma4ForCausalLM, dense or MoE) and ``gemma4`` (Gemma4ForConditionalGeneration): the
+    text stack, and for a ``gemma4`` checkpoint that holds the vision tower, its vision side
+    (``model.vision``). Norms scale by ``w`` (not ``1 + w``)."""
 
     family = "gemma4"
     zero_centred_norms = False
+
+    @classmethod
+    def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The text stack's tensors, and the vision side's for a ``gemma4`` config with a ``vision_config``."""
+        described = super().checkpoint_shapes(config)
+        if config.get("model_type") != "gemma4" or not isinstance(config.get("vision_config"), dict):
+            return described
+        text = parse(config, cls.family, "config.json")
+        return described | gemma4_attach.gemma4_vision_shapes(config, int(text["hidden_size"]))
+
+    def build(self) -> GemmaModel:
+        model = super().build()
+        if self.source.config.get("model_type") == "gemma4" and gemma4_attach.has_tower(self):
+            model.vision = gemma4_attach.attach_gemma4_vision(self, text_config(self.source.config))
+        return model
 
     def model_class(self) -> type[GemmaModel]:
         return Gemma4Model
 
     def model_extras(self) -> dict[str, Any]:
         size, num_layers = self.spec.per_layer_input_size, len(self.spec.layers)
+        pad = self.spec.text.get("pad_token_id")
+        extras: dict[str, Any] = {
+            "full_attention_layers": [i for i, layer in enumerate(self.spec.layers) if layer.layer_type == FULL],
+            "pad_token_id": 0 if pad is None else int(pad),
+        }
         if not size:
-            return {"per_layer_inputs": None}
+            return extras | {"per_layer_inputs": None}
         inputs = self.layer_type("per_layer_inputs")(
             self.backend,
             self.upload(self.prefix + "embed_tokens_per_layer.weight"),
@@ -222,7 +243,7 @@ class Gemma4Loader(GemmaLoader):
             num_layers=num_layers,
             size=size,
         )
-        return {"per_layer_inputs": inputs}
+        return extras | {"per_layer_inputs": inputs}
 
     def decoder_layer(self, i: int, layer: GemmaLayerSpec) -> Gemma4DecoderLayer:
         p = f"{self.prefix}layers.{i}."

@@ -1,8 +1,10 @@
 """Gemma models: `TransformerModel` with scaled input embeddings, optional final logit soft-capping,
-and (Gemma 4) per-layer inputs handed to every decoder layer."""
+and (Gemma 4) per-layer inputs handed to every decoder layer, and Gemma 4's handling of image tokens."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import replace
 from typing import Any, cast
 
 from atlas_core.backends.base import Array, Backend
@@ -36,15 +38,43 @@ class GemmaModel(TransformerModel):
 
 
 class Gemma4Model(GemmaModel):
-    """Gemma 4: layers are `Gemma4DecoderLayer`s, each given its slice of the per-layer inputs."""
+    """Gemma 4: layers are `Gemma4DecoderLayer`s, each given its slice of the per-layer inputs.
 
-    def __init__(self, backend: Backend, *, per_layer_inputs: PerLayerInputs | None, **kwargs: Any) -> None:
+    A batch with image features (``batch.visual``) is read as transformers' ``Gemma4Model`` reads it: the
+    image tokens' ids become ``pad_token_id`` before anything is embedded (so the per-layer inputs' token
+    part at an image token is the pad token's), the features replace the scaled embeddings of those rows,
+    and the per-layer inputs' context part is computed from the embeddings with the features in place.
+    Where images attend bidirectionally (``batch.attention.visible_end``), only sliding-window layers see
+    ahead: the layers in ``full_attention_layers`` stay causal (transformers' ``create_masks_for_vision_model``).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        per_layer_inputs: PerLayerInputs | None,
+        full_attention_layers: Collection[int] = (),
+        pad_token_id: int = 0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(backend, **kwargs)
         self.per_layer_inputs = per_layer_inputs
+        self.full_attention_layers = frozenset(full_attention_layers)
+        self.pad_token_id = pad_token_id
 
     def _forward(self, batch: ForwardBatch, kv: KVCache) -> Array:  # `forward` (and a split model's mirror) calls it
-        hidden, residual = self.embed(batch.input_ids), None
-        inputs = None if self.per_layer_inputs is None else self.per_layer_inputs(batch.input_ids, hidden)
+        ids, visual = batch.input_ids, batch.visual
+        if visual is not None:
+            ids = ids.copy()
+            ids[visual.rows] = self.pad_token_id
+        hidden, residual = self.embed(ids), None
+        if visual is not None:
+            hidden[visual.rows] = visual.embeds
+        inputs = None if self.per_layer_inputs is None else self.per_layer_inputs(ids, hidden)
+        causal = batch
+        if batch.attention.visible_end is not None and self.full_attention_layers:
+            causal = replace(batch, attention=replace(batch.attention, visible_end=None))
         for i, layer in enumerate(cast("list[Gemma4DecoderLayer]", self.layers)):
-            hidden, residual = layer(hidden, residual, batch, kv, None if inputs is None else inputs[:, i])
+            layer_batch = causal if i in self.full_attention_layers else batch
+            hidden, residual = layer(hidden, residual, layer_batch, kv, None if inputs is None else inputs[:, i])
         return self.final_norm(hidden, residual)[0]

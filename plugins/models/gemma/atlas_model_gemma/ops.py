@@ -2,13 +2,14 @@
 
 Ops the Gemma families need beyond the core: logit soft-capping, scaling by a constant (embedding
 scale, per-layer-input scales, layer scalars), a scaled residual sum, a GELU-tanh gate whose two
-operands live in separate arrays (Gemma 4's per-layer inputs), and the average pooling of Gemma 3's
-multimodal projector. Every op computes in float32 and returns a new array in the dtype of its first
-argument; none works in place.
+operands live in separate arrays (Gemma 4's per-layer inputs), the average pooling of patch grids (Gemma 3's
+multimodal projector, Gemma 4's vision pooler) and clamping (Gemma 4's clipped linears). Every op computes
+in float32 and returns a new array in the dtype of its first argument; none works in place.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -44,12 +45,22 @@ def gelu_tanh_gate_reference(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return (gelu * up.astype(np.float32)).astype(gate.dtype)
 
 
-def pool_patches_reference(x: np.ndarray, side: int, kernel: int) -> np.ndarray:
-    """Mean of every ``kernel x kernel`` block of each ``side x side`` patch grid: ``x[n * side**2, C]``
-    (grids row-major, one after another) -> ``[n * (side // kernel)**2, C]`` (blocks row-major)."""
-    width, out = x.shape[1], side // kernel
-    grids = x.astype(np.float32).reshape(-1, out, kernel, out, kernel, width)
-    return grids.mean(axis=(2, 4), dtype=np.float32).reshape(-1, width).astype(x.dtype)
+def pool_patches_reference(x: np.ndarray, grids: Sequence[tuple[int, int]], kernel: int) -> np.ndarray:
+    """Mean of every ``kernel x kernel`` block of each patch grid: ``x[sum(rows * cols), C]`` holds grid ``i``'s
+    ``rows_i x cols_i`` patches row-major, one grid after another -> each grid's blocks, row-major,
+    ``[sum(rows * cols) / kernel**2, C]``."""
+    width, start, pooled = x.shape[1], 0, []
+    for rows, cols in grids:
+        grid = x[start : start + rows * cols].astype(np.float32)
+        blocks = grid.reshape(rows // kernel, kernel, cols // kernel, kernel, width)
+        pooled.append(blocks.mean(axis=(1, 3), dtype=np.float32).reshape(-1, width))
+        start += rows * cols
+    return np.concatenate(pooled).astype(x.dtype)
+
+
+def clamp_reference(x: np.ndarray, low: float, high: float) -> np.ndarray:
+    """``min(max(x, low), high)`` elementwise (bounds as float32; infinite bounds leave ``x`` as is)."""
+    return np.clip(x.astype(np.float32), np.float32(low), np.float32(high)).astype(x.dtype)
 
 
 class GemmaOps(OpGroup):
@@ -80,9 +91,15 @@ class GemmaOps(OpGroup):
         ``gate``'s dtype."""
         return on_host(self.backend, gelu_tanh_gate_reference, gate, up)
 
-    def pool_patches(self, x: Array, side: int, kernel: int) -> Array:
-        """Average pooling of patch grids (Gemma 3's multimodal projector, ``AvgPool2d(kernel)``): ``x`` is
-        ``[n * side**2, C]``, ``n`` grids of ``side x side`` patches row-major; ``side % kernel == 0``.
-        Returns ``[n * (side // kernel)**2, C]``: each grid's ``kernel x kernel`` blocks, row-major, as the
-        mean of their patches. Float32 math; a new array in ``x``'s dtype."""
-        return on_host(self.backend, pool_patches_reference, x, side, kernel)
+    def pool_patches(self, x: Array, grids: Sequence[tuple[int, int]], kernel: int) -> Array:
+        """Average pooling of patch grids (Gemma 3's projector, ``AvgPool2d(kernel)``; Gemma 4's pooler):
+        ``x`` is ``[sum(rows * cols), C]``, the ``rows x cols`` patches of each of the host ``grids`` row-major,
+        one grid after another; every ``rows`` and ``cols`` a multiple of ``kernel``. Returns
+        ``[sum(rows * cols) / kernel**2, C]``: each grid's ``kernel x kernel`` blocks, row-major, as the mean of
+        their patches. Float32 math; a new array in ``x``'s dtype."""
+        return on_host(self.backend, pool_patches_reference, x, [(int(r), int(c)) for r, c in grids], kernel)
+
+    def clamp(self, x: Array, low: float, high: float) -> Array:
+        """``x`` clamped to ``[low, high]`` elementwise, any shape (``low <= high``; either may be infinite).
+        A new array in ``x``'s dtype."""
+        return on_host(self.backend, clamp_reference, x, low, high)

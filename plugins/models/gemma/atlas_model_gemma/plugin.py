@@ -33,6 +33,8 @@ GEMMA_LAYERS = {
     "sandwich_decoder_layer": "atlas_model_gemma.sandwich:SandwichDecoderLayer",
     "siglip_encoder_layer": "atlas_model_gemma.siglip:SiglipEncoderLayer",
     "gemma3_multimodal_projector": "atlas_model_gemma.siglip:MultiModalProjector",
+    "gemma4_vision_encoder_layer": "atlas_model_gemma.gemma4_tower:Gemma4VisionEncoderLayer",
+    "gemma4_multimodal_embedder": "atlas_model_gemma.gemma4_tower:MultimodalEmbedder",
 }
 """Layer types only the Gemma families use (contracts in docs/plugin-hooks.md)."""
 

@@ -43,7 +43,8 @@ class MultiModalProjector:
         self.side, self.kernel = side, kernel
 
     def __call__(self, x: Array) -> Array:
-        pooled = self.backend.ops(GemmaOps).pool_patches(x, self.side, self.kernel)
+        grids = [(self.side, self.side)] * (x.shape[0] // self.side**2)
+        pooled = self.backend.ops(GemmaOps).pool_patches(x, grids, self.kernel)
         return self.projection(self.norm(pooled)[0])
 
 

@@ -1,10 +1,16 @@
-"""`Gemma3Vision`: Gemma 3's image side as the engine uses it (`atlas_core.model.vision.VisionModel`).
+"""`Gemma3Vision` and `Gemma4Vision`: Gemma 3's and Gemma 4's image sides as the engine uses them
+(`atlas_core.model.vision.VisionModel`).
 
 Images are resized to the tower's square and encoded to ``mm_tokens_per_image`` features each; the features
 replace the input embeddings of the image tokens after Gemma's ``sqrt(hidden_size)`` embedding scale (as
 transformers' ``Gemma3Model`` scatters them into the scaled embeddings), so they enter the decoder unscaled:
 `TransformerModel`'s placement as is. Gemma 3 rotates by the token index (no multimodal RoPE), and its
 image tokens attend bidirectionally within their image in prefill (`bidirectional_images`).
+
+Gemma 4 resizes each image within a patch budget, keeping its aspect ratio, so images take different numbers
+of tokens; its features also replace the scaled embeddings as they are. What else transformers'
+``Gemma4Model`` does at image tokens (per-layer inputs read as the pad token's, bidirectional attention on
+sliding-window layers only) is `atlas_model_gemma.model.Gemma4Model`'s.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from atlas_core.model.vision import ImageFeatures, PlacedImage, PreparedImage
+from atlas_model_gemma.gemma4_image_processor import Gemma4ImageProcessor
+from atlas_model_gemma.gemma4_tower import Gemma4VisionTower
 from atlas_model_gemma.image_processor import Gemma3ImageProcessor
 from atlas_model_gemma.siglip import SiglipTower
 
@@ -28,7 +36,27 @@ def full_image_sequence(token: Callable[[int], str], boi: int, image: int, eoi: 
     return f"\n\n{token(boi)}{token(image)}{token(eoi)}\n\n"
 
 
-class Gemma3Vision:
+class GemmaVision:
+    """What Gemma 3's and Gemma 4's `VisionModel`s share: ``processor(image, max_pixels)`` prepares an image,
+    ``tower.encode`` encodes several; positions are token indices (no multimodal RoPE)."""
+
+    processor: Gemma3ImageProcessor | Gemma4ImageProcessor
+    tower: SiglipTower | Gemma4VisionTower
+
+    def prepare(self, image: Image, max_pixels: int | None = None) -> PreparedImage:
+        return self.processor(image, max_pixels)
+
+    def encode(self, images: Sequence[PreparedImage]) -> list[ImageFeatures]:
+        return self.tower.encode(images)
+
+    def rope_positions(self, prompt_ids: Sequence[int], images: Sequence[PlacedImage]) -> None:
+        return None  # positions are token indices
+
+    def rope_rows(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError("Gemma has no multimodal RoPE (rope_positions is None)")
+
+
+class Gemma3Vision(GemmaVision):
     """Gemma 3's `VisionModel`: ``processor`` prepares images, ``tower`` encodes them; ``image_token_id``
     (config ``image_token_index``) marks the feature rows, ``boi_token_id`` / ``eoi_token_id`` (config
     ``boi_token_index`` / ``eoi_token_index``) wrap each image in the prompt."""
@@ -52,14 +80,29 @@ class Gemma3Vision:
         boi = token(self.boi_token_id)
         return text.replace(boi, full_image_sequence(token, self.boi_token_id, self.image_token_id, self.eoi_token_id))
 
-    def prepare(self, image: Image, max_pixels: int | None = None) -> PreparedImage:
-        return self.processor(image, max_pixels)
 
-    def encode(self, images: Sequence[PreparedImage]) -> list[ImageFeatures]:
-        return self.tower.encode(images)
+class Gemma4Vision(GemmaVision):
+    """Gemma 4's `VisionModel`: ``processor`` prepares images, ``tower`` encodes them; ``image_token_id``
+    (config ``image_token_id``) marks the feature rows, ``boi_token_id`` / ``eoi_token_id`` wrap each image;
+    ``bidirectional_images`` when the text config's ``use_bidirectional_attention`` is ``"vision"``."""
 
-    def rope_positions(self, prompt_ids: Sequence[int], images: Sequence[PlacedImage]) -> None:
-        return None  # positions are token indices
+    def __init__(
+        self,
+        processor: Gemma4ImageProcessor,
+        tower: Gemma4VisionTower,
+        image_token_id: int,
+        boi_token_id: int,
+        eoi_token_id: int,
+        *,
+        bidirectional_images: bool,
+    ) -> None:
+        self.processor, self.tower = processor, tower
+        self.image_token_id, self.boi_token_id, self.eoi_token_id = image_token_id, boi_token_id, eoi_token_id
+        self.bidirectional_images = bidirectional_images
 
-    def rope_rows(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        raise NotImplementedError("Gemma 3 has no multimodal RoPE (rope_positions is None)")
+    def rewrite_template_text(self, text: str, token: Callable[[int], str]) -> str:
+        """Each image token of ``text`` (Gemma 4's chat template writes ``<|image|>`` per image) becomes
+        ``boi + image + eoi``, as ``Gemma4Processor.replace_image_token`` rewrites it (with one image token
+        where it writes the image's soft-token count: the engine expands it)."""
+        image = token(self.image_token_id)
+        return text.replace(image, token(self.boi_token_id) + image + token(self.eoi_token_id))

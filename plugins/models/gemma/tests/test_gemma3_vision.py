@@ -29,7 +29,8 @@ SPECIAL = {BOI: "<start_of_image>", EOI: "<end_of_image>", IMAGE: "<image_soft_t
 
 
 class TestVisionParity(VisionParity):
-    """Image + text prompts: preprocessing, tower and projector features, logits, greedy."""
+    """Image + text prompts: preprocessing, tower and projector features, logits, greedy; on every fixture
+    of this plugin with a vision reference (``gemma3_vl`` and ``gemma4_vl``)."""
 
     checkpoints = TINY
 

@@ -70,6 +70,8 @@ def test_atlas_plugins_lists_the_family_and_imports_its_loaders(capsys: pytest.C
     ]
     assert sorted(name for kind, name in registrations if kind == "layer") == [
         "gemma3_multimodal_projector",
+        "gemma4_multimodal_embedder",
+        "gemma4_vision_encoder_layer",
         "per_layer_input_gate",
         "per_layer_inputs",
         "sandwich_decoder_layer",
@@ -117,7 +119,8 @@ def test_gemma3_text_stack_under_model_language_model(tmp_path: Path) -> None:
 def test_gemma4_vision_language_checkpoint_loads_its_text_stack(tmp_path: Path) -> None:
     """The gemma4 fixture re-saved the way Gemma4ForConditionalGeneration checkpoints are laid out:
     ``model_type`` gemma4, the text config under ``text_config``, weights under ``model.language_model.``
-    beside vision weights that are not read; the logits are the text model's."""
+    beside audio weights that are not read (and no vision tower: see test_gemma4_vision for one); the logits
+    are the text model's."""
     text = config_of("gemma4")
     config = {
         "model_type": "gemma4",
@@ -129,8 +132,8 @@ def test_gemma4_vision_language_checkpoint_loads_its_text_stack(tmp_path: Path) 
     folder = rewrite(
         "gemma4", tmp_path / "multimodal", config, lambda name: "model.language_model." + name.removeprefix("model.")
     )
-    vision = {"model.vision_tower.patch_embedder.input_proj.weight": np.ones((16, 12), dtype=np.float32)}
-    save_file(load_file(folder / "model.safetensors") | vision, folder / "model.safetensors")
+    audio = {"model.audio_tower.output_proj.weight": np.ones((16, 12), dtype=np.float32)}
+    save_file(load_file(folder / "model.safetensors") | audio, folder / "model.safetensors")
     assert_matches_reference(folder, "gemma4")
 
 

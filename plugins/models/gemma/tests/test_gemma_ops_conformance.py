@@ -1,4 +1,4 @@
-"""Backend conformance: the gemma ops (soft_cap, scale, add_scaled, gelu_tanh_gate, pool_patches) against
+"""Backend conformance: the gemma ops (soft_cap, scale, add_scaled, gelu_tanh_gate, pool_patches, clamp) against
 float64 oracles written from the op group's docstrings.
 
 Fixtures, tolerances and the seed handling (``ATLAS_CONFORMANCE_SEED``) are in
@@ -91,17 +91,27 @@ def test_gelu_tanh_gate_agrees_with_gelu_tanh_mul(case: Case) -> None:
     )
 
 
-@pytest.mark.parametrize(("images", "side", "kernel"), [(1, 4, 2), (3, 6, 3), (2, 4, 1)])
-def test_pool_patches(case: Case, images: int, side: int, kernel: int) -> None:
-    x_dev, x = case.upload(case.normal(images * side * side, 8))
+@pytest.mark.parametrize(
+    ("grids", "kernel"), [([(4, 4)], 2), ([(6, 6)] * 3, 3), ([(4, 4), (4, 4)], 1), ([(6, 9), (3, 12), (9, 3)], 3)]
+)
+def test_pool_patches(case: Case, grids: list[tuple[int, int]], kernel: int) -> None:
+    x_dev, x = case.upload(case.normal(sum(r * c for r, c in grids), 8))
     with case.unchanged("pool_patches", x=x_dev):
-        got = gemma(case).pool_patches(x_dev, side, kernel)
-    out = side // kernel
-    want = np.empty((images, out, out, 8))
-    grids = x.reshape(images, side, side, 8)
-    for n in range(images):
-        for i in range(out):
-            for j in range(out):
-                block = grids[n, i * kernel : (i + 1) * kernel, j * kernel : (j + 1) * kernel]
-                want[n, i, j] = block.reshape(-1, 8).mean(axis=0)
-    case.assert_close(got, want.reshape(-1, 8), f"pool_patches ({images} x {side}x{side}, kernel {kernel})")
+        got = gemma(case).pool_patches(x_dev, grids, kernel)
+    want, start = [], 0
+    for rows, cols in grids:
+        grid = x[start : start + rows * cols].reshape(rows, cols, 8)
+        start += rows * cols
+        for i in range(rows // kernel):
+            for j in range(cols // kernel):
+                block = grid[i * kernel : (i + 1) * kernel, j * kernel : (j + 1) * kernel]
+                want.append(block.reshape(-1, 8).mean(axis=0))
+    case.assert_close(got, np.stack(want), f"pool_patches ({grids}, kernel {kernel})")
+
+
+@pytest.mark.parametrize(("low", "high"), [(-0.5, 0.8), (-np.inf, 0.0), (-np.inf, np.inf)])
+def test_clamp(case: Case, low: float, high: float) -> None:
+    x_dev, x = case.upload(case.normal(6, 16, scale=2.0))
+    with case.unchanged("clamp", x=x_dev):
+        got = gemma(case).clamp(x_dev, low, high)
+    case.assert_close(got, np.clip(x, low, high), f"clamp [{low}, {high}]")
