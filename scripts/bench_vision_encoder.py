@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Qwen3-VL's vision encoder in Atlas beside transformers, on CPU, at a published tower's shape.
+"""Qwen3-VL's vision encoder in Atlas beside transformers, on CPU or a GPU, at a published tower's shape.
 
 Two steps, one per environment (the engine never imports torch):
 
@@ -16,6 +16,10 @@ saves the merged features and the times. Times are the process's CPU seconds (`t
 thread's), so that other work on the machine does not count; run ``atlas`` with ``OPENBLAS_NUM_THREADS=1``
 to compare with one torch thread. ``atlas`` loads the checkpoint on the NumPy backend, prepares and
 encodes the same images, checks the features against transformers' and prints both times per image.
+
+On a GPU (one environment with torch, transformers and Atlas): ``make --device cuda`` runs transformers'
+tower in bf16 with sdpa attention and ``atlas --backend cuda`` Atlas's; both are then timed by the wall
+clock after a warm-up call, the device synchronised (best of ``--repeats``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -54,11 +59,30 @@ def picture(side: int) -> np.ndarray:
     return np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
 
 
-def make(folder: Path, blocks: int, sizes: list[int], threads: int, repeats: int) -> None:
+def clock(device: str) -> Callable[[], float]:
+    """CPU seconds of the process on the CPU; wall-clock seconds after a device synchronisation on a GPU."""
+    if device == "cpu":
+        return time.process_time
+    import torch
+
+    def synchronised() -> float:
+        torch.cuda.synchronize()
+        return time.perf_counter()
+
+    return synchronised
+
+
+def make(folder: Path, blocks: int, sizes: list[int], threads: int, repeats: int, device: str = "cpu") -> None:
     import torch
     from PIL import Image
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    try:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            Qwen2VLImageProcessorPil as Processor,
+        )
+    except ImportError:  # transformers before the PIL processors
+        from transformers import Qwen2VLImageProcessor as Processor
 
     torch.manual_seed(0)
     torch.set_num_threads(threads)
@@ -91,38 +115,51 @@ def make(folder: Path, blocks: int, sizes: list[int], threads: int, repeats: int
         vision_start_token_id=248,
         vision_end_token_id=249,
     )
-    model = Qwen3VLForConditionalGeneration._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    gpu = device != "cpu"
+    dtype = torch.bfloat16 if gpu else torch.float32
+    model = Qwen3VLForConditionalGeneration._from_config(
+        config, attn_implementation="sdpa" if gpu else "eager", dtype=dtype
+    )
     model.eval().save_pretrained(folder)
-    processor = Qwen2VLImageProcessorPil(**PROCESSOR)
+    model.to(device)
+    processor = Processor(**PROCESSOR)
     processor.save_pretrained(folder)
     timings: dict[str, float] = {}
+    now = clock(device)
     for side in sizes:
         Image.fromarray(picture(side)).save(folder / f"image_{side}.png")
         with Image.open(folder / f"image_{side}.png") as image:
             start = time.process_time()
             batch = processor(images=[image], return_tensors="pt")
             prepared = time.process_time()
+        pixels, grid = batch["pixel_values"].to(device, dtype), batch["image_grid_thw"].to(device)
         with torch.no_grad():
-            for _ in range(repeats):
-                begin = time.process_time()
-                merged = model.model.visual(batch["pixel_values"], grid_thw=batch["image_grid_thw"]).pooler_output
-                timings[f"encode_{side}"] = min(timings.get(f"encode_{side}", 1e9), time.process_time() - begin)
+            for _ in range(repeats + gpu):  # on a GPU, the first call warms up
+                begin = now()
+                merged = model.model.visual(pixels, grid_thw=grid).pooler_output
+                timings[f"encode_{side}"] = min(timings.get(f"encode_{side}", 1e9), now() - begin)
         timings[f"prepare_{side}"] = prepared - start
-        np.save(folder / f"merged_{side}.npy", merged.numpy())
+        np.save(folder / f"merged_{side}.npy", merged.float().cpu().numpy())
         print(
             f"transformers {side}x{side}: {int(batch['image_grid_thw'].prod())} patches, prepare "
             f"{timings[f'prepare_{side}']:.3f} s, encode {timings[f'encode_{side}']:.3f} s"
         )
-    (folder / "timings_transformers.json").write_text(json.dumps({"threads": threads, **timings}))
+    (folder / "timings_transformers.json").write_text(json.dumps({"threads": threads, "device": device, **timings}))
 
 
-def atlas(folder: Path, repeats: int) -> None:
+def atlas(folder: Path, repeats: int, backend: str = "numpy") -> None:
     from PIL import Image
 
     from atlas_core import LLM
 
-    vision = LLM(folder, backend="numpy", kv_cache_memory_gib=1 / 64).loaded.model.vision
+    llm = LLM(folder, backend=backend, kv_cache_memory_gib=1 / 64)
+    vision = llm.loaded.model.vision
     assert vision is not None
+    gpu = backend != "numpy"
+
+    def now() -> float:
+        return time.perf_counter() if gpu else time.process_time()
+
     reference = json.loads((folder / "timings_transformers.json").read_text())
     for path in sorted(folder.glob("image_*.png"), key=lambda p: int(p.stem.split("_")[1])):
         side = int(path.stem.split("_")[1])
@@ -131,16 +168,17 @@ def atlas(folder: Path, repeats: int) -> None:
             prepared = vision.prepare(image.convert("RGB"))
             prepare = time.process_time() - start
         encode = 1e9
-        for _ in range(repeats):
-            begin = time.process_time()
-            embeds = vision.encode([prepared])[0].embeds
-            encode = min(encode, time.process_time() - begin)
-        error = float(np.abs(np.asarray(embeds) - np.load(folder / f"merged_{side}.npy")).max())
+        for _ in range(repeats + gpu):  # on a GPU, the first call compiles kernels and warms up
+            begin = now()
+            embeds = llm.engine.backend.to_numpy(vision.encode([prepared])[0].embeds)  # synchronises
+            encode = min(encode, now() - begin)
+        error = float(np.abs(np.asarray(embeds, dtype=np.float32) - np.load(folder / f"merged_{side}.npy")).max())
         print(
             f"{side}x{side} ({prepared.pixel_values.shape[0]} patches, {prepared.num_tokens} tokens): "
             f"prepare atlas {prepare:.3f} s / transformers {reference[f'prepare_{side}']:.3f} s; "
             f"encode atlas {encode:.3f} s / transformers {reference[f'encode_{side}']:.3f} s "
-            f"({reference['threads']} torch threads); max |delta| of merged features {error:.2e}"
+            f"({reference.get('device', 'cpu')}, {reference['threads']} torch threads); max |delta| of merged "
+            f"features {error:.2e}"
         )
 
 
@@ -153,14 +191,16 @@ def main() -> None:
     made.add_argument("--sizes", type=int, nargs="+", default=[512, 1024], help="square image sides in pixels")
     made.add_argument("--threads", type=int, default=1)
     made.add_argument("--repeats", type=int, default=1)
+    made.add_argument("--device", default="cpu", help="cpu, or cuda (bf16, sdpa)")
     run = sub.add_parser("atlas", help="encode the same images with Atlas and compare")
     run.add_argument("folder", type=Path)
     run.add_argument("--repeats", type=int, default=1)
+    run.add_argument("--backend", default="numpy")
     args = parser.parse_args()
     if args.step == "make":
-        make(args.folder, args.blocks, args.sizes, args.threads, args.repeats)
+        make(args.folder, args.blocks, args.sizes, args.threads, args.repeats, args.device)
     else:
-        atlas(args.folder, args.repeats)
+        atlas(args.folder, args.repeats, args.backend)
 
 
 if __name__ == "__main__":
