@@ -162,8 +162,7 @@ def bench_conversations(args: argparse.Namespace) -> None:
                 f"median {statistics.median(ttft) * 1e3:8.1f} ms, mean {statistics.mean(ttft) * 1e3:8.1f} ms; "
                 f"prompt tokens reused {cached} of {sum(len(r) for r in returns)}"
             )
-            if llm.engine.offload is not None:
-                llm.engine.offload.close()
+            llm.close()
             del llm
     finally:
         shutil.rmtree(directory)

@@ -14,9 +14,11 @@ import pytest
 
 from atlas_core import LLM
 from atlas_core.cli import build_parser
+from atlas_core.engine.async_engine import AsyncEngine
 from atlas_core.engine.config import EngineConfig
 from atlas_core.engine.kv_offload import KVOffload
 from atlas_core.server.cli_serve import serve_settings
+from atlas_core.storage.tiered import TieredStore
 from atlas_core.testing.family import mixed_prompts
 from tests.conftest import TINY
 from tests.test_kv_spill import GREEDY, PROMPTS_33, small_cache, tokens
@@ -28,9 +30,12 @@ from atlas_storage_nvme.records import HEADER  # noqa: E402  # the plugin is opt
 from atlas_storage_nvme.tier import DATA_FILE, NvmeStorage  # noqa: E402
 
 
-def nvme_tier(offload: KVOffload | None) -> NvmeStorage:
-    assert offload is not None and offload.store.tier_names == ["nvme"]
-    backend = offload.store._tiers[0].backend
+def nvme_tier(offload: KVOffload | None, store: TieredStore | None = None) -> NvmeStorage:
+    """The NVMe tier of the offload's KV store (or of ``store``), its only tier."""
+    assert offload is not None
+    store = store or offload.store
+    assert store.tier_names == ["nvme"]
+    backend = store._tiers[0].backend
     assert isinstance(backend, NvmeStorage)
     return backend
 
@@ -48,10 +53,9 @@ def test_swap_to_disk_equals_unconstrained(name: str, tmp_path: Path) -> None:
     assert offload is not None and offload.swap_outs > 0 and offload.swap_ins == offload.swap_outs
     assert_same_outputs(expected, swapped, LOGPROB_TOLERANCE[name])
     assert_nothing_held(swap)
-    assert len(tier._keys) == len(offload.store)  # the file holds what the store indexes: spilled prefixes
-    if offload.state_store is not None:
-        assert len(offload.store) == 0  # hybrid models spill no prefix blocks
-        assert all(not t.backend._keys for t in offload.state_store._tiers if isinstance(t.backend, NvmeStorage))
+    assert len(tier._keys) == len(offload.store) > 0  # the file holds what the store indexes: spilled prefixes
+    if offload.state_store is not None:  # and, on the hybrid model, the state snapshots spilled with them
+        assert len(nvme_tier(offload, offload.state_store)._keys) == len(offload.state_store) > 0
 
 
 def test_spilled_prefix_hit_from_disk_equals_miss(tmp_path: Path) -> None:
@@ -122,13 +126,29 @@ def test_persisted_prefixes_survive_a_restart(tmp_path: Path) -> None:
     expected = tokens(LLM(TINY / "llama", enable_prefix_caching=False), PROMPTS_33)
     first = small_cache(kv_spill_dir=str(tmp_path), kv_spill_gb=0.01, kv_spill_persist=True)
     tokens(first, PROMPTS_33)
-    assert first.engine.offload is not None
-    first.engine.offload.close()
+    first.close()
     restarted = small_cache(kv_spill_dir=str(tmp_path), kv_spill_gb=0.01, kv_spill_persist=True)
     outputs = [restarted.generate(prompt, GREEDY)[0] for prompt in PROMPTS_33]
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert sum(o.num_cached_tokens for o in outputs) > 0
     assert restarted.engine.offload is not None and restarted.engine.offload.spill_hit_tokens > 0
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_next"])
+def test_shutdown_writes_the_device_prefix_cache_for_a_restart(name: str, tmp_path: Path) -> None:
+    """A prefix that never left the device cache is written to disk when the server stops (the engine thread
+    closes the engine), with its state snapshot on the hybrid model: the restarted engine hits it."""
+    settings = {"block_size": 4, "max_seq_len": 48, "kv_spill_dir": str(tmp_path), "kv_spill_persist": True}
+    expected = tokens(LLM(TINY / name, enable_prefix_caching=False), PROMPTS_33[:1])
+    first = LLM(TINY / name, kv_spill_gb=0.01, **settings)
+    assert tokens(first, PROMPTS_33[:1]) == expected
+    assert first.engine.offload is not None and len(first.engine.offload.store) == 0  # nothing was evicted
+    AsyncEngine(first.engine).shutdown()
+    restarted = LLM(TINY / name, kv_spill_gb=0.01, **settings)
+    output = restarted.generate(PROMPTS_33[0], GREEDY)[0]
+    assert output.outputs[0].token_ids == expected[0] and output.num_cached_tokens == 32
+    assert restarted.engine.offload is not None and restarted.engine.offload.spill_hit_tokens == 32
+    restarted.close()
 
 
 def test_abort_while_swapped_to_disk_frees_its_records(tmp_path: Path) -> None:
@@ -139,6 +159,7 @@ def test_abort_while_swapped_to_disk_frees_its_records(tmp_path: Path) -> None:
     while engine.offload is not None and engine.offload.num_swapped == 0:
         engine.step()
     tier = nvme_tier(engine.offload)
+    engine.offload.sync()
     assert engine.offload.store.num_pinned > 0 and len(tier._keys) == len(engine.offload.store)
     for request_id in list(engine.requests):
         engine.abort(request_id)

@@ -14,11 +14,13 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 BLOCK = 4
 
 
-def small_cache(**settings: object) -> LLM:
-    """An engine whose device KV cache holds 48 tokens: each of the `conversations` evicts the others."""
-    probe = LLM(TINY / "llama", block_size=BLOCK, max_seq_len=48)
-    budget = 48 * probe.engine.kv_plan.bytes_per_token / 2**30
-    return LLM(TINY / "llama", block_size=BLOCK, max_seq_len=48, kv_cache_memory_gib=budget, **settings)
+def small_cache(name: str = "llama", **settings: object) -> LLM:
+    """An engine whose device KV cache holds 48 tokens: each of the `conversations` evicts the others (on a
+    hybrid model, beside room for its recurrent state slots and snapshots)."""
+    probe = LLM(TINY / name, block_size=BLOCK, max_seq_len=48)
+    state_bytes = 2 * probe.engine.config.max_num_seqs * probe.loaded.model.state_bytes_per_slot()
+    budget = (48 * probe.engine.kv_plan.bytes_per_token + state_bytes) / 2**30
+    return LLM(TINY / name, block_size=BLOCK, max_seq_len=48, kv_cache_memory_gib=budget, **settings)
 
 
 def conversations() -> list[list[int]]:
@@ -54,6 +56,22 @@ def test_spilled_prefix_hit_equals_miss() -> None:
     assert f'atlas_prefix_cache_hit_tokens_total{{model_name=""}} {float(device_hits)}' in text
 
 
+def test_hybrid_spilled_prefix_with_its_state_snapshot_equals_miss() -> None:
+    """A hybrid (gated delta net) model: the state snapshot taken at a prefix's last full block leaves the device
+    with that block and comes back with it into the sequence's state slot; the answers are a cache miss's (they
+    are not without the state: the recurrent layers would start from the wrong one)."""
+    expected = tokens(LLM(TINY / "qwen3_next", enable_prefix_caching=False), PROMPTS_33)
+    llm = small_cache("qwen3_next", swap_space_gb=0.01)
+    assert tokens(llm, PROMPTS_33) == expected
+    offload = llm.engine.offload
+    assert offload is not None and offload.state_store is not None and len(offload.state_store) > 0
+    outputs = [llm.generate(prompt, GREEDY)[0] for prompt in PROMPTS_33]
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert [o.num_cached_tokens for o in outputs] == [32, 32, 32]
+    assert offload.spill_hit_tokens == 96 and offload.spill_lost_blocks == 0
+    assert_no_leaks(llm)
+
+
 def test_without_tiers_the_evicted_prefix_is_recomputed() -> None:
     prompts = PROMPTS_33
     llm = small_cache()
@@ -68,16 +86,16 @@ def test_corrupt_spilled_block_is_recomputed(monkeypatch: pytest.MonkeyPatch) ->
     expected = tokens(LLM(TINY / "llama", enable_prefix_caching=False), prompts)
     llm = small_cache(swap_space_gb=0.01)
     tokens(llm, prompts)
-    store = llm.engine.offload.store  # type: ignore[union-attr]
-    real_get = store.get
+    tier = llm.engine.offload.store._tiers[0].backend  # type: ignore[union-attr]
+    real_read = tier.read
 
-    def corrupt_third(keys: list, out: list) -> list:
-        lost = real_get(keys, out)
-        if len(keys) > 2:
+    def corrupt_third(slots: list, out: list) -> list:
+        lost = real_read(slots, out)
+        if len(slots) > 2:
             out[-1][2, 1] += 1  # the token ids stored with the third block
         return lost
 
-    monkeypatch.setattr(store, "get", corrupt_third)
+    monkeypatch.setattr(tier, "read", corrupt_third)
     outputs = [llm.generate(prompt, GREEDY)[0] for prompt in prompts]
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert [o.num_cached_tokens for o in outputs] == [8, 8, 8]

@@ -39,11 +39,15 @@ def assert_same_outputs(expected: list, actual: list, tolerance: float) -> None:
 
 
 def assert_nothing_held(llm: LLM) -> None:
+    """No block, slot, load or swapped record is held: what stays in the tiers is spilled prefixes (and their
+    state snapshots), none pinned."""
     assert_no_leaks(llm)
     offload = llm.engine.offload
-    assert offload is not None and offload.num_swapped == 0 and offload.store.num_pinned == 0
+    assert offload is not None
+    offload.sync()
+    assert offload.num_swapped == 0 and len(offload.loads) == 0 and offload.store.num_pinned == 0
     if offload.state_store is not None:
-        assert len(offload.state_store) == 0
+        assert offload.state_store.num_pinned == 0
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3_next"])
@@ -77,18 +81,10 @@ def test_swap_without_room_recomputes() -> None:
 
 
 def test_lost_swap_record_recomputes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A record that cannot be read back (a corrupt disk block) makes its sequence recompute: same outputs."""
+    """Records that cannot be read back (as a corrupt disk block's) make their sequences recompute: same outputs."""
     llm = tight_engine("llama", swap_space_gb=0.01)
-    store = llm.engine.offload.store  # type: ignore[union-attr]
-    real_get = store.get
-
-    def lose_swapped(keys: list, out: list) -> list:
-        real_get(keys, out)
-        swapped = [key for key in keys if isinstance(key, tuple)]
-        store.drop(swapped)
-        return swapped
-
-    monkeypatch.setattr(store, "get", lose_swapped)
+    tier = llm.engine.offload.store._tiers[0].backend  # type: ignore[union-attr]
+    monkeypatch.setattr(tier, "read", lambda slots, out: list(slots))
     reference = tight_engine("llama").generate(mixed_prompts(256), SCORED)
     assert_same_outputs(reference, llm.generate(mixed_prompts(256), SCORED), LOGPROB_TOLERANCE["llama"])
     offload = llm.engine.offload
@@ -105,6 +101,28 @@ def test_abort_while_swapped_out_frees_its_records() -> None:
         engine.step()
     for request_id in list(engine.requests):
         engine.abort(request_id)
+    assert_nothing_held(llm)
+
+
+def test_failed_step_while_swapped_out_leaves_nothing_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forward that raises fails the requests in its step; the swapped-out ones come back and finish, and
+    afterwards no block, slot or record is held."""
+    llm = tight_engine("llama", swap_space_gb=0.01)
+    engine = llm.engine
+    requests = [engine.add_request(str(i), None, prompt, SCORED) for i, prompt in enumerate(mixed_prompts(256))]
+    while engine.offload is not None and engine.offload.num_swapped == 0:
+        engine.step()
+
+    def fail(*args: object) -> None:
+        raise RuntimeError("device lost")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.runner, "execute", fail)
+        engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    failed = [r for r in requests if r.error is not None]
+    assert failed and len(failed) < len(requests) and engine.offload.swap_ins > 0
     assert_nothing_held(llm)
 
 

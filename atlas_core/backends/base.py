@@ -28,6 +28,7 @@ from atlas_core.backends.ops import OpGroup, on_host
 from atlas_core.weights.quantized import QuantizedWeight, dequantize
 
 if TYPE_CHECKING:
+    from atlas_core.backends.transfers import HostTransfers
     from atlas_core.plugins import PluginRegistry
 
 G = TypeVar("G", bound=OpGroup)
@@ -231,6 +232,13 @@ class Backend(ABC):
         """A zero-filled array whose memory is committed now: a host backend must not hand out lazily
         mapped pages, or the KV cache (allocated once at start) would grow the process block by block
         as requests use it."""
+
+    def host_transfers(self) -> HostTransfers:
+        """New device <-> host row copies for the KV storage tiers (`atlas_core.backends.transfers`), kept by
+        the caller: synchronous here; a device backend returns copies on their own stream."""
+        from atlas_core.backends.transfers import HostTransfers
+
+        return HostTransfers(self)
 
     # ---- ops ----------------------------------------------------------------------------
     @abstractmethod

@@ -9,6 +9,7 @@ import numpy as np
 
 from atlas_core.backends.base import Array, Backend
 from atlas_core.backends.kv_dtypes import KV_DTYPES, dtype_label, is_scaled
+from atlas_core.backends.transfers import gather_rows, scatter_rows
 from atlas_core.errors import AtlasError, ConfigError
 
 
@@ -201,14 +202,11 @@ class KVCache:
 
     def read_blocks(self, blocks: list[int]) -> list[np.ndarray]:
         """Host copies of ``blocks``: one array per entry of `arrays`, ``[len(blocks), *block shape]``, bit-exact."""
-        index = self.backend.from_numpy(np.asarray(blocks, dtype=np.int32))
-        return [self.backend.to_numpy(cache[index]) for cache in self.arrays]
+        return gather_rows(self.backend, self.arrays, blocks)
 
     def write_blocks(self, blocks: list[int], arrays: list[np.ndarray]) -> None:
         """Store host arrays (as `read_blocks` returns them) into ``blocks``, bit-exact."""
-        index = self.backend.from_numpy(np.asarray(blocks, dtype=np.int32))
-        for cache, values in zip(self.arrays, arrays, strict=True):
-            cache[index] = self.backend.from_numpy(values, dtype=np.dtype(cache.dtype))
+        scatter_rows(self.backend, self.arrays, blocks, arrays)
 
 
 def slots_for(blocks: list[int], block_size: int, start: int, end: int) -> np.ndarray:

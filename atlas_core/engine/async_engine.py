@@ -29,6 +29,11 @@ log = logging.getLogger("atlas.engine")
 
 T = TypeVar("T")
 
+STOP_WAIT_S = 5.0
+"""How long `AsyncEngine.shutdown` waits for the engine thread's last step and the tiers to close."""
+PERSIST_WAIT_S = 600.0
+"""How much longer it waits when the NVMe tier persists: closing writes the device prefix cache to disk."""
+
 
 class AsyncEngine:
     """Thread-safe front of an `LLMEngine` for asyncio servers."""
@@ -47,6 +52,7 @@ class AsyncEngine:
         while True:
             self._run_commands()
             if self._stopping:
+                self._close_engine()
                 return
             busy = self.engine.has_unfinished()
             for output in self._step() if busy else []:
@@ -54,6 +60,13 @@ class AsyncEngine:
             if not busy:
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
+
+    def _close_engine(self) -> None:
+        """Engine thread, once stopping: close the engine's storage tiers (writing what they persist)."""
+        try:
+            self.engine.close()
+        except Exception:  # shutting down anyway: the tiers' files are left as a crash would leave them
+            log.exception("closing the engine's KV storage tiers failed")
 
     def _run_commands(self) -> None:
         """Run every queued command (engine thread), each result or exception into its future."""
@@ -165,7 +178,10 @@ class AsyncEngine:
         return await self.abort_all()
 
     def shutdown(self) -> None:
-        """Stop the engine thread once the commands already queued have run."""
+        """Stop the engine thread once the commands already queued have run; it closes the engine (its KV
+        storage tiers) on the way out. Blocks until then (callers on an event loop run it in a thread)."""
         self._stopping = True
         self._wake.set()
-        self._thread.join(timeout=5)
+        offload = self.engine.offload
+        persists = offload is not None and offload.persist_tier is not None
+        self._thread.join(timeout=STOP_WAIT_S + (PERSIST_WAIT_S if persists else 0))

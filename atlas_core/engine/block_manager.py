@@ -27,6 +27,18 @@ def block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
 
 
+@dataclass(frozen=True)
+class CachedBlock:
+    """A block filed in the prefix cache: its chained ``hash``, the chain value before it (``parent_hash``),
+    its ``tokens`` and the ``content`` id of the token prefix its KV holds."""
+
+    block: int
+    hash: int
+    parent_hash: int
+    tokens: tuple[int, ...]
+    content: int
+
+
 @dataclass
 class BlockTable:
     """One sequence's KV blocks, in position order, plus the chained hashes of its leading full blocks
@@ -53,8 +65,8 @@ class BlockManager:
     - Copy-on-write: `prepare_write` swaps each shared block a table is about to write for a private
       one and returns the ``(src, dst)`` copies the caller applies; the other holders keep the original.
       A private block that gets written loses its cache entry (its KV changes).
-    - Eviction: ``on_evict(block, hash, parent_hash, token_ids)``, when set, is called as a cached block is
-      reused for something else, while its KV is still intact (the storage tiers keep a copy: `KVOffload`).
+    - Eviction: ``on_evict(cached_block)``, when set, is called as a cached block is reused for something
+      else, while its KV is still intact (the storage tiers keep a copy: `KVOffload`).
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
@@ -75,7 +87,7 @@ class BlockManager:
         self._cache: dict[int, int] = {}  # hash -> cached block
         self._free_uncached: list[int] = list(range(num_blocks - 1, -1, -1))
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # least recently freed first
-        self.on_evict: Callable[[int, int, int, tuple[int, ...]], None] | None = None
+        self.on_evict: Callable[[CachedBlock], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -222,6 +234,15 @@ class BlockManager:
         block = self._cache.get(block_hash)
         return block is not None and self._content[block] == content
 
+    def cached_blocks(self) -> list[CachedBlock]:
+        """Every block filed in the prefix cache (in use or free), least recently filed first."""
+        return [self._cached(block) for block in self._cache.values()]
+
+    def _cached(self, block: int) -> CachedBlock:
+        h, tokens = self._hash[block], self._tokens[block]
+        assert h is not None and tokens is not None, f"block {block} is not cached"
+        return CachedBlock(block, h, self._parent_hash[block], tokens, self._content[block])
+
     def fork(self, table: BlockTable) -> BlockTable:
         """A new table sharing every block of ``table`` (ref counts + 1), with the same hashes."""
         for block in table.blocks:
@@ -293,9 +314,8 @@ class BlockManager:
             block = self._free_uncached.pop()
         else:
             block, _ = self._free_cached.popitem(last=False)
-            evicted_hash, tokens = self._hash[block], self._tokens[block]
-            if self.on_evict is not None and evicted_hash is not None and tokens is not None:
-                self.on_evict(block, evicted_hash, self._parent_hash[block], tokens)
+            if self.on_evict is not None:
+                self.on_evict(self._cached(block))
             self._forget(block)
         self._ref[block] = 1
         return block

@@ -11,6 +11,7 @@ from atlas_core.batch.kv_cache import KVCache
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.config import EngineConfig
 from atlas_core.engine.kv_offload import KVOffload, kv_record_format, state_record_format
+from atlas_core.engine.state_slots import StateSnapshots
 from atlas_core.errors import ConfigError
 from atlas_core.model.recurrent_state import RecurrentState
 from atlas_core.plugins import get_registry
@@ -22,13 +23,20 @@ log = logging.getLogger("atlas.engine")
 
 NVME_BACKEND = "nvme"
 STATE_SHARE = 0.25
-"""Hybrid models: the part of each tier kept for swapped recurrent states (at most max_num_seqs of them)."""
+"""Hybrid models: the part of each tier kept for recurrent states (room for max_num_seqs of them at most):
+swapped-out sequences' states, and the state snapshots spilled with prefix blocks."""
 
 
 def build_offload(
-    config: EngineConfig, kv: KVCache, blocks: BlockManager, state: RecurrentState | None, model_name: str
+    config: EngineConfig,
+    kv: KVCache,
+    blocks: BlockManager,
+    state: RecurrentState | None,
+    snapshots: StateSnapshots | None,
+    model_name: str,
 ) -> KVOffload | None:
-    """The `KVOffload` the settings ask for, or None when no tier is configured."""
+    """The `KVOffload` the settings ask for, or None when no tier is configured. Hybrid models (``state``)
+    spill prefix blocks only with state ``snapshots`` (their prefix cache needs them)."""
     host_bytes = int(config.swap_space_gb * 2**30)
     spill_dir = Path(config.kv_spill_dir) if config.kv_spill_dir is not None else None
     nvme_bytes = int(config.kv_spill_gb * 2**30) if spill_dir is not None else 0
@@ -47,17 +55,21 @@ def build_offload(
     )
     state_store = None
     if state_format is not None:
-        tiers = _tiers(state_format, state_host, state_nvme, spill_dir, "state", identity, config, persist=False)
-        state_store = TieredStore(state_format, tiers)
+        state_store = TieredStore(
+            state_format, _tiers(state_format, state_host, state_nvme, spill_dir, "state", identity, config)
+        )
     log.info("KV tiers: %s", ", ".join(f"{name} {n} blocks" for name, n in store.capacities().items()) or "none")
+    persist = config.kv_spill_persist and NVME_BACKEND in store.tier_names
     return KVOffload(
         kv,
         blocks,
         store,
         swap=config.preemption_mode != "recompute",
-        spill=config.enable_prefix_caching and state is None,
+        spill=config.enable_prefix_caching and (state is None or snapshots is not None),
         state=state,
         state_store=state_store,
+        snapshots=snapshots,
+        persist_tier=NVME_BACKEND if persist else None,
     )
 
 
@@ -69,14 +81,12 @@ def _tiers(
     part: str,
     identity: str,
     config: EngineConfig,
-    *,
-    persist: bool = True,
 ) -> list[tuple[str, StorageBackend]]:
     tiers: list[tuple[str, StorageBackend]] = []
     if host_bytes > 0:
         tiers.append(("host", HostMemoryStorage(TierSpec(format, host_bytes))))
     if spill_dir is not None and nvme_bytes > 0:
-        spec = TierSpec(format, nvme_bytes, spill_dir / part, identity, persist and config.kv_spill_persist)
+        spec = TierSpec(format, nvme_bytes, spill_dir / part, identity, config.kv_spill_persist)
         nvme = _open_nvme(spec)
         if nvme is not None:
             tiers.append(("nvme", nvme))

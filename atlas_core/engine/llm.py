@@ -87,8 +87,12 @@ class LLM:
         return mirror if isinstance(mirror, RankMirror) else None
 
     def close(self) -> None:
-        """Stop the other ranks of a split model (the processes started for them are reaped); a no-op for a
-        model on one rank. The `LLM` is unusable afterwards."""
+        """Close the KV storage tiers (with ``kv_spill_persist``, after writing the device prefix cache to
+        disk for the next start) and stop the other ranks of a split model (the processes started for them are
+        reaped). The `LLM` is unusable afterwards; closing again does nothing more."""
+        engine: LLMEngine | None = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close()
         if self.mirror is not None:
             self.mirror.close()
 

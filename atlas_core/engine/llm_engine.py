@@ -28,6 +28,9 @@ from atlas_core.parallel.mirror import RankMirror
 
 log = logging.getLogger("atlas.engine")
 
+LOAD_WAIT_S = 0.05
+"""When no sequence can run because KV is still coming back from the storage tiers, how long `step` waits."""
+
 
 class LLMEngine:
     """Owns the KV cache, block manager, scheduler and runner for one loaded model.
@@ -110,7 +113,7 @@ class LLMEngine:
                 snapshots = StateSnapshots(snapshot_slots, model.copy_state, self.blocks.is_cached)
             if num_scratch:
                 rollback = RecurrentRollback(model, range(num_state_slots - num_scratch, num_state_slots))
-        self.offload = build_offload(config, self.kv, self.blocks, model.recurrent_state, loaded.name)
+        self.offload = build_offload(config, self.kv, self.blocks, model.recurrent_state, snapshots, loaded.name)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -238,6 +241,8 @@ class LLMEngine:
         """Run one batched forward; return the outputs of requests that produced tokens or finished."""
         step = self.scheduler.schedule()
         if not step.chunks:
+            if self.offload is not None and len(self.offload.loads):
+                self.offload.wait(LOAD_WAIT_S)  # only sequences whose KV is on its way back are left
             return []
         for chunk in step.chunks:
             self._start_forks(chunk)
@@ -245,8 +250,9 @@ class LLMEngine:
             self.speculation.propose(step.chunks)
         touched = {chunk.seq.request.request_id: chunk.seq.request for chunk in step.chunks}
         try:
-            copies = self.offload.before_forward(step.block_copies) if self.offload else step.block_copies
-            sampled = self.runner.execute(step.chunks, copies)
+            if self.offload is not None:
+                self.offload.before_forward()
+            sampled = self.runner.execute(step.chunks, step.block_copies)
             self._copy_state_to_forks(step.chunks)
         except Exception as exc:  # a failed forward fails the requests in it, never the engine
             log.exception("forward step failed")
@@ -270,6 +276,13 @@ class LLMEngine:
                 self.requests.pop(request_id, None)
             outputs.append(request.output())
         return outputs
+
+    def close(self) -> None:
+        """Finish the storage tiers' transfers and close them (with ``kv_spill_persist``, after writing the
+        device prefix cache to the NVMe tier, so a restarted engine finds it). Idempotent; the engine must not
+        step afterwards."""
+        if self.offload is not None:
+            self.offload.close()
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.release(seq)

@@ -1,4 +1,4 @@
-"""Continuous batching with chunked prefill and preemption by recompute.
+"""Continuous batching with chunked prefill and preemption (by recompute, or by swap to the storage tiers).
 
 Each step has a token budget (``max_num_batched_tokens``). The scheduler fills it in order:
 
@@ -93,10 +93,12 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledStep:
+        if self.offload is not None:
+            self.offload.poll()  # sequences whose KV came back from the storage tiers may run now
         step = ScheduledStep()
         copies: dict[Sequence, list[tuple[int, int]]] = {}
         budget = self.config.max_num_batched_tokens
-        for seq in [s for s in self.running if s.is_decoding]:
+        for seq in [s for s in self.running if s.is_decoding and not self._loading(s)]:
             if budget <= 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
@@ -108,7 +110,7 @@ class Scheduler:
         if self._decode_only():
             step.block_copies = [pair for pairs in copies.values() for pair in pairs]
             return step
-        for seq in [s for s in self.running if not s.is_decoding]:
+        for seq in [s for s in self.running if not s.is_decoding and not self._loading(s)]:
             if budget <= 0:
                 break
             count = self._prefill_chunk(seq, budget)
@@ -123,11 +125,17 @@ class Scheduler:
             seq = self._next_waiting()
             if not self._admit(seq):
                 break
+            if self._loading(seq):
+                continue
             count = self._prefill_chunk(seq, budget)
             step.chunks.append(ScheduledChunk(seq, count))
             budget -= count
         step.block_copies = [pair for pairs in copies.values() for pair in pairs]
         return step
+
+    def _loading(self, seq: Sequence) -> bool:
+        """True while ``seq``'s KV is coming back from the storage tiers: it is not scheduled yet."""
+        return self.offload is not None and self.offload.is_loading(seq)
 
     def _reserve(
         self, seq: Sequence, count: int, step: ScheduledStep, copies: dict[Sequence, list[tuple[int, int]]]
@@ -215,7 +223,9 @@ class Scheduler:
         """Allocate blocks (and state slots) for a waiting sequence; False if there is no room.
 
         Recurrent models: the first sequence of a request also reserves its pending forks' slots, and a
-        cached prefix is reused only up to a boundary with a state snapshot, restored into the new slot."""
+        cached prefix is reused only up to a boundary with a state snapshot, restored into the new slot.
+        With storage tiers, a swapped-out sequence's KV, or spilled blocks extending its prefix hit, start
+        loading: the sequence is admitted but not scheduled until they are in (`KVOffload.is_loading`)."""
         slots = self.state_slots
         needs_slot = [seq, *(f for f in seq.request.pending_forks if f.state_slot is None)] if slots is not None else []
         if slots is not None and slots.num_free < len(needs_slot):
@@ -236,11 +246,11 @@ class Scheduler:
                 assert key is not None  # allocate_prompt files every reused block's hash in the table
                 snapshots.restore(key[1], seq.held_state_slot())
         if offload is not None and swapped:
-            cached = offload.swap_in(seq)
-        elif offload is not None and use_cache and slots is None:
-            cached += offload.load_prefix(seq, cached)
+            offload.start_swap_in(seq)  # num_computed is set when the KV is back
+        elif offload is not None and use_cache:
+            offload.start_prefix_load(seq, cached)  # spilled blocks past the device hit
         self.waiting.remove(seq)
-        if seq.index == 0 and len(seq.token_ids) == seq.num_prompt_tokens and not swapped:
+        if seq.counts_cached_tokens and not swapped:
             seq.request.num_cached_tokens = cached
         seq.num_computed = cached
         seq.status = SequenceStatus.RUNNING
@@ -256,9 +266,10 @@ class Scheduler:
 
     def preempt(self, seq: Sequence, pending_copies: list[tuple[int, int]] | None = None) -> None:
         """Free everything ``seq`` holds and queue it again. With swapping, its KV (and state) go to the
-        storage tiers first and come back on readmission; otherwise it is recomputed from its tokens.
+        storage tiers first and come back on readmission; otherwise it is recomputed from its tokens. A load
+        from the tiers still in flight is cancelled (a swapped sequence keeps its records).
         ``pending_copies``: its copy-on-write copies of this step, not applied yet."""
-        if self.offload is not None:
+        if self.offload is not None and not self.offload.cancel_load(seq):
             self.offload.swap_out(seq, pending_copies or [])
         self._release_resources(seq)
         self.running.remove(seq)

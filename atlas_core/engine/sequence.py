@@ -104,6 +104,12 @@ class Sequence:
         return self.num_uncomputed == 1 and len(self.token_ids) > self.num_prompt_tokens
 
     @property
+    def counts_cached_tokens(self) -> bool:
+        """True while this sequence's prefix hits are its request's ``num_cached_tokens``: the request's first
+        sequence, before it has generated anything."""
+        return self.index == 0 and len(self.token_ids) == self.num_prompt_tokens
+
+    @property
     def finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 

@@ -86,6 +86,12 @@ class StateSnapshots:
         self._copy([source_slot], [slot])
         self._held[content] = (slot, block_hash)
 
+    def slot_of(self, content: int) -> int | None:
+        """The state slot holding the snapshot of ``content``, None when there is none (it does not count as a
+        use: the storage tiers copy it out when its block leaves the prefix cache)."""
+        held = self._held.get(content)
+        return None if held is None else held[0]
+
     def restore(self, content: int, destination_slot: int) -> None:
         """Copy the snapshot of ``content`` into state slot ``destination_slot``; KeyError when there is none."""
         slot, _ = self._held[content]

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from atlas_core.backends.base import Array, Backend
+from atlas_core.backends.transfers import gather_rows, scatter_rows
 
 
 @dataclass(frozen=True)
@@ -123,25 +124,23 @@ class RecurrentState:
 
     def read_slots(self, slots: Sequence[int]) -> list[np.ndarray]:
         """Host copies of rows ``slots`` of every array, ``[len(slots), *shape]`` each, bit-exact (swap out)."""
-        for slot in slots:
-            self._check(slot)
-        backend = self._backend
-        assert backend is not None  # allocate() set it with the arrays
-        index = backend.from_numpy(np.asarray(slots, dtype=np.int32))
-        return [backend.to_numpy(array[index]) for layer in self._all() for array in layer.values()]
+        assert self._backend is not None  # allocate() set it with the arrays
+        return gather_rows(self._backend, self.slot_arrays(slots), slots)
 
     def write_slots(self, slots: Sequence[int], rows: Sequence[np.ndarray]) -> None:
         """Store host rows (as `read_slots` returns them) into ``slots``, bit-exact (swap in)."""
-        for slot in slots:
-            self._check(slot)
-        arrays = [array for layer in self._all() for array in layer.values()]
+        arrays = self.slot_arrays(slots)
         if len(rows) != len(arrays):
             raise ValueError(f"{len(rows)} state arrays given, the state has {len(arrays)}")
-        backend = self._backend
-        assert backend is not None  # allocate() set it with the arrays
-        index = backend.from_numpy(np.asarray(slots, dtype=np.int32))
-        for array, values in zip(arrays, rows, strict=True):
-            array[index] = backend.from_numpy(values, dtype=np.dtype(array.dtype))
+        assert self._backend is not None  # allocate() set it with the arrays
+        scatter_rows(self._backend, arrays, slots, rows)
+
+    def slot_arrays(self, slots: Sequence[int] = ()) -> list[Array]:
+        """Every state array, in `slot_shapes` order (row ``s`` is slot ``s``), after checking that ``slots``
+        are in range; for copies of whole slots (`atlas_core.backends.transfers`)."""
+        for slot in slots:
+            self._check(slot)
+        return [array for layer in self._all() for array in layer.values()]
 
     def _all(self) -> list[dict[str, Array]]:
         if self._arrays is None:

@@ -5,13 +5,20 @@ record moves one tier down (or is dropped from the last tier) to make room. Pinn
 sequence's, which must come back) are never evicted. A tier that fails a write (disk full, unwritable
 path) is logged once and left out from then on: its records are forgotten and callers fall back to the
 remaining tiers, or to recomputing.
+
+Threads: the caller (the engine thread) decides where records go and which slots a read takes at call time,
+under a lock; the tiers' reads and writes run on one I/O thread of the store, in call order, so a write
+overlaps the model's forward and a read issued after a write of the same slot sees it. `put_async` and
+`get_async` return futures; `put` and `get` wait for them. Only the I/O thread calls the backends.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +28,8 @@ from atlas_core.storage.backend import RecordFormat, StorageBackend, StorageFull
 log = logging.getLogger("atlas.storage")
 
 Key = Hashable
+Records = Sequence[np.ndarray] | Callable[[], Sequence[np.ndarray]]
+"""A batch of records: one array per format entry, or a wait that gives them (a device copy in flight)."""
 
 
 @dataclass
@@ -48,12 +57,22 @@ class _Move:
     target_slot: int
 
 
+@dataclass(frozen=True)
+class _Read:
+    row: int
+    key: Key
+    tier: int
+    slot: int
+
+
 class TieredStore:
     """Records of one `RecordFormat` under hashable keys, spread over ``tiers`` (``(name, backend)``,
-    fastest first). Not thread-safe: the engine thread owns it."""
+    fastest first). One thread calls its methods (the engine's); the I/O runs on the store's own thread."""
 
     def __init__(self, format: RecordFormat, tiers: Sequence[tuple[str, StorageBackend]]) -> None:
         self.format = format
+        self._lock = threading.RLock()  # the index: changed by callers, and by the I/O thread on failures
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="atlas-kv-io")
         self._tiers = [_Tier(name, backend, list(range(backend.capacity_slots - 1, -1, -1))) for name, backend in tiers]
         self._where: dict[Key, tuple[int, int]] = {}
         for index, tier in enumerate(self._tiers):
@@ -83,75 +102,148 @@ class TieredStore:
         (unpinned) records."""
         return sum(len(t.free) + len(t.unpinned) for t in self._tiers if t.usable)
 
-    def put(self, keys: Sequence[Key], arrays: Sequence[np.ndarray], *, pinned: bool) -> list[Key]:
+    def put(self, keys: Sequence[Key], arrays: Records, *, pinned: bool, tier: str | None = None) -> list[Key]:
+        """`put_async`, waited for."""
+        return self.put_async(keys, arrays, pinned=pinned, tier=tier).result()
+
+    def put_async(
+        self, keys: Sequence[Key], arrays: Records, *, pinned: bool, tier: str | None = None
+    ) -> Future[list[Key]]:
         """Store record ``i`` (``arrays[j][i]``) under ``keys[i]`` (already stored keys are only marked
-        recently used); return the keys that are stored afterwards. Evicts least recently used unpinned
-        records to make room; records that find no room anywhere are not stored."""
+        recently used); the future gives the keys stored afterwards. Evicts least recently used unpinned
+        records to make room; records that find no room anywhere are not stored. ``tier``: place the records
+        in that tier or below (default: the fastest with room).
+
+        Where each record goes is decided now (`__contains__` and `room` count it at once); the writes run on
+        the I/O thread, which calls ``arrays`` first when it is a wait. A record whose write fails is forgotten."""
+        start = 0 if tier is None else self.tier_names.index(tier)
         placed: list[tuple[int, Key, int, int]] = []  # (tier, key, slot, row)
         moves: list[_Move] = []
         stored: list[Key] = []
-        fresh: set[Key] = set()  # placed by this call, not written yet: never evicted by it
-        for row, key in enumerate(keys):
-            if key in self._where:
-                self._touch(key)
-                stored.append(key)
-                continue
-            spot = self._make_room(0, moves, fresh)
-            if spot is None:
-                continue
-            tier, slot = spot
-            self._file(key, tier, slot, pinned)
-            fresh.add(key)
-            placed.append((tier, key, slot, row))
+        with self._lock:
+            fresh: set[Key] = set()  # placed by this call, not written yet: never evicted by it
+            for row, key in enumerate(keys):
+                if key in self._where:
+                    self._touch(key)
+                    stored.append(key)
+                    continue
+                spot = self._make_room(start, moves, fresh)
+                if spot is None:
+                    continue
+                index, slot = spot
+                self._file(key, index, slot, pinned)
+                fresh.add(key)
+                placed.append((index, key, slot, row))
+        return self._io.submit(self._run_put, moves, placed, arrays, stored)
+
+    def _run_put(
+        self, moves: list[_Move], placed: list[tuple[int, Key, int, int]], arrays: Records, stored: list[Key]
+    ) -> list[Key]:
+        """I/O thread: the demotions, then the writes of `put_async`."""
         self._apply_moves(moves)
+        try:
+            records = arrays() if callable(arrays) else arrays
+        except Exception:  # the device copy failed: nothing of this batch is stored
+            log.exception("KV tiers: the blocks to store could not be copied from the device")
+            with self._lock:
+                self._forget([(key, index, slot) for index, key, slot, _ in placed])
+            return stored
         for index in range(len(self._tiers)):
             batch = [(key, slot, row) for tier, key, slot, row in placed if tier == index]
             slots, batch_keys, rows = [s for _, s, _ in batch], [k for k, _, _ in batch], [r for *_, r in batch]
-            if batch and self._write(index, slots, batch_keys, arrays, rows):
+            if batch and self._write(index, slots, batch_keys, records, rows):
                 stored.extend(batch_keys)
         return stored
 
     def get(self, keys: Sequence[Key], out: Sequence[np.ndarray]) -> list[Key]:
-        """Copy the records of ``keys`` into rows ``0 .. len(keys) - 1`` of ``out``; return the keys that
-        are lost (not stored, unreadable or corrupt: they are forgotten), whose rows are undefined."""
-        lost: list[Key] = [key for key in keys if key not in self._where]
+        """`get_async`, waited for."""
+        return self.get_async(keys, out).result()
+
+    def get_async(self, keys: Sequence[Key], out: Sequence[np.ndarray]) -> Future[list[Key]]:
+        """Copy the records of ``keys`` into rows ``0 .. len(keys) - 1`` of ``out`` (on the I/O thread, after
+        every write already asked for); the future gives the keys that are lost (not stored, unreadable or
+        corrupt: they are forgotten), whose rows are undefined. Found keys become the most recently used now."""
+        with self._lock:
+            missing = [key for key in keys if key not in self._where]
+            reads = [_Read(row, key, *self._where[key]) for row, key in enumerate(keys) if key in self._where]
+            for read in reads:
+                self._touch(read.key)
+        return self._io.submit(self._run_get, reads, out, missing)
+
+    def _run_get(self, reads: list[_Read], out: Sequence[np.ndarray], lost: list[Key]) -> list[Key]:
+        """I/O thread: the reads of `get_async`, tier by tier."""
         for index, tier in enumerate(self._tiers):
-            rows = [row for row, key in enumerate(keys) if self._where.get(key, (-1, 0))[0] == index]
-            if not rows:
+            batch = [read for read in reads if read.tier == index]
+            if not batch:
                 continue
-            slots = [self._where[keys[row]][1] for row in rows]
-            staging = self.format.empty(len(rows))
+            slots = [read.slot for read in batch]
+            staging = self.format.empty(len(batch))
             try:
-                bad = set(tier.backend.read(slots, staging))
+                bad = set(slots) if tier.failed else set(tier.backend.read(slots, staging))
             except OSError as exc:
                 log.warning("KV tier %r: read failed (%s); its records are recomputed instead", tier.name, exc)
                 bad = set(slots)
-            tier.reads += len(rows)
-            for position, (row, slot) in enumerate(zip(rows, slots, strict=True)):
-                key = keys[row]
-                if slot in bad:
-                    lost.append(key)
-                    self.drop([key])
+            with self._lock:
+                tier.reads += len(batch)
+                self._forget([(read.key, index, read.slot) for read in batch if read.slot in bad])
+            for position, read in enumerate(batch):
+                if read.slot in bad:
+                    lost.append(read.key)
                     continue
                 for target, source in zip(out, staging, strict=True):
-                    target[row] = source[position]
-                self._touch(key)
+                    target[read.row] = source[position]
         return lost
 
     def drop(self, keys: Sequence[Key]) -> None:
-        """Forget ``keys`` (unknown ones are ignored) and free their slots."""
-        for key in keys:
-            where = self._where.pop(key, None)
-            if where is None:
-                continue
-            tier = self._tiers[where[0]]
-            tier.unpinned.pop(key, None)
-            tier.pinned.pop(key, None)
-            tier.free.append(where[1])
-            if not tier.failed:
-                tier.backend.discard([where[1]])
+        """Forget ``keys`` (unknown ones are ignored) and free their slots (the tiers hear of it in call order)."""
+        discards: list[tuple[int, int]] = []
+        with self._lock:
+            for key in keys:
+                where = self._where.pop(key, None)
+                if where is None:
+                    continue
+                tier = self._tiers[where[0]]
+                tier.unpinned.pop(key, None)
+                tier.pinned.pop(key, None)
+                tier.free.append(where[1])
+                discards.append(where)
+        if discards:
+            self._io.submit(self._discard, discards)
+
+    def _discard(self, discards: list[tuple[int, int]]) -> None:
+        for index, slot in discards:
+            if not self._tiers[index].failed:
+                self._tiers[index].backend.discard([slot])
+
+    def sync(self) -> None:
+        """Wait until every read and write asked for so far is done."""
+        self._io.submit(lambda: None).result()
+
+    def demote(self, tier: str) -> None:
+        """Move the unpinned records of every faster tier down into ``tier`` (most recently used first, while
+        it has room that is not theirs; before closing, so that a persistent tier keeps them)."""
+        target = self.tier_names.index(tier)
+        moves: list[_Move] = []
+        with self._lock:
+            if not self._tiers[target].usable:
+                return
+            fresh: set[Key] = set()
+            for index in range(target):
+                source = self._tiers[index]
+                for key in reversed(list(source.unpinned)):
+                    spot = self._make_room(target, moves, fresh)
+                    if spot is None:
+                        break
+                    slot = source.unpinned.pop(key)
+                    source.free.append(slot)
+                    moves.append(_Move(key, index, slot, *spot))
+                    self._file(key, spot[0], spot[1], pinned=False)
+                    fresh.add(key)
+        self._io.submit(self._apply_moves, moves).result()
 
     def close(self) -> None:
+        """Finish the I/O asked for, stop the I/O thread and close every tier."""
+        self._io.shutdown(wait=True)
         for tier in self._tiers:
             tier.backend.close()
 
@@ -201,20 +293,33 @@ class TieredStore:
         return None
 
     def _apply_moves(self, moves: list[_Move]) -> None:
-        """Copy demoted records down, deepest first (a slot vacated below is written before it is read)."""
+        """I/O thread: copy demoted records down, deepest first (a slot vacated below is written before it is
+        read); a record that cannot be read or written is forgotten."""
         for move in sorted(moves, key=lambda m: -m.source):
             staging = self.format.empty(1)
             source = self._tiers[move.source]
-            lost = source.backend.read([move.source_slot], staging)
-            source.reads += 1
+            lost = source.failed or bool(source.backend.read([move.source_slot], staging))
+            with self._lock:
+                source.reads += 1
             if lost or not self._write(move.target, [move.target_slot], [move.key], staging, [0]):
-                self.drop([move.key])
+                with self._lock:
+                    self._forget([(move.key, move.target, move.target_slot)])
+
+    def _forget(self, entries: list[tuple[Key, int, int]]) -> None:
+        """I/O thread, under the lock: forget each ``(key, tier, slot)`` still filed there (the caller may have
+        dropped and stored the key again since)."""
+        for key, index, slot in entries:
+            if self._where.get(key) == (index, slot):
+                self.drop([key])
 
     def _write(
         self, index: int, slots: list[int], keys: list[Key], arrays: Sequence[np.ndarray], rows: list[int]
     ) -> bool:
-        """Write rows ``rows`` of ``arrays`` to tier ``index``; on failure the tier is left out from now on."""
+        """I/O thread: write rows ``rows`` of ``arrays`` to tier ``index``; on failure the tier is left out from
+        now on (with one warning) and its records are forgotten."""
         tier = self._tiers[index]
+        if tier.failed:
+            return False
         picked = [a[rows] if len(rows) != len(a) or rows != list(range(len(a))) else a for a in arrays]
         try:
             tier.backend.write(slots, [key if isinstance(key, int) else None for key in keys], picked)
@@ -225,8 +330,10 @@ class TieredStore:
                 tier.name,
                 exc,
             )
-            tier.failed = True
-            self.drop([key for key, (i, _) in list(self._where.items()) if i == index])
+            with self._lock:
+                tier.failed = True
+                self.drop([key for key, (i, _) in list(self._where.items()) if i == index])
             return False
-        tier.writes += len(slots)
+        with self._lock:
+            tier.writes += len(slots)
         return True
