@@ -117,6 +117,12 @@ class CudaBackend(Backend):
         free, total = self.cp.cuda.runtime.memGetInfo()
         return int(free), int(total)
 
+    def host_transfers(self) -> Any:
+        """The KV storage tiers' copies on their own stream, through pinned buffers (`atlas_gb10.transfers`)."""
+        from atlas_gb10.transfers import CudaHostTransfers
+
+        return CudaHostTransfers(self, self.cp)
+
     def decode_graphs(self, model: Any, kv: Any) -> Any:
         from atlas_gb10.graphs import CudaDecodeGraphs, graphs_enabled
 

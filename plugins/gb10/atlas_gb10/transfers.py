@@ -1,0 +1,108 @@
+"""`CudaHostTransfers`: the KV storage tiers' device <-> host copies on their own stream, through pinned
+host buffers (the contract: `atlas_core.backends.transfers`).
+
+- **gather** (swap-out, spill): the rows are gathered into a fresh device array on the compute stream (the
+  current one), in order with the model's kernels, so later kernels may overwrite the rows at once; an event
+  after the gather lets the copy stream move that array to pinned host memory while the compute stream goes
+  on. The wait (called on the storage I/O thread) synchronises with the copy's event.
+- **scatter** (swap-in, spilled hits): the host rows are copied into pinned memory, then, on the copy stream
+  after an event of the compute stream (earlier kernels, such as the gathers of those rows' old contents, come
+  first), sent to a device array and scattered into the rows. `done` queries the copy's event; `fence` makes
+  the compute stream wait for it.
+
+Device arrays and pinned buffers that a copy in flight uses are kept (`_in_flight`) until its event has
+completed; they are released on the engine thread, on a later call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from atlas_core.backends.base import Array, Backend
+from atlas_core.backends.transfers import HostTransfers, Transfer
+
+
+class _CudaTransfer:
+    """A scatter in flight: its event on the copy stream."""
+
+    def __init__(self, cupy: Any, event: Any) -> None:
+        self.cp, self.event = cupy, event
+
+    def done(self) -> bool:
+        return bool(self.event.query())
+
+    def fence(self) -> None:
+        self.cp.cuda.get_current_stream().wait_event(self.event)
+
+
+class CudaHostTransfers(HostTransfers):
+    """Row copies between CuPy arrays and the host on one non-blocking copy stream (engine thread only; the
+    waits `gather` returns may run on any thread)."""
+
+    def __init__(self, backend: Backend, cupy: Any) -> None:
+        super().__init__(backend)
+        self.cp = cupy
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._in_flight: list[tuple[Any, list[Any]]] = []  # (event, what the copy uses)
+
+    def gather(self, arrays: Sequence[Array], rows: Sequence[int]) -> Callable[[], list[np.ndarray]]:
+        cp = self._cp_pruned()
+        index = self.backend.from_numpy(np.asarray(rows, dtype=np.int32))  # asynchronous, on the compute stream
+        parts = [cp.ascontiguousarray(array[index]) for array in arrays]  # compute stream, in order
+        gathered = self._event(cp.cuda.get_current_stream())
+        self.stream.wait_event(gathered)
+        hosts, keep = [], [index, *parts]
+        for part in parts:
+            buffer = cp.cuda.alloc_pinned_memory(max(part.nbytes, 1))
+            host = np.frombuffer(buffer, dtype=part.dtype, count=part.size).reshape(part.shape)
+            part.data.copy_to_host_async(host.ctypes.data, part.nbytes, self.stream)
+            hosts.append(host)
+        copied = self._event(self.stream, blocking=True)
+        self._in_flight.append((copied, keep))
+
+        def wait() -> list[np.ndarray]:
+            copied.synchronize()
+            return hosts
+
+        return wait
+
+    def scatter(self, arrays: Sequence[Array], rows: Sequence[int], values: Sequence[np.ndarray]) -> Transfer:
+        if len(values) != len(arrays):
+            raise ValueError(f"{len(values)} arrays of values for {len(arrays)} arrays")
+        cp = self._cp_pruned()
+        self.stream.wait_event(self._event(cp.cuda.get_current_stream()))
+        keep: list[Any] = []
+        with self.stream:
+            index = self._upload(np.asarray(rows, dtype=np.int32), np.dtype(np.int32), keep)
+            for array, value in zip(arrays, values, strict=True):
+                array[index] = self._upload(value, np.dtype(array.dtype), keep)
+        done = self._event(self.stream)
+        self._in_flight.append((done, keep))
+        return _CudaTransfer(cp, done)
+
+    def _upload(self, host: np.ndarray, dtype: np.dtype, keep: list[Any]) -> Any:
+        """A device copy of ``host`` (bit-exact: its bytes, viewed as ``dtype``) sent through pinned memory on
+        the copy stream (the current one); the pinned buffer and the array join ``keep``."""
+        source = np.ascontiguousarray(host)
+        if source.dtype != dtype:
+            raise TypeError(f"rows of dtype {source.dtype} cannot be stored bit-exact into an array of {dtype}")
+        buffer = self.cp.cuda.alloc_pinned_memory(max(source.nbytes, 1))
+        staged = np.frombuffer(buffer, dtype=np.uint8, count=source.nbytes)
+        staged[...] = source.reshape(-1).view(np.uint8)
+        device = self.cp.empty(source.shape, dtype=dtype)
+        device.data.copy_from_host_async(staged.ctypes.data, source.nbytes, self.stream)
+        keep += [buffer, device]
+        return device
+
+    def _event(self, stream: Any, *, blocking: bool = False) -> Any:
+        event = self.cp.cuda.Event(block=blocking, disable_timing=True)
+        event.record(stream)
+        return event
+
+    def _cp_pruned(self) -> Any:
+        """CuPy, after releasing what completed copies used."""
+        self._in_flight = [(event, keep) for event, keep in self._in_flight if not event.query()]
+        return self.cp
