@@ -3,9 +3,9 @@
 A checkpoint folder that holds ``vision_reference.npz`` (written by the fixture generator beside two images
 ``image_a.png`` / ``image_b.png``) is checked for: the model's preprocessing (pixel values and patch grid
 of each image), the tower's features (and deepstack features where the reference has them), multimodal
-RoPE positions (where the reference has them), every position's log-softmax over two image + text prompts
-within `TOLERANCE`, and the greedy continuation of both image prompts batched with a text prompt. A family
-plugin runs these checks with a three-line test class::
+RoPE positions (where the reference has them), placeholder expansion, every position's log-softmax over
+two image + text prompts within `TOLERANCE`, and the greedy continuation of both image prompts batched
+with a text prompt. A family plugin runs these checks with a three-line test class::
 
     from atlas_core.testing.vision_parity import VisionParity
 
@@ -27,13 +27,18 @@ import pytest
 from PIL import Image
 
 from atlas_core import LLM, SamplingParams
-from atlas_core.model.vision import PreparedImage, VisionModel
+from atlas_core.model.vision import PreparedImage, VisionModel, expand_placeholders
 from atlas_core.testing.checkpoints import TinyCheckpoints
 from atlas_core.testing.parity import TOLERANCE, full_prompt_logprobs
 
 IMAGE_PROMPTS = 2
 REFERENCE_FILE = "vision_reference.npz"
 GREEDY_TOKENS = 8
+
+
+def collapse_placeholders(prompt: list[int], token: int) -> list[int]:
+    """``prompt`` with each run of ``token`` cut to one token, as chat templates write image placeholders."""
+    return [t for j, t in enumerate(prompt) if t != token or j == 0 or prompt[j - 1] != token]
 
 
 def vision_of(llm: LLM) -> VisionModel:
@@ -75,6 +80,19 @@ class VisionParity:
             assert prepared.grid == tuple(reference[f"grid_{key}"])
             assert prepared.num_tokens == len(reference[f"embeds_{key}"])
             np.testing.assert_allclose(prepared.pixel_values, reference[f"pixel_values_{key}"], atol=1e-6, rtol=0)
+
+    def test_one_placeholder_expands_to_the_reference_prompt(self, checkpoint: str) -> None:
+        """Each image's single placeholder token, as the chat template (after the processor's rewrite)
+        writes it, expands to the reference prompt's run of image tokens."""
+        vision, reference = vision_of(self.checkpoints.shared_llm(checkpoint, self.backend)), self.reference(checkpoint)
+        token = vision.image_token_id
+        for i in range(IMAGE_PROMPTS):
+            prompt = reference[f"prompt_{i}"].tolist()
+            images = [vision.prepare(image) for image in self.prompt_images(checkpoint, reference, i)]
+            ids, placed = expand_placeholders(collapse_placeholders(prompt, token), images, token)
+            assert ids == prompt, f"prompt {i}"
+            starts = [j for j, t in enumerate(prompt) if t == token and (j == 0 or prompt[j - 1] != token)]
+            assert [p.offset for p in placed] == starts, f"prompt {i}"
 
     def test_tower_features_match_reference(self, checkpoint: str) -> None:
         """Both images in one encoder call (each attends to its own patches only)."""
@@ -119,8 +137,7 @@ class VisionParity:
         text = self.checkpoints.reference(checkpoint)
         prompts: list[dict[str, object]] = []
         for i in range(IMAGE_PROMPTS):
-            ids = reference[f"prompt_{i}"].tolist()
-            collapsed = [t for j, t in enumerate(ids) if t != token or j == 0 or ids[j - 1] != token]
+            collapsed = collapse_placeholders(reference[f"prompt_{i}"].tolist(), token)
             prompts.append({"prompt_token_ids": collapsed, "images": self.prompt_images(checkpoint, reference, i)})
         prompts.append({"prompt_token_ids": text["prompt_2"].tolist()})
         params = SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True, logprobs=0)

@@ -17,7 +17,6 @@ from safetensors.numpy import load_file, save_file
 
 from atlas_core import LLM
 from atlas_core.errors import ModelLoadError
-from atlas_core.model.vision import PreparedImage, expand_placeholders
 from atlas_core.testing.checkpoints import TinyCheckpoints
 from atlas_core.testing.vision_parity import VisionParity
 
@@ -88,17 +87,6 @@ def test_rewrite_template_text_is_the_processors() -> None:
         f"<bos><start_of_turn>user\n{image}What is this?{image}<end_of_turn>\n<start_of_turn>model\n"
     )
     assert vision.rewrite_template_text("no images", SPECIAL.__getitem__) == "no images"
-
-
-def test_one_image_token_expands_to_the_reference_layout() -> None:
-    """The rewritten text's ``boi, image, eoi`` expands to the processor's ``boi, 16 x image, eoi``."""
-    ref = reference()
-    prompt = ref["prompt_0"].tolist()
-    collapsed = [t for i, t in enumerate(prompt) if t != IMAGE or prompt[i - 1] != IMAGE]
-    assert collapsed.count(IMAGE) == 1 and collapsed[collapsed.index(IMAGE) - 1] == BOI
-    image = PreparedImage.make(ref["pixel_values_a"], (1, 8, 8), 16)
-    ids, placed = expand_placeholders(collapsed, [image], IMAGE)
-    assert ids == prompt and placed[0].offset == prompt.index(IMAGE)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,6 @@ from safetensors.numpy import load_file, save_file
 
 from atlas_core import LLM
 from atlas_core.errors import ModelLoadError
-from atlas_core.model.vision import PreparedImage, expand_placeholders
 from atlas_core.testing.checkpoints import TinyCheckpoints
 from atlas_core.testing.parity import TOLERANCE, max_prompt_logprob_error
 
@@ -78,17 +77,6 @@ def test_rewrite_template_text_is_the_processors() -> None:
     ours = vision.rewrite_template_text(chat, special.__getitem__)
     assert ours.replace(marker, marker * 2) == chat.replace(marker, replaced)
     assert vision.rewrite_template_text("no images", special.__getitem__) == "no images"
-
-
-def test_one_image_token_expands_to_the_reference_layout() -> None:
-    """The rewritten text's ``boi, image, eoi`` expands to the processor's ``boi, 60 x image, eoi``."""
-    ref = reference()
-    prompt = ref["prompt_0"].tolist()
-    collapsed = [t for i, t in enumerate(prompt) if t != IMAGE or prompt[i - 1] != IMAGE]
-    assert collapsed.count(IMAGE) == 1 and collapsed[collapsed.index(IMAGE) - 1] == BOI
-    image = PreparedImage.make(ref["pixel_values_a"], tuple(ref["grid_a"]), 60)
-    ids, placed = expand_placeholders(collapsed, [image], IMAGE)
-    assert ids == prompt and placed[0].offset == prompt.index(IMAGE)
 
 
 @pytest.mark.parametrize(
