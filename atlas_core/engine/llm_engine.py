@@ -89,10 +89,9 @@ class LLMEngine:
             )
         mirror = model.mirror if isinstance(model.mirror, RankMirror) else None
         if mirror is not None:  # rank 0 of a split replica: the other ranks allocate their KV cache too
+            # speculation runs split: verify steps and MTP steps are posted forwards (the MTP head was built on
+            # every rank by `Speculation.build`); a draft model runs whole on rank 0 alone
             mirror.check_engine(
-                # n-gram drafts need no model: the verify step is one more posted forward
-                speculative_decoding_with_a_draft_model_or_mtp=config.speculation is not None
-                and config.speculation.method != "ngram",
                 swap_space_gb=config.swap_space_gb > 0,
                 kv_spill_dir=config.kv_spill_dir is not None,
             )
@@ -215,12 +214,11 @@ class LLMEngine:
 
     def prepare_images(self, prompt_ids: list[int], images: Seq[PreparedImage]) -> tuple[list[int], RequestImages]:
         """The prompt with its image placeholders expanded, and the request's images; `InvalidRequestError`
-        when the model reads text only, is split over ranks, or placeholders and images do not pair up."""
+        when the model reads text only or placeholders and images do not pair up. (On a split model rank 0
+        holds the vision tower: its steps carry the features to the other ranks.)"""
         vision = self.loaded.model.vision
         if vision is None:
             raise InvalidRequestError(f"the served model ({self.loaded.name}) reads text only: it has no vision tower")
-        if self.loaded.model.mirror is not None:
-            raise InvalidRequestError("images are not supported on a model split over ranks yet")
         return RequestImages.prepare(vision, prompt_ids, images)
 
     def abort(self, request_id: str) -> None:

@@ -70,6 +70,13 @@ class ModelWeightLoader(ShardedWeights, ABC):
     """Whether `build` splits its MoE blocks' experts when `parallel` says so with tensor_parallel_size 1
     (every other layer whole on each rank): families whose MoE blocks all come from `load_moe` set it."""
 
+    @property
+    def loads_vision_tower(self) -> bool:
+        """Whether this rank loads the checkpoint's vision tower: on a model split over ranks, rank 0 alone
+        (it prepares and encodes every image, and each step it posts carries the features to the other
+        ranks, which never run the tower); always on one rank. Vision-language families check it."""
+        return self.shard.rank == 0
+
     def table_length(self, context_length: int) -> int:
         """How many positions a per-position table needs: the model's ``context_length``, capped at `max_positions`."""
         return context_length if self.max_positions is None else min(context_length, self.max_positions)

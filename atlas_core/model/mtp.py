@@ -17,6 +17,10 @@ target's normed final hidden state. The decoder layers' KV lives in the target's
 the target's layers: a family builds layer ``i``'s attention with ``kv_index = len(target.kv_layouts) +
 i`` and lists its layouts in ``kv_layouts``. A family offers its heads by giving its
 `ModelWeightLoader` a ``build_mtp`` method (`MtpLoader`).
+
+On a model split over ranks every rank builds its shard of the head (`load_mtp_head` with the rank's
+`TensorParallel`: the layers split like the target's), and rank 0's head posts each forward and each
+logits call through the target's mirror, so the other ranks run the same steps in the same order.
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ from atlas_core.backends.base import Array, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import AnyKVLayout, KVCache
 from atlas_core.errors import ConfigError
+from atlas_core.model.load import LoadedModel, open_source
+from atlas_core.model.sharding import TensorParallel
 from atlas_core.model.transformer import DecoderLayer, Norm, TransformerModel
+from atlas_core.plugins import get_registry
 
 
 @dataclass
@@ -74,9 +81,17 @@ class MtpHead:
         """MTP layer ``step % len(layers)`` over the batch: ``batch.input_ids[T]`` (token ``p + 1`` of each
         row) and ``batch.input_hidden[T, H]`` (``h_p``) -> the output rows ``[T, H]``, normed unless the
         layer's ``norm_in_logits`` (`logits` of them predict token ``p + 2``; they are the
-        ``input_hidden`` of the next chained step). ``batch`` positions are the ``p``."""
+        ``input_hidden`` of the next chained step). ``batch`` positions are the ``p``. On rank 0 of a split
+        model the step is posted to the other ranks first (`ModelMirror.forward`)."""
         if batch.input_hidden is None:
             raise ValueError("an MTP step reads batch.input_hidden: the target's hidden state of each token")
+        mirror = self.target.mirror
+        if mirror is not None:
+            return mirror.forward(batch, lambda: self._forward(step, batch, kv), mtp_step=step)
+        return self._forward(step, batch, kv)
+
+    def _forward(self, step: int, batch: ForwardBatch, kv: KVCache) -> Array:
+        assert batch.input_hidden is not None  # forward() checked it
         mtp = self.layers[step % len(self.layers)]
         embedded, _ = mtp.embed_norm(self._embed(mtp, batch.input_ids))
         normed_hidden, _ = mtp.hidden_norm(batch.input_hidden)
@@ -94,7 +109,17 @@ class MtpHead:
         if mtp.norm_in_logits:
             hidden = mtp.final_norm(hidden)[0]
         if mtp.lm_head is None:
-            return self.target.compute_logits(hidden)
+            return self.target.compute_logits(hidden)  # posted by a split target's mirror
+        mirror = self.target.mirror
+        if mirror is not None:
+            return mirror.logits(hidden, lambda rows: self.own_logits(rows, step), mtp_step=step)
+        return self.own_logits(hidden, step)
+
+    def own_logits(self, hidden: Array, step: int) -> Array:
+        """``hidden`` rows (normed as `logits` norms them) through the own LM head of chained step ``step``'s
+        layer (split by vocabulary like the target's, whose logits it gathers)."""
+        mtp = self.layers[step % len(self.layers)]
+        assert mtp.lm_head is not None, "own_logits is for MTP layers with their own LM head"
         split = self.target.vocab_split
         return self.backend.linear(hidden, mtp.lm_head) if split is None else split.logits(hidden, mtp.lm_head)
 
@@ -142,6 +167,25 @@ class MtpLoader(Protocol):
     def mtp_checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         """Tensor name -> shape of what `build_mtp` reads (random-weights benchmarks)."""
         ...
+
+
+def load_mtp_head(
+    target: LoadedModel, backend: Backend, max_seq_len: int, parallel: TensorParallel | None = None
+) -> MtpHead:
+    """The MTP head of ``target``'s checkpoint (its family's ``build_mtp``), position tables ``max_seq_len``
+    long; ``parallel``: this rank's shard of it, split as ``target`` is. `ConfigError` when the family or
+    the checkpoint has none."""
+    registry = get_registry()
+    model_type = str(target.config.get("model_type"))
+    registration = registry.find("model", model_type)
+    origin = str(target.resolved.path)
+    if registration is None:
+        raise no_mtp_error(origin, model_type)
+    source = target.source or open_source(target.resolved)
+    loader = registration.load()(source, backend, registry, origin, max_seq_len, parallel)
+    if not isinstance(loader, MtpLoader):
+        raise no_mtp_error(origin, model_type)
+    return loader.build_mtp(target.model)
 
 
 def no_mtp_error(origin: str, family: str) -> ConfigError:

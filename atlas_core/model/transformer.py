@@ -49,9 +49,13 @@ class ModelMirror(Protocol):
     """Rank 0's end of a split replica (`atlas_core.parallel.mirror.RankMirror`): it tells the other ranks
     about a call, then runs rank 0's part."""
 
-    def forward(self, batch: ForwardBatch, run: Callable[[], Array]) -> Array: ...
+    def forward(self, batch: ForwardBatch, run: Callable[[], Array], mtp_step: int | None = None) -> Array:
+        """Tell the other ranks to run ``batch`` (through the MTP head's chained step ``mtp_step``, when
+        given), then ``run()`` rank 0's part."""
 
-    def logits(self, hidden: Array, run: Callable[[Array], Array]) -> Array: ...
+    def logits(self, hidden: Array, run: Callable[[Array], Array], mtp_step: int | None = None) -> Array:
+        """Share rank 0's ``hidden`` rows with the other ranks (which project them through the model's LM
+        head, or that of the MTP head's step ``mtp_step``), then ``run(hidden)``."""
 
     def state(self, call: str, *args: Any) -> None:
         """Tell the other ranks about recurrent-state call ``call`` (``allocate_state``, ``reset_state``,

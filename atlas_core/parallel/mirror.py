@@ -3,8 +3,10 @@
 Rank 0 owns the scheduler, the tokenizer and the server; its model and KV cache carry a `RankMirror`
 that posts every call the engine makes on them to the other ranks before running it itself: the KV
 cache's size (once), copy-on-write block copies, recurrent-state slot calls (hybrid models), each
-forward's `ForwardBatch`, and each ``compute_logits`` (whose hidden rows are broadcast from rank 0, so
-every rank projects the same rows).
+forward's `ForwardBatch` (`atlas_core.parallel.batch_wire`: with its image features and M-RoPE rows,
+which rank 0 alone computes), and each ``compute_logits`` (whose hidden rows are broadcast from rank 0, so
+every rank projects the same rows). With MTP speculation, the MTP head is built on every rank (posted
+once, before the KV cache) and its forwards and logits calls are posted like the model's.
 The other ranks (`atlas_core.parallel.worker`) run the same calls on their shards in the same order,
 so their collectives pair up with rank 0's.
 
@@ -22,11 +24,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from atlas_core.backends.base import Array, AttentionMetadata, Backend
+from atlas_core.backends.base import Array, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import AnyKVLayout, KVCache, KVPlan
 from atlas_core.comm import CommError
 from atlas_core.errors import ConfigError
+from atlas_core.model.sharding import TensorParallel
+from atlas_core.parallel.batch_wire import encode_batch
 
 if TYPE_CHECKING:
     from atlas_core.parallel.world import World
@@ -34,31 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("atlas.parallel")
 
 T = TypeVar("T")
-
-BATCH_ARRAYS = ("input_ids", "positions", "query_start_loc", "seq_lens", "block_tables", "slot_mapping", "state_slots")
-"""The backend arrays of a posted `ForwardBatch`, in message order (its host ``logits_rows`` follows them)."""
-
-
-def encode_batch(backend: Backend, batch: ForwardBatch) -> tuple[dict[str, Any], list[np.ndarray]]:
-    """``batch`` as one message: a header and host arrays (`decode_batch` reverses it)."""
-    meta = batch.attention
-    device = [batch.input_ids, batch.positions, meta.query_start_loc, meta.seq_lens, meta.block_tables]
-    device += [meta.slot_mapping, batch.state_slots]
-    arrays = [np.asarray(backend.to_numpy(array)) for array in device] + [np.asarray(batch.logits_rows)]
-    return {"op": "forward", "is_pure_decode": batch.is_pure_decode}, arrays
-
-
-def decode_batch(backend: Backend, header: dict[str, Any], arrays: list[np.ndarray]) -> ForwardBatch:
-    """The `ForwardBatch` that `encode_batch` sent, its arrays uploaded to ``backend``."""
-    ids, positions, starts, seq_lens, tables, slots, state_slots = (backend.from_numpy(a) for a in arrays[:-1])
-    return ForwardBatch(
-        input_ids=ids,
-        positions=positions,
-        attention=AttentionMetadata(query_start_loc=starts, seq_lens=seq_lens, block_tables=tables, slot_mapping=slots),
-        logits_rows=arrays[-1],
-        state_slots=state_slots,
-        is_pure_decode=bool(header["is_pure_decode"]),
-    )
 
 
 class RankMirror:
@@ -90,15 +69,25 @@ class RankMirror:
         self.post(header | {"kv_cache_dtype": kv_cache_dtype})
         return MirroredKVCache(self, layouts, plan)
 
-    def forward(self, batch: ForwardBatch, run: Callable[[], T]) -> T:
-        """Post ``batch``, then ``run()`` rank 0's forward (a collective failure is the replica's failure)."""
+    def load_mtp(self, max_seq_len: int) -> TensorParallel:
+        """Tell the other ranks to build their shard of the checkpoint's MTP head (position tables
+        ``max_seq_len`` long), which adds its KV layers to the cache `kv_cache` then allocates; rank 0's
+        shard plan and communicator, to build its own shard with."""
+        self.post({"op": "mtp", "max_seq_len": max_seq_len})
+        return self.world.parallel
+
+    def forward(self, batch: ForwardBatch, run: Callable[[], T], mtp_step: int | None = None) -> T:
+        """Post ``batch``, then ``run()`` rank 0's forward (a collective failure is the replica's failure).
+        ``mtp_step``: the batch is for the MTP head's chained step ``mtp_step`` (None: the model's own)."""
         header, arrays = encode_batch(self.backend, batch)
-        self.post(header, arrays)
+        self.post({"op": "forward", "mtp_step": mtp_step} | header, arrays)
         return self.guard(run)
 
-    def logits(self, hidden: Array, run: Callable[[Array], T]) -> T:
-        """Post a logits call and broadcast rank 0's ``hidden`` rows, then ``run(hidden)``."""
-        self.post({"op": "logits", "shape": list(hidden.shape), "dtype": np.dtype(hidden.dtype).name})
+    def logits(self, hidden: Array, run: Callable[[Array], T], mtp_step: int | None = None) -> T:
+        """Post a logits call and broadcast rank 0's ``hidden`` rows, then ``run(hidden)``. ``mtp_step``: the
+        rows go through the LM head of the MTP head's chained step ``mtp_step`` (None: the model's)."""
+        header = {"op": "logits", "shape": list(hidden.shape), "dtype": np.dtype(hidden.dtype).name}
+        self.post(header | {"mtp_step": mtp_step})
         return self.guard(lambda: run(self.world.parallel.comm.broadcast(hidden, root=0)))
 
     def state(self, call: str, *args: Any) -> None:

@@ -1,11 +1,14 @@
 """The ranks other than 0 of a split replica: load this rank's shard, then run what rank 0 posts.
 
-Each instruction (`atlas_core.parallel.mirror`) is run in the order posted: ``kv`` allocates this
-rank's KV cache, ``copy_blocks`` copies blocks in it, ``state`` makes a recurrent-state slot call
-(allocate, reset, copy), ``forward`` runs the model over the posted
-`ForwardBatch`, ``logits`` takes rank 0's broadcast hidden rows and projects them, ``stop`` ends the
-loop. A rank that fails tells rank 0 why before it ends (rank 0 then fails the replica with that
-message); a rank whose rank 0 is gone ends with `CommError`.
+Each instruction (`atlas_core.parallel.mirror`) is run in the order posted: ``mtp`` builds this rank's
+shard of the checkpoint's MTP head (MTP speculation), ``kv`` allocates this rank's KV cache (the MTP
+head's layers after the model's), ``copy_blocks`` copies blocks in it, ``state`` makes a recurrent-state
+slot call (allocate, reset, copy), ``forward`` runs the model (or a chained step of the MTP head) over the
+posted `ForwardBatch`, ``logits`` takes rank 0's broadcast hidden rows and projects them (through the
+MTP step's own LM head when it has one), ``stop`` ends the loop. A rank that fails tells rank 0 why before
+it ends (rank 0 then fails the replica with that message); a rank whose rank 0 is gone ends with
+`CommError`. Rank 0 alone runs a vision tower and a draft model: their results reach this rank as posted
+batches (image features) or as the drafts a verify forward checks.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from atlas_core.comm import CommError
 from atlas_core.comm.rendezvous import WorldAddress
 from atlas_core.comm.wire import send_message
 from atlas_core.errors import ConfigError
-from atlas_core.model.transformer import TransformerModel
-from atlas_core.parallel.mirror import decode_batch
+from atlas_core.model.load import LoadedModel
+from atlas_core.model.mtp import MtpHead, load_mtp_head
+from atlas_core.parallel.batch_wire import decode_batch
 from atlas_core.parallel.settings import ReplicaSettings
 from atlas_core.parallel.world import World, join_replica, load_shard
 from atlas_core.plugins import get_registry
@@ -51,7 +55,7 @@ def run_worker(
     world = join_replica(model, backend, registry, settings, address)
     try:
         loaded = load_shard(model, backend, registry, settings, world)
-        follow(world, loaded.model, backend)
+        follow(world, loaded, backend)
     except BaseException as exc:
         _report(world, exc)
         raise
@@ -73,28 +77,43 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def follow(world: World, model: TransformerModel, backend: Backend) -> None:
-    """Run rank 0's instructions on this rank's ``model`` until ``stop``."""
+def follow(world: World, loaded: LoadedModel, backend: Backend) -> None:
+    """Run rank 0's instructions on this rank's shard ``loaded`` until ``stop``."""
+    model = loaded.model
     kv: KVCache | None = None
+    mtp: MtpHead | None = None
     while True:
         header, arrays = world.rendezvous.receive()
         op = header.get("op")
+        step = header.get("mtp_step")
         if op == "stop":
             return
-        if op == "kv":
-            layouts = kv_storage_layouts(model.kv_layouts, str(header["kv_cache_dtype"]), backend)
+        if op == "mtp":
+            mtp = load_mtp_head(loaded, backend, int(header["max_seq_len"]), world.parallel)
+        elif op == "kv":
+            extra = mtp.kv_layouts if mtp is not None else []
+            layouts = kv_storage_layouts([*model.kv_layouts, *extra], str(header["kv_cache_dtype"]), backend)
             kv = KVCache(backend, layouts, KVPlan(int(header["num_blocks"]), int(header["block_size"]), 0))
         elif kv is None:
             raise CommError(f"rank {world.rank}: rank 0 sent {op!r} before the KV cache's size")
+        elif step is not None and mtp is None:
+            raise CommError(f"rank {world.rank}: rank 0 sent an MTP {op!r} before building the MTP head")
         elif op == "copy_blocks":
             kv.copy_blocks([(int(src), int(dst)) for src, dst in arrays[0].tolist()])
         elif op == "forward":
-            model.forward(decode_batch(backend, header, arrays), kv)
+            batch = decode_batch(backend, header, arrays)
+            if mtp is not None and step is not None:
+                mtp.forward(int(step), batch, kv)
+            else:
+                model.forward(batch, kv)
         elif op == "state" and header.get("call") in STATE_CALLS:
             getattr(model, header["call"])(*header["args"])
         elif op == "logits":
-            hidden = backend.zeros(tuple(header["shape"]), np.dtype(header["dtype"]))
-            model.compute_logits(world.parallel.comm.broadcast(hidden, root=0))
+            hidden = world.parallel.comm.broadcast(backend.zeros(tuple(header["shape"]), np.dtype(header["dtype"])))
+            if mtp is not None and step is not None:
+                mtp.own_logits(hidden, int(step))
+            else:
+                model.compute_logits(hidden)
         else:
             raise CommError(f"rank {world.rank}: rank 0 sent an unknown instruction {op!r}")
 

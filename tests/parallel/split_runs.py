@@ -20,8 +20,9 @@ MAX_TOKENS = 4
 KV_GIB = 1 / 64
 
 
-def greedy(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
-    """Each prompt's greedy tokens and the log-probability of each."""
+def greedy(llm: LLM, prompts: list[Any]) -> list[tuple[list[int], list[float]]]:
+    """Each prompt's (token ids, or a dict with images as `LLM.generate` takes it) greedy tokens and the
+    log-probability of each."""
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=1, ignore_eos=True)
     outputs = llm.generate(prompts, params)
     results = []

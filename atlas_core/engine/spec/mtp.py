@@ -11,7 +11,8 @@ When that reaches the sequence's newest token, its last row predicts the first d
 rest, writing provisional entries that the next observation overwrites. The chain stops at the end of
 the blocks the sequence already holds (drafts never allocate). `propose` hands out the drafts made for
 the sequence's current length. The MTP steps replay the backend's decode graphs (`MtpStep` looks like
-a model to them) where those serve the batch: one token per sequence, or as many tokens each.
+a model to them) where those serve the batch: one token per sequence, or as many tokens each. On a split
+model every rank holds its shard of the head and runs the steps rank 0 posts (`atlas_core.model.mtp`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from atlas_core.engine.runner import DecodeGraphs
 from atlas_core.engine.sequence import Sequence
 from atlas_core.engine.spec.draft_kv import DraftRows, draft_batch, forward_rows
 from atlas_core.engine.spec.proposer import HiddenSpan
-from atlas_core.model.load import LoadedModel, open_source
-from atlas_core.model.mtp import MtpHead, MtpLoader, no_mtp_error
-from atlas_core.plugins import get_registry
+from atlas_core.model.load import LoadedModel
+from atlas_core.model.mtp import MtpHead, load_mtp_head
+from atlas_core.parallel.mirror import RankMirror
 
 
 class MtpProposer:
@@ -46,18 +47,10 @@ class MtpProposer:
     @classmethod
     def load(cls, target: LoadedModel, backend: Backend, num_tokens: int, max_seq_len: int) -> MtpProposer:
         """Build the MTP head of ``target``'s checkpoint (its family's ``build_mtp``); `ConfigError` when
-        the family or the checkpoint has none."""
-        registry = get_registry()
-        model_type = str(target.config.get("model_type"))
-        registration = registry.find("model", model_type)
-        origin = str(target.resolved.path)
-        if registration is None:
-            raise no_mtp_error(origin, model_type)
-        source = target.source or open_source(target.resolved)
-        loader = registration.load()(source, backend, registry, origin, max_seq_len)
-        if not isinstance(loader, MtpLoader):
-            raise no_mtp_error(origin, model_type)
-        return cls(loader.build_mtp(target.model), backend, num_tokens)
+        the family or the checkpoint has none. On rank 0 of a split model every rank builds its shard."""
+        mirror = target.model.mirror
+        parallel = mirror.load_mtp(max_seq_len) if isinstance(mirror, RankMirror) else None
+        return cls(load_mtp_head(target, backend, max_seq_len, parallel), backend, num_tokens)
 
     @property
     def kv_layouts(self) -> list[AnyKVLayout]:
@@ -66,9 +59,11 @@ class MtpProposer:
 
     def attach(self, kv: KVCache) -> None:
         """Use the target's cache ``kv`` (which holds `kv_layouts` after the target's own), and the
-        backend's decode graphs for the MTP steps where it has them."""
+        backend's decode graphs for the MTP steps where it has them (never on a split model: its steps are
+        posted to the other ranks)."""
         self.kv = kv
-        self.graphs = [self.backend.decode_graphs(step, kv) for step in self.steps]
+        split = self.head.target.mirror is not None
+        self.graphs = [None if split else self.backend.decode_graphs(step, kv) for step in self.steps]
 
     @property
     def tracked_sequences(self) -> int:

@@ -4,7 +4,8 @@ Weight names are Hugging Face's under the text stack's prefix: ``model.`` for th
 classes, ``model.language_model.`` for vision-language checkpoints (``language_model.model.`` in
 ones saved before transformers 4.52). Gemma 3's vision side (SigLIP tower and projector) and Gemma 4's
 (vision tower and embedder), when the checkpoint holds them, are attached as the model's `VisionModel`
-(`atlas_model_gemma.attach`, `atlas_model_gemma.gemma4_attach`); Gemma 4's audio tower is not read.
+(`atlas_model_gemma.attach`, `atlas_model_gemma.gemma4_attach`), on rank 0 alone when the model is split
+over ranks (`loads_vision_tower`); Gemma 4's audio tower is not read.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ class Gemma3Loader(GemmaLoader):
 
     def build(self) -> GemmaModel:
         model = super().build()
-        if self.source.config.get("model_type") == "gemma3" and has_tower(self):
+        if self.source.config.get("model_type") == "gemma3" and has_tower(self) and self.loads_vision_tower:
             model.vision = attach_vision(self, int(self.spec["vocab_size"]))
         return model
 
@@ -219,7 +220,8 @@ class Gemma4Loader(GemmaLoader):
 
     def build(self) -> GemmaModel:
         model = super().build()
-        if self.source.config.get("model_type") == "gemma4" and gemma4_attach.has_tower(self):
+        is_gemma4 = self.source.config.get("model_type") == "gemma4"
+        if is_gemma4 and gemma4_attach.has_tower(self) and self.loads_vision_tower:
             model.vision = gemma4_attach.attach_gemma4_vision(self, text_config(self.source.config))
         return model
 

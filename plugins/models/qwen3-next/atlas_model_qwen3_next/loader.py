@@ -4,7 +4,8 @@ Each layer: zero-centred RMSNorm (scale ``1 + w``) -> gated delta net or gated a
 dense SwiGLU MLP or sparse MoE with a sigmoid-gated shared expert. The text stack sits under
 ``model.`` or, in Qwen3.5's vision-language checkpoints, ``model.language_model.``; their vision tower
 (``model.visual.*``, Qwen3-VL's ViT without deepstack) is attached as the model's vision side by
-``atlas-model-qwen3-vl`` (`atlas_model_qwen3_vl.attach`), images rotated by interleaved M-RoPE. The
+``atlas-model-qwen3-vl`` (`atlas_model_qwen3_vl.attach`; on rank 0 alone when the model is split over
+ranks), images rotated by interleaved M-RoPE. The
 multi-token-prediction layers (``mtp.*``) are read only for speculative decoding with method ``mtp``
 (`Qwen3NextLoader.build_mtp`).
 """
@@ -102,7 +103,7 @@ class Qwen3NextLoader(ModelWeightLoader):
             recurrent_state=state,
             vocab_split=vocab_split,
         )
-        if TOWER_PROBE in self.source:
+        if TOWER_PROBE in self.source and self.loads_vision_tower:  # split: rank 0 alone encodes images
             model.vision = attach_vision(self, decoder.rope)
         return model
 
@@ -119,11 +120,13 @@ class Qwen3NextLoader(ModelWeightLoader):
         decoder, hidden_size = spec.decoder, spec.decoder.hidden_size
         layers: list[MtpLayer] = []
         kv_layouts: list[KVLayout] = []
+        kv_heads = len(self.shard.kv_heads(decoder.num_kv_heads, decoder.num_heads))  # split like the target's
         while f"{MTP_PREFIX}layers.{len(layers)}.input_layernorm.weight" in self.source:
             p = f"{MTP_PREFIX}layers.{len(layers)}."
             # the MTP layers' KV follows the target's layers in the engine's cache
             mixer = self._attention(p + "self_attn.", spec, kv_index=len(target.kv_layouts) + len(kv_layouts))
-            kv_layouts.append(KVLayout(decoder.num_kv_heads, decoder.head_dim, None, *self.kv_scales(p + "self_attn.")))
+            mixer = self.reduced_mixer(mixer)
+            kv_layouts.append(KVLayout(kv_heads, decoder.head_dim, None, *self.kv_scales(p + "self_attn.")))
             ffn: FeedForward = (
                 self._moe(p + "mlp.", spec) if p + "mlp.gate.weight" in self.source else self.gated_mlp(p + "mlp.")
             )

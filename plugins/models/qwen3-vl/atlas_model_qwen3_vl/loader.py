@@ -120,9 +120,13 @@ class Qwen3VLMoeTextLoader(Qwen3VLTextLoader):
 
 
 class Qwen3VLLoader(ModelWeightLoader):
-    """Text stack plus vision tower (see the module docstring)."""
+    """Text stack plus vision tower (see the module docstring). Split over ranks, the text stack splits as
+    core's dense decoder does (its MoE layers by experts) and rank 0 alone holds the tower
+    (`loads_vision_tower`)."""
 
     text_loader: type[DenseDecoderLoader] = Qwen3VLTextLoader
+    supports_tensor_parallel = True
+    supports_expert_parallel = True
 
     @classmethod
     def checkpoint_shapes(cls, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -132,11 +136,11 @@ class Qwen3VLLoader(ModelWeightLoader):
         return shapes | tower_shapes(config.get("vision_config") or {})
 
     def build(self) -> TransformerModel:
-        text = self.text_loader(
-            TextStackSource(self.source, self.origin), self.backend, self.registry, self.origin, self.max_positions
-        )
+        source = TextStackSource(self.source, self.origin)
+        text = self.text_loader(source, self.backend, self.registry, self.origin, self.max_positions, self.parallel)
         model = text.build()
-        model.vision = attach_vision(self, text.spec().rope)
+        if self.loads_vision_tower:
+            model.vision = attach_vision(self, text.spec().rope)
         return model
 
 

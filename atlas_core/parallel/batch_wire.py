@@ -1,0 +1,89 @@
+"""A `ForwardBatch` as one rendezvous message, so that every rank of a split replica runs rank 0's batch.
+
+The message carries the batch's arrays as host copies and re-uploads each with the dtype it had on rank 0,
+so every rank reads bitwise the same inputs: the token ids and positions, the attention metadata (with
+``visible_end`` when image rows look ahead), the rows to project, the recurrent-state slots, and, when the
+batch has them, the image features (`VisualRows`: rows, embeddings, deepstack features), the M-RoPE rows
+and the target's hidden states that an MTP layer reads (``input_hidden``). Rank 0 alone prepares and
+encodes images; the other ranks never run a vision tower, they place the features they are sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from atlas_core.backends.base import Array, AttentionMetadata, Backend
+from atlas_core.batch.forward_batch import ForwardBatch, VisualRows
+
+BATCH_ARRAYS = ("input_ids", "positions", "query_start_loc", "seq_lens", "block_tables", "slot_mapping", "state_slots")
+"""The backend arrays every posted batch has, in message order (its host ``logits_rows`` follows them, then
+the optional arrays the header's ``extras`` names)."""
+
+ROPE_ROWS = ("rope_cos", "rope_sin", "rope_rows")
+"""Wire names of `ForwardBatch.rope_rows`'s three arrays."""
+
+
+def batch_extras(batch: ForwardBatch) -> dict[str, Array]:
+    """The optional backend arrays ``batch`` has, by wire name (``visible_end``, ``visual_rows``,
+    ``visual_embeds``, ``deepstack_<i>``, the `ROPE_ROWS`, ``input_hidden``), in message order."""
+    extras: dict[str, Array] = {}
+    if batch.attention.visible_end is not None:
+        extras["visible_end"] = batch.attention.visible_end
+    if batch.visual is not None:
+        extras["visual_rows"], extras["visual_embeds"] = batch.visual.rows, batch.visual.embeds
+        extras |= {f"deepstack_{i}": features for i, features in enumerate(batch.visual.deepstack)}
+    if batch.rope_rows is not None:
+        extras |= dict(zip(ROPE_ROWS, batch.rope_rows, strict=True))
+    if batch.input_hidden is not None:
+        extras["input_hidden"] = batch.input_hidden
+    return extras
+
+
+def encode_batch(backend: Backend, batch: ForwardBatch) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """``batch`` as one message: a header and host arrays (`decode_batch` reverses it)."""
+    meta = batch.attention
+    device = [batch.input_ids, batch.positions, meta.query_start_loc, meta.seq_lens, meta.block_tables]
+    device += [meta.slot_mapping, batch.state_slots]
+    extras = batch_extras(batch)
+    arrays = [np.asarray(backend.to_numpy(array)) for array in device] + [np.asarray(batch.logits_rows)]
+    arrays += [np.asarray(backend.to_numpy(array)) for array in extras.values()]
+    header = {"is_pure_decode": batch.is_pure_decode, "tokens_per_seq": batch.tokens_per_seq, "extras": list(extras)}
+    return header, arrays
+
+
+def decode_batch(backend: Backend, header: dict[str, Any], arrays: list[np.ndarray]) -> ForwardBatch:
+    """The `ForwardBatch` that `encode_batch` sent, its arrays uploaded to ``backend`` in their sent dtypes."""
+
+    def upload(array: np.ndarray) -> Array:
+        return backend.from_numpy(array, dtype=array.dtype)
+
+    count = len(BATCH_ARRAYS)
+    ids, positions, starts, seq_lens, tables, slots, state_slots = (upload(a) for a in arrays[:count])
+    names = list(header.get("extras", []))
+    extras = {name: upload(array) for name, array in zip(names, arrays[count + 1 :], strict=True)}
+    visual = None
+    if "visual_rows" in extras:
+        depth = sum(name.startswith("deepstack_") for name in names)
+        deepstack = [extras[f"deepstack_{i}"] for i in range(depth)]
+        visual = VisualRows(extras["visual_rows"], extras["visual_embeds"], deepstack)
+    rope = (extras["rope_cos"], extras["rope_sin"], extras["rope_rows"]) if "rope_rows" in extras else None
+    return ForwardBatch(
+        input_ids=ids,
+        positions=positions,
+        attention=AttentionMetadata(
+            query_start_loc=starts,
+            seq_lens=seq_lens,
+            block_tables=tables,
+            slot_mapping=slots,
+            visible_end=extras.get("visible_end"),
+        ),
+        logits_rows=arrays[count],
+        state_slots=state_slots,
+        is_pure_decode=bool(header["is_pure_decode"]),
+        tokens_per_seq=int(header.get("tokens_per_seq", 0)),
+        input_hidden=extras.get("input_hidden"),
+        visual=visual,
+        rope_rows=rope,
+    )
