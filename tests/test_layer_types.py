@@ -42,6 +42,16 @@ FAMILY_LAYERS = {
         "per_layer_input_gate",
     },
     "gemma4_moe": {"rms_norm", "attention", "geglu_mlp", "moe", "routed_experts"},
+    "gemma4_vl": {
+        "rms_norm",
+        "attention",
+        "geglu_mlp",
+        "sandwich_decoder_layer",
+        "per_layer_inputs",
+        "per_layer_input_gate",
+        "gemma4_vision_encoder_layer",
+        "gemma4_multimodal_embedder",
+    },
     "qwen3_next": {
         "rms_norm",
         "gated_delta_net",
@@ -73,8 +83,8 @@ def test_every_core_layer_type_is_registered_and_imports() -> None:
 
 
 def test_the_families_cover_every_registered_layer_type() -> None:
-    """Core's layer types and the family plugins' own (Gemma's per-layer inputs, sandwich layer and vision
-    layers, Qwen3-VL's vision layers)."""
+    """Core's layer types and the family plugins' own (Gemma's per-layer inputs, sandwich layer and Gemma 3
+    / 4 vision layers, Qwen3-VL's patch merger)."""
     registry = load_plugins()
     shipped = {
         r.name
