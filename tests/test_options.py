@@ -187,6 +187,8 @@ def test_engine_settings_are_the_engine_config_fields_with_options() -> None:
         "world_size",
         "master_addr",
         "master_port",
+        "distributed_executor_backend",
+        "ray_address",
     }
     assert all(getattr(EngineConfig(), opt.name) == opt.default for opt in ENGINE_OPTIONS[2:])
 

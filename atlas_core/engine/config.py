@@ -11,7 +11,7 @@ from atlas_core.backends.kv_dtypes import KVCacheDtype
 from atlas_core.engine.spec.config import SpeculativeConfig, speculative_config
 from atlas_core.errors import ConfigError
 from atlas_core.options.declare import check_choices, option, options_of
-from atlas_core.parallel.settings import ReplicaSettings
+from atlas_core.parallel.settings import Launcher, ReplicaSettings
 
 DEFAULT_MAX_SEQ_LEN = 8192
 
@@ -152,6 +152,17 @@ class EngineConfig:
     master_port: int | None = option(
         None, help="port rank 0 listens on for the other ranks", default_help="29500 with --rank, else a free port"
     )
+    distributed_executor_backend: Launcher = option(
+        "mp",
+        help="how rank 0 starts ranks 1..: mp, processes of this host; ray, actors of a Ray cluster, one GPU each "
+        "(the atlas-core[ray] extra)",
+    )
+    ray_address: str = option(
+        "auto",
+        help="with --distributed-executor-backend ray: the cluster to use; auto: the running one (RAY_ADDRESS, or "
+        "the one `ray start` runs on this host), else a new local one; local: a new local one; else a cluster "
+        "address (host:port or ray://host:port)",
+    )
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -192,6 +203,8 @@ class EngineConfig:
             world_size=self.world_size,
             master_addr=self.master_addr,
             master_port=self.master_port,
+            distributed_executor_backend=self.distributed_executor_backend,
+            ray_address=self.ray_address,
             max_seq_len=self.max_seq_len,
             default_max_seq_len=self.default_max_seq_len,
             gguf_weights=self.gguf_weights,

@@ -1,12 +1,13 @@
-"""Rank 0 of a split replica: start the other ranks on this host (unless they were started by hand),
-meet them, load rank 0's shard, and watch the others for the rest of the replica's life.
+"""Rank 0 of a split replica: start the other ranks (`StartedRanks`: processes of this host, or actors of a
+Ray cluster, `atlas_core.parallel.ray_ranks`; none when they were started by hand), meet them, load rank 0's
+shard, and watch the others for the rest of the replica's life.
 
 `load_engine_model` is what `LLM` and ``atlas serve`` call: the plain `load_model` when
 ``tensor_parallel_size`` and ``expert_parallel_size`` are 1, else rank 0's shard whose
 ``model.mirror`` (a `RankMirror`) posts each step to the other ranks. The replica fails (the mirror
 records a `CommError`) as soon as another rank reports an error or its connection ends, even while
 the engine is idle; ``mirror.close()`` (`Replica.close`) stops the ranks and reaps the processes
-started for them.
+(or actors) started for them.
 """
 
 from __future__ import annotations
@@ -38,12 +39,54 @@ WATCH_POLL_S = 0.2
 STOP_WAIT_S = 10.0
 
 
-class Replica:
-    """Rank 0's hold on the other ranks: the joined `World`, the `RankMirror` that posts to them, the
-    processes this host started for them (none when they were started by hand), and a watchdog thread."""
+class StartedRanks:
+    """Ranks 1.. as rank 0 started them; this base class is ranks started by hand (nothing to watch or stop).
 
-    def __init__(self, world: World, backend: Backend, processes: list[subprocess.Popen[bytes]]) -> None:
-        self.world, self.processes = world, processes
+    `LocalRanks` are processes of this host (``distributed_executor_backend`` ``mp``),
+    `atlas_core.parallel.ray_ranks.RayRanks` actors of a Ray cluster (``ray``)."""
+
+    processes: list[subprocess.Popen[bytes]] = []
+    """The processes of this host that run the ranks (none for ranks this host does not run)."""
+
+    def gone(self) -> str | None:
+        """Why one of the ranks will not join (it ended before it did), or None while all may still come."""
+        return None
+
+    def stop(self) -> None:
+        """After rank 0 told the ranks to stop (or their connections closed): wait up to `STOP_WAIT_S` for
+        them to end, end those still running, and release what was held for them."""
+
+    def kill(self) -> None:
+        """The start failed: end the ranks now and release what was held for them."""
+        self.stop()
+
+
+class LocalRanks(StartedRanks):
+    """Ranks 1.. as processes of this host (`start_local_ranks`), in rank order."""
+
+    def __init__(self, processes: list[subprocess.Popen[bytes]]) -> None:
+        self.processes = processes
+
+    def gone(self) -> str | None:
+        return exited(self.processes)
+
+    def stop(self) -> None:
+        stop_processes(self.processes)
+
+    def kill(self) -> None:
+        for process in self.processes:
+            process.kill()
+        stop_processes(self.processes)
+
+
+class Replica:
+    """Rank 0's hold on the other ranks: the joined `World`, the `RankMirror` that posts to them, how they
+    were started (`StartedRanks`: the processes or actors to reap, none when started by hand), and a
+    watchdog thread."""
+
+    def __init__(self, world: World, backend: Backend, ranks: StartedRanks) -> None:
+        self.world, self.ranks = world, ranks
+        self.processes = ranks.processes
         self.mirror = RankMirror(world, backend, self.close)
         self._closing = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="atlas-replica-watch", daemon=True)
@@ -69,8 +112,8 @@ class Replica:
                 return
 
     def close(self) -> None:
-        """Tell the other ranks to stop, close the connections, and reap the processes started here
-        (killed if they have not ended within `STOP_WAIT_S`). Idempotent."""
+        """Tell the other ranks to stop, close the connections, and stop what ran them (`StartedRanks.stop`:
+        processes or actors still running after `STOP_WAIT_S` are killed). Idempotent."""
         if self._closing.is_set():
             return
         self._closing.set()
@@ -81,7 +124,7 @@ class Replica:
                 pass
         self._watchdog.join(timeout=2 * WATCH_POLL_S + 1)
         self.world.close()
-        stop_processes(self.processes)
+        self.ranks.stop()
 
 
 def stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -95,6 +138,20 @@ def stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
             process.wait()
 
 
+def worker_spec(
+    model: str | None, backend_name: str, settings: ReplicaSettings, address: WorldAddress, rank: int
+) -> str:
+    """The argument of the worker entry (`atlas_core.parallel.worker.main`) for rank ``rank`` of ``address``'s
+    replica: JSON of the model, the backend, the replica settings and the rank's address."""
+    spec = {
+        "model": model,
+        "backend": backend_name,
+        "settings": dataclasses.asdict(settings),
+        "address": dataclasses.asdict(replace(address, rank=rank)),
+    }
+    return json.dumps(spec)
+
+
 def start_local_ranks(
     model: str | None, backend_name: str, settings: ReplicaSettings, address: WorldAddress
 ) -> list[subprocess.Popen[bytes]]:
@@ -102,13 +159,8 @@ def start_local_ranks(
     (``python -m atlas_core.parallel.worker``: a fresh interpreter, no CUDA context or threads inherited)."""
     processes = []
     for rank in range(1, address.world_size):
-        spec = {
-            "model": model,
-            "backend": backend_name,
-            "settings": dataclasses.asdict(settings),
-            "address": dataclasses.asdict(replace(address, rank=rank)),
-        }
-        command = [sys.executable, "-m", "atlas_core.parallel.worker", json.dumps(spec)]
+        spec = worker_spec(model, backend_name, settings, address, rank)
+        command = [sys.executable, "-m", "atlas_core.parallel.worker", spec]
         processes.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, env=rank_environment(rank)))
     return processes
 
@@ -134,29 +186,39 @@ def rank_environment(rank: int) -> dict[str, str]:
     return env
 
 
+def start_ranks(model: str | None, backend: Backend, settings: ReplicaSettings) -> tuple[StartedRanks, WorldAddress]:
+    """Start ranks 1.. of the replica ``settings`` describe (none when they are started by hand), and rank 0's
+    address for them to meet at: processes of this host, or Ray actors (which import Ray only now)."""
+    if settings.distributed_executor_backend == "ray":
+        from atlas_core.parallel.ray_ranks import start_ray_ranks
+
+        return start_ray_ranks(model, backend, settings)
+    port = settings.port or free_port(settings.master_addr)
+    address = WorldAddress(0, settings.world, settings.master_addr, port, settings.comm_timeout)
+    if settings.rank is not None:
+        return StartedRanks(), address
+    return LocalRanks(start_local_ranks(model, backend.name, settings, address)), address
+
+
 def load_engine_model(
     model: str | None, backend: Backend, registry: PluginRegistry, settings: ReplicaSettings
 ) -> LoadedModel:
     """The model an engine runs: whole (one rank), or rank 0's shard of a split replica whose
     ``model.mirror`` posts each step to the other ranks (started here, unless ``settings.rank`` says they
-    are started by hand)."""
+    are started by hand) as ``settings.distributed_executor_backend`` says."""
     if settings.world == 1:
         return load_model(
             model, backend, registry, max_positions=settings.max_positions, gguf_weights=settings.gguf_weights
         )
     if settings.rank:
         raise ConfigError(f"rank {settings.rank} works for rank 0 (`atlas serve --rank {settings.rank}` runs it)")
-    port = settings.port or free_port(settings.master_addr)
-    address = WorldAddress(0, settings.world, settings.master_addr, port, settings.comm_timeout)
-    processes = [] if settings.rank is not None else start_local_ranks(model, backend.name, settings, address)
+    ranks, address = start_ranks(model, backend, settings)
     try:
-        world = join_replica(model, backend, registry, settings, address, lambda: exited(processes))
+        world = join_replica(model, backend, registry, settings, address, ranks.gone)
     except BaseException:
-        for process in processes:
-            process.kill()
-        stop_processes(processes)
+        ranks.kill()
         raise
-    replica = Replica(world, backend, processes)
+    replica = Replica(world, backend, ranks)
     try:
         loaded = load_shard(model, backend, registry, settings, world)
         replica.mirror.guard(lambda: None)  # another rank failed to load: its error, now

@@ -4,6 +4,7 @@ makes them from the engine settings; a rank started here gets them as JSON)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from atlas_core.errors import ConfigError
 from atlas_core.model.sharding import ShardPlan
@@ -11,15 +12,19 @@ from atlas_core.model.sharding import ShardPlan
 DEFAULT_MASTER_PORT = 29500
 """Where rank 0 listens when the ranks are started by hand and ``master_port`` is not given."""
 
+Launcher = Literal["mp", "ray"]
+"""How rank 0 starts ranks 1..: ``mp``, processes of its own host; ``ray``, actors of a Ray cluster."""
+
 
 @dataclass(frozen=True)
 class ReplicaSettings:
     """The parallel sizes, how the ranks meet, and the load settings every rank must share.
 
     ``rank`` and ``world_size`` are given (both) when each rank is started by hand, else None: rank 0
-    starts the others on its host. ``max_seq_len`` (None: the model's context, at most
-    ``default_max_seq_len``) and ``gguf_weights`` shape what each rank loads. `ConfigError` for values
-    that do not compose."""
+    starts the others, as processes of its host (``distributed_executor_backend`` ``mp``) or as actors of
+    the Ray cluster at ``ray_address`` (``ray``, `atlas_core.parallel.ray_ranks`). ``max_seq_len`` (None:
+    the model's context, at most ``default_max_seq_len``) and ``gguf_weights`` shape what each rank loads.
+    `ConfigError` for values that do not compose."""
 
     tensor_parallel_size: int = 1
     expert_parallel_size: int = 1
@@ -29,6 +34,8 @@ class ReplicaSettings:
     world_size: int | None = None
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
+    distributed_executor_backend: Launcher = "mp"
+    ray_address: str = "auto"
     max_seq_len: int | None = None
     default_max_seq_len: int = 8192
     gguf_weights: str = "auto"
@@ -41,6 +48,15 @@ class ReplicaSettings:
             raise ConfigError(
                 f"world_size={self.world_size}, but tensor_parallel_size={self.tensor_parallel_size} and "
                 f"expert_parallel_size={self.expert_parallel_size} make {plan.world_size} ranks"
+            )
+        if self.distributed_executor_backend not in ("mp", "ray"):
+            raise ConfigError(
+                f"distributed_executor_backend must be mp or ray, got {self.distributed_executor_backend!r}"
+            )
+        if self.distributed_executor_backend == "ray" and self.rank is not None:
+            raise ConfigError(
+                "distributed_executor_backend=ray starts ranks 1.. itself; ranks started by hand (rank, world_size) "
+                "need distributed_executor_backend=mp"
             )
         if self.comm_timeout <= 0:
             raise ConfigError(f"comm_timeout must be positive, got {self.comm_timeout}")
