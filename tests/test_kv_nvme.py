@@ -76,6 +76,7 @@ def test_corrupt_block_on_disk_is_recomputed(tmp_path: Path) -> None:
     llm = small_cache(kv_spill_dir=str(tmp_path), kv_spill_gb=0.01)
     tokens(llm, PROMPTS_33)
     tier = nvme_tier(llm.engine.offload)
+    llm.engine.offload.sync()  # type: ignore[union-attr]  # every spilled record is on disk before it is flipped
     fd = os.open(tmp_path / "kv" / DATA_FILE, os.O_RDWR)
     for slot in list(tier._keys):
         offset = slot * tier.codec.slot_bytes + HEADER.size + 7
