@@ -10,14 +10,22 @@ A load goes through two stages, neither of which blocks the engine thread:
 The sequence holds its blocks all along but is not scheduled until both stages are done (`is_loading`); then
 `poll` reports how many of its tokens the load made computed. A load whose sequence is preempted or released
 is cancelled: a started upload is fenced (later ops wait for it, so its blocks can be reused at once).
+
+On a split replica (``mirror``, a `LoadMirror`) every rank fetches its own shard of the records: rank 0 posts each
+load as it starts (and each cancel), and a load is *settled* only when every rank has fetched it: `LoadMirror.agree`
+(one collective in a poll where rank 0 holds a fetched, unsettled load) sums the ranks' `Load.flags`, so a record
+lost or mismatched on any rank is bad on all of them and every rank uploads the same leading records.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from collections.abc import Sequence as Seq
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -34,51 +42,86 @@ UPLOAD_POLL_S = 0.001
 class Load:
     """One sequence's records on their way back.
 
-    ``blocks[i]`` receives record ``keys[i]`` (KV rows ``rows``, whose last entry is the records' check array);
+    ``seq`` is whom the load is for (a `Sequence` on rank 0; the load's id on the other ranks of a split
+    replica). ``blocks[i]`` receives record ``keys[i]`` (KV rows ``rows``, whose last entry is the records' check
+    array);
     ``expected[i]``, when given, is what that check array must hold (prefix loads: parent hash and token ids),
     and the load keeps the leading records that pass; without it (swap) any lost record voids the load. With
     ``state`` (``(slot, rows, fetch)``) the records only count together with that recurrent state, which is
     written into the slot. ``on_done(load)`` runs when it is over: `good` leading records were loaded (0:
     none), `bad` lists the keys that were lost or failed their check."""
 
-    seq: Sequence
+    seq: Hashable
     blocks: list[int]
     rows: list[np.ndarray]
-    fetch: Future[list[Key]]
-    keys: list[Key]
+    fetch: Future[list[Any]]
+    keys: list[Any]
     on_done: Callable[[Load], None]
     expected: list[np.ndarray] | None = None
-    state: tuple[int, list[np.ndarray], Future[list[Key]]] | None = None
+    state: tuple[int, list[np.ndarray], Future[list[Any]]] | None = None
     good: int = 0
     bad: list[Key] = field(default_factory=list)
     uploads: list[Transfer] = field(default_factory=list)
+    id: int = 0
+    settled: bool = False
 
     @property
     def fetched(self) -> bool:
         return self.fetch.done() and (self.state is None or self.state[2].done())
 
-    def check(self) -> None:
-        """After the fetch: set `good` (how many leading records arrived intact and count) and `bad` (the keys
-        that were lost or failed their check)."""
+    def flags(self) -> list[int]:
+        """After the fetch: one flag per record (1: lost, or failing its check), then one for the state (1: lost)."""
         lost = set(self.fetch.result())
-        state_lost = self.state is not None and bool(self.state[2].result())
-        self.bad = [
-            key
+        flags = [
+            int(
+                key in lost
+                or (self.expected is not None and not np.array_equal(self.rows[-1][row], self.expected[row]))
+            )
             for row, key in enumerate(self.keys)
-            if key in lost or (self.expected is not None and not np.array_equal(self.rows[-1][row], self.expected[row]))
         ]
+        return [*flags, int(self.state is not None and bool(self.state[2].result()))]
+
+    def settle(self, flags: Seq[int]) -> None:
+        """Set `good` (how many leading records count) and `bad` (the keys lost or failing their check) from
+        `flags` (this rank's, or every rank's summed)."""
+        self.bad = [key for key, flag in zip(self.keys, flags, strict=False) if flag]
         first_bad = self.keys.index(self.bad[0]) if self.bad else len(self.keys)
         partial = self.expected is not None and self.state is None  # a dense prefix keeps its intact head
-        self.good = 0 if state_lost or (first_bad < len(self.keys) and not partial) else first_bad
+        self.good = 0 if flags[-1] or (first_bad < len(self.keys) and not partial) else first_bad
+        self.settled = True
+
+
+class LoadMirror(Protocol):
+    """Rank 0's link to the other ranks' loads (`atlas_core.parallel.tier_mirror.TierMirror`)."""
+
+    def started(self, load: Load) -> None:
+        """``load`` (its `Load.id` set) started here: every other rank starts fetching its shard."""
+
+    def cancelled(self, load: Load) -> None:
+        """``load`` was cancelled here."""
+
+    def agree(self, loads: list[Load]) -> None:
+        """Settle (`Load.settle`) those of ``loads`` that every rank has fetched, from every rank's flags."""
+
+    def closed(self) -> None:
+        """The tiers were closed here (their last journal entries go out now)."""
 
 
 class Loads:
     """The loads in flight, by sequence (engine thread only)."""
 
-    def __init__(self, transfers: HostTransfers, kv_arrays: list[Array], state_arrays: list[Array]) -> None:
+    def __init__(
+        self,
+        transfers: HostTransfers,
+        kv_arrays: list[Array],
+        state_arrays: list[Array],
+        mirror: LoadMirror | None = None,
+    ) -> None:
         self.transfers = transfers
         self.kv_arrays, self.state_arrays = kv_arrays, state_arrays
-        self._loads: dict[Sequence, Load] = {}
+        self.mirror = mirror
+        self._ids = itertools.count()
+        self._loads: dict[Hashable, Load] = {}
         self._fenced: list[Transfer] = []  # uploads of cancelled loads, kept until done
 
     def __len__(self) -> int:
@@ -88,19 +131,27 @@ class Loads:
         return seq in self._loads
 
     def start(self, load: Load) -> None:
+        load.id = next(self._ids)
         self._loads[load.seq] = load
+        if self.mirror is not None:
+            self.mirror.started(load)
 
     def poll(self) -> None:
-        """Advance every load: start the uploads of fetched ones, finish those whose uploads are done (their
-        ``on_done`` runs here)."""
+        """Advance every load: settle fetched ones and start their uploads, finish those whose uploads are done
+        (their ``on_done`` runs here)."""
         self._fenced = [transfer for transfer in self._fenced if not transfer.done()]
+        unsettled = [load for load in self._loads.values() if not load.settled]
+        if self.mirror is not None and any(load.fetched for load in unsettled):
+            self.mirror.agree(unsettled)
+        elif self.mirror is None:
+            for load in unsettled:
+                if load.fetched:
+                    load.settle(load.flags())
         for seq, load in list(self._loads.items()):
-            if not load.uploads:
-                if not load.fetched:
-                    continue
-                load.check()
-                if load.good:
-                    self._upload(load)
+            if not load.settled:
+                continue
+            if load.good and not load.uploads:
+                load.uploads = upload(self.transfers, self.kv_arrays, self.state_arrays, load)
             if all(transfer.done() for transfer in load.uploads):
                 del self._loads[seq]
                 load.on_done(load)
@@ -110,6 +161,8 @@ class Loads:
         load = self._loads.pop(seq, None)
         if load is None:
             return False
+        if self.mirror is not None:
+            self.mirror.cancelled(load)
         for transfer in load.uploads:
             transfer.fence()
             self._fenced.append(transfer)
@@ -117,21 +170,23 @@ class Loads:
 
     def wait(self, timeout: float) -> None:
         """Block until some load may have moved on (a fetch completed), at most ``timeout`` seconds."""
-        fetches = [f for load in self._loads.values() if not load.uploads for f in _futures(load) if not f.done()]
+        fetches = [f for load in self._loads.values() if not load.settled for f in _futures(load) if not f.done()]
         if fetches:
             wait(fetches, timeout=timeout, return_when=FIRST_COMPLETED)
         elif self._loads:
             time.sleep(min(timeout, UPLOAD_POLL_S))
 
-    def _upload(self, load: Load) -> None:
-        good = load.good
-        load.uploads.append(
-            self.transfers.scatter(self.kv_arrays, load.blocks[:good], [r[:good] for r in load.rows[:-1]])
-        )
-        if load.state is not None:
-            slot, rows, _ = load.state
-            load.uploads.append(self.transfers.scatter(self.state_arrays, [slot], rows))
+
+def upload(transfers: HostTransfers, kv_arrays: list[Array], state_arrays: list[Array], load: Load) -> list[Transfer]:
+    """Start writing a settled ``load``'s `Load.good` leading records into its blocks (and its state into its
+    slot); the transfers."""
+    good = load.good
+    uploads = [transfers.scatter(kv_arrays, load.blocks[:good], [r[:good] for r in load.rows[:-1]])]
+    if load.state is not None:
+        slot, rows, _ = load.state
+        uploads.append(transfers.scatter(state_arrays, [slot], rows))
+    return uploads
 
 
-def _futures(load: Load) -> list[Future[list[Key]]]:
+def _futures(load: Load) -> list[Future[list[Any]]]:
     return [load.fetch] if load.state is None else [load.fetch, load.state[2]]

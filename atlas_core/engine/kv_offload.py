@@ -22,19 +22,23 @@ ops issued so far, so blocks may be reused at once) and written to the tiers on 
 run as `Loads` (fetch on the I/O thread, upload through `HostTransfers.scatter`) while their sequences wait
 unscheduled. Evicted blocks are gathered before any write of the step that evicted them (`poll`,
 `before_forward`), so a spilled record holds the block's old KV.
+
+Split replicas (``mirror``): the stores' journals and the loads are posted to the other ranks
+(`atlas_core.parallel.tier_mirror`); each ``put`` names its ``source`` (``kv`` blocks with their check rows, or
+``state`` slots), which every rank gathers from its own shard at the same point of the step sequence.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from atlas_core.batch.kv_cache import KVCache
 from atlas_core.engine.block_manager import ROOT_HASH, BlockManager, CachedBlock, block_hash
-from atlas_core.engine.kv_loads import Load, Loads
+from atlas_core.engine.kv_loads import Load, LoadMirror, Loads
 from atlas_core.engine.sequence import Sequence
 from atlas_core.engine.state_slots import StateSnapshots
 from atlas_core.model.recurrent_state import RecurrentState
@@ -67,6 +71,7 @@ class KVOffload:
     ``swap``: preempt by swap (else callers recompute). ``spill``: keep evicted prefix-cache blocks.
     ``state``/``state_store``: hybrid models' recurrent state and the store for swapped states and spilled
     snapshots (``snapshots``). ``persist_tier``: the tier `close` writes everything worth keeping to.
+    ``mirror``: rank 0 of a split replica (the stores' journals must already go to it).
     Counters: ``swap_outs``, ``swap_ins``, ``swap_lost`` (sequences that had to recompute),
     ``spill_hit_tokens`` (prompt tokens loaded from the tiers), ``spill_lost_blocks``.
     Engine thread only (the stores do their I/O on their own threads).
@@ -84,13 +89,14 @@ class KVOffload:
         state_store: TieredStore | None = None,
         snapshots: StateSnapshots | None = None,
         persist_tier: str | None = None,
+        mirror: LoadMirror | None = None,
     ) -> None:
         self.kv, self.blocks, self.store = kv, blocks, store
         self.swap, self.spill = swap, spill
         self.state, self.state_store, self.snapshots = state, state_store, snapshots
         self.persist_tier = persist_tier
         self.transfers = kv.backend.host_transfers()
-        self.loads = Loads(self.transfers, kv.arrays, state.slot_arrays() if state is not None else [])
+        self.loads = Loads(self.transfers, kv.arrays, state.slot_arrays() if state is not None else [], mirror)
         self.swap_outs = self.swap_ins = self.swap_lost = 0
         self.spill_hit_tokens = self.spill_lost_blocks = 0
         self._swapped: dict[Sequence, _Swapped] = {}
@@ -129,12 +135,11 @@ class KVOffload:
         sources = [source_of.get(block, block) for block in seq.table.blocks[:count]]
         uid = next(self._ids)
         keys: list[Key] = [("swap", uid, i) for i in range(count)]
-        self.store.put_async(keys, self._gather_blocks(sources), pinned=True)
+        self._put_blocks(keys, sources, None, pinned=True)
         state_key: Key | None = None
         if self.state is not None and self.state_store is not None:
             state_key = ("state", uid)
-            gathered = self.transfers.gather(self.state.slot_arrays(), [seq.held_state_slot()])
-            self.state_store.put_async([state_key], gathered, pinned=True)
+            self._put_states([state_key], [seq.held_state_slot()], pinned=True)
         self._swapped[seq] = _Swapped(keys, seq.num_computed, state_key)
         self.swap_outs += 1
         return True
@@ -249,6 +254,8 @@ class KVOffload:
         self.store.close()
         if self.state_store is not None:
             self.state_store.close()
+        if self.loads.mirror is not None:
+            self.loads.mirror.closed()
 
     def _write_back(self, tier: str) -> None:
         """Move the faster tiers' records into ``tier``, then store the device prefix cache's blocks (and
@@ -270,26 +277,40 @@ class KVOffload:
         blocks = [c for c in cached if c.hash not in self.store]
         if blocks:
             meta = np.asarray([(c.parent_hash, *c.tokens) for c in blocks], dtype=np.int64)
-            gathered = self._gather_blocks([c.block for c in blocks], meta)
-            self.store.put_async([c.hash for c in blocks], gathered, pinned=False, tier=tier)
+            self._put_blocks([c.hash for c in blocks], [c.block for c in blocks], meta, pinned=False, tier=tier)
         snapshots, state_store = self.snapshots, self.state_store
         if snapshots is None or self.state is None or state_store is None:
             return
         taken = [(c, slot) for c in cached if (slot := snapshots.slot_of(c.content)) is not None]
         missing = [(c, slot) for c, slot in taken if c.hash not in state_store]
         if missing and (tier is None or tier in state_store.tier_names):
-            gathered = self.transfers.gather(self.state.slot_arrays(), [slot for _, slot in missing])
-            state_store.put_async([c.hash for c, _ in missing], gathered, pinned=False, tier=tier)
+            self._put_states([c.hash for c, _ in missing], [slot for _, slot in missing], pinned=False, tier=tier)
         if tier is None:  # evicted blocks: their snapshots can never be hit on the device again
             for c, _ in taken:
                 snapshots.discard(c.content)
 
-    def _gather_blocks(self, blocks: list[int], meta: np.ndarray | None = None) -> Callable[[], list[np.ndarray]]:
-        """Start the device -> host copy of ``blocks``; a wait giving their records (``meta``: their check rows;
+    def _put_blocks(
+        self, keys: list[Key], blocks: list[int], meta: np.ndarray | None, *, pinned: bool, tier: str | None = None
+    ) -> None:
+        """Start the device -> host copy of ``blocks`` and store them under ``keys`` (``meta``: their check rows;
         default zeros)."""
         gathered = self.transfers.gather(self.kv.arrays, blocks)
         rows = meta if meta is not None else np.zeros((len(blocks), self.kv.block_size + 1), np.int64)
-        return lambda: [*gathered(), rows]
+        self.store.put_async(
+            keys,
+            lambda: [*gathered(), rows],
+            pinned=pinned,
+            tier=tier,
+            source=lambda: {"kind": "kv", "rows": blocks, "meta": None if meta is None else meta.tolist()},
+        )
+
+    def _put_states(self, keys: list[Key], slots: list[int], *, pinned: bool, tier: str | None = None) -> None:
+        """Start the device -> host copy of recurrent-state ``slots`` and store them under ``keys``."""
+        assert self.state is not None and self.state_store is not None
+        gathered = self.transfers.gather(self.state.slot_arrays(), slots)
+        self.state_store.put_async(
+            keys, gathered, pinned=pinned, tier=tier, source=lambda: {"kind": "state", "rows": slots}
+        )
 
     def _drop(self, record: _Swapped) -> None:
         self.store.drop(record.block_keys)

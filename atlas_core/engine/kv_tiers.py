@@ -1,10 +1,18 @@
 """Build the engine's storage tiers from its settings: host memory (``swap_space_gb``), then NVMe
-(``kv_spill_dir`` / ``kv_spill_gb``, the ``nvme`` storage backend of the atlas-storage-nvme plugin)."""
+(``kv_spill_dir`` / ``kv_spill_gb``, the ``nvme`` storage backend of the atlas-storage-nvme plugin).
+
+On a split replica (``mirror``) each rank has tiers of its own for its shard of every record: rank 0 builds its
+tiers here and tells the other ranks to build theirs with the same slot counts
+(`atlas_core.parallel.tier_mirror.SplitTiers`). Each rank's NVMe tier lives in ``kv_spill_dir/rank-N`` (its own
+lock files), and its identity names the parallel sizes and the rank, so a restarted replica of the same sizes
+finds its shards and one of other sizes does not use them.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from atlas_core.batch.kv_cache import KVCache
@@ -14,6 +22,8 @@ from atlas_core.engine.kv_offload import KVOffload, kv_record_format, state_reco
 from atlas_core.engine.state_slots import StateSnapshots
 from atlas_core.errors import ConfigError
 from atlas_core.model.recurrent_state import RecurrentState
+from atlas_core.parallel.mirror import RankMirror
+from atlas_core.parallel.tier_mirror import SplitTiers
 from atlas_core.plugins import get_registry
 from atlas_core.storage.backend import RecordFormat, StorageBackend, StorageFullError, TierSpec
 from atlas_core.storage.host import HostMemoryStorage
@@ -34,9 +44,11 @@ def build_offload(
     state: RecurrentState | None,
     snapshots: StateSnapshots | None,
     model_name: str,
+    mirror: RankMirror | None = None,
 ) -> KVOffload | None:
     """The `KVOffload` the settings ask for, or None when no tier is configured. Hybrid models (``state``)
-    spill prefix blocks only with state ``snapshots`` (their prefix cache needs them)."""
+    spill prefix blocks only with state ``snapshots`` (their prefix cache needs them). ``mirror``: rank 0 of a
+    split replica (the other ranks build their tiers too)."""
     host_bytes = int(config.swap_space_gb * 2**30)
     spill_dir = Path(config.kv_spill_dir) if config.kv_spill_dir is not None else None
     nvme_bytes = int(config.kv_spill_gb * 2**30) if spill_dir is not None else 0
@@ -48,16 +60,20 @@ def build_offload(
     if state_format is not None:
         wanted = config.max_num_seqs * state_format.nbytes
         state_host, state_nvme = min(wanted, int(host_bytes * STATE_SHARE)), min(wanted, int(nvme_bytes * STATE_SHARE))
-    identity = hashlib.sha256(f"{model_name}|{kv_format}".encode()).hexdigest()
-    store = TieredStore(
-        kv_format,
-        _tiers(kv_format, host_bytes - state_host, nvme_bytes - state_nvme, spill_dir, "kv", identity, config),
-    )
-    state_store = None
-    if state_format is not None:
-        state_store = TieredStore(
-            state_format, _tiers(state_format, state_host, state_nvme, spill_dir, "state", identity, config)
-        )
+    split = SplitTiers(mirror) if mirror is not None else None
+    place = TierPlace(spill_dir, model_name, config.kv_spill_persist, split.rank_tag if split else None)
+    formats = {"kv": kv_format} | ({"state": state_format} if state_format is not None else {})
+    sizes = {"kv": [("host", host_bytes - state_host), ("nvme", nvme_bytes - state_nvme)]}
+    sizes["state"] = [("host", state_host), ("nvme", state_nvme)]
+    tiers = {part: open_tiers(fmt, sizes[part], place, part) for part, fmt in formats.items()}
+    if split is not None:  # before the stores read what the tiers persisted: only records every rank holds count
+        split.start(place, {part: (fmt, tiers[part], dict(sizes[part])) for part, fmt in formats.items()})
+    store = TieredStore(kv_format, tiers["kv"], "kv")
+    state_store = TieredStore(state_format, tiers["state"], "state") if state_format is not None else None
+    if split is not None:
+        store.journal = split.record
+        if state_store is not None:
+            state_store.journal = split.record
     log.info("KV tiers: %s", ", ".join(f"{name} {n} blocks" for name, n in store.capacities().items()) or "none")
     persist = config.kv_spill_persist and NVME_BACKEND in store.tier_names
     return KVOffload(
@@ -70,27 +86,53 @@ def build_offload(
         state_store=state_store,
         snapshots=snapshots,
         persist_tier=NVME_BACKEND if persist else None,
+        mirror=split,
     )
 
 
-def _tiers(
-    format: RecordFormat,
-    host_bytes: int,
-    nvme_bytes: int,
-    spill_dir: Path | None,
-    part: str,
-    identity: str,
-    config: EngineConfig,
+@dataclass(frozen=True)
+class TierPlace:
+    """Where a rank's file-backed tiers live and whom their records belong to: ``spill_dir`` (None: no NVMe
+    tier), the model, persistence, and ``rank_tag`` (split replicas: the parallel sizes and the rank, whose
+    ``rank-N`` subdirectory holds this rank's files)."""
+
+    spill_dir: Path | None
+    model_name: str
+    persist: bool
+    rank_tag: tuple[int, int, int] | None = None
+
+    def spec(self, format: RecordFormat, capacity_bytes: int, part: str) -> TierSpec:
+        """The `TierSpec` of this rank's NVMe tier of ``part`` (``kv`` or ``state``)."""
+        assert self.spill_dir is not None
+        identity = f"{self.model_name}|{format}"
+        directory = self.spill_dir / part
+        if self.rank_tag is not None:
+            rank, tp, ep = self.rank_tag
+            identity += f"|tensor_parallel_size={tp}|expert_parallel_size={ep}|rank={rank}"
+            directory = self.spill_dir / f"rank-{rank}" / part
+        return TierSpec(format, capacity_bytes, directory, hashlib.sha256(identity.encode()).hexdigest(), self.persist)
+
+
+def open_tiers(
+    format: RecordFormat, sizes: list[tuple[str, int]], place: TierPlace, part: str
 ) -> list[tuple[str, StorageBackend]]:
+    """The tiers of ``sizes`` (``(name, capacity bytes)``, fastest first: ``host``, ``nvme``) that have room and
+    could be opened."""
     tiers: list[tuple[str, StorageBackend]] = []
-    if host_bytes > 0:
-        tiers.append(("host", HostMemoryStorage(TierSpec(format, host_bytes))))
-    if spill_dir is not None and nvme_bytes > 0:
-        spec = TierSpec(format, nvme_bytes, spill_dir / part, identity, config.kv_spill_persist)
-        nvme = _open_nvme(spec)
-        if nvme is not None:
-            tiers.append(("nvme", nvme))
+    for name, capacity in sizes:
+        tier = open_tier(format, name, capacity, place, part)
+        if tier is not None:
+            tiers.append((name, tier))
     return tiers
+
+
+def open_tier(format: RecordFormat, name: str, capacity: int, place: TierPlace, part: str) -> StorageBackend | None:
+    """Tier ``name`` of ``capacity`` bytes; None when it has no room, no directory, or cannot be opened."""
+    if capacity <= 0:
+        return None
+    if name == "host":
+        return HostMemoryStorage(TierSpec(format, capacity))
+    return _open_nvme(place.spec(format, capacity, part)) if place.spill_dir is not None else None
 
 
 def _open_nvme(spec: TierSpec) -> StorageBackend | None:

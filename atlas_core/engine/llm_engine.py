@@ -90,11 +90,8 @@ class LLMEngine:
         mirror = model.mirror if isinstance(model.mirror, RankMirror) else None
         if mirror is not None:  # rank 0 of a split replica: the other ranks allocate their KV cache too
             # speculation runs split: verify steps and MTP steps are posted forwards (the MTP head was built on
-            # every rank by `Speculation.build`); a draft model runs whole on rank 0 alone
-            mirror.check_engine(
-                swap_space_gb=config.swap_space_gb > 0,
-                kv_spill_dir=config.kv_spill_dir is not None,
-            )
+            # every rank by `Speculation.build`); a draft model runs whole on rank 0 alone; the storage tiers run
+            # split too (`build_offload` opens every rank's)
             self.kv = mirror.kv_cache(self.kv_layouts, plan, config.kv_cache_dtype)
         else:
             self.kv = KVCache(backend, self.kv_layouts, plan)
@@ -112,7 +109,9 @@ class LLMEngine:
                 snapshots = StateSnapshots(snapshot_slots, model.copy_state, self.blocks.is_cached)
             if num_scratch:
                 rollback = RecurrentRollback(model, range(num_state_slots - num_scratch, num_state_slots))
-        self.offload = build_offload(config, self.kv, self.blocks, model.recurrent_state, snapshots, loaded.name)
+        self.offload = build_offload(
+            config, self.kv, self.blocks, model.recurrent_state, snapshots, loaded.name, mirror
+        )
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,

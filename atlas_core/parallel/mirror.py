@@ -6,7 +6,9 @@ cache's size (once), copy-on-write block copies, recurrent-state slot calls (hyb
 forward's `ForwardBatch` (`atlas_core.parallel.batch_wire`: with its image features and M-RoPE rows,
 which rank 0 alone computes), and each ``compute_logits`` (whose hidden rows are broadcast from rank 0, so
 every rank projects the same rows). With MTP speculation, the MTP head is built on every rank (posted
-once, before the KV cache) and its forwards and logits calls are posted like the model's.
+once, before the KV cache) and its forwards and logits calls are posted like the model's. With KV storage
+tiers, their operations (`atlas_core.parallel.tier_mirror`) are queued in ``tier_ops`` and posted as one
+``tier`` instruction ahead of whatever is posted next.
 The other ranks (`atlas_core.parallel.worker`) run the same calls on their shards in the same order,
 so their collectives pair up with rank 0's.
 
@@ -28,7 +30,6 @@ from atlas_core.backends.base import Array, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import AnyKVLayout, KVCache, KVPlan
 from atlas_core.comm import CommError
-from atlas_core.errors import ConfigError
 from atlas_core.model.sharding import TensorParallel
 from atlas_core.parallel.batch_wire import encode_batch
 
@@ -48,19 +49,9 @@ class RankMirror:
         self.world, self.backend = world, backend
         self.close = close
         self.failure: CommError | None = None
+        self.tier_ops: list[dict[str, Any]] = []  # storage-tier operations not posted yet
         self._callbacks: list[Callable[[CommError], None]] = []
         self._lock = threading.Lock()
-
-    @staticmethod
-    def check_engine(**features: bool) -> None:
-        """`ConfigError` naming the engine ``features`` that are on (``speculative_decoding=True``, ...): a
-        split replica does not run them yet."""
-        refused = [name.replace("_", " ") for name, on in features.items() if on]
-        if refused:
-            raise ConfigError(
-                f"{', '.join(refused)}: not supported yet on a model split over ranks "
-                "(tensor_parallel_size or expert_parallel_size above 1)"
-            )
 
     def kv_cache(self, layouts: list[AnyKVLayout], plan: KVPlan, kv_cache_dtype: str) -> KVCache:
         """Rank 0's KV cache; every other rank allocates one of the same blocks and ``kv_cache_dtype``
@@ -97,8 +88,16 @@ class RankMirror:
         self.post({"op": "state", "call": call, "args": values})
 
     def post(self, header: dict[str, Any], arrays: list[np.ndarray] | None = None) -> None:
-        """Send one instruction to every other rank; the replica's failure when it has failed."""
+        """Send one instruction to every other rank (after the queued ``tier_ops``); the replica's failure when it
+        has failed."""
+        self.flush()
         self.guard(lambda: self.world.rendezvous.post(header, arrays or []))
+
+    def flush(self) -> None:
+        """Post the queued storage-tier operations (if any) as one ``tier`` instruction."""
+        if self.tier_ops:
+            ops, self.tier_ops = self.tier_ops, []
+            self.guard(lambda: self.world.rendezvous.post({"op": "tier", "ops": ops}, []))
 
     def guard(self, run: Callable[[], T]) -> T:
         """``run()``; a `CommError` it raises fails the replica (`fail`) and is raised."""

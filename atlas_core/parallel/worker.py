@@ -5,7 +5,9 @@ shard of the checkpoint's MTP head (MTP speculation), ``kv`` allocates this rank
 head's layers after the model's), ``copy_blocks`` copies blocks in it, ``state`` makes a recurrent-state
 slot call (allocate, reset, copy), ``forward`` runs the model (or a chained step of the MTP head) over the
 posted `ForwardBatch`, ``logits`` takes rank 0's broadcast hidden rows and projects them (through the
-MTP step's own LM head when it has one), ``stop`` ends the loop. A rank that fails tells rank 0 why before
+MTP step's own LM head when it has one), ``tiers`` opens this rank's KV storage tiers, ``tier`` runs their
+queued operations and ``loads`` settles loads with rank 0 (`atlas_core.parallel.tier_follow`), ``stop`` ends
+the loop. A rank that fails tells rank 0 why before
 it ends (rank 0 then fails the replica with that message); a rank whose rank 0 is gone ends with
 `CommError`. Rank 0 alone runs a vision tower and a draft model: their results reach this rank as posted
 batches (image features) or as the drafts a verify forward checks.
@@ -30,6 +32,7 @@ from atlas_core.model.load import LoadedModel
 from atlas_core.model.mtp import MtpHead, load_mtp_head
 from atlas_core.parallel.batch_wire import decode_batch
 from atlas_core.parallel.settings import ReplicaSettings
+from atlas_core.parallel.tier_follow import TierFollower
 from atlas_core.parallel.world import World, join_replica, load_shard
 from atlas_core.plugins import get_registry
 
@@ -79,6 +82,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def follow(world: World, loaded: LoadedModel, backend: Backend) -> None:
     """Run rank 0's instructions on this rank's shard ``loaded`` until ``stop``."""
+    tiers: list[TierFollower] = []
+    try:
+        _follow(world, loaded, backend, tiers)
+    finally:
+        for follower in tiers:
+            follower.close()
+
+
+def _follow(world: World, loaded: LoadedModel, backend: Backend, tiers: list[TierFollower]) -> None:
     model = loaded.model
     kv: KVCache | None = None
     mtp: MtpHead | None = None
@@ -88,7 +100,13 @@ def follow(world: World, loaded: LoadedModel, backend: Backend) -> None:
         step = header.get("mtp_step")
         if op == "stop":
             return
-        if op == "mtp":
+        if op in ("tier", "loads") and not tiers:
+            raise CommError(f"rank {world.rank}: rank 0 sent {op!r} before opening the storage tiers")
+        if op == "tier":
+            tiers[0].run(header["ops"])
+        elif op == "loads":
+            tiers[0].poll(header["ids"])
+        elif op == "mtp":
             mtp = load_mtp_head(loaded, backend, int(header["max_seq_len"]), world.parallel)
         elif op == "kv":
             extra = mtp.kv_layouts if mtp is not None else []
@@ -98,6 +116,8 @@ def follow(world: World, loaded: LoadedModel, backend: Backend) -> None:
             raise CommError(f"rank {world.rank}: rank 0 sent {op!r} before the KV cache's size")
         elif step is not None and mtp is None:
             raise CommError(f"rank {world.rank}: rank 0 sent an MTP {op!r} before building the MTP head")
+        elif op == "tiers":
+            tiers.append(TierFollower(world.parallel, backend, kv, model.recurrent_state, header))
         elif op == "copy_blocks":
             kv.copy_blocks([(int(src), int(dst)) for src, dst in arrays[0].tolist()])
         elif op == "forward":

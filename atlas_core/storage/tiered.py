@@ -10,6 +10,14 @@ Threads: the caller (the engine thread) decides where records go and which slots
 under a lock; the tiers' reads and writes run on one I/O thread of the store, in call order, so a write
 overlaps the model's forward and a read issued after a write of the same slot sees it. `put_async` and
 `get_async` return futures; `put` and `get` wait for them. Only the I/O thread calls the backends.
+
+Journal (split replicas): with ``journal`` set, every decision the caller's calls make is also handed to it, in
+call order, as a JSON-able dict naming explicit tiers (by index) and slots: ``put`` (demotions ``moves`` and
+the new records' ``placed`` ``[tier, slot, row, key]``, with the caller's ``source``), ``get`` (``reads``
+``[row, tier, slot]``), ``drop`` (``slots`` ``[tier, slot]``), ``demote`` and ``close``. Another rank that
+runs them on tiers of its own (`atlas_core.storage.replay.TierReplay`) keeps its records in the same slots.
+Forgetting done on the I/O thread (a failed write, a lost read) is not journaled: the slots are only freed,
+and a later journaled ``put`` overwrites them.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +37,7 @@ from atlas_core.storage.backend import RecordFormat, StorageBackend, StorageFull
 log = logging.getLogger("atlas.storage")
 
 Key = Hashable
+Journal = Callable[[dict[str, Any]], None]
 Records = Sequence[np.ndarray] | Callable[[], Sequence[np.ndarray]]
 """A batch of records: one array per format entry, or a wait that gives them (a device copy in flight)."""
 
@@ -69,8 +79,9 @@ class TieredStore:
     """Records of one `RecordFormat` under hashable keys, spread over ``tiers`` (``(name, backend)``,
     fastest first). One thread calls its methods (the engine's); the I/O runs on the store's own thread."""
 
-    def __init__(self, format: RecordFormat, tiers: Sequence[tuple[str, StorageBackend]]) -> None:
-        self.format = format
+    def __init__(self, format: RecordFormat, tiers: Sequence[tuple[str, StorageBackend]], name: str = "kv") -> None:
+        self.format, self.name = format, name
+        self.journal: Journal | None = None
         self._lock = threading.RLock()  # the index: changed by callers, and by the I/O thread on failures
         self._io = ThreadPoolExecutor(1, thread_name_prefix="atlas-kv-io")
         self._tiers = [_Tier(name, backend, list(range(backend.capacity_slots - 1, -1, -1))) for name, backend in tiers]
@@ -107,7 +118,13 @@ class TieredStore:
         return self.put_async(keys, arrays, pinned=pinned, tier=tier).result()
 
     def put_async(
-        self, keys: Sequence[Key], arrays: Records, *, pinned: bool, tier: str | None = None
+        self,
+        keys: Sequence[Key],
+        arrays: Records,
+        *,
+        pinned: bool,
+        tier: str | None = None,
+        source: Callable[[], Any] | None = None,
     ) -> Future[list[Key]]:
         """Store record ``i`` (``arrays[j][i]``) under ``keys[i]`` (already stored keys are only marked
         recently used); the future gives the keys stored afterwards. Evicts least recently used unpinned
@@ -115,7 +132,8 @@ class TieredStore:
         in that tier or below (default: the fastest with room).
 
         Where each record goes is decided now (`__contains__` and `room` count it at once); the writes run on
-        the I/O thread, which calls ``arrays`` first when it is a wait. A record whose write fails is forgotten."""
+        the I/O thread, which calls ``arrays`` first when it is a wait. A record whose write fails is forgotten.
+        ``source()``: what the records are, for the journal (another rank gathers its own)."""
         start = 0 if tier is None else self.tier_names.index(tier)
         placed: list[tuple[int, Key, int, int]] = []  # (tier, key, slot, row)
         moves: list[_Move] = []
@@ -134,6 +152,9 @@ class TieredStore:
                 self._file(key, index, slot, pinned)
                 fresh.add(key)
                 placed.append((index, key, slot, row))
+            if self.journal is not None:
+                rows = [[index, slot, row, key if isinstance(key, int) else None] for index, key, slot, row in placed]
+                self._log("put", moves=_moves(moves), placed=rows, source=source() if source else None)
         return self._io.submit(self._run_put, moves, placed, arrays, stored)
 
     def _run_put(
@@ -168,6 +189,7 @@ class TieredStore:
             reads = [_Read(row, key, *self._where[key]) for row, key in enumerate(keys) if key in self._where]
             for read in reads:
                 self._touch(read.key)
+            self._log("get", reads=[[read.row, read.tier, read.slot] for read in reads], count=len(keys))
         return self._io.submit(self._run_get, reads, out, missing)
 
     def _run_get(self, reads: list[_Read], out: Sequence[np.ndarray], lost: list[Key]) -> list[Key]:
@@ -196,6 +218,9 @@ class TieredStore:
 
     def drop(self, keys: Sequence[Key]) -> None:
         """Forget ``keys`` (unknown ones are ignored) and free their slots (the tiers hear of it in call order)."""
+        self._drop(keys, journaled=True)
+
+    def _drop(self, keys: Sequence[Key], journaled: bool) -> None:
         discards: list[tuple[int, int]] = []
         with self._lock:
             for key in keys:
@@ -207,6 +232,8 @@ class TieredStore:
                 tier.pinned.pop(key, None)
                 tier.free.append(where[1])
                 discards.append(where)
+            if journaled and discards:
+                self._log("drop", slots=[list(where) for where in discards])
         if discards:
             self._io.submit(self._discard, discards)
 
@@ -239,10 +266,12 @@ class TieredStore:
                     moves.append(_Move(key, index, slot, *spot))
                     self._file(key, spot[0], spot[1], pinned=False)
                     fresh.add(key)
+            self._log("demote", moves=_moves(moves))
         self._io.submit(self._apply_moves, moves).result()
 
     def close(self) -> None:
         """Finish the I/O asked for, stop the I/O thread and close every tier."""
+        self._log("close")
         self._io.shutdown(wait=True)
         for tier in self._tiers:
             tier.backend.close()
@@ -259,6 +288,11 @@ class TieredStore:
     def stats(self) -> dict[str, tuple[int, int, int]]:
         """Per tier name: ``(records held, records written, records read)``."""
         return {t.name: (len(t.pinned) + len(t.unpinned), t.writes, t.reads) for t in self._tiers}
+
+    def _log(self, do: str, **fields: Any) -> None:
+        """Hand one decision to the journal (if any)."""
+        if self.journal is not None:
+            self.journal({"do": do, "store": self.name, **fields})
 
     def _touch(self, key: Key) -> None:
         index, _ = self._where[key]
@@ -310,7 +344,7 @@ class TieredStore:
         dropped and stored the key again since)."""
         for key, index, slot in entries:
             if self._where.get(key) == (index, slot):
-                self.drop([key])
+                self._drop([key], journaled=False)
 
     def _write(
         self, index: int, slots: list[int], keys: list[Key], arrays: Sequence[np.ndarray], rows: list[int]
@@ -332,8 +366,13 @@ class TieredStore:
             )
             with self._lock:
                 tier.failed = True
-                self.drop([key for key, (i, _) in list(self._where.items()) if i == index])
+                self._drop([key for key, (i, _) in list(self._where.items()) if i == index], journaled=False)
             return False
         with self._lock:
             tier.writes += len(slots)
         return True
+
+
+def _moves(moves: list[_Move]) -> list[list[int]]:
+    """Demotions as the journal writes them: ``[source tier, source slot, target tier, target slot]``."""
+    return [[move.source, move.source_slot, move.target, move.target_slot] for move in moves]

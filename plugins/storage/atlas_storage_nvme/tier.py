@@ -156,6 +156,7 @@ class NvmeStorage(StorageBackend):
     def discard(self, slots: Sequence[int]) -> None:
         for slot in slots:
             self._keys.pop(slot, None)
+            self._persisted.pop(slot, None)
 
     def close(self) -> None:
         self._finalizer()

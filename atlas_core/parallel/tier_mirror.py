@@ -1,0 +1,127 @@
+"""The KV storage tiers of a split replica: rank 0 decides, every rank moves its own shard.
+
+Each rank holds its shard of every KV block (and of a hybrid model's recurrent state), so each has tiers of its
+own (host memory, and NVMe in ``kv_spill_dir/rank-N``) with the same slots. Rank 0's `TieredStore`s keep the
+index; their journals (`TieredStore.journal`) and the loads' starts and cancels are queued on the `RankMirror`
+and go out ahead of the next thing it posts (a forward, a block copy, a state call), so every rank gathers its
+blocks at the same point of the step sequence and runs the same tier operations in the same order
+(`atlas_core.parallel.tier_follow`).
+
+Loads finish together: a load is settled by `agree_loads`, one all-reduce of small integer flags in a poll in
+which rank 0 has a fetched, unsettled load (rank 0 posts the loads' ids first). Only loads every rank has
+fetched settle, and a record lost or failing its check on any rank is bad on every rank, so all ranks upload the
+same leading records (or none: recompute) and rank 0 schedules the sequence only after its own upload, which
+every other rank has fenced before its next op. No round trip is made in a step without loads to settle.
+
+Persistence: `reconcile` keeps only the persisted records that every rank holds under the same key in the same
+slot; the others are discarded on every rank before rank 0's stores read what was persisted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from atlas_core.backends.base import Backend
+from atlas_core.engine.kv_loads import Load
+from atlas_core.model.sharding import TensorParallel
+from atlas_core.storage.backend import RecordFormat, StorageBackend
+
+Store = tuple[RecordFormat, list[tuple[str, StorageBackend]], dict[str, int]]
+"""Rank 0's store of one part: its record format, its tiers, and the bytes each tier was asked for."""
+
+if TYPE_CHECKING:
+    from atlas_core.engine.kv_tiers import TierPlace
+    from atlas_core.parallel.mirror import RankMirror
+
+
+class SplitTiers:
+    """Rank 0's side: builds the other ranks' tiers (`start`), queues the journal (`record`), posts the loads
+    and settles them with the other ranks (a `LoadMirror`)."""
+
+    def __init__(self, mirror: RankMirror) -> None:
+        self.mirror = mirror
+        plan = mirror.world.parallel.plan
+        self.rank_tag = (plan.rank, plan.tensor_parallel_size, plan.expert_parallel_size)
+
+    def start(self, place: TierPlace, stores: dict[str, Store]) -> None:
+        """Tell the other ranks to open tiers like rank 0's ``stores`` (per part: its record format, its tiers and
+        the bytes each was asked for), then `reconcile` what they persisted."""
+        spec = {
+            part: {"nbytes": fmt.nbytes, "tiers": [[name, sizes[name], tier.capacity_slots] for name, tier in tiers]}
+            for part, (fmt, tiers, sizes) in stores.items()
+        }
+        directory = None if place.spill_dir is None else str(place.spill_dir)
+        self.mirror.post(
+            {"op": "tiers", "stores": spec, "spill_dir": directory, "model": place.model_name, "persist": place.persist}
+        )
+        if place.persist:
+            tiers = [tier for _, pairs, _ in stores.values() for _, tier in pairs]
+            reconcile(self.mirror.world.parallel, self.mirror.backend, tiers, [tier.capacity_slots for tier in tiers])
+
+    def record(self, op: dict[str, Any]) -> None:
+        """The stores' journal: queue ``op`` for the other ranks."""
+        self.mirror.tier_ops.append(op)
+
+    def started(self, load: Load) -> None:
+        expected = None if load.expected is None else [row.tolist() for row in load.expected]
+        slot = None if load.state is None else load.state[0]
+        self.record({"do": "load", "id": load.id, "blocks": list(load.blocks), "state": slot, "expected": expected})
+
+    def cancelled(self, load: Load) -> None:
+        self.record({"do": "cancel", "id": load.id})
+
+    def agree(self, loads: list[Load]) -> None:
+        self.mirror.post({"op": "loads", "ids": [load.id for load in loads]})
+        self.mirror.guard(lambda: agree_loads(self.mirror.world.parallel, self.mirror.backend, loads))
+
+    def closed(self) -> None:
+        self.mirror.flush()
+
+
+def rank_capacity(capacity: int, rank_0_nbytes: int, nbytes: int) -> int:
+    """The bytes a rank whose records are ``nbytes`` long gives the tier that rank 0 sized ``capacity`` bytes for
+    records of ``rank_0_nbytes``: the same when the records are (the same slot count), else scaled, with a slot
+    of slack (a slot of a rank beyond its tier's capacity reads as lost)."""
+    if nbytes == rank_0_nbytes:
+        return capacity
+    return -(-capacity * nbytes // max(rank_0_nbytes, 1)) + nbytes + 8192
+
+
+def agree_loads(parallel: TensorParallel, backend: Backend, loads: Sequence[Load]) -> None:
+    """Every rank, in the same order with the same ``loads`` (by id): settle those every rank has fetched, from
+    the sum of every rank's `Load.flags` (one all-reduce)."""
+    flags: list[int] = []
+    for load in loads:
+        flags += [1, *load.flags()] if load.fetched else [0] * (len(load.keys) + 2)
+    summed = backend.to_numpy(
+        parallel.comm.all_reduce(backend.from_numpy(np.asarray(flags, np.int32), dtype=np.dtype(np.int32)))
+    )
+    offset = 0
+    for load in loads:
+        part = [int(v) for v in np.asarray(summed)[offset : offset + len(load.keys) + 2]]
+        offset += len(load.keys) + 2
+        if part[0] == parallel.plan.world_size:
+            load.settle(part[1:])
+
+
+def reconcile(
+    parallel: TensorParallel, backend: Backend, tiers: Sequence[StorageBackend | None], slots: Sequence[int]
+) -> None:
+    """Every rank, with its tiers aligned to rank 0's (None: not open here) and rank 0's slot counts: discard the
+    persisted records that not every rank holds under the same key in the same slot (one all-gather per tier)."""
+    world = parallel.plan.world_size
+    for tier, count in zip(tiers, slots, strict=True):
+        mine = np.zeros((count, 2), np.int64)
+        persisted = tier.persisted() if tier is not None else {}
+        for slot, key in persisted.items():
+            if slot < count:
+                mine[slot] = (1, key)
+        gathered = backend.to_numpy(parallel.comm.all_gather(backend.from_numpy(mine, dtype=np.dtype(np.int64))))
+        every = np.asarray(gathered).reshape(world, count, 2)
+        agreed = (every[:, :, 0] == 1).all(axis=0) & (every[:, :, 1] == every[0:1, :, 1]).all(axis=0)
+        dropped = [slot for slot in persisted if slot >= count or not agreed[slot]]
+        if tier is not None and dropped:
+            tier.discard(dropped)
