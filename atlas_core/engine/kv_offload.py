@@ -38,22 +38,11 @@ import numpy as np
 
 from atlas_core.batch.kv_cache import KVCache
 from atlas_core.engine.block_manager import ROOT_HASH, BlockManager, CachedBlock, block_hash
-from atlas_core.engine.kv_loads import Load, LoadMirror, Loads
 from atlas_core.engine.sequence import Sequence
 from atlas_core.engine.state_slots import StateSnapshots
+from atlas_core.kvtiers.loads import Load, LoadMirror, Loads
 from atlas_core.model.recurrent_state import RecurrentState
-from atlas_core.storage.backend import RecordFormat
 from atlas_core.storage.tiered import Key, TieredStore
-
-
-def kv_record_format(kv: KVCache) -> RecordFormat:
-    """One KV block over every layer, plus ``int64[block_size + 1]``: its parent hash and token ids."""
-    return RecordFormat((*kv.block_shapes(), ((kv.block_size + 1,), np.dtype(np.int64))))
-
-
-def state_record_format(state: RecurrentState) -> RecordFormat:
-    """One sequence's recurrent state over every layer."""
-    return RecordFormat(tuple(state.slot_shapes()))
 
 
 @dataclass

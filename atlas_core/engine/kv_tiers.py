@@ -10,28 +10,22 @@ finds its shards and one of other sizes does not use them.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 from atlas_core.batch.kv_cache import KVCache
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.config import EngineConfig
-from atlas_core.engine.kv_offload import KVOffload, kv_record_format, state_record_format
+from atlas_core.engine.kv_offload import KVOffload
 from atlas_core.engine.state_slots import StateSnapshots
-from atlas_core.errors import ConfigError
+from atlas_core.kvtiers.place import NVME_BACKEND, TierPlace, kv_record_format, open_tiers, state_record_format
 from atlas_core.model.recurrent_state import RecurrentState
 from atlas_core.parallel.mirror import RankMirror
 from atlas_core.parallel.tier_mirror import SplitTiers
-from atlas_core.plugins import get_registry
-from atlas_core.storage.backend import RecordFormat, StorageBackend, StorageFullError, TierSpec
-from atlas_core.storage.host import HostMemoryStorage
 from atlas_core.storage.tiered import TieredStore
 
 log = logging.getLogger("atlas.engine")
 
-NVME_BACKEND = "nvme"
 STATE_SHARE = 0.25
 """Hybrid models: the part of each tier kept for recurrent states (room for max_num_seqs of them at most):
 swapped-out sequences' states, and the state snapshots spilled with prefix blocks."""
@@ -88,64 +82,3 @@ def build_offload(
         persist_tier=NVME_BACKEND if persist else None,
         mirror=split,
     )
-
-
-@dataclass(frozen=True)
-class TierPlace:
-    """Where a rank's file-backed tiers live and whom their records belong to: ``spill_dir`` (None: no NVMe
-    tier), the model, persistence, and ``rank_tag`` (split replicas: the parallel sizes and the rank, whose
-    ``rank-N`` subdirectory holds this rank's files)."""
-
-    spill_dir: Path | None
-    model_name: str
-    persist: bool
-    rank_tag: tuple[int, int, int] | None = None
-
-    def spec(self, format: RecordFormat, capacity_bytes: int, part: str) -> TierSpec:
-        """The `TierSpec` of this rank's NVMe tier of ``part`` (``kv`` or ``state``)."""
-        assert self.spill_dir is not None
-        identity = f"{self.model_name}|{format}"
-        directory = self.spill_dir / part
-        if self.rank_tag is not None:
-            rank, tp, ep = self.rank_tag
-            identity += f"|tensor_parallel_size={tp}|expert_parallel_size={ep}|rank={rank}"
-            directory = self.spill_dir / f"rank-{rank}" / part
-        return TierSpec(format, capacity_bytes, directory, hashlib.sha256(identity.encode()).hexdigest(), self.persist)
-
-
-def open_tiers(
-    format: RecordFormat, sizes: list[tuple[str, int]], place: TierPlace, part: str
-) -> list[tuple[str, StorageBackend]]:
-    """The tiers of ``sizes`` (``(name, capacity bytes)``, fastest first: ``host``, ``nvme``) that have room and
-    could be opened."""
-    tiers: list[tuple[str, StorageBackend]] = []
-    for name, capacity in sizes:
-        tier = open_tier(format, name, capacity, place, part)
-        if tier is not None:
-            tiers.append((name, tier))
-    return tiers
-
-
-def open_tier(format: RecordFormat, name: str, capacity: int, place: TierPlace, part: str) -> StorageBackend | None:
-    """Tier ``name`` of ``capacity`` bytes; None when it has no room, no directory, or cannot be opened."""
-    if capacity <= 0:
-        return None
-    if name == "host":
-        return HostMemoryStorage(TierSpec(format, capacity))
-    return _open_nvme(place.spec(format, capacity, part)) if place.spill_dir is not None else None
-
-
-def _open_nvme(spec: TierSpec) -> StorageBackend | None:
-    """The NVMe tier, or None (with one warning) when its directory cannot be used; ConfigError when the
-    plugin is not installed or the directory is another engine's."""
-    registration = get_registry().find("storage", NVME_BACKEND)
-    if registration is None:
-        raise ConfigError(
-            "kv_spill_dir needs the NVMe storage tier: install the atlas-storage-nvme plugin, or unset kv_spill_dir"
-        )
-    try:
-        backend: StorageBackend = registration.load()(spec)
-        return backend
-    except (OSError, StorageFullError) as exc:
-        log.warning("KV tier on %s cannot be used (%s); running without it", spec.directory, exc)
-        return None

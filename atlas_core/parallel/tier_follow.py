@@ -21,12 +21,11 @@ import numpy as np
 
 from atlas_core.backends.base import Backend
 from atlas_core.batch.kv_cache import KVCache
-from atlas_core.engine.kv_loads import Load, upload
-from atlas_core.engine.kv_offload import kv_record_format, state_record_format
-from atlas_core.engine.kv_tiers import TierPlace, open_tier
+from atlas_core.kvtiers.agree import agree_loads, rank_capacity, reconcile
+from atlas_core.kvtiers.loads import Load, upload
+from atlas_core.kvtiers.place import TierPlace, kv_record_format, open_tier, state_record_format
 from atlas_core.model.recurrent_state import RecurrentState
 from atlas_core.model.sharding import TensorParallel
-from atlas_core.parallel.tier_mirror import agree_loads, rank_capacity, reconcile
 from atlas_core.storage.replay import TierReplay
 
 

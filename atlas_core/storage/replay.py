@@ -8,7 +8,7 @@ the discards of ``drop``. It keeps no index: the backends' own bookkeeping says 
 It never returns mismatched data silently: a slot it could not write is discarded (a later read reports it
 lost), a demotion whose read fails discards its target, a tier this rank could not open (None) loses every
 record, and slots beyond a tier's capacity on this rank are lost. Lost records are reported to the caller, which
-tells rank 0 (`atlas_core.engine.kv_loads.agree_loads`), so every rank recomputes them.
+tells rank 0 (`atlas_core.kvtiers.agree.agree_loads`), so every rank recomputes them.
 """
 
 from __future__ import annotations

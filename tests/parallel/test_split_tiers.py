@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from atlas_core import LLM
-from atlas_core.engine.kv_tiers import TierPlace
+from atlas_core.kvtiers.place import TierPlace
 from atlas_core.storage.backend import RecordFormat
 from atlas_core.testing.family import mixed_prompts
 from tests.conftest import TINY

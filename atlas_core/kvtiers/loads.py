@@ -31,7 +31,6 @@ import numpy as np
 
 from atlas_core.backends.base import Array
 from atlas_core.backends.transfers import HostTransfers, Transfer
-from atlas_core.engine.sequence import Sequence
 from atlas_core.storage.tiered import Key
 
 UPLOAD_POLL_S = 0.001
@@ -127,7 +126,7 @@ class Loads:
     def __len__(self) -> int:
         return len(self._loads)
 
-    def __contains__(self, seq: Sequence) -> bool:
+    def __contains__(self, seq: Hashable) -> bool:
         return seq in self._loads
 
     def start(self, load: Load) -> None:
@@ -156,7 +155,7 @@ class Loads:
                 del self._loads[seq]
                 load.on_done(load)
 
-    def cancel(self, seq: Sequence) -> bool:
+    def cancel(self, seq: Hashable) -> bool:
         """Forget ``seq``'s load (its records stay where they are); False when it had none."""
         load = self._loads.pop(seq, None)
         if load is None:
