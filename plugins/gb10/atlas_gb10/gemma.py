@@ -1,5 +1,6 @@
-"""The Gemma family's ``gemma`` op group on CUDA: each op one grid-stride elementwise kernel of
-``elementwise.cu`` (bf16 in and out, fp32 math) over rows with their own strides.
+"""The Gemma family's ``gemma`` op group on CUDA: each op one grid-stride kernel of ``elementwise.cu`` (bf16 in
+and out, fp32 math) over rows with their own strides; `pool_patches` reads each output's block through a
+host-built table of its first patch and its grid's width.
 
 This module imports ``atlas_model_gemma``; the plugin registers it only where that family is installed,
 and it is imported only when a Gemma model asks its backend for the group.
@@ -7,11 +8,15 @@ and it is imported only when a Gemma model asks its backend for the group.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 from atlas_model_gemma.ops import GemmaOps
 
 from atlas_core.backends.base import Array
+from atlas_gb10.arrays import BF16
 from atlas_gb10.backend import CudaBackend
-from atlas_gb10.rowmap import map_rows
+from atlas_gb10.rowmap import as_rows, grid_blocks, map_rows, row_stride
 
 
 class CudaGemmaOps(GemmaOps):
@@ -34,6 +39,60 @@ class CudaGemmaOps(GemmaOps):
         if tuple(gate.shape) != tuple(up.shape):
             raise ValueError(f"gelu_tanh_gate: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have one shape")
         return self._map("gemma_gelu_tanh_gate_bf16", gate, up, 0.0)
+
+    def clamp(self, x: Array, low: float, high: float) -> Array:
+        backend = self.backend
+        backend.require_bf16("clamp", x)
+        cols = int(x.shape[-1]) if x.ndim else 1
+        rows = as_rows(backend, x, cols)
+        out = backend.cp.empty(x.shape, dtype=BF16)
+        if out.size:
+            backend.kernels.function("elementwise", "gemma_clamp_bf16")(
+                (grid_blocks(backend, out.size),),
+                (256,),
+                (
+                    rows,
+                    np.int64(row_stride(rows)),
+                    out,
+                    np.int32(cols),
+                    np.int64(rows.shape[0]),
+                    np.float32(low),
+                    np.float32(high),
+                ),
+            )
+        return out
+
+    def pool_patches(self, x: Array, grids: Sequence[tuple[int, int]], kernel: int) -> Array:
+        backend = self.backend
+        backend.require_bf16("pool_patches", x)
+        channels = int(x.shape[1])
+        first, width, start = [], [], 0
+        for rows, cols in grids:
+            block_rows, block_cols = np.meshgrid(np.arange(rows // kernel), np.arange(cols // kernel), indexing="ij")
+            first.append(start + (block_rows * kernel * cols + block_cols * kernel).ravel())
+            width.append(np.full(block_rows.size, cols))
+            start += rows * cols
+        if start != x.shape[0]:
+            raise ValueError(f"pool_patches: grids {list(grids)} hold {start} patches, x has {x.shape[0]}")
+        outputs = sum(len(f) for f in first)
+        out = backend.cp.empty((outputs, channels), dtype=BF16)
+        if out.size:
+            patches = as_rows(backend, x, channels)
+            backend.kernels.function("elementwise", "gemma_pool_patches_bf16")(
+                (grid_blocks(backend, out.size),),
+                (256,),
+                (
+                    patches,
+                    np.int64(row_stride(patches)),
+                    backend.cp.asarray(np.concatenate(first).astype(np.int32)),
+                    backend.cp.asarray(np.concatenate(width).astype(np.int32)),
+                    out,
+                    np.int32(channels),
+                    np.int64(outputs),
+                    np.int32(kernel),
+                ),
+            )
+        return out
 
     def _map(self, kernel: str, x: Array, y: Array | None, value: float) -> Array:
         return map_rows(self.backend, kernel, x, y, value)

@@ -24,6 +24,11 @@ def row_stride(rows: Any) -> int:
     return int(rows.strides[0] // rows.itemsize)
 
 
+def grid_blocks(backend: Any, total: int) -> int:
+    """256-thread blocks of a grid-stride launch over ``total`` elements."""
+    return min(math.ceil(total / 256), BLOCKS_PER_SM * max(1, backend.profile.sm_count))
+
+
 def map_rows(backend: Any, kernel: str, x: Any, y: Any | None, value: float) -> Any:
     """``out = op(x, y)`` elementwise through ``kernel`` with the float argument ``value``: a new contiguous
     bf16 array in ``x``'s shape (``y``, when given, has the same shape)."""
@@ -34,9 +39,8 @@ def map_rows(backend: Any, kernel: str, x: Any, y: Any | None, value: float) -> 
     cols = int(x.shape[-1]) if x.ndim else 1
     rows_x, rows_y = as_rows(backend, x, cols), None if y is None else as_rows(backend, y, cols)
     total = out.size
-    blocks = min(math.ceil(total / 256), BLOCKS_PER_SM * max(1, backend.profile.sm_count))
     backend.kernels.function("elementwise", kernel)(
-        (blocks,),
+        (grid_blocks(backend, total),),
         (256,),
         (
             rows_x,

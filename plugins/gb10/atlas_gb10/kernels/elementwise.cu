@@ -441,3 +441,34 @@ extern "C" __global__ void __launch_bounds__(LN_THREADS) layer_norm_bf16(
         dst[c] = float_to_bf16(__fmaf_rn(normed, bf16_to_float(weight[c]), bf16_to_float(bias[c])));
     }
 }
+
+// The gemma group's clamp and pool_patches. clamp: out = x below `low` -> low, above `high` -> high (NaN stays),
+// rows of `cols` with row stride ldx, out contiguous. pool_patches: out[o, c] = the mean of the kernel x kernel
+// patches x[first[o] + i * width[o] + j, c] (i, j < kernel) of output o's block, summed in fp32 in (i, j) order;
+// x [patches, C] with row stride ldx, out contiguous [outputs, C].
+extern "C" __global__ void gemma_clamp_bf16(const bf16_t* __restrict__ x, long long ldx, bf16_t* __restrict__ out,
+                                            int cols, long long rows, float low, float high) {
+    const long long n = rows * cols;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / cols;
+        const float v = bf16_to_float(x[r * ldx + (i - r * cols)]);
+        out[i] = float_to_bf16(v < low ? low : (v > high ? high : v));
+    }
+}
+
+extern "C" __global__ void gemma_pool_patches_bf16(const bf16_t* __restrict__ x, long long ldx,
+                                                   const int* __restrict__ first, const int* __restrict__ width,
+                                                   bf16_t* __restrict__ out, int channels, long long outputs, int kernel) {
+    const long long n = outputs * channels;
+    const float count = (float)(kernel * kernel);
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long o = i / channels;
+        const int c = (int)(i - o * channels);
+        const long long base = first[o];
+        const int w = width[o];
+        float sum = 0.0f;
+        for (int a = 0; a < kernel; ++a)
+            for (int b = 0; b < kernel; ++b) sum = __fadd_rn(sum, bf16_to_float(x[(base + (long long)a * w + b) * ldx + c]));
+        out[i] = float_to_bf16(__fdiv_rn(sum, count));
+    }
+}
