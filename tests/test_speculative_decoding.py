@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -229,6 +230,29 @@ def test_draft_model_proposals_and_abort_free_everything() -> None:
     assert_no_leaks(spec)
     assert engine.speculation is not None and isinstance(engine.speculation.proposer, DraftModelProposer)
     _assert_cache_free(engine.speculation.proposer.cache)
+
+
+def test_draft_model_reads_target_tokens_beyond_its_vocabulary_as_valid_ids() -> None:
+    """A draft whose vocabulary is smaller than the target's (as a text-only draft of a vision-language target
+    with image placeholders past it) is fed a valid id instead; the output is still the target's."""
+    plain = LLM(TINY / "qwen3", enable_prefix_caching=False)
+    prompt = [5, 250, 250, 7, 251, 9]  # ids past the draft vocabulary set below
+    want = outputs_of(plain, [prompt], GREEDY)
+    config = {"method": "draft_model", "model": str(TINY / "qwen3"), "num_speculative_tokens": 3}
+    spec = LLM(TINY / "qwen3", speculative_config=config)
+    proposer = spec.engine.speculation.proposer if spec.engine.speculation is not None else None
+    assert isinstance(proposer, DraftModelProposer)
+    proposer.draft.model.vocab_size = 240
+    fed: list[int] = []
+    batch = proposer.cache.batch
+
+    def recording(rows: Any) -> Any:
+        fed.extend(token for row in rows for token in row.token_ids)
+        return batch(rows)
+
+    proposer.cache.batch = recording  # type: ignore[method-assign]
+    assert outputs_of(spec, [prompt], GREEDY) == want
+    assert fed and max(fed) < 240 and 0 in fed
 
 
 def _assert_cache_free(cache: DraftKV) -> None:

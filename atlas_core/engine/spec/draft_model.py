@@ -24,6 +24,11 @@ from atlas_core.plugins import get_registry
 TOKENIZER_PROBE = "Speculative drafts: The quick brown fox, 1234 + 5678 = ?\n def f(x): return x**2  # ok"
 
 
+OUT_OF_VOCABULARY_ID = 0
+"""What the draft model reads for a target token beyond its vocabulary (the draft cannot see an image: its
+placeholder tokens only need to be valid ids; the verify step decides what counts)."""
+
+
 class DraftModelProposer:
     """Proposes with a draft model; see the module docstring. Needs ``cache.allocate`` before `propose`."""
 
@@ -80,9 +85,15 @@ class DraftModelProposer:
 
     def _step(self, seqs: list[Sequence], new_tokens: list[list[int]]) -> list[int]:
         """One forward of the draft model over each sequence's ``new_tokens`` (after its seen tokens);
-        the greedy next token of each."""
+        the greedy next token of each. A token the draft's vocabulary lacks (an image placeholder of a
+        vision-language target with a larger vocabulary) is read as `OUT_OF_VOCABULARY_ID`."""
+        vocab = self.draft.model.vocab_size
         rows = [
-            DraftRows(self.cache.table(seq).table.blocks, len(self._seen[seq]), new)
+            DraftRows(
+                self.cache.table(seq).table.blocks,
+                len(self._seen[seq]),
+                [token if token < vocab else OUT_OF_VOCABULARY_ID for token in new],
+            )
             for seq, new in zip(seqs, new_tokens, strict=True)
         ]
         batch = self.cache.batch(rows)
