@@ -56,7 +56,11 @@ class EngineConfig:
     )
     default_max_seq_len: int = DEFAULT_MAX_SEQ_LEN
     max_num_seqs: int = option(64, help="most sequences in one batch")
-    max_num_batched_tokens: int = option(2048, help="token budget of one forward step")
+    max_num_batched_tokens: int = option(
+        2048,
+        help="token budget of one forward step (an image that attends to itself, as Gemma 3 / 4's do, is never cut: "
+        "a step that starts one takes all of it)",
+    )
     max_prefill_tokens: int | None = option(
         None, help="largest prefill chunk of one sequence per step", default_help="--max-num-batched-tokens"
     )

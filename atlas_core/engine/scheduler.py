@@ -175,7 +175,9 @@ class Scheduler:
     def _prefill_chunk(self, seq: Sequence, budget: int) -> int:
         """Tokens of ``seq``'s prefill to run now; a chunk never runs past the sequence's snapshot boundary
         and never ends inside an image that attends to itself bidirectionally (it stops before the image,
-        or takes all of it when it starts there, even past ``budget``)."""
+        or takes all of it when it starts there, even past ``budget``: the step's budget then goes negative
+        and the loops stop). No model has both (bidirectional images are Gemma's, recurrent state the
+        hybrids'); if one did, the image would win and that boundary's snapshot would be skipped."""
         count = min(seq.num_uncomputed, self.config.max_prefill_tokens, budget)
         boundary = self._snapshot_boundary(seq)
         if boundary is not None and seq.num_computed < boundary < seq.num_computed + count:

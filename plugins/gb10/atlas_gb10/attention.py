@@ -233,11 +233,17 @@ class AttentionRunner:
         return _items(seqs, first, 0), 0
 
     def host_lengths(self, meta: AttentionMetadata) -> tuple[np.ndarray, np.ndarray]:
-        """Query tokens and context length of every sequence on the host, read once per forward (per
-        metadata object, shared by every attention kernel of that forward)."""
-        if self._host_meta is None or self._host_meta[0] is not meta:
-            self._host_meta = (meta, self.cp.asnumpy(meta.query_start_loc), self.cp.asnumpy(meta.seq_lens))
-        return np.diff(self._host_meta[1]), self._host_meta[2]
+        """Query tokens and context length of every sequence on the host, read once per forward (per device
+        arrays of query starts and lengths, shared by every attention kernel of that forward, including those
+        given a copy of the metadata with other fields, as Gemma 4's causal full-attention layers are)."""
+        cached = self._host_meta
+        if (
+            cached is None
+            or cached[0].query_start_loc is not meta.query_start_loc
+            or cached[0].seq_lens is not meta.seq_lens
+        ):
+            self._host_meta = cached = (meta, self.cp.asnumpy(meta.query_start_loc), self.cp.asnumpy(meta.seq_lens))
+        return np.diff(cached[1]), cached[2]
 
 
 def _tiles(q_lens: np.ndarray, tokens_per_tile: int) -> tuple[np.ndarray, np.ndarray]:

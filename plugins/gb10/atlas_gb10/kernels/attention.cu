@@ -119,14 +119,16 @@ __device__ __forceinline__ void attention_body(
     if (rows <= 0) return;
     const int first_pos = ctx - q_len + tile_tok;
     const int last_pos = first_pos + tokens - 1;
-    // visible_end is non-decreasing along a sequence's rows: the tile's last row sees the furthest
-    const int key_end = visible_end ? max(last_pos + 1, visible_end[q_begin + tile_tok + tokens - 1]) : last_pos + 1;
+    // visible_end is non-decreasing along a sequence's rows: the tile's last row sees the furthest (never past
+    // the sequence's keys, whatever the caller passes)
+    const int key_end =
+        visible_end ? min(ctx, max(last_pos + 1, visible_end[q_begin + tile_tok + tokens - 1])) : last_pos + 1;
     const int key_start = window > 0 ? max(0, first_pos - window + 1) : 0;
     const int* table = block_tables + (long long)b * table_width;
 
     for (int r = tid; r < TM; r += ATT_THREADS) {
         qpos[r] = r < rows ? first_pos + r / group : -1;
-        qlast[r] = r < rows ? (visible_end ? visible_end[q_begin + tile_tok + r / group] - 1 : qpos[r]) : -1;
+        qlast[r] = r < rows ? (visible_end ? min(ctx, visible_end[q_begin + tile_tok + r / group]) - 1 : qpos[r]) : -1;
         M_tot[r] = NEG_INF;
         L_tot[r] = 0.0f;
     }
