@@ -25,6 +25,8 @@ class CudaVisionOps(VisionOps):
     """`VisionOps` as CUDA kernels (bf16 in and out, fp32 math); every op returns a new contiguous array."""
 
     backend: CudaBackend
+    _segments: tuple[np.ndarray, AttentionMetadata] | None = None
+    """The last encoder call's segments and their metadata (`_segments_meta`)."""
 
     def layer_norm(self, x: Array, weight: Array, bias: Array, eps: float) -> Array:
         backend = self.backend
@@ -47,6 +49,19 @@ class CudaVisionOps(VisionOps):
         backend = self.backend
         cp = backend.cp
         tokens, heads, head_dim = q.shape
+        cache_shape = (tokens, 1, heads, head_dim)
+        k_cache = cp.ascontiguousarray(k).reshape(cache_shape)
+        v_cache = cp.ascontiguousarray(v).reshape(cache_shape)
+        meta = self._segments_meta(cu_seqlens)
+        return backend.attention(cp.ascontiguousarray(q), k_cache, v_cache, meta, scale)
+
+    def _segments_meta(self, cu_seqlens: np.ndarray) -> AttentionMetadata:
+        """The attention metadata of the segments ``cu_seqlens``; the same object for every layer of one
+        encoder call (they share ``cu_seqlens``), so the runner reads its lengths back once per call."""
+        cached = self._segments
+        if cached is not None and cached[0] is cu_seqlens:
+            return cached[1]
+        cp = self.backend.cp
         starts = np.asarray(cu_seqlens, dtype=np.int64)
         lengths = np.diff(starts)
         width = max(int(lengths.max(initial=1)), 1)
@@ -60,7 +75,5 @@ class CudaVisionOps(VisionOps):
             slot_mapping=cp.zeros(0, dtype=np.int32),
             visible_end=cp.asarray(np.repeat(lengths, lengths).astype(np.int32)),
         )
-        cache_shape = (tokens, 1, heads, head_dim)
-        k_cache = cp.ascontiguousarray(k).reshape(cache_shape)
-        v_cache = cp.ascontiguousarray(v).reshape(cache_shape)
-        return backend.attention(cp.ascontiguousarray(q), k_cache, v_cache, meta, scale)
+        self._segments = (cu_seqlens, meta)
+        return meta
