@@ -91,10 +91,12 @@ class LLM:
         disk for the next start) and stop the other ranks of a split model (the processes started for them are
         reaped). The `LLM` is unusable afterwards; closing again does nothing more."""
         engine: LLMEngine | None = getattr(self, "engine", None)
-        if engine is not None:
-            engine.close()
-        if self.mirror is not None:
-            self.mirror.close()
+        try:
+            if engine is not None:
+                engine.close()
+        finally:  # a failed replica still stops its ranks
+            if self.mirror is not None:
+                self.mirror.close()
 
     def __enter__(self) -> LLM:
         return self

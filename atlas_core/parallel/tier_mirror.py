@@ -74,4 +74,5 @@ class SplitTiers:
         self.mirror.guard(lambda: agree_loads(self.mirror.world.parallel, self.mirror.backend, loads))
 
     def closed(self) -> None:
-        self.mirror.flush()
+        if self.mirror.failure is None:  # a failed replica has no ranks left to tell
+            self.mirror.flush()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ class TierReplay:
         self._io = ThreadPoolExecutor(1, thread_name_prefix="atlas-kv-replay")
         self._warned: set[int] = set()
 
-    def put(self, moves: list[list[int]], placed: list[list[int]], records: Callable[[], list[np.ndarray]]) -> None:
+    def put(self, moves: list[list[Any]], placed: list[list[int]], records: Callable[[], list[np.ndarray]]) -> None:
         """Run a journaled ``put``: the demotions ``moves``, then write row ``row`` of ``records()`` to each
         ``[tier, slot, row, key]`` of ``placed``."""
         self._io.submit(self._run_put, moves, placed, records)
@@ -47,7 +48,7 @@ class TierReplay:
         """Run a journaled ``drop``: discard ``[tier, slot]`` pairs."""
         self._io.submit(self._discard, [(tier, slot) for tier, slot in slots])
 
-    def demote(self, moves: list[list[int]]) -> None:
+    def demote(self, moves: list[list[Any]]) -> None:
         """Run a journaled ``demote``, waited for (it precedes the closing writes)."""
         self._io.submit(self._run_moves, moves).result()
 
@@ -59,7 +60,7 @@ class TierReplay:
                 tier.close()
 
     def _run_put(
-        self, moves: list[list[int]], placed: list[list[int]], records: Callable[[], list[np.ndarray]]
+        self, moves: list[list[Any]], placed: list[list[int]], records: Callable[[], list[np.ndarray]]
     ) -> None:
         self._run_moves(moves)
         arrays = records()
@@ -83,14 +84,14 @@ class TierReplay:
                     target[row] = source[position]
         return sorted(lost)
 
-    def _run_moves(self, moves: list[list[int]]) -> None:
-        """Demotions, deepest first (as `TieredStore` applies them)."""
-        for source, source_slot, target, target_slot in sorted(moves, key=lambda m: -m[0]):
+    def _run_moves(self, moves: list[list[Any]]) -> None:
+        """Demotions, deepest first (as `TieredStore` applies them), each record written under its key."""
+        for source, source_slot, target, target_slot, key in sorted(moves, key=lambda m: -m[0]):
             staging = self.format.empty(1)
             if self._read(source, [source_slot], staging):
                 self._discard([(target, target_slot)])
             else:
-                self._write(target, [target_slot], [None], staging)
+                self._write(target, [target_slot], [key], staging)
 
     def _usable(self, index: int, slots: Sequence[int]) -> StorageBackend | None:
         tier = self.tiers[index]

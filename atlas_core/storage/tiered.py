@@ -373,6 +373,11 @@ class TieredStore:
         return True
 
 
-def _moves(moves: list[_Move]) -> list[list[int]]:
-    """Demotions as the journal writes them: ``[source tier, source slot, target tier, target slot]``."""
-    return [[move.source, move.source_slot, move.target, move.target_slot] for move in moves]
+def _moves(moves: list[_Move]) -> list[list[int | None]]:
+    """Demotions as the journal writes them: ``[source tier, source slot, target tier, target slot, key]`` (the
+    key when it is an int, as persisted records' keys are, else None), so a replaying rank files the moved
+    record under the same key."""
+    return [
+        [move.source, move.source_slot, move.target, move.target_slot, move.key if isinstance(move.key, int) else None]
+        for move in moves
+    ]

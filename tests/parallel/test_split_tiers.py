@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 from atlas_core import LLM
+from atlas_core.comm import CommError
 from atlas_core.kvtiers.place import TierPlace
 from atlas_core.storage.backend import RecordFormat
 from atlas_core.testing.family import mixed_prompts
 from tests.conftest import TINY
+from tests.parallel.test_split_processes import replica_processes
 from tests.test_kv_spill import GREEDY, PROMPTS_33, small_cache, tokens
 from tests.test_kv_swap import SCORED, assert_nothing_held, assert_same_outputs, tight_engine
 
@@ -80,6 +82,29 @@ def test_split_spill_hits_corruption_on_one_rank_and_a_restart(tmp_path: Path) -
         outputs = [restarted.generate(prompt, GREEDY)[0] for prompt in PROMPTS_33]
         assert [o.outputs[0].token_ids for o in outputs] == expected
         assert restarted.engine.offload is not None and restarted.engine.offload.spill_hit_tokens > 0
+
+
+def test_records_moved_down_to_disk_keep_their_keys_on_every_rank(tmp_path: Path) -> None:
+    """Host tier above the NVMe tier: records demoted at close (and on the way) are filed under their keys on
+    rank 1 as on rank 0, so both indexes list the same persisted slots."""
+    settings = {"kv_spill_dir": str(tmp_path), "kv_spill_gb": 0.01, "kv_spill_persist": True, "swap_space_gb": 0.01}
+    split = split_like(small_cache(), "llama", **settings)
+    tokens(split, PROMPTS_33)
+    split.close()
+    indexes = [json.loads((tmp_path / f"rank-{r}" / "kv" / "index.json").read_text()) for r in (0, 1)]
+    assert indexes[0]["slots"] and indexes[0]["slots"] == indexes[1]["slots"]
+
+
+def test_close_after_a_lost_rank_stops_the_replica() -> None:
+    """With a tier, closing a replica whose rank died neither raises nor leaves the other processes running."""
+    split = split_like(small_cache(), "llama", swap_space_gb=0.01, comm_timeout=20)
+    (worker,) = replica_processes(split)
+    worker.kill()
+    worker.wait()
+    with pytest.raises(CommError):
+        split.generate(PROMPTS_33[0], GREEDY)
+    split.close()
+    assert all(process.returncode is not None for process in replica_processes(split))
 
 
 def flip_every_payload(path: Path, record_bytes: int = 4096) -> None:

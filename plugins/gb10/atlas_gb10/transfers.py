@@ -32,7 +32,7 @@ class _CudaTransfer:
         self.cp, self.event = cupy, event
 
     def done(self) -> bool:
-        return bool(self.event.query())
+        return bool(self.event.done)
 
     def fence(self) -> None:
         self.cp.cuda.get_current_stream().wait_event(self.event)
@@ -60,11 +60,14 @@ class CudaHostTransfers(HostTransfers):
             host = np.frombuffer(buffer, dtype=part.dtype, count=part.size).reshape(part.shape)
             part.data.copy_to_host_async(host.ctypes.data, part.nbytes, self.stream)
             hosts.append(host)
+            keep.append(buffer)  # back to the pinned pool only once the copy into it is done
         copied = self._event(self.stream, blocking=True)
         self._in_flight.append((copied, keep))
+        device = cp.cuda.Device()  # the engine's; the wait may run on a thread where it is not current
 
         def wait() -> list[np.ndarray]:
-            copied.synchronize()
+            with device:
+                copied.synchronize()
             return hosts
 
         return wait
@@ -104,5 +107,5 @@ class CudaHostTransfers(HostTransfers):
 
     def _cp_pruned(self) -> Any:
         """CuPy, after releasing what completed copies used."""
-        self._in_flight = [(event, keep) for event, keep in self._in_flight if not event.query()]
+        self._in_flight = [(event, keep) for event, keep in self._in_flight if not event.done]
         return self.cp
