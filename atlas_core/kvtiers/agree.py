@@ -40,6 +40,12 @@ def agree_loads(parallel: TensorParallel, backend: Backend, loads: Sequence[Load
             load.settle(part[1:])
 
 
+def closed_everywhere(parallel: TensorParallel, backend: Backend) -> None:
+    """Every rank, once its tiers are closed (their last writes done): one all-reduce, so that rank 0 goes on
+    to stop the replica only when every rank has written what it persists."""
+    parallel.comm.all_reduce(backend.from_numpy(np.ones(1, np.int32), dtype=np.dtype(np.int32)))
+
+
 def reconcile(
     parallel: TensorParallel, backend: Backend, tiers: Sequence[StorageBackend | None], slots: Sequence[int]
 ) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from atlas_core.kvtiers.agree import agree_loads, reconcile
+from atlas_core.kvtiers.agree import agree_loads, closed_everywhere, reconcile
 from atlas_core.kvtiers.loads import Load
 from atlas_core.storage.backend import RecordFormat, StorageBackend
 
@@ -74,5 +74,8 @@ class SplitTiers:
         self.mirror.guard(lambda: agree_loads(self.mirror.world.parallel, self.mirror.backend, loads))
 
     def closed(self) -> None:
+        """After rank 0 closed its tiers: the other ranks close theirs, and rank 0 waits (at most the
+        collective timeout) until they have."""
         if self.mirror.failure is None:  # a failed replica has no ranks left to tell
-            self.mirror.flush()
+            self.mirror.post({"op": "tiers_closed"})
+            self.mirror.guard(lambda: closed_everywhere(self.mirror.world.parallel, self.mirror.backend))

@@ -28,6 +28,7 @@ from atlas_core.comm import CommError
 from atlas_core.comm.rendezvous import WorldAddress
 from atlas_core.comm.wire import send_message
 from atlas_core.errors import ConfigError
+from atlas_core.kvtiers.agree import closed_everywhere
 from atlas_core.model.load import LoadedModel
 from atlas_core.model.mtp import MtpHead, load_mtp_head
 from atlas_core.parallel.batch_wire import decode_batch
@@ -100,12 +101,14 @@ def _follow(world: World, loaded: LoadedModel, backend: Backend, tiers: list[Tie
         step = header.get("mtp_step")
         if op == "stop":
             return
-        if op in ("tier", "loads") and not tiers:
+        if op in ("tier", "loads", "tiers_closed") and not tiers:
             raise CommError(f"rank {world.rank}: rank 0 sent {op!r} before opening the storage tiers")
         if op == "tier":
             tiers[0].run(header["ops"])
         elif op == "loads":
             tiers[0].poll(header["ids"])
+        elif op == "tiers_closed":
+            closed_everywhere(world.parallel, backend)
         elif op == "mtp":
             mtp = load_mtp_head(loaded, backend, int(header["max_seq_len"]), world.parallel)
         elif op == "kv":
