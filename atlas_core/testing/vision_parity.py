@@ -20,6 +20,7 @@ The reference holds ``pixel_values_K`` / ``grid_K`` / ``embeds_K`` (and optional
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -34,6 +35,18 @@ from atlas_core.testing.parity import TOLERANCE, full_prompt_logprobs
 IMAGE_PROMPTS = 2
 REFERENCE_FILE = "vision_reference.npz"
 GREEDY_TOKENS = 8
+
+
+def vision_reference(folder: Path) -> dict[str, np.ndarray]:
+    """A checkpoint folder's ``vision_reference.npz``, every array read into memory."""
+    with np.load(folder / REFERENCE_FILE) as data:
+        return dict(data)
+
+
+def picture(folder: Path, key: str) -> Image.Image:
+    """A checkpoint folder's image ``key`` (``image_{key}.png``), RGB."""
+    with Image.open(folder / f"image_{key}.png") as image:
+        return image.convert("RGB")
 
 
 def collapse_placeholders(prompt: list[int], token: int) -> list[int]:
@@ -62,13 +75,11 @@ class VisionParity:
             metafunc.parametrize("checkpoint", names)
 
     def reference(self, checkpoint: str) -> dict[str, np.ndarray]:
-        with np.load(self.checkpoints / checkpoint / REFERENCE_FILE) as data:
-            return dict(data)
+        return vision_reference(self.checkpoints / checkpoint)
 
     def picture(self, checkpoint: str, key: str) -> Image.Image:
         """The checkpoint's image ``key`` (``a`` or ``b``), RGB."""
-        with Image.open(self.checkpoints / checkpoint / f"image_{key}.png") as image:
-            return image.convert("RGB")
+        return picture(self.checkpoints / checkpoint, key)
 
     def prompt_images(self, checkpoint: str, reference: dict[str, np.ndarray], i: int) -> list[Image.Image]:
         return [self.picture(checkpoint, key) for key in reference[f"images_{i}"].tolist()]

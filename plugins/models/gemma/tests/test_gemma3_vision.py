@@ -12,16 +12,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 from safetensors.numpy import load_file, save_file
 
 from atlas_core import LLM
 from atlas_core.errors import ModelLoadError
 from atlas_core.testing.checkpoints import TinyCheckpoints
-from atlas_core.testing.vision_parity import VisionParity
+from atlas_core.testing.vision_parity import VisionParity, picture, vision_reference
 
 TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 NAME = "gemma3_vl"
+FOLDER = TINY / NAME
 BOI, EOI, IMAGE = 253, 254, 255
 SPECIAL = {BOI: "<start_of_image>", EOI: "<end_of_image>", IMAGE: "<image_soft_token>"}
 """The special tokens' strings in Gemma 3's tokenizer."""
@@ -34,20 +34,10 @@ class TestVisionParity(VisionParity):
     checkpoints = TINY
 
 
-def reference() -> dict[str, np.ndarray]:
-    with np.load(TINY / NAME / "vision_reference.npz") as data:
-        return dict(data)
-
-
-def picture(key: str) -> Image.Image:
-    with Image.open(TINY / NAME / f"image_{key}.png") as image:
-        return image.convert("RGB")
-
-
 def copy_fixture(tmp_path: Path, rename: dict[str, str] | None = None, drop: str | None = None) -> Path:
     """A copy of the fixture with tensor name prefixes replaced (``rename``) or dropped (``drop``)."""
     folder = tmp_path / NAME
-    shutil.copytree(TINY / NAME, folder)
+    shutil.copytree(FOLDER, folder)
     tensors = load_file(folder / "model.safetensors")
     renamed = {}
     for name, value in tensors.items():
@@ -102,8 +92,8 @@ def test_checkpoint_layouts_give_the_reference_features(tmp_path: Path, layout: 
     """The tower and projector under every prefix transformers has saved them with."""
     vision = LLM(copy_fixture(tmp_path, layout), backend="numpy").loaded.model.vision
     assert vision is not None
-    features = vision.encode([vision.prepare(picture("b"))])
-    np.testing.assert_allclose(np.asarray(features[0].embeds), reference()["embeds_b"], atol=1e-4, rtol=0)
+    features = vision.encode([vision.prepare(picture(FOLDER, "b"))])
+    np.testing.assert_allclose(np.asarray(features[0].embeds), vision_reference(FOLDER)["embeds_b"], atol=1e-4, rtol=0)
 
 
 def test_text_only_gemma3_has_no_vision_side(tmp_path: Path) -> None:
@@ -144,4 +134,6 @@ def test_pan_and_scan_is_ignored_with_a_warning(tmp_path: Path, caplog: pytest.L
         vision = LLM(folder, backend="numpy").loaded.model.vision
     assert "do_pan_and_scan is not supported" in caplog.text
     assert vision is not None
-    np.testing.assert_array_equal(vision.prepare(picture("a")).pixel_values, reference()["pixel_values_a"])
+    np.testing.assert_array_equal(
+        vision.prepare(picture(FOLDER, "a")).pixel_values, vision_reference(FOLDER)["pixel_values_a"]
+    )

@@ -10,36 +10,26 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 from atlas_model_gemma.gemma4_image_processor import target_size
-from PIL import Image
 from safetensors.numpy import load_file, save_file
 
 from atlas_core import LLM
 from atlas_core.errors import ModelLoadError
 from atlas_core.testing.checkpoints import TinyCheckpoints
 from atlas_core.testing.parity import TOLERANCE, max_prompt_logprob_error
+from atlas_core.testing.vision_parity import picture, vision_reference
 
 TINY = TinyCheckpoints(Path(__file__).parent / "fixtures" / "tiny")
 NAME = "gemma4_vl"
+FOLDER = TINY / NAME
 BOI, EOI, IMAGE = 253, 254, 255
-
-
-def reference() -> dict[str, np.ndarray]:
-    with np.load(TINY / NAME / "vision_reference.npz") as data:
-        return dict(data)
-
-
-def picture(key: str) -> Image.Image:
-    with Image.open(TINY / NAME / f"image_{key}.png") as image:
-        return image.convert("RGB")
 
 
 def copy_fixture(tmp_path: Path, drop: str | None = None) -> Path:
     """A copy of the fixture, without the tensors whose names start with ``drop``."""
     folder = tmp_path / NAME
-    shutil.copytree(TINY / NAME, folder)
+    shutil.copytree(FOLDER, folder)
     if drop is not None:
         tensors = load_file(folder / "model.safetensors")
         kept = {name: value for name, value in tensors.items() if not name.startswith(drop)}
@@ -68,7 +58,7 @@ def test_rewrite_template_text_is_the_processors() -> None:
     """Gemma 4's chat template writes ``<|image|>`` per image; ``Gemma4Processor.replace_image_token`` (its
     output recorded by the fixture generator for a two-token image) makes it ``boi + soft tokens + eoi``.
     Ours writes one image token, which the engine expands to the image's tokens."""
-    ref = reference()
+    ref = vision_reference(FOLDER)
     marker, replaced = str(ref["template_image"]), str(ref["template_replacement"])
     special = {BOI: str(ref["template_boi"]), EOI: str(ref["template_eoi"]), IMAGE: marker}
     vision = TINY.shared_llm(NAME).loaded.model.vision
@@ -94,7 +84,7 @@ def test_max_pixels_lowers_the_patch_budget() -> None:
     one soft token (9 patches); no limit, or a larger one, gives the processor's own 70-token budget."""
     vision = TINY.shared_llm(NAME).loaded.model.vision
     assert vision is not None
-    image = picture("a")
+    image = picture(FOLDER, "a")
     assert vision.prepare(image, 10**9).grid == vision.prepare(image).grid == (1, 18, 30)
     small = vision.prepare(image, 100 * 16)
     assert small.grid == (1, 6, 12) and small.num_tokens == 8 and small.pixel_values.shape == (72, 48)
