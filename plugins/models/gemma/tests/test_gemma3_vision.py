@@ -56,8 +56,10 @@ def edit_json(path: Path, **changes: object) -> None:
     path.write_text(json.dumps(json.loads(path.read_text()) | changes))
 
 
-def test_vision_side_settings() -> None:
-    vision = TINY.shared_llm(NAME).loaded.model.vision
+@pytest.mark.parametrize("name", ["gemma3_vl", "gemma4_vl"])
+def test_vision_side_settings(name: str) -> None:
+    """Both fixtures: image token 255, images attend to themselves (Gemma 4's config asks for it), 1-D RoPE."""
+    vision = TINY.shared_llm(name).loaded.model.vision
     assert vision is not None
     assert (vision.image_token_id, vision.bidirectional_images) == (IMAGE, True)
     assert vision.rope_positions([1, 2, IMAGE], []) is None

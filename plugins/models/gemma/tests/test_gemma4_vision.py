@@ -47,13 +47,6 @@ def edit_json(path: Path, key: str | None = None, **changes: object) -> None:
     path.write_text(json.dumps(data))
 
 
-def test_vision_side_settings() -> None:
-    vision = TINY.shared_llm(NAME).loaded.model.vision
-    assert vision is not None
-    assert (vision.image_token_id, vision.bidirectional_images) == (IMAGE, True)
-    assert vision.rope_positions([1, 2, IMAGE], []) is None
-
-
 def test_rewrite_template_text_is_the_processors() -> None:
     """Gemma 4's chat template writes ``<|image|>`` per image; ``Gemma4Processor.replace_image_token`` (its
     output recorded by the fixture generator for a two-token image) makes it ``boi + soft tokens + eoi``.
