@@ -102,6 +102,24 @@ def test_corrupt_spilled_block_is_recomputed(monkeypatch: pytest.MonkeyPatch) ->
     assert_no_leaks(llm)
 
 
+def test_tier_read_that_raises_loses_its_records_not_the_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unexpected error reading records back (not an OSError) counts as their loss: the prefix is recomputed
+    and every request answers as a cache miss."""
+    expected = tokens(LLM(TINY / "llama", enable_prefix_caching=False), PROMPTS_33)
+    llm = small_cache(swap_space_gb=0.01)
+    tokens(llm, PROMPTS_33)
+    tier = llm.engine.offload.store._tiers[0].backend  # type: ignore[union-attr]
+
+    def broken(slots: list, out: list) -> list:
+        raise RuntimeError("the tier's reader broke")
+
+    monkeypatch.setattr(tier, "read", broken)
+    outputs = [llm.generate(prompt, GREEDY)[0] for prompt in PROMPTS_33]
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert llm.engine.offload is not None and llm.engine.offload.spill_lost_blocks > 0
+    assert_no_leaks(llm)
+
+
 def test_one_token_requests_leave_their_prefix_cached() -> None:
     """A request that finishes on its prefill step (max_tokens=1) still files its prompt's full blocks in the
     prefix cache, so a returning prompt hits them on the device and, once evicted, in the tier."""

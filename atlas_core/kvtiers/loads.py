@@ -20,6 +20,7 @@ lost or mismatched on any rank is bad on all of them and every rank uploads the 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable, Hashable
 from collections.abc import Sequence as Seq
@@ -35,6 +36,9 @@ from atlas_core.storage.tiered import Key
 
 UPLOAD_POLL_S = 0.001
 """How often `Loads.wait` looks at uploads in flight (they have no future to wait on)."""
+
+
+log = logging.getLogger("atlas.storage")
 
 
 @dataclass(eq=False)
@@ -69,8 +73,14 @@ class Load:
         return self.fetch.done() and (self.state is None or self.state[2].done())
 
     def flags(self) -> list[int]:
-        """After the fetch: one flag per record (1: lost, or failing its check), then one for the state (1: lost)."""
-        lost = set(self.fetch.result())
+        """After the fetch: one flag per record (1: lost, or failing its check), then one for the state (1: lost).
+        A fetch that raised (an unexpected error of a tier's I/O) loses all it was to bring back, logged once per
+        load: the blocks are recomputed, and on a split replica every rank still takes part in the agreement."""
+        try:
+            lost = set(self.fetch.result())
+        except Exception:
+            log.exception("reading KV records back from a storage tier failed; they are recomputed")
+            lost = set(self.keys)
         flags = [
             int(
                 key in lost
@@ -78,7 +88,15 @@ class Load:
             )
             for row, key in enumerate(self.keys)
         ]
-        return [*flags, int(self.state is not None and bool(self.state[2].result()))]
+        return [*flags, int(self.state is not None and self._state_lost())]
+
+    def _state_lost(self) -> bool:
+        assert self.state is not None
+        try:
+            return bool(self.state[2].result())
+        except Exception:
+            log.exception("reading a recurrent state back from a storage tier failed; it is recomputed")
+            return True
 
     def settle(self, flags: Seq[int]) -> None:
         """Set `good` (how many leading records count) and `bad` (the keys lost or failing their check) from
