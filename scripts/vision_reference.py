@@ -1,5 +1,5 @@
 """What the vision references of every family's tiny vision-language fixtures share (Qwen's in
-``qwen_vision_reference.py``, Gemma 3's in the gemma plugin's spec module).
+``qwen_vision_reference.py``, Gemma 3's and Gemma 4's in ``gemma_vision_reference.py``).
 
 A family's ``extra_reference`` writes the two images (`write_images`), its processor's
 ``preprocessor_config.json``, each image's processor output and tower features, then runs two image + text
