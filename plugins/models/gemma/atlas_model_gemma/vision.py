@@ -38,10 +38,22 @@ def full_image_sequence(token: Callable[[int], str], boi: int, image: int, eoi: 
 
 class GemmaVision:
     """What Gemma 3's and Gemma 4's `VisionModel`s share: ``processor(image, max_pixels)`` prepares an image,
-    ``tower.encode`` encodes several; positions are token indices (no multimodal RoPE)."""
+    ``tower.encode`` encodes several; ``image_token_id`` marks the feature rows, ``boi_token_id`` /
+    ``eoi_token_id`` wrap each image in the prompt; positions are token indices (no multimodal RoPE)."""
 
-    processor: Gemma3ImageProcessor | Gemma4ImageProcessor
-    tower: SiglipTower | Gemma4VisionTower
+    def __init__(
+        self,
+        processor: Gemma3ImageProcessor | Gemma4ImageProcessor,
+        tower: SiglipTower | Gemma4VisionTower,
+        image_token_id: int,
+        boi_token_id: int,
+        eoi_token_id: int,
+        *,
+        bidirectional_images: bool = True,
+    ) -> None:
+        self.processor, self.tower = processor, tower
+        self.image_token_id, self.boi_token_id, self.eoi_token_id = image_token_id, boi_token_id, eoi_token_id
+        self.bidirectional_images = bidirectional_images
 
     def prepare(self, image: Image, max_pixels: int | None = None) -> PreparedImage:
         return self.processor(image, max_pixels)
@@ -57,22 +69,8 @@ class GemmaVision:
 
 
 class Gemma3Vision(GemmaVision):
-    """Gemma 3's `VisionModel`: ``processor`` prepares images, ``tower`` encodes them; ``image_token_id``
-    (config ``image_token_index``) marks the feature rows, ``boi_token_id`` / ``eoi_token_id`` (config
-    ``boi_token_index`` / ``eoi_token_index``) wrap each image in the prompt."""
-
-    bidirectional_images = True
-
-    def __init__(
-        self,
-        processor: Gemma3ImageProcessor,
-        tower: SiglipTower,
-        image_token_id: int,
-        boi_token_id: int,
-        eoi_token_id: int,
-    ) -> None:
-        self.processor, self.tower = processor, tower
-        self.image_token_id, self.boi_token_id, self.eoi_token_id = image_token_id, boi_token_id, eoi_token_id
+    """Gemma 3's `VisionModel` (token ids from config ``image_token_index``, ``boi_token_index`` and
+    ``eoi_token_index``); its images always attend to themselves."""
 
     def rewrite_template_text(self, text: str, token: Callable[[int], str]) -> str:
         """Each begin-of-image token of ``text`` (Gemma 3's chat template writes only that) becomes
@@ -82,23 +80,9 @@ class Gemma3Vision(GemmaVision):
 
 
 class Gemma4Vision(GemmaVision):
-    """Gemma 4's `VisionModel`: ``processor`` prepares images, ``tower`` encodes them; ``image_token_id``
-    (config ``image_token_id``) marks the feature rows, ``boi_token_id`` / ``eoi_token_id`` wrap each image;
-    ``bidirectional_images`` when the text config's ``use_bidirectional_attention`` is ``"vision"``."""
-
-    def __init__(
-        self,
-        processor: Gemma4ImageProcessor,
-        tower: Gemma4VisionTower,
-        image_token_id: int,
-        boi_token_id: int,
-        eoi_token_id: int,
-        *,
-        bidirectional_images: bool,
-    ) -> None:
-        self.processor, self.tower = processor, tower
-        self.image_token_id, self.boi_token_id, self.eoi_token_id = image_token_id, boi_token_id, eoi_token_id
-        self.bidirectional_images = bidirectional_images
+    """Gemma 4's `VisionModel` (token ids from config ``image_token_id``, ``boi_token_id`` and
+    ``eoi_token_id``); ``bidirectional_images`` when the text config's ``use_bidirectional_attention`` is
+    ``"vision"`` (the loader passes it)."""
 
     def rewrite_template_text(self, text: str, token: Callable[[int], str]) -> str:
         """Each image token of ``text`` (Gemma 4's chat template writes ``<|image|>`` per image) becomes
