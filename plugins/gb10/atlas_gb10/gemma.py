@@ -25,20 +25,20 @@ class CudaGemmaOps(GemmaOps):
     backend: CudaBackend
 
     def soft_cap(self, x: Array, cap: float) -> Array:
-        return self._map("gemma_soft_cap_bf16", x, None, cap)
+        return map_rows(self.backend, "gemma_soft_cap_bf16", x, None, cap)
 
     def scale(self, x: Array, factor: float) -> Array:
-        return self._map("gemma_scale_bf16", x, None, factor)
+        return map_rows(self.backend, "gemma_scale_bf16", x, None, factor)
 
     def add_scaled(self, x: Array, y: Array, factor: float = 1.0) -> Array:
         if tuple(x.shape) != tuple(y.shape):
             raise ValueError(f"add_scaled: x {tuple(x.shape)} and y {tuple(y.shape)} must have one shape")
-        return self._map("gemma_add_scaled_bf16", x, y, factor)
+        return map_rows(self.backend, "gemma_add_scaled_bf16", x, y, factor)
 
     def gelu_tanh_gate(self, gate: Array, up: Array) -> Array:
         if tuple(gate.shape) != tuple(up.shape):
             raise ValueError(f"gelu_tanh_gate: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have one shape")
-        return self._map("gemma_gelu_tanh_gate_bf16", gate, up, 0.0)
+        return map_rows(self.backend, "gemma_gelu_tanh_gate_bf16", gate, up, 0.0)
 
     def clamp(self, x: Array, low: float, high: float) -> Array:
         backend = self.backend
@@ -93,6 +93,3 @@ class CudaGemmaOps(GemmaOps):
                 ),
             )
         return out
-
-    def _map(self, kernel: str, x: Array, y: Array | None, value: float) -> Array:
-        return map_rows(self.backend, kernel, x, y, value)
