@@ -1,12 +1,15 @@
 """Images from requests: decoded with Pillow, checked and prepared by the served model, every error an
-`InvalidRequestError` naming the request part that holds the image."""
+`InvalidRequestError` naming the request part that holds the image; and the checkpoint's image processor
+settings that the families' processors read (`read_preprocessor_config`)."""
 
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from atlas_core.errors import InvalidRequestError
+from atlas_core.errors import InvalidRequestError, ModelLoadError
 from atlas_core.model.vision import PreparedImage, VisionModel
 
 if TYPE_CHECKING:
@@ -18,6 +21,25 @@ DEFAULT_MAX_PIXELS = 25_000_000
 """The largest image (width x height, before resizing) accepted unless the server says otherwise."""
 MIN_SIDE = 2
 """Images narrower or lower than this many pixels are refused (nothing to see in them)."""
+
+
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+"""Where a vision-language checkpoint keeps its image processor's settings."""
+
+
+def read_preprocessor_config(folder: Path) -> dict[str, Any]:
+    """The JSON object in ``folder``'s `PREPROCESSOR_CONFIG` ({} when there is no such file: the processor's
+    defaults); `ModelLoadError` naming the file when it cannot be read or is not an object."""
+    path = folder / PREPROCESSOR_CONFIG
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: cannot be read: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object")
+    return data
 
 
 def decode_image(data: bytes, part: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image:

@@ -27,8 +27,9 @@ import numpy as np
 from PIL import Image
 
 from atlas_core.errors import InvalidRequestError, ModelLoadError
+from atlas_core.model.images import PREPROCESSOR_CONFIG, read_preprocessor_config
 from atlas_core.model.vision import PreparedImage
-from atlas_model_gemma.image_processor import channels_first, read_json
+from atlas_model_gemma.image_processor import channels_first
 
 BICUBIC = 3
 """``PIL.Image.Resampling.BICUBIC``: transformers' default for Gemma 4."""
@@ -89,8 +90,8 @@ class Gemma4ImageProcessor:
         """Read ``preprocessor_config.json`` in ``folder`` (absent: transformers' defaults, with the vision
         config's ``patch_size`` and ``pooling_kernel_size``). `ModelLoadError` naming the file when its
         settings do not fit the tower (``vision``) or transformers would refuse them."""
-        path = folder / "preprocessor_config.json"
-        config = read_json(path)
+        path = folder / PREPROCESSOR_CONFIG
+        config = read_preprocessor_config(folder)
         patch, kernel = int(vision["patch_size"]), int(vision["pooling_kernel_size"])
         for key, want in (("patch_size", patch), ("pooling_kernel_size", kernel)):
             if config.get(key) is not None and int(config[key]) != want:

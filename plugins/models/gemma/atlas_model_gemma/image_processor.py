@@ -12,7 +12,6 @@ processor's default ``do_pan_and_scan=False``. ``max_pixels`` does not apply: th
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,25 +21,13 @@ import numpy as np
 from PIL import Image
 
 from atlas_core.errors import ModelLoadError
+from atlas_core.model.images import PREPROCESSOR_CONFIG, read_preprocessor_config
 from atlas_core.model.vision import PreparedImage
 
 log = logging.getLogger("atlas.models.gemma")
 
 BILINEAR = 2
 """``PIL.Image.Resampling.BILINEAR``: transformers' default for Gemma 3 (and what its checkpoints name)."""
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path`` ({} when there is no such file); `ModelLoadError` naming it otherwise."""
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: cannot be read: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path}: expected a JSON object")
-    return data
 
 
 def channels_first(
@@ -79,8 +66,8 @@ class Gemma3ImageProcessor:
         """Read ``preprocessor_config.json`` in ``folder`` (absent: transformers' defaults) for a tower with
         ``vision_config`` ``vision`` whose images take ``num_tokens`` tokens. `ModelLoadError` when its size
         is not the square the tower was trained on, or its filter is not one of Pillow's."""
-        path = folder / "preprocessor_config.json"
-        config = read_json(path)
+        path = folder / PREPROCESSOR_CONFIG
+        config = read_preprocessor_config(folder)
         image_size = int(vision.get("image_size", 224))
         size = config.get("size") or {"height": image_size, "width": image_size}
         if (size.get("height"), size.get("width")) != (image_size, image_size):

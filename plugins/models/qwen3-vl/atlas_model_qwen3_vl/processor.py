@@ -10,7 +10,6 @@ Pillow (bicubic) to the nearest size within the budget whose sides are multiples
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from atlas_core.errors import InvalidRequestError, ModelLoadError
+from atlas_core.errors import InvalidRequestError
+from atlas_core.model.images import read_preprocessor_config
 from atlas_core.model.vision import PreparedImage
 
 MAX_ASPECT_RATIO = 200
@@ -59,13 +59,7 @@ class ImageProcessor:
     def from_folder(cls, folder: Path, vision_config: dict[str, Any]) -> ImageProcessor:
         """Read ``preprocessor_config.json`` in ``folder``; without one, the vision config's patch sizes and
         Qwen3-VL's defaults for the rest."""
-        path = folder / "preprocessor_config.json"
-        config: dict[str, Any] = {}
-        if path.is_file():
-            try:
-                config = json.loads(path.read_text())
-            except (OSError, ValueError) as exc:
-                raise ModelLoadError(f"{path}: cannot be read: {exc}") from exc
+        config = read_preprocessor_config(folder)
         size = config.get("size") or {}
         return cls(
             patch_size=int(config.get("patch_size", vision_config.get("patch_size", cls.patch_size))),
