@@ -19,7 +19,9 @@ encodes the same images, checks the features against transformers' and prints bo
 
 On a GPU (one environment with torch, transformers and Atlas): ``make --device cuda`` runs transformers'
 tower in bf16 with sdpa attention and ``atlas --backend cuda`` Atlas's; both are then timed by the wall
-clock after a warm-up call, the device synchronised (best of ``--repeats``).
+clock after a warm-up call, the device synchronised (best of ``--repeats``), and so is the time to the
+first token of a prompt made of the image and 100 text tokens (preprocessing included; transformers'
+``generate`` with ``max_new_tokens=1``, Atlas's ``LLM.generate`` with ``max_tokens=1``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ VISION = {
     "temporal_patch_size": 2,
     "num_position_embeddings": 2304,
 }
+IMAGE_TOKEN, VISION_START, VISION_END = 250, 248, 249
+TTFT_TEXT_TOKENS = 100
 PROCESSOR = {
     "patch_size": 16,
     "merge_size": 2,
@@ -110,10 +114,10 @@ def make(folder: Path, blocks: int, sizes: list[int], threads: int, repeats: int
     config = Qwen3VLConfig(
         text_config=text,
         vision_config=vision,
-        image_token_id=250,
+        image_token_id=IMAGE_TOKEN,
         video_token_id=251,
-        vision_start_token_id=248,
-        vision_end_token_id=249,
+        vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END,
     )
     gpu = device != "cpu"
     dtype = torch.bfloat16 if gpu else torch.float32
@@ -140,6 +144,8 @@ def make(folder: Path, blocks: int, sizes: list[int], threads: int, repeats: int
                 timings[f"encode_{side}"] = min(timings.get(f"encode_{side}", 1e9), now() - begin)
         timings[f"prepare_{side}"] = prepared - start
         np.save(folder / f"merged_{side}.npy", merged.float().cpu().numpy())
+        if gpu:
+            timings[f"ttft_{side}"] = transformers_ttft(model, processor, folder / f"image_{side}.png", repeats, now)
         print(
             f"transformers {side}x{side}: {int(batch['image_grid_thw'].prod())} patches, prepare "
             f"{timings[f'prepare_{side}']:.3f} s, encode {timings[f'encode_{side}']:.3f} s"
@@ -147,12 +153,45 @@ def make(folder: Path, blocks: int, sizes: list[int], threads: int, repeats: int
     (folder / "timings_transformers.json").write_text(json.dumps({"threads": threads, "device": device, **timings}))
 
 
+def ttft_prompt(tokens: int) -> list[int]:
+    """An image placeholder between the vision start and end tokens, then ``tokens`` text tokens."""
+    return [VISION_START, IMAGE_TOKEN, VISION_END] + [int(t) for t in np.arange(tokens) % 200 + 10]
+
+
+def transformers_ttft(model, processor, path: Path, repeats: int, now: Callable[[], float]) -> float:  # noqa: ANN001
+    """Best wall time of transformers' ``generate`` for one token from the image and a 100-token prompt,
+    preprocessing included."""
+    import torch
+    from PIL import Image
+
+    best = 1e9
+    for _ in range(repeats + 1):
+        begin = now()
+        with Image.open(path) as image:
+            batch = processor(images=[image.convert("RGB")], return_tensors="pt")
+        grid = batch["image_grid_thw"]
+        image_tokens = int(grid.prod()) // 4
+        ids = ttft_prompt(TTFT_TEXT_TOKENS)
+        ids = ids[:1] + [IMAGE_TOKEN] * image_tokens + ids[2:]
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            model.generate(
+                input_ids=torch.tensor([ids], device=device),
+                pixel_values=batch["pixel_values"].to(device, model.dtype),
+                image_grid_thw=grid.to(device),
+                max_new_tokens=1,
+                do_sample=False,
+            )
+        best = min(best, now() - begin)
+    return best
+
+
 def atlas(folder: Path, repeats: int, backend: str = "numpy") -> None:
     from PIL import Image
 
-    from atlas_core import LLM
+    from atlas_core import LLM, SamplingParams
 
-    llm = LLM(folder, backend=backend, kv_cache_memory_gib=1 / 64)
+    llm = LLM(folder, backend=backend, kv_cache_memory_gib=1 / 64, enable_prefix_caching=False)  # no image hits
     vision = llm.loaded.model.vision
     assert vision is not None
     gpu = backend != "numpy"
@@ -180,6 +219,18 @@ def atlas(folder: Path, repeats: int, backend: str = "numpy") -> None:
             f"({reference.get('device', 'cpu')}, {reference['threads']} torch threads); max |delta| of merged "
             f"features {error:.2e}"
         )
+        if gpu:
+            ttft = 1e9
+            for _ in range(repeats + 1):
+                begin = now()
+                with Image.open(path) as image:
+                    prompt = {"prompt_token_ids": ttft_prompt(TTFT_TEXT_TOKENS), "images": [image.convert("RGB")]}
+                    llm.generate(prompt, SamplingParams(max_tokens=1, temperature=0.0))
+                ttft = min(ttft, now() - begin)
+            print(
+                f"{side}x{side} image + {TTFT_TEXT_TOKENS}-token prompt, time to first token: atlas {ttft:.3f} s / "
+                f"transformers generate {reference[f'ttft_{side}']:.3f} s"
+            )
 
 
 def main() -> None:

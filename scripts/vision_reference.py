@@ -9,6 +9,7 @@ prompts through the model (`prompt_reference`) and saves everything as ``vision_
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,8 @@ def prompt_reference(
 ) -> None:
     """Prompt ``i`` (token ids ``ids``, placeholders expanded; ``images``: its image keys in order) through
     ``model`` with the model's image inputs ``kwargs``: ``prompt_i``, ``images_i``, ``logprobs_i`` (every
-    position, one forward), ``greedy_i`` and ``greedy_logprobs_i`` (``generate``, EOS ignored) into ``out``."""
+    position, one forward), ``greedy_i`` and ``greedy_logprobs_i`` (``generate``, EOS ignored) and
+    ``bf16_drift_i`` (`bf16_drift`) into ``out``."""
     input_ids = torch.tensor([ids])
     with torch.no_grad():
         logits = model(
@@ -74,5 +76,26 @@ def prompt_reference(
     out[f"logprobs_{i}"] = torch.log_softmax(logits, -1).numpy()
     out[f"greedy_{i}"] = gen.sequences[0, len(ids) :].numpy()
     out[f"greedy_logprobs_{i}"] = torch.log_softmax(step_logits, -1).numpy()
+    out[f"bf16_drift_{i}"] = bf16_drift(model, input_ids, **kwargs)
     top = torch.topk(torch.cat([logits, step_logits]), 2, dim=-1).values
     print(f"    vision prompt {i}: {len(ids)} tokens, min top-2 margin {float((top[:, 0] - top[:, 1]).min()):.4f}")
+
+
+def bf16_drift(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> np.ndarray:
+    """transformers' own bf16 noise on a prompt: per position, the largest |log-prob difference| over the
+    probable tokens (p > 1e-3) between ``model`` with its weights rounded to bf16 run in float32 and the same
+    weights run in bf16 (floating inputs cast too) -> float32 ``[positions]``. A bf16 backend checked against
+    a float32 one on the same rounded weights is held to no more than this drift."""
+    rounded = copy.deepcopy(model)
+    mask = torch.ones_like(input_ids)
+    with torch.no_grad():
+        for parameter in rounded.parameters():
+            parameter.copy_(parameter.to(torch.bfloat16).float())
+        want = torch.log_softmax(rounded(input_ids=input_ids, attention_mask=mask, **kwargs).logits[0], -1)
+        rounded.to(torch.bfloat16)
+        cast = {k: v.to(torch.bfloat16) if torch.is_floating_point(v) else v for k, v in kwargs.items()}
+        got = torch.log_softmax(rounded(input_ids=input_ids, attention_mask=mask, **cast).logits[0].float(), -1)
+    probable = want > np.log(1e-3)
+    return np.asarray(
+        [float((g - w).abs()[p].max()) for g, w, p in zip(got, want, probable, strict=True)], dtype=np.float32
+    )

@@ -15,7 +15,8 @@ with a text prompt. A family plugin runs these checks with a three-line test cla
 The reference holds ``pixel_values_K`` / ``grid_K`` / ``embeds_K`` (and optionally ``deepstack_K``
 ``[layers, tokens, H]``) for each image ``K`` in ``a``, ``b``; and for prompts ``i`` in 0, 1:
 ``prompt_i`` (placeholders expanded), ``images_i`` (image keys in order), ``logprobs_i``, ``greedy_i``,
-``greedy_logprobs_i`` and optionally ``mrope_positions_i`` / ``mrope_delta_i``.
+``greedy_logprobs_i`` and optionally ``mrope_positions_i`` / ``mrope_delta_i`` and ``bf16_drift_i``
+(transformers' own bf16-against-float32 log-prob drift per position, which bounds a bf16 backend's).
 """
 
 from __future__ import annotations

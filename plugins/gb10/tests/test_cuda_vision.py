@@ -26,7 +26,9 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 FEATURE_TOLERANCE = 0.05
 """Largest |difference| of tower features relative to their largest magnitude (bf16 activations)."""
 LOGPROB_TOLERANCE, NEAR_TIE_LIMIT = 0.1, 3.0
-"""As in test_cuda_models: the median position's probable tokens, and every position."""
+"""As in test_cuda_models: the median position's probable tokens, and every position; raised to transformers'
+own bf16 drift on the fixture where that is larger (``bf16_drift_i`` in the reference: Gemma 4's unscaled
+attention makes its tiny random fixture far more sensitive to bf16 rounding than the others)."""
 
 
 def bf16_copy(name: str, destination: Path) -> Path:
@@ -64,13 +66,15 @@ def test_image_prompts_match_the_numpy_backend(name: str, tmp_path: Path) -> Non
         host_embeds = np.asarray(w.embeds, dtype=np.float32)
         error = np.abs(cuda.engine.backend.to_numpy(g.embeds).astype(np.float32) - host_embeds).max()
         assert error < FEATURE_TOLERANCE * np.abs(host_embeds).max(), f"{name}: tower features off by {error}"
-    drifts = []
+    drifts, peer = [], []
     for i in range(2):
+        peer += reference[f"bf16_drift_{i}"].tolist()
         keys = reference[f"images_{i}"].tolist()
         prompt = reference[f"prompt_{i}"].tolist()
         got_lp = full_prompt_logprobs(cuda, prompt, [vision_cuda.prepare(p) for p in pictures(folder, keys)])
         want_lp = full_prompt_logprobs(host, prompt, [vision_host.prepare(p) for p in pictures(folder, keys)])
         assert np.isfinite(got_lp).all()
         drifts += [np.abs(g - w)[w > np.log(1e-3)].max() for g, w in zip(got_lp, want_lp, strict=True)]
-    assert np.median(drifts) < LOGPROB_TOLERANCE, f"{name}: per-position drifts {np.round(drifts, 2)}"
-    assert max(drifts) < NEAR_TIE_LIMIT, f"{name}: per-position drifts {np.round(drifts, 2)}"
+    shown = f"{name}: per-position drifts {np.round(drifts, 2)}, transformers bf16's {np.round(peer, 2)}"
+    assert np.median(drifts) < max(LOGPROB_TOLERANCE, np.median(peer)), shown
+    assert max(drifts) < max(NEAR_TIE_LIMIT, max(peer)), shown
