@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from atlas_core import LLM, SamplingParams
-from atlas_core.errors import InvalidRequestError, ModelLoadError, UnsupportedArchitectureError
+from atlas_core.backends.base import Backend
+from atlas_core.backends.numpy_backend import NumpyBackend
+from atlas_core.engine.config import EngineConfig, kv_budget
+from atlas_core.errors import ConfigError, InvalidRequestError, ModelLoadError, UnsupportedArchitectureError
 from tests.conftest import TINY, use_hub_cache
 
 
@@ -121,6 +125,23 @@ def test_offline_hub_repo_not_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 def test_kv_budget_too_small_names_the_numbers() -> None:
     with pytest.raises(Exception, match=r"holds \d+ blocks .* needs \d+ blocks .* Lower max_seq_len to at most \d+"):
         LLM(TINY / "llama", kv_cache_memory_gib=1e-5, max_seq_len=512)
+
+
+class _DeviceMemory:
+    """A backend's `device_memory` alone: 8 GiB total, 2 GiB of it free."""
+
+    def device_memory(self) -> tuple[int, int]:
+        return 2 * 2**30, 8 * 2**30
+
+
+def test_kv_cache_memory_gib_sizes_the_kv_cache_on_any_backend() -> None:
+    device = cast(Backend, _DeviceMemory())
+    assert kv_budget(device, EngineConfig(kv_cache_memory_gib=0.5)) == (2**29, "kv_cache_memory_gib=0.5")
+    budget, source = kv_budget(device, EngineConfig(gpu_memory_utilization=0.9))
+    assert budget == int(0.9 * 8 * 2**30) - 6 * 2**30 and source.startswith("gpu_memory_utilization=0.9")
+    with pytest.raises(ConfigError, match=r"kv_cache_memory_gib=3 is more than the 2.00 GiB free on the device"):
+        kv_budget(device, EngineConfig(kv_cache_memory_gib=3))
+    assert kv_budget(cast(Backend, object.__new__(NumpyBackend)), EngineConfig())[0] == 2**30
 
 
 @pytest.mark.parametrize(

@@ -160,7 +160,7 @@ def random_weights_llm(
     """An `LLM` over a model of ``reference``'s shape with random weights (no tokenizer: prompts are ids),
     cut to its first ``num_layers`` layers when given (`cut_layers`); `check_fits` first."""
     from atlas_core.backends.select import select_backend
-    from atlas_core.engine.config import EngineConfig
+    from atlas_core.engine.config import EngineConfig, kv_budget
     from atlas_core.engine.llm import LLM
     from atlas_core.engine.llm_engine import LLMEngine
     from atlas_core.model.load import LoadedModel
@@ -189,7 +189,7 @@ def random_weights_llm(
     speculation = engine_config.speculation
     if speculation is not None and speculation.method == "mtp" and hasattr(loader_class, "mtp_checkpoint_shapes"):
         shapes |= loader_class.mtp_checkpoint_shapes(config)  # the MTP layers the speculation reads
-    host_kv = int(engine_config.kv_cache_memory_gib * 2**30) if chosen.device_memory() is None else 0
+    host_kv = kv_budget(chosen, engine_config)[0] if chosen.device_memory() is None else 0
     check_fits(name, shapes, chosen, layer_count(config), host_kv)
     source = RandomWeightSource(config, shapes)
     max_positions = engine_config.max_seq_len or engine_config.default_max_seq_len

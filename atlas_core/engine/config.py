@@ -14,6 +14,8 @@ from atlas_core.options.declare import check_choices, option, options_of
 from atlas_core.parallel.settings import Launcher, ReplicaSettings
 
 DEFAULT_MAX_SEQ_LEN = 8192
+HOST_KV_CACHE_GIB = 1.0
+"""The KV cache of host (CPU) backends when ``kv_cache_memory_gib`` is not set."""
 
 SchedulingPolicy = Literal["fifo", "slo"]
 GGUFWeights = Literal["auto", "quantized", "float"]
@@ -39,9 +41,9 @@ class EngineConfig:
     variables of the commands that load a model.
 
     ``max_seq_len`` None means the model's context length, capped at ``default_max_seq_len``.
-    The KV cache gets ``gpu_memory_utilization`` of the device's memory on device backends
-    (what the weights and other allocations already use is subtracted), or
-    ``kv_cache_memory_gib`` on host backends. ``max_prefill_tokens`` None means
+    The KV cache gets ``kv_cache_memory_gib`` when it is set; otherwise ``gpu_memory_utilization`` of
+    the device's memory on device backends (what the weights and other allocations already use is
+    subtracted), or `HOST_KV_CACHE_GIB` on host backends. ``max_prefill_tokens`` None means
     ``max_num_batched_tokens``. ``max_state_snapshots`` (hybrid recurrent models with prefix caching:
     how many saved recurrent states back cached prefixes) None means ``max_num_seqs``. ``kv_cache_dtype``
     names the KV storage (`atlas_core.backends.kv_dtypes`); the engine refuses one its backend does not hold.
@@ -71,7 +73,11 @@ class EngineConfig:
     )
     tbt_slo_ms: float = 100.0
     gpu_memory_utilization: float = option(0.9, help="fraction of GPU memory the engine may use, KV cache included")
-    kv_cache_memory_gib: float = option(1.0, help="KV cache size on CPU backends, GiB")
+    kv_cache_memory_gib: float | None = option(
+        None,
+        help="KV cache size in GiB, on any backend (on a GPU it replaces the --gpu-memory-utilization sizing)",
+        default_help=f"{HOST_KV_CACHE_GIB:g} on CPU backends; on GPUs what --gpu-memory-utilization leaves",
+    )
     kv_cache_dtype: KVCacheDtype = option(
         "auto",
         help="KV cache storage: auto (the backend's activation dtype), bf16, or fp8 (E4M3 with a scale per layer "
@@ -184,7 +190,7 @@ class EngineConfig:
             raise ConfigError(f"max_seq_len must be at least 2, got {self.max_seq_len}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.kv_cache_memory_gib <= 0:
+        if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
             raise ConfigError(f"kv_cache_memory_gib must be positive, got {self.kv_cache_memory_gib}")
         if self.swap_space_gb < 0:
             raise ConfigError(f"swap_space_gb must be at least 0, got {self.swap_space_gb}")
@@ -222,8 +228,17 @@ ENGINE_OPTIONS = options_of(ModelChoice, EngineConfig)
 def kv_budget(backend: Backend, config: EngineConfig) -> tuple[int, str]:
     """``(bytes for the KV cache, a phrase naming where that number comes from)``."""
     memory = backend.device_memory()
+    if config.kv_cache_memory_gib is not None:
+        budget = int(config.kv_cache_memory_gib * 2**30)
+        if memory is not None and budget > memory[0]:
+            raise ConfigError(
+                f"kv_cache_memory_gib={config.kv_cache_memory_gib:g} is more than the {memory[0] / 2**30:.2f} GiB "
+                "free on the device after loading the model: lower it, or leave it unset to size the KV cache by "
+                "gpu_memory_utilization"
+            )
+        return budget, f"kv_cache_memory_gib={config.kv_cache_memory_gib:g}"
     if memory is None:
-        return int(config.kv_cache_memory_gib * 2**30), f"kv_cache_memory_gib={config.kv_cache_memory_gib:g}"
+        return int(HOST_KV_CACHE_GIB * 2**30), f"the host backends' default KV cache of {HOST_KV_CACHE_GIB:g} GiB"
     free, total = memory
     budget = int(total * config.gpu_memory_utilization) - (total - free)
     return budget, (
