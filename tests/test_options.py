@@ -165,6 +165,7 @@ def test_engine_settings_are_the_engine_config_fields_with_options() -> None:
         "max_num_seqs",
         "max_num_batched_tokens",
         "max_prefill_tokens",
+        "batch_invariant",
         "enable_prefix_caching",
         "scheduling_policy",
         "gpu_memory_utilization",

@@ -157,6 +157,11 @@ class Backend(ABC):
     its KV cache in besides its activation dtype (``auto``): its `write_kv` and `attention` take caches of
     those dtypes, and for ``fp8`` it implements `write_kv_scaled` and `attention_scaled`. The engine refuses
     others with a `ConfigError`."""
+    batch_invariant: bool = False
+    """Set by the engine (``EngineConfig.batch_invariant``): when True, every row's arithmetic must not depend
+    on the rest of the batch, so a sequence's greedy tokens are the same alone or batched, chunked or not; a
+    backend whose fastest kernels trade that away keeps to its invariant ones. Backends that are always
+    invariant ignore it."""
     plugin_registry: PluginRegistry | None = None
     """The registry `ops` resolves native op-group implementations from (set by
     `atlas_core.backends.select.select_backend`; None: the process-wide registry)."""

@@ -67,6 +67,11 @@ class EngineConfig:
         None, help="largest prefill chunk of one sequence per step", default_help="--max-num-batched-tokens"
     )
     block_size: int = 16
+    batch_invariant: bool = option(
+        False,
+        help="keep every sequence's arithmetic independent of the batch (greedy tokens identical alone or batched, "
+        "chunked or not) at some cost in prefill speed on GPUs",
+    )
     enable_prefix_caching: bool = option(True, help="reuse the KV of shared prompt prefixes")
     scheduling_policy: SchedulingPolicy = option(
         "fifo", help="fifo: arrival order; slo: shortest prompt first, decode-only steps near the TBT deadline"

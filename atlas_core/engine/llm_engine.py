@@ -40,6 +40,7 @@ class LLMEngine:
 
     def __init__(self, loaded: LoadedModel, backend: Backend, config: EngineConfig) -> None:
         self.loaded, self.backend, self.config = loaded, backend, config
+        backend.batch_invariant = config.batch_invariant
         model = loaded.model
         if config.max_seq_len and config.max_seq_len > model.max_position_embeddings:
             raise InvalidRequestError(

@@ -23,6 +23,9 @@ HEAD_DIM_VARIANTS = (1, 2, 4, 8, 16)
 layers; 16-row blocks only, so GQA groups of at most 16)."""
 WIDE = 16
 """The dims per lane of the widest heads: one key/value buffer, the running output in registers."""
+MMA_HEAD_STEPS = (2, 4, 5, 6, 8)
+"""The tensor-core prefill kernels (attention_mma.cu): head dims padded to 16 x these (32 to 128)."""
+MMA_TILE_N = 64
 
 
 @dataclass
@@ -108,8 +111,12 @@ class AttentionRunner:
             out = cp.empty(q.shape, dtype=q.dtype)
         if tokens == 0:
             return out
-        plan = self._plan(meta, group, tokens, kv_heads, max_rows=16 if dpt == WIDE else 64)
+        steps = next((k for k in MMA_HEAD_STEPS if 16 * k >= d), None)
+        tensor_cores = steps is not None and self.static is None and not self.backend.batch_invariant
+        plan = self._plan(meta, group, tokens, kv_heads, max_rows=16 if dpt == WIDE else 64, tensor_cores=tensor_cores)
         tile_rows = plan.tile_rows
+        if tensor_cores and tile_rows == 64 and steps is not None:
+            return self._tensor_core_prefill(q, k_cache, v_cache, meta, scale, out, sliding_window, plan, steps)
         if (
             tile_rows == 64
             and group <= 16
@@ -128,7 +135,7 @@ class AttentionRunner:
         else:
             ws_acc = ws_ml = np.uint64(0)
         qs = [s // q.itemsize for s in q.strides]
-        q_vec = d % 8 == 0 and qs[0] % 8 == 0 and qs[1] % 8 == 0 and q.data.ptr % 16 == 0
+        q_vec = _vector_rows(q, qs, d)
         os_ = [s // out.itemsize for s in out.strides]
         tables = meta.block_tables
         kernel(
@@ -181,6 +188,58 @@ class AttentionRunner:
             )
         return out
 
+    def _tensor_core_prefill(
+        self,
+        q: Any,
+        k_cache: Any,
+        v_cache: Any,
+        meta: AttentionMetadata,
+        scale: float,
+        out: Any,
+        sliding_window: int | None,
+        plan: _Plan,
+        steps: int,
+    ) -> Any:
+        """A direct-mode plan of 64-row items through attention_mma.cu (head dim padded to 16 x ``steps``)."""
+        _, block_size, kv_heads, d = k_cache.shape
+        kernel = self.backend.kernels.function("attention_mma", f"attention_mma_d{steps}")
+        stride = 16 * steps + 8
+        smem = 2 * MMA_TILE_N * 8 + (64 + 4 * MMA_TILE_N) * stride * 2 + 2 * 64 * 4
+        if smem > 48 * 1024:
+            kernel.max_dynamic_shared_size_bytes = smem
+        qs = [s // q.itemsize for s in q.strides]
+        os_ = [s // out.itemsize for s in out.strides]
+        tables = meta.block_tables
+        kernel(
+            (plan.items, kv_heads),
+            (THREADS,),
+            (
+                q,
+                np.int64(qs[0]),
+                np.int64(qs[1]),
+                k_cache,
+                v_cache,
+                meta.query_start_loc,
+                meta.seq_lens,
+                tables,
+                np.int32(tables.shape[1]),
+                plan.work,
+                out,
+                np.int64(os_[0]),
+                np.int64(os_[1]),
+                np.int32(q.shape[1]),
+                np.int32(kv_heads),
+                np.int32(d),
+                np.int32(block_size),
+                np.float32(scale),
+                np.int32(sliding_window or 0),
+                np.int32(_vector_rows(q, qs, d)),
+                np.uint64(0) if meta.visible_end is None else meta.visible_end,
+            ),
+            shared_mem=smem,
+        )
+        return out
+
     def shared_bytes(self, tile_rows: int, dpt: int, d: int) -> int:
         stride = ((d + 7) & ~7) + 8
         buffers = 2 if tile_rows == 16 and dpt < WIDE else 1  # ATT_BUFFERS in attention.cu
@@ -193,7 +252,17 @@ class AttentionRunner:
             + 7 * tile_rows * 4
         )
 
-    def _plan(self, meta: AttentionMetadata, group: int, tokens: int, kv_heads: int, max_rows: int = 64) -> _Plan:
+    def _plan(
+        self,
+        meta: AttentionMetadata,
+        group: int,
+        tokens: int,
+        kv_heads: int,
+        max_rows: int = 64,
+        tensor_cores: bool = False,
+    ) -> _Plan:
+        """The work of one launch. ``tensor_cores``: an eager forward whose tiles take 64 rows runs them in direct
+        mode (the tensor-core prefill kernel, which has no split mode)."""
         static = self.static
         if static is not None and static.query_tokens == 1:
             return _Plan(static.work, int(static.work.shape[0]), static.splits, 16 if group <= 16 else 64)
@@ -207,6 +276,9 @@ class AttentionRunner:
             return _Plan(work, int(work.shape[0]), static.splits, tile_rows)
         q_lens, lengths = self.host_lengths(meta)
         tile_rows = 16 if int(q_lens.max(initial=0)) * group <= 16 or max_rows == 16 else 64
+        if tensor_cores and tile_rows == 64:
+            work = _items(*_tiles(q_lens, tile_rows // group), 0)
+            return _Plan(self.cp.asarray(work), len(work), 0, tile_rows)
         work, splits = self.work_list(q_lens, lengths, tile_rows // group, kv_heads, self.split)
         return _Plan(self.cp.asarray(work), len(work), splits, tile_rows)
 
@@ -244,6 +316,11 @@ class AttentionRunner:
         ):
             self._host_meta = cached = (meta, self.cp.asnumpy(meta.query_start_loc), self.cp.asnumpy(meta.seq_lens))
         return np.diff(cached[1]), cached[2]
+
+
+def _vector_rows(q: Any, strides: list[int], d: int) -> bool:
+    """Whether the kernels may read ``q``'s rows (element ``strides``, head dim ``d``) 16 bytes at a time."""
+    return d % 8 == 0 and strides[0] % 8 == 0 and strides[1] % 8 == 0 and q.data.ptr % 16 == 0
 
 
 def _tiles(q_lens: np.ndarray, tokens_per_tile: int) -> tuple[np.ndarray, np.ndarray]:

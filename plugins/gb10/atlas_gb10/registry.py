@@ -32,6 +32,7 @@ REGISTRY: dict[tuple[str, str, str], KernelVariant] = {
     (GENERIC, "elementwise", "bf16"): KernelVariant("elementwise.cu"),
     (GENERIC, "gemm", "bf16"): KernelVariant("gemm.cu", (("GEMM_KSPLIT", 8),)),
     (GENERIC, "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 64), ("ATT_SPLIT", 64))),
+    (GENERIC, "attention_mma", "bf16"): KernelVariant("attention_mma.cu"),
     (GENERIC, "logits", "bf16"): KernelVariant("logits.cu"),
     (GENERIC, "moe", "bf16"): KernelVariant("moe.cu", (("GEMM_KSPLIT", 8),)),
     (GENERIC, "mla", "bf16"): KernelVariant("mla.cu", (("MLA_TILE_N", 64), ("MLA_SPLIT", 256))),

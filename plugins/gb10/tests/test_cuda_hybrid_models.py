@@ -25,12 +25,14 @@ HYBRIDS = ["qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h"]
 
 def on_gpu() -> dict[str, Any]:
     """`LLM` settings for the cuda backend whose KV cache and recurrent state take 2 GiB more than what is in
-    use, so that the tests' engines fit side by side (the default takes 90% of the device)."""
+    use, so that the tests' engines fit side by side (the default takes 90% of the device), in the
+    batch-invariant mode (the tests compare tokens across batchings)."""
     import cupy
 
     cupy.get_default_memory_pool().free_all_blocks()
     free, total = cupy.cuda.runtime.memGetInfo()
-    return {"backend": "cuda", "gpu_memory_utilization": min(1.0, (total - free + 2 * 2**30) / total)}
+    share = min(1.0, (total - free + 2 * 2**30) / total)
+    return {"backend": "cuda", "gpu_memory_utilization": share, "batch_invariant": True}
 
 
 @pytest.fixture(scope="module", params=HYBRIDS)

@@ -1,6 +1,7 @@
 """The cuda backend's kernels beyond the shared conformance suite: rows computed the same way in any
-batch (GEMM, RMSNorm, attention), split-K and direct attention giving the same bits, and a warm kernel
-cache compiling nothing. Needs a CUDA GPU; skipped with the backend's own reason elsewhere."""
+batch (GEMM, RMSNorm, attention in the batch-invariant mode, the tensor-core prefill outside it), split-K
+and direct attention giving the same bits, and a warm kernel cache compiling nothing. Needs a CUDA GPU;
+skipped with the backend's own reason elsewhere."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -86,17 +88,60 @@ def paged(
     return meta, starts[-1], caches
 
 
+@contextmanager
+def batch_invariant_mode(backend: CudaBackend) -> Iterator[None]:
+    """The backend as an engine with ``batch_invariant=True`` sets it: the invariant kernels only."""
+    backend.batch_invariant = True
+    try:
+        yield
+    finally:
+        backend.batch_invariant = False
+
+
 def under_split_policies(backend: CudaBackend, run: Callable[[], object]) -> dict[str, np.ndarray]:
-    """``run()``'s result (on the host) with attention cut into splits "never" and "always"."""
+    """``run()``'s result (on the host) with attention cut into splits "never" and "always", in the
+    batch-invariant mode (the tensor-core prefill kernel has no split mode)."""
     runner = backend.attention_runner
     results = {}
     try:
-        for policy in ("never", "always"):
-            runner.split_policy = policy
-            results[policy] = host(backend, run())
+        with batch_invariant_mode(backend):
+            for policy in ("never", "always"):
+                runner.split_policy = policy
+                results[policy] = host(backend, run())
     finally:
         runner.split_policy = "auto"
     return results
+
+
+@pytest.mark.parametrize(("d", "window"), [(128, None), (72, None), (64, 300)])
+def test_tensor_core_prefill_rows_do_not_depend_on_the_batch(backend: CudaBackend, d: int, window: int | None) -> None:
+    """attention_mma.cu (prefill items of 64 rows, outside the batch-invariant mode): within bf16 tolerance of
+    the invariant kernel over contexts of many key tiles, and a sequence's rows get the same bits alone as
+    beside other sequences."""
+    rng = np.random.default_rng(d)
+    kv_heads, group = 2, 4
+    lengths = [(700, 37), (0, 300), (1500, 90)]
+    meta, tokens, (k_cache, v_cache) = paged(backend, rng, lengths, kv_heads, d)
+    q = backend.from_numpy(rng.standard_normal((tokens, kv_heads * group, d), dtype=np.float32))
+    fast = host(backend, backend.attention(q, k_cache, v_cache, meta, d**-0.5, sliding_window=window))
+    with batch_invariant_mode(backend):
+        invariant = host(backend, backend.attention(q, k_cache, v_cache, meta, d**-0.5, sliding_window=window))
+    assert np.isfinite(fast).all()
+    assert np.abs(fast - invariant).max() <= 2e-2 * np.abs(invariant).max()
+    assert not np.array_equal(fast, invariant), "the prefill did not take the tensor-core kernel"
+    from atlas_core.backends.base import AttentionMetadata
+
+    fields = ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")
+    host_meta = AttentionMetadata(*(backend.to_numpy(getattr(meta, f)) for f in fields))
+    first, last = int(host_meta.query_start_loc[1]), int(host_meta.query_start_loc[2])
+    alone = AttentionMetadata(
+        backend.from_numpy(np.asarray([0, last - first], dtype=np.int32)),
+        backend.from_numpy(host_meta.seq_lens[1:2].copy()),
+        backend.from_numpy(host_meta.block_tables[1:2].copy()),
+        backend.from_numpy(host_meta.slot_mapping[first:last].copy()),
+    )
+    single = host(backend, backend.attention(q[first:last], k_cache, v_cache, alone, d**-0.5, sliding_window=window))
+    np.testing.assert_array_equal(single, fast[first:last])
 
 
 @pytest.mark.parametrize("window", [None, 300])
@@ -132,12 +177,14 @@ def test_attention_of_512_wide_heads_matches_the_numpy_backend(backend: CudaBack
 
 
 def test_attention_rows_do_not_depend_on_the_batch(backend: CudaBackend) -> None:
-    """A decode token attends the same alone and beside a prefill chunk and other decodes."""
+    """In the batch-invariant mode, a decode token attends the same alone and beside a prefill chunk and other
+    decodes."""
     rng = np.random.default_rng(3)
     kv_heads, group, d = 8, 2, 64
     meta, tokens, (k_cache, v_cache) = paged(backend, rng, [(40, 25), (900, 1), (3, 1)], kv_heads, d)
     q = backend.from_numpy(rng.standard_normal((tokens, kv_heads * group, d), dtype=np.float32))
-    together = host(backend, backend.attention(q, k_cache, v_cache, meta, 0.1))
+    with batch_invariant_mode(backend):
+        together = host(backend, backend.attention(q, k_cache, v_cache, meta, 0.1))
     from atlas_core.backends.base import AttentionMetadata
 
     alone_meta = AttentionMetadata(
@@ -146,7 +193,8 @@ def test_attention_rows_do_not_depend_on_the_batch(backend: CudaBackend) -> None
         meta.block_tables[1:2],
         meta.slot_mapping[25:26],
     )
-    alone = host(backend, backend.attention(q[25:26], k_cache, v_cache, alone_meta, 0.1))
+    with batch_invariant_mode(backend):
+        alone = host(backend, backend.attention(q[25:26], k_cache, v_cache, alone_meta, 0.1))
     np.testing.assert_array_equal(alone[0], together[25])
 
 

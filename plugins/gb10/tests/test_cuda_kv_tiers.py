@@ -28,7 +28,8 @@ PROMPTS_33 = [p + [1] * (33 - len(p)) for p in mixed_prompts(256, count=3, share
 
 def cuda_llm(name: str, tokens: int | None = None, **settings: object) -> LLM:
     """An engine on the GPU whose KV cache holds ``tokens`` tokens (beside two state slots per sequence on a
-    hybrid model), or `ROOMY_GIB` when None."""
+    hybrid model), or `ROOMY_GIB` when None; batch invariant, since the runs compared batch differently."""
+    settings = {"batch_invariant": True, **settings}
     if tokens is None:
         return LLM(TINY / name, backend="cuda", kv_cache_memory_gib=ROOMY_GIB, **settings)
     probe = LLM(TINY / name, backend="cuda", kv_cache_memory_gib=1 / 64, **settings)

@@ -134,8 +134,9 @@ def test_graph_replayed_decode_equals_eager_decode(name: str, monkeypatch: pytes
 
 @pytest.mark.parametrize("name", GRAPHED)
 def test_greedy_tokens_are_batch_invariant_on_the_gpu(name: str) -> None:
-    """A sequence's greedy tokens alone equal its tokens batched, chunked, and served from the prefix cache."""
-    alone_llm = cuda_llm(TINY / name, enable_prefix_caching=False)
+    """In the batch-invariant mode, a sequence's greedy tokens alone equal its tokens batched, chunked, and
+    served from the prefix cache."""
+    alone_llm = cuda_llm(TINY / name, enable_prefix_caching=False, batch_invariant=True)
     prompts = mixed_prompts(alone_llm.loaded.model.vocab_size)
     alone = [alone_llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in prompts]
     for settings in (
@@ -144,7 +145,7 @@ def test_greedy_tokens_are_batch_invariant_on_the_gpu(name: str) -> None:
         {"enable_prefix_caching": False, "max_num_batched_tokens": 64, "max_prefill_tokens": 3},
         {"enable_prefix_caching": True, "max_num_seqs": 5, "block_size": 4},
     ):
-        llm = cuda_llm(TINY / name, **settings)
+        llm = cuda_llm(TINY / name, batch_invariant=True, **settings)
         for _ in range(2):  # the second run hits the prefix cache the first one filled
             outputs = llm.generate(prompts, GREEDY)
             for i, output in enumerate(outputs):

@@ -28,12 +28,14 @@ MTP = {"method": "mtp", "num_speculative_tokens": 2}
 
 
 def on_gpu(**settings: Any) -> dict[str, Any]:
-    """`LLM` settings for the cuda backend taking 1 GiB more than what is in use (engines side by side)."""
+    """`LLM` settings for the cuda backend taking 1 GiB more than what is in use (engines side by side), in the
+    batch-invariant mode (speculative and plain runs batch their tokens differently)."""
     import cupy
 
     cupy.get_default_memory_pool().free_all_blocks()
     free, total = cupy.cuda.runtime.memGetInfo()
-    return {"backend": "cuda", "gpu_memory_utilization": min(1.0, (total - free + 2**30) / total), **settings}
+    share = min(1.0, (total - free + 2**30) / total)
+    return {"backend": "cuda", "gpu_memory_utilization": share, "batch_invariant": True, **settings}
 
 
 def _tokens(llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list[list[int]]:

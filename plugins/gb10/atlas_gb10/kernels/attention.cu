@@ -11,7 +11,7 @@
 // Direct mode (split < 0) merges the splits in the block and writes the output; split mode writes the
 // split's (max, sum, accumulator) to a workspace and `attention_combine` merges them. Both give the
 // same bits, so a token's attention does not depend on what else is in the batch or how it is split.
-#include "splits.cuh"
+#include "paged_kv.cuh"
 
 #ifndef ATT_TILE_N
 #define ATT_TILE_N 64
@@ -25,42 +25,6 @@
 // Heads wider than 256 (DPT 16, 16-row blocks only) keep one buffer, and their running output in
 // registers rather than shared memory (O_REGS), to fit GB10's 99 KiB.
 #define ATT_BUFFERS(TM, DPT) ((TM) == 16 && (DPT) <= 8 ? 2 : 1)
-
-// Start copying one tile of keys and values into shared memory (16-byte asynchronous copies when the
-// head dim allows, plain loads otherwise; keys without a slot become zeros).
-__device__ __forceinline__ void load_kv_tile(bf16_t* Kb, bf16_t* Vb, const long long* slots,
-                                             const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,
-                                             int kv_heads, int hk, int d, int d_pad, int stride, int tid) {
-    const int chunks = d_pad / 8;
-    for (int i = tid; i < ATT_TILE_N * chunks; i += ATT_THREADS) {
-        const int c = i / chunks, j = (i - c * chunks) * 8;
-        const long long slot = slots[c];
-        bf16_t* kdst = Kb + c * stride + j;
-        bf16_t* vdst = Vb + c * stride + j;
-        if (slot < 0) {
-            const uint4 zero = {0u, 0u, 0u, 0u};
-            *reinterpret_cast<uint4*>(kdst) = zero;
-            *reinterpret_cast<uint4*>(vdst) = zero;
-            continue;
-        }
-        const long long base = (slot * kv_heads + hk) * d + j;
-        if ((d & 7) == 0) {
-            cp_async16(kdst, k_cache + base);
-            cp_async16(vdst, v_cache + base);
-        } else {
-            unsigned kw[4], vw[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const bool in0 = j + 2 * e < d, in1 = j + 2 * e + 1 < d;
-                kw[e] = (in0 ? (unsigned)k_cache[base + 2 * e] : 0u) | ((in1 ? (unsigned)k_cache[base + 2 * e + 1] : 0u) << 16);
-                vw[e] = (in0 ? (unsigned)v_cache[base + 2 * e] : 0u) | ((in1 ? (unsigned)v_cache[base + 2 * e + 1] : 0u) << 16);
-            }
-            const uint4 kv4 = {kw[0], kw[1], kw[2], kw[3]}, vv4 = {vw[0], vw[1], vw[2], vw[3]};
-            *reinterpret_cast<uint4*>(kdst) = kv4;
-            *reinterpret_cast<uint4*>(vdst) = vv4;
-        }
-    }
-}
 
 template <int DPT>
 __device__ __forceinline__ void load_v(const bf16_t* row, int d0, float* v) {
@@ -134,27 +98,7 @@ __device__ __forceinline__ void attention_body(
     }
     if (!O_REGS && only_split < 0)
         for (int i = tid; i < TM * 32 * DPT; i += ATT_THREADS) Ot[i] = 0.0f;
-    {
-        const int chunks = d_pad / 8;
-        for (int i = tid; i < TM * chunks; i += ATT_THREADS) {
-            const int r = i / chunks, j = (i - r * chunks) * 8;
-            uint4 v = {0u, 0u, 0u, 0u};
-            if (r < rows) {
-                const long long t = q_begin + tile_tok + r / group;
-                const bf16_t* src = q + t * q_s0 + (long long)(hk * group + r % group) * q_s1 + j;
-                if (q_vec) {
-                    v = *reinterpret_cast<const uint4*>(src);
-                } else {
-                    unsigned w[4];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        w[e] = (j + 2 * e < d ? (unsigned)src[2 * e] : 0u) | ((j + 2 * e + 1 < d ? (unsigned)src[2 * e + 1] : 0u) << 16);
-                    v.x = w[0]; v.y = w[1]; v.z = w[2]; v.w = w[3];
-                }
-            }
-            *reinterpret_cast<uint4*>(Qs + r * stride + j) = v;
-        }
-    }
+    load_q_rows<ATT_THREADS>(Qs, stride, q, q_s0, q_s1, q_begin + tile_tok, TM, rows, group, hk, d, d_pad / 8, q_vec, tid);
 
     int s_lo, s_hi;
     if (only_split >= 0) {
@@ -198,14 +142,14 @@ __device__ __forceinline__ void attention_body(
                            : -1;
         }
         __syncthreads();
-        if (tiles > 0) load_kv_tile(Ks, Vs, kslot, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
+        if (tiles > 0) load_kv_tile<ATT_TILE_N, ATT_THREADS>(Ks, Vs, kslot, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
         cp_async_commit();
         for (int it = 0; it < tiles; ++it) {
             const int t0 = tile_lo + it * ATT_TILE_N;
             bf16_t* Kb = Ks + (BUFFERS == 2 ? (it & 1) : 0) * ATT_TILE_N * stride;
             bf16_t* Vb = Vs + (BUFFERS == 2 ? (it & 1) : 0) * ATT_TILE_N * stride;
             if (BUFFERS == 2 && it + 1 < tiles) {  // the next tile streams in while this one is computed
-                load_kv_tile(Ks + ((it + 1) & 1) * ATT_TILE_N * stride, Vs + ((it + 1) & 1) * ATT_TILE_N * stride,
+                load_kv_tile<ATT_TILE_N, ATT_THREADS>(Ks + ((it + 1) & 1) * ATT_TILE_N * stride, Vs + ((it + 1) & 1) * ATT_TILE_N * stride,
                              kslot + (it + 1) * ATT_TILE_N, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
                 cp_async_commit();
                 cp_async_wait_one();
@@ -286,7 +230,7 @@ __device__ __forceinline__ void attention_body(
             }
             __syncthreads();  // every thread is done with this buffer before it is refilled
             if (BUFFERS == 1 && it + 1 < tiles) {
-                load_kv_tile(Ks, Vs, kslot + (it + 1) * ATT_TILE_N, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
+                load_kv_tile<ATT_TILE_N, ATT_THREADS>(Ks, Vs, kslot + (it + 1) * ATT_TILE_N, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
                 cp_async_commit();
             }
         }

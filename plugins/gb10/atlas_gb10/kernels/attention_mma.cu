@@ -1,0 +1,254 @@
+// Prefill attention on the tensor cores: FlashAttention-2's loop over key tiles with mma.sync.m16n8k16 (bf16
+// in, fp32 accumulation; sm_80 and later, Hopper and GB10 alike) for the 64-row work items of an eager forward
+// in direct mode. A block takes one item (sequence b, query tokens tile_tok ..) for one KV head; its rows are
+// (query token, query head of the GQA group) pairs as in attention.cu, and so are the masks (causal or
+// `visible_end`, sliding window) and the paged key/value tiles, streamed through shared memory with cp.async,
+// double-buffered. Each of the 4 warps owns 16 rows: S = Q K^T for 64 keys, the online softmax in registers
+// (each row's statistics shared by the 4 lanes that hold it), then O += P V with P rounded to bf16.
+//
+// A row's result depends on that row and its keys only (key tiles aligned to key 0, processed in order), so a
+// token gets the same bits whatever else its tile or batch holds; the arithmetic differs from attention.cu's
+// (tensor-core dot products, P in bf16), which is why the batch-invariant mode does not use this kernel.
+#include "gemm_core.cuh"
+#include "paged_kv.cuh"
+
+#define MMA_TILE_N 64
+#define MMA_ROWS 64
+#define MMA_THREADS 128
+#define LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const bf16_t* p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const bf16_t* p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    return (unsigned)float_to_bf16(lo) | ((unsigned)float_to_bf16(hi) << 16);
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// The flat KV slots of the tile of keys from first_key (keys outside [key_start, key_end): -1).
+__device__ __forceinline__ void tile_slots(long long* slots, const int* table, int first_key, int key_start,
+                                           int key_end, int block_size, int tid) {
+    for (int c = tid; c < MMA_TILE_N; c += MMA_THREADS) {
+        const int kpos = first_key + c;
+        slots[c] = (kpos >= key_start && kpos < key_end)
+                       ? (long long)table[kpos / block_size] * block_size + kpos % block_size
+                       : -1;
+    }
+}
+
+// DK: the head dim padded to 16 * DK (columns past d are zeros in Q, K and V).
+template <int DK>
+__device__ __forceinline__ void attention_mma_body(
+    const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const bf16_t* __restrict__ k_cache,
+    const bf16_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,
+    const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work, bf16_t* __restrict__ out,
+    long long o_s0, long long o_s1, int q_heads, int kv_heads, int d, int block_size, float scale, int window,
+    int q_vec, const int* __restrict__ visible_end) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int D_PAD = 16 * DK;
+    constexpr int STRIDE = D_PAD + 8;  // padded rows: conflict-free ldmatrix
+    long long* kslot = reinterpret_cast<long long*>(smem);  // [2][MMA_TILE_N], one per buffer
+    bf16_t* Qs = reinterpret_cast<bf16_t*>(kslot + 2 * MMA_TILE_N);
+    bf16_t* Ks = Qs + MMA_ROWS * STRIDE;  // [2][MMA_TILE_N][STRIDE]
+    bf16_t* Vs = Ks + 2 * MMA_TILE_N * STRIDE;
+    int* qpos = reinterpret_cast<int*>(Vs + 2 * MMA_TILE_N * STRIDE);
+    int* qlast = qpos + MMA_ROWS;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int4 item = work[blockIdx.x];
+    const int b = item.x, tile_tok = item.y;
+    const int hk = blockIdx.y;
+    const int group = q_heads / kv_heads;
+    const int q_begin = query_start[b], q_len = query_start[b + 1] - q_begin, ctx = seq_lens[b];
+    const int tokens = min(MMA_ROWS / group, q_len - tile_tok);
+    const int rows = tokens * group;
+    if (rows <= 0) return;
+    const int first_pos = ctx - q_len + tile_tok;
+    const int last_pos = first_pos + tokens - 1;
+    const int key_end =
+        visible_end ? min(ctx, max(last_pos + 1, visible_end[q_begin + tile_tok + tokens - 1])) : last_pos + 1;
+    const int key_start = window > 0 ? max(0, first_pos - window + 1) : 0;
+    const int* table = block_tables + (long long)b * table_width;
+    const int d8 = (d + 7) & ~7;
+
+    for (int r = tid; r < MMA_ROWS; r += MMA_THREADS) {
+        qpos[r] = r < rows ? first_pos + r / group : -1;
+        qlast[r] = r < rows ? (visible_end ? min(ctx, visible_end[q_begin + tile_tok + r / group]) - 1 : qpos[r]) : -1;
+    }
+    load_q_rows<MMA_THREADS>(Qs, STRIDE, q, q_s0, q_s1, q_begin + tile_tok, MMA_ROWS, rows, group, hk, d, D_PAD / 8,
+                             q_vec, tid);
+    if (d8 < D_PAD) {  // the tile loads write columns below d8 only: the rest of K and V stays zero
+        const int pad_chunks = (D_PAD - d8) / 8;
+        for (int i = tid; i < 2 * MMA_TILE_N * pad_chunks; i += MMA_THREADS) {
+            const int row = i / pad_chunks, j = d8 + (i - row * pad_chunks) * 8;
+            const uint4 zero = {0u, 0u, 0u, 0u};
+            *reinterpret_cast<uint4*>(Ks + row * STRIDE + j) = zero;
+            *reinterpret_cast<uint4*>(Vs + row * STRIDE + j) = zero;
+        }
+    }
+    const int tile_lo = key_start / MMA_TILE_N * MMA_TILE_N;
+    const int tiles = key_end > tile_lo ? (key_end - tile_lo + MMA_TILE_N - 1) / MMA_TILE_N : 0;
+    if (tiles > 0) tile_slots(kslot, table, tile_lo, key_start, key_end, block_size, tid);
+    __syncthreads();
+    if (tiles > 0)
+        load_kv_tile<MMA_TILE_N, MMA_THREADS>(Ks, Vs, kslot, k_cache, v_cache, kv_heads, hk, d, d8, STRIDE, tid);
+    cp_async_commit();
+
+    const int g = lane >> 2, qd = lane & 3;
+    const int r0 = warp * 16 + g, r1 = r0 + 8;  // this lane's two rows
+    const int p0 = qpos[r0], p1 = qpos[r1], last0 = qlast[r0], last1 = qlast[r1];
+    const float scale2 = scale * LOG2E;  // scores in log2 units: exp2f
+    float o[2 * DK][4];
+#pragma unroll
+    for (int n = 0; n < 2 * DK; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
+
+    for (int it = 0; it < tiles; ++it) {
+        const int buf = it & 1;
+        if (it + 1 < tiles) {  // the next tile streams in while this one is computed
+            long long* next_slots = kslot + (buf ^ 1) * MMA_TILE_N;
+            tile_slots(next_slots, table, tile_lo + (it + 1) * MMA_TILE_N, key_start, key_end, block_size, tid);
+            __syncthreads();
+            load_kv_tile<MMA_TILE_N, MMA_THREADS>(Ks + (buf ^ 1) * MMA_TILE_N * STRIDE,
+                                                  Vs + (buf ^ 1) * MMA_TILE_N * STRIDE, next_slots, k_cache, v_cache,
+                                                  kv_heads, hk, d, d8, STRIDE, tid);
+            cp_async_commit();
+            cp_async_wait_one();
+        } else {
+            cp_async_wait_all();
+        }
+        __syncthreads();
+        const bf16_t* Kb = Ks + buf * MMA_TILE_N * STRIDE;
+        const bf16_t* Vb = Vs + buf * MMA_TILE_N * STRIDE;
+
+        // ---- S = Q K^T: 16 rows x 64 keys per warp, 8 n-tiles of 8 keys
+        float s[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < DK; ++kk) {
+            unsigned a[4];
+            ldmatrix_x4(a, Qs + (warp * 16 + (lane & 15)) * STRIDE + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+            for (int nn = 0; nn < 4; ++nn) {
+                unsigned kb[4];
+                ldmatrix_x4(kb, Kb + (nn * 16 + (lane & 7) + ((lane >> 4) << 3)) * STRIDE + kk * 16 + ((lane >> 3) & 1) * 8);
+                mma_16816(s[2 * nn], a[0], a[1], a[2], a[3], kb[0], kb[1]);
+                mma_16816(s[2 * nn + 1], a[0], a[1], a[2], a[3], kb[2], kb[3]);
+            }
+        }
+
+        // ---- masks and the online softmax of rows r0 (s[.][0..1]) and r1 (s[.][2..3])
+        const int t0 = tile_lo + it * MMA_TILE_N;
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int kpos = t0 + n * 8 + 2 * qd + e;
+                const bool seen = kpos >= key_start;
+                const bool v0 = seen && kpos <= last0 && (window <= 0 || kpos > p0 - window);
+                const bool v1 = seen && kpos <= last1 && (window <= 0 || kpos > p1 - window);
+                s[n][e] = v0 ? s[n][e] * scale2 : NEG_INF;
+                s[n][2 + e] = v1 ? s[n][2 + e] * scale2 : NEG_INF;
+                mx0 = fmaxf(mx0, s[n][e]);
+                mx1 = fmaxf(mx1, s[n][2 + e]);
+            }
+        }
+        const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
+        const float alpha0 = mn0 == NEG_INF ? 1.0f : exp2f(m0 - mn0);  // m = -inf: exp2f(-inf) = 0
+        const float alpha1 = mn1 == NEG_INF ? 1.0f : exp2f(m1 - mn1);
+        const float base0 = mn0 == NEG_INF ? 0.0f : mn0, base1 = mn1 == NEG_INF ? 0.0f : mn1;
+        m0 = mn0;
+        m1 = mn1;
+        unsigned pa[8][2];  // P in bf16 pairs: [n][0] row r0, [n][1] row r1 (keys n * 8 + 2 qd, + 1)
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const float e00 = exp2f(s[n][0] - base0), e01 = exp2f(s[n][1] - base0);
+            const float e10 = exp2f(s[n][2] - base1), e11 = exp2f(s[n][3] - base1);
+            sum0 += e00 + e01;
+            sum1 += e10 + e11;
+            pa[n][0] = pack_bf16(e00, e01);
+            pa[n][1] = pack_bf16(e10, e11);
+        }
+        l0 = l0 * alpha0 + sum0;
+        l1 = l1 * alpha1 + sum1;
+#pragma unroll
+        for (int n = 0; n < 2 * DK; ++n) {
+            o[n][0] *= alpha0;
+            o[n][1] *= alpha0;
+            o[n][2] *= alpha1;
+            o[n][3] *= alpha1;
+        }
+
+        // ---- O += P V: 4 k-steps of 16 keys, 2 * DK n-tiles of 8 dims
+#pragma unroll
+        for (int kk = 0; kk < MMA_TILE_N / 16; ++kk) {
+            const unsigned a0 = pa[2 * kk][0], a1 = pa[2 * kk][1], a2 = pa[2 * kk + 1][0], a3 = pa[2 * kk + 1][1];
+#pragma unroll
+            for (int nd = 0; nd < DK; ++nd) {
+                unsigned vb[4];
+                ldmatrix_x4_trans(vb, Vb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * STRIDE + nd * 16 + (lane >> 4) * 8);
+                mma_16816(o[2 * nd], a0, a1, a2, a3, vb[0], vb[1]);
+                mma_16816(o[2 * nd + 1], a0, a1, a2, a3, vb[2], vb[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with this buffer before it is refilled
+    }
+
+    const float L0 = quad_sum(l0), L1 = quad_sum(l1);
+    const float inv0 = L0 > 0.0f ? 1.0f / L0 : 0.0f, inv1 = L1 > 0.0f ? 1.0f / L1 : 0.0f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = half ? r1 : r0;
+        if (r >= rows) continue;
+        const float inv = half ? inv1 : inv0;
+        const long long t = q_begin + tile_tok + r / group;
+        bf16_t* dst = out + t * o_s0 + (long long)(hk * group + r % group) * o_s1;
+#pragma unroll
+        for (int n = 0; n < 2 * DK; ++n) {
+            const int col = n * 8 + 2 * qd;
+            if (col < d) dst[col] = float_to_bf16(o[n][2 * half] * inv);
+            if (col + 1 < d) dst[col + 1] = float_to_bf16(o[n][2 * half + 1] * inv);
+        }
+    }
+}
+
+#define ATTENTION_MMA_KERNEL(DK)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS) attention_mma_d##DK(                                     \
+        const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const bf16_t* __restrict__ k_cache,             \
+        const bf16_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,    \
+        const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work,                         \
+        bf16_t* __restrict__ out, long long o_s0, long long o_s1, int q_heads, int kv_heads, int d, int block_size,   \
+        float scale, int window, int q_vec, const int* __restrict__ visible_end) {                                    \
+        attention_mma_body<DK>(q, q_s0, q_s1, k_cache, v_cache, query_start, seq_lens, block_tables, table_width,      \
+                               work, out, o_s0, o_s1, q_heads, kv_heads, d, block_size, scale, window, q_vec,         \
+                               visible_end);                                                                          \
+    }
+
+ATTENTION_MMA_KERNEL(2)
+ATTENTION_MMA_KERNEL(4)
+ATTENTION_MMA_KERNEL(5)
+ATTENTION_MMA_KERNEL(6)
+ATTENTION_MMA_KERNEL(8)

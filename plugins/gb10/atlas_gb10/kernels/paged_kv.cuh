@@ -1,0 +1,68 @@
+// Query rows and paged key/value tiles into shared memory, shared by the attention kernels (attention.cu,
+// attention_mma.cu).
+#pragma once
+#include "splits.cuh"
+
+// Start copying one tile of TILE_N keys and values into shared memory (rows of `stride` elements, columns
+// 0 .. d_pad - 1 with d_pad = d rounded up to 8; 16-byte asynchronous copies when the head dim allows, plain
+// loads otherwise; keys without a slot (-1) become zeros), by THREADS threads.
+template <int TILE_N, int THREADS>
+__device__ __forceinline__ void load_kv_tile(bf16_t* Kb, bf16_t* Vb, const long long* slots,
+                                             const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,
+                                             int kv_heads, int hk, int d, int d_pad, int stride, int tid) {
+    const int chunks = d_pad / 8;
+    for (int i = tid; i < TILE_N * chunks; i += THREADS) {
+        const int c = i / chunks, j = (i - c * chunks) * 8;
+        const long long slot = slots[c];
+        bf16_t* kdst = Kb + c * stride + j;
+        bf16_t* vdst = Vb + c * stride + j;
+        if (slot < 0) {
+            const uint4 zero = {0u, 0u, 0u, 0u};
+            *reinterpret_cast<uint4*>(kdst) = zero;
+            *reinterpret_cast<uint4*>(vdst) = zero;
+            continue;
+        }
+        const long long base = (slot * kv_heads + hk) * d + j;
+        if ((d & 7) == 0) {
+            cp_async16(kdst, k_cache + base);
+            cp_async16(vdst, v_cache + base);
+        } else {
+            unsigned kw[4], vw[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const bool in0 = j + 2 * e < d, in1 = j + 2 * e + 1 < d;
+                kw[e] = (in0 ? (unsigned)k_cache[base + 2 * e] : 0u) | ((in1 ? (unsigned)k_cache[base + 2 * e + 1] : 0u) << 16);
+                vw[e] = (in0 ? (unsigned)v_cache[base + 2 * e] : 0u) | ((in1 ? (unsigned)v_cache[base + 2 * e + 1] : 0u) << 16);
+            }
+            const uint4 kv4 = {kw[0], kw[1], kw[2], kw[3]}, vv4 = {vw[0], vw[1], vw[2], vw[3]};
+            *reinterpret_cast<uint4*>(kdst) = kv4;
+            *reinterpret_cast<uint4*>(vdst) = vv4;
+        }
+    }
+}
+
+// Query rows of a work item into shared memory: row r (< rows) is query token `first_token + r / group`, head
+// `hk * group + r % group`; `chunks` 8-element chunks of each of `tile_rows` rows (columns from d on, and rows
+// from `rows` on, become zeros). q_vec: 16-byte loads (d % 8 == 0 and aligned rows).
+template <int THREADS>
+__device__ __forceinline__ void load_q_rows(bf16_t* Qs, int stride, const bf16_t* __restrict__ q, long long q_s0,
+                                            long long q_s1, long long first_token, int tile_rows, int rows,
+                                            int group, int hk, int d, int chunks, int q_vec, int tid) {
+    for (int i = tid; i < tile_rows * chunks; i += THREADS) {
+        const int r = i / chunks, j = (i - r * chunks) * 8;
+        uint4 v = {0u, 0u, 0u, 0u};
+        if (r < rows && j < d) {
+            const bf16_t* src = q + (first_token + r / group) * q_s0 + (long long)(hk * group + r % group) * q_s1 + j;
+            if (q_vec) {
+                v = *reinterpret_cast<const uint4*>(src);
+            } else {
+                unsigned w[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    w[e] = (j + 2 * e < d ? (unsigned)src[2 * e] : 0u) | ((j + 2 * e + 1 < d ? (unsigned)src[2 * e + 1] : 0u) << 16);
+                v.x = w[0]; v.y = w[1]; v.z = w[2]; v.w = w[3];
+            }
+        }
+        *reinterpret_cast<uint4*>(Qs + r * stride + j) = v;
+    }
+}
