@@ -28,6 +28,10 @@ from atlas_gb10.fp8 import FORMATS, executes_natively, upload_fp8, weight_operan
 from atlas_gb10.sampling import LogitsOps
 
 GEMM_TILES = ((2, 4), (1, 4), (1, 2), (1, 1))
+TILED_GEMM_BLOCK = 128
+"""gemm_tiled.cu's output tile (rows and columns)."""
+TILED_GEMM_SHARED = 3 * 2 * TILED_GEMM_BLOCK * (32 + 8) * 2
+"""Its shared memory: 3 stages of two 128 x 32 operand slices in rows padded to 40 bf16."""
 """(m-tiles of 16 rows, n-tiles of 8 columns) per GEMM block, largest first."""
 
 
@@ -167,6 +171,8 @@ class CudaBackend(Backend):
         ldx, ldo = element_strides(x)[0], element_strides(out)[0]
         kind, weight_args, weight_aligned = weight_operand(weight)
         vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_aligned
+        if kind == "bf16" and vec and self._tiled_gemm_pays(m, n):
+            return self._tiled_gemm(x, ldx, weight, bias, out, ldo, m, n, k)
         mt, nt = self.gemm_tile(m, n)
         kernel = self._kernel("gemm", f"gemm_{kind}_m{mt}_n{nt}_{'vec' if vec else 'any'}")
         grid = (math.ceil(n / (8 * nt)), math.ceil(m / (16 * mt)))
@@ -175,6 +181,21 @@ class CudaBackend(Backend):
             (256,),
             (x, np.int64(ldx), *weight_args, null_or(bias), out, np.int64(ldo), np.int32(m), np.int32(n), np.int32(k)),
         )
+        return out
+
+    def _tiled_gemm_pays(self, m: int, n: int) -> bool:
+        """Prefill-sized products outside the batch-invariant mode: enough 128 x 128 tiles for every SM."""
+        tiles = math.ceil(m / TILED_GEMM_BLOCK) * math.ceil(n / TILED_GEMM_BLOCK)
+        return not self.batch_invariant and m >= 2 * TILED_GEMM_BLOCK and tiles >= self.profile.sm_count
+
+    def _tiled_gemm(
+        self, x: Array, ldx: int, weight: Array, bias: Array | None, out: Array, ldo: int, m: int, n: int, k: int
+    ) -> Array:
+        kernel = self._kernel("gemm_tiled", "gemm_tiled_bf16")
+        kernel.max_dynamic_shared_size_bytes = TILED_GEMM_SHARED
+        grid = (math.ceil(n / TILED_GEMM_BLOCK), math.ceil(m / TILED_GEMM_BLOCK))
+        args = (x, np.int64(ldx), weight, null_or(bias), out, np.int64(ldo), np.int32(m), np.int32(n), np.int32(k))
+        kernel(grid, (256,), args, shared_mem=TILED_GEMM_SHARED)
         return out
 
     def gemm_tile(self, m: int, n: int) -> tuple[int, int]:

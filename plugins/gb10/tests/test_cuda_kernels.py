@@ -46,6 +46,25 @@ def test_gemm_rows_do_not_depend_on_the_batch(backend: CudaBackend, k: int, n: i
     np.testing.assert_array_equal(moved, full[[7, 250, 7]], err_msg="a row's result depends on its position")
 
 
+@pytest.mark.parametrize(("m", "n", "k"), [(1280, 4096, 1024), (1300, 2000, 2056)], ids=["aligned", "ragged"])
+def test_tiled_gemm_of_prefill_products(backend: CudaBackend, m: int, n: int, k: int) -> None:
+    """gemm_tiled.cu (prefill-sized products outside the batch-invariant mode) against float64, with a bias and
+    ragged edges; a row gets the same bits in any product the tiled kernel computes."""
+    rng = np.random.default_rng(m + k)
+    x = backend.from_numpy(rng.standard_normal((m, k), dtype=np.float32))
+    w = backend.from_numpy(rng.standard_normal((n, k), dtype=np.float32) * k**-0.5, weight=True)
+    bias = backend.from_numpy(rng.standard_normal(n, dtype=np.float32), weight=True)
+    assert backend._tiled_gemm_pays(m, n)
+    full = host(backend, backend.linear(x, w, bias))
+    want = host(backend, x) @ host(backend, w).T + host(backend, bias)
+    assert np.abs(full - want).max() <= 3e-2 * np.abs(want).max()
+    with batch_invariant_mode(backend):
+        invariant = host(backend, backend.linear(x, w, bias))
+    assert not np.array_equal(full, invariant), "the product did not take the tiled kernel"
+    assert backend._tiled_gemm_pays(m - 128, n)
+    np.testing.assert_array_equal(host(backend, backend.linear(x[128:], w, bias)), full[128:])
+
+
 def test_rms_norm_rows_do_not_depend_on_the_batch(backend: CudaBackend) -> None:
     rng = np.random.default_rng(1)
     for hidden in (64, 2048):
