@@ -121,8 +121,14 @@ def bench_conversations(args: argparse.Namespace) -> None:
     from atlas_core import LLM, SamplingParams  # the disk benchmark runs without the engine's dependencies
     from atlas_core.bench.header import device_line
 
-    common = {"backend": args.backend, "gguf_weights": args.gguf_weights}
-    probe = LLM(args.model, **common)
+    def engine(**settings: Any) -> LLM:
+        if args.random_weights:
+            from atlas_core.bench.random_weights import random_weights_llm
+
+            return random_weights_llm(args.model, backend=args.backend, **settings)
+        return LLM(args.model, backend=args.backend, gguf_weights=args.gguf_weights, **settings)
+
+    probe = engine()
     per_token = probe.engine.kv_plan.bytes_per_token
     vocab = probe.loaded.model.vocab_size
     print(device_line(probe.backend))
@@ -150,7 +156,7 @@ def bench_conversations(args: argparse.Namespace) -> None:
     answers: dict[str, list[list[int]]] = {}
     try:
         for mode, settings in modes.items():
-            llm = LLM(args.model, kv_cache_memory_gib=cache_gib, max_seq_len=length, **common, **settings)
+            llm = engine(kv_cache_memory_gib=cache_gib, max_seq_len=length, **settings)
             llm.generate(prefixes[0][:32], first)  # warm-up
             arrivals = [timed(llm, prompt, first)[0] for prompt in prefixes]
             returning = [timed(llm, prompt, first) for prompt in returns]
@@ -189,6 +195,9 @@ def main() -> None:
     conversations = commands.add_parser("conversations", help="returning-conversation TTFT, spill vs none")
     conversations.add_argument("model", nargs="?", default=None)
     conversations.add_argument("--backend", default=None)
+    conversations.add_argument(
+        "--random-weights", action="store_true", help="MODEL is a named shape (atlas bench's presets), random weights"
+    )
     conversations.add_argument(
         "--gguf-weights",
         default="float",

@@ -51,6 +51,20 @@ def test_host_tier_round_trip_is_bit_exact() -> None:
     assert tier.read([0, 5], FORMAT.empty(2)) == [0]
 
 
+def test_records_read_into_rows_in_order_or_scattered() -> None:
+    """`RecordFormat.read_rows`: rows 0 .. n-1 are read straight into the arrays, other rows through staging;
+    failed slots are reported and leave the other rows intact."""
+    tier = host(6)
+    data = records(4)
+    tier.write([3, 1, 4, 0], [None] * 4, data)
+    direct = FORMAT.empty(4)
+    assert FORMAT.read_rows(tier.read, [3, 1, 4, 0], [0, 1, 2, 3], direct) == set()
+    assert_bits_equal(direct, data)
+    scattered = FORMAT.empty(5)
+    assert FORMAT.read_rows(tier.read, [0, 5, 3], [4, 2, 0], scattered) == {5}  # slot 5 was never written
+    assert_bits_equal([a[[4, 0]] for a in scattered], [a[[3, 0]] for a in data])
+
+
 def test_tiered_store_demotes_lru_and_keeps_pinned() -> None:
     store = TieredStore(FORMAT, [("fast", host(2)), ("slow", host(2))])
     data = records(5)

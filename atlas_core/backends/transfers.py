@@ -9,6 +9,8 @@ that):
 - `HostTransfers.scatter` writes the rows after every op issued before it (a block's previous contents are
   gathered first); ops issued after it see the new values once `Transfer.done` has returned True, or at once
   after `Transfer.fence`. The engine schedules a sequence whose blocks are coming in only after `done`.
+- `HostTransfers.host_rows` gives the host arrays the tiers read records back into: on the CUDA backend they
+  live in pinned memory, so `scatter` sends them to the device without another copy.
 
 The base class is synchronous (the NumPy backend, and the fallback of any backend): both copies are complete
 when the call returns. The CUDA backend (atlas-gb10) runs them on their own stream through pinned host
@@ -24,6 +26,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from atlas_core.backends.base import Array, Backend
+    from atlas_core.storage.backend import RecordFormat
 
 
 class Transfer(Protocol):
@@ -78,8 +81,14 @@ class HostTransfers:
         copies = gather_rows(self.backend, arrays, rows)
         return lambda: copies
 
+    def host_rows(self, format: RecordFormat, count: int) -> list[np.ndarray]:
+        """Host arrays for ``count`` records of ``format`` (uninitialised, as `RecordFormat.empty`), for values
+        that `scatter` will send to the device. Here plain NumPy arrays."""
+        return format.empty(count)
+
     def scatter(self, arrays: Sequence[Array], rows: Sequence[int], values: Sequence[np.ndarray]) -> Transfer:
-        """Start storing ``values`` into ``rows`` of each array (``values`` may be reused once this returns).
+        """Start storing ``values`` into ``rows`` of each array. ``values`` may be reused once this returns,
+        except arrays from `host_rows` (or views of them), which must stay unchanged until the transfer is done.
         Here the copy is done before this returns."""
         scatter_rows(self.backend, arrays, rows, values)
         return Finished()

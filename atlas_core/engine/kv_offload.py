@@ -138,10 +138,10 @@ class KVOffload:
         its records. It stays unscheduled (`is_loading`) until they are in; then ``num_computed`` is where it
         stopped, or 0 when a record was lost (it recomputes). The records are dropped once the load is over."""
         record = self._swapped[seq]
-        rows = self.store.format.empty(len(record.block_keys))
+        rows = self.transfers.host_rows(self.store.format, len(record.block_keys))
         state = None
         if record.state_key is not None and self.state_store is not None:
-            state_rows = self.state_store.format.empty(1)
+            state_rows = self.transfers.host_rows(self.state_store.format, 1)
             state = (seq.held_state_slot(), state_rows, self.state_store.get_async([record.state_key], state_rows))
 
         def done(load: Load) -> None:
@@ -192,7 +192,7 @@ class KVOffload:
             while keys and keys[-1] not in self.state_store:
                 keys.pop()
             if keys:
-                state_rows = self.state_store.format.empty(1)
+                state_rows = self.transfers.host_rows(self.state_store.format, 1)
                 state = (seq.held_state_slot(), state_rows, self.state_store.get_async(keys[-1:], state_rows))
         if not keys:
             return False
@@ -205,7 +205,7 @@ class KVOffload:
             if load.good and seq.counts_cached_tokens:
                 seq.request.num_cached_tokens += load.good * size
 
-        rows = self.store.format.empty(len(keys))
+        rows = self.transfers.host_rows(self.store.format, len(keys))
         fetch = self.store.get_async(keys, rows)
         blocks = seq.table.blocks[first : first + len(keys)]
         self.loads.start(Load(seq, blocks, rows, fetch, keys, done, expected[: len(keys)], state))

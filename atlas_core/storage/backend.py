@@ -9,7 +9,7 @@ register through ``register_storage_backends`` and are constructed as ``cls(spec
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +34,27 @@ class RecordFormat:
     def empty(self, count: int) -> list[np.ndarray]:
         """Host arrays for ``count`` records (uninitialised), one per entry."""
         return [np.empty((count, *shape), dtype) for shape, dtype in self.arrays]
+
+    def read_rows(
+        self,
+        read: Callable[[list[int], list[np.ndarray]], Iterable[int]],
+        slots: list[int],
+        rows: list[int],
+        out: Sequence[np.ndarray],
+    ) -> set[int]:
+        """Records ``slots`` into rows ``rows`` of ``out`` (``out[j]``: ``[n, *shape]`` per entry) through ``read``
+        (a tier's `StorageBackend.read`) -> the slots that failed (their rows undefined). Straight into ``out``
+        when ``rows`` is ``0 .. len(slots) - 1``; else through staging, one copy per entry."""
+        if rows == list(range(len(slots))):
+            return set(read(slots, [target[: len(slots)] for target in out]))
+        staging = self.empty(len(slots))
+        bad = set(read(slots, staging))
+        good = [position for position, slot in enumerate(slots) if slot not in bad]
+        if good:
+            targets = np.asarray([rows[position] for position in good], dtype=np.int64)
+            for target, source in zip(out, staging, strict=True):
+                target[targets] = source[np.asarray(good, dtype=np.int64)]
+        return bad
 
 
 @dataclass(frozen=True)

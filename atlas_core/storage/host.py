@@ -34,7 +34,7 @@ class HostMemoryStorage(StorageBackend):
     def read(self, slots: Sequence[int], out: Sequence[np.ndarray]) -> list[int]:
         rows = np.asarray(slots, dtype=np.int64)
         for store, target in zip(self._arrays, out, strict=True):
-            target[: len(rows)] = store[rows]
+            np.take(store, rows, axis=0, out=target[: len(rows)])  # no temporary copy
         return [slot for slot in slots if not self._written[slot]]
 
     def discard(self, slots: Sequence[int]) -> None:

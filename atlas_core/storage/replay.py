@@ -13,6 +13,7 @@ tells rank 0 (`atlas_core.kvtiers.agree.agree_loads`), so every rank recomputes 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -74,14 +75,9 @@ class TierReplay:
         lost = set(range(count)) - {row for row, _, _ in reads}
         for index in sorted({tier for _, tier, _ in reads}):
             batch = [(row, slot) for row, tier, slot in reads if tier == index]
-            staging = self.format.empty(len(batch))
-            bad = self._read(index, [slot for _, slot in batch], staging)
-            for position, (row, slot) in enumerate(batch):
-                if slot in bad:
-                    lost.add(row)
-                    continue
-                for target, source in zip(out, staging, strict=True):
-                    target[row] = source[position]
+            slots = [slot for _, slot in batch]
+            bad = self.format.read_rows(functools.partial(self._read, index), slots, [row for row, _ in batch], out)
+            lost.update(row for row, slot in batch if slot in bad)
         return sorted(lost)
 
     def _run_moves(self, moves: list[list[Any]]) -> None:

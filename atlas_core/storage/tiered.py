@@ -199,21 +199,16 @@ class TieredStore:
             if not batch:
                 continue
             slots = [read.slot for read in batch]
-            staging = self.format.empty(len(batch))
             try:
-                bad = set(slots) if tier.failed else set(tier.backend.read(slots, staging))
+                rows = [read.row for read in batch]
+                bad = set(slots) if tier.failed else self.format.read_rows(tier.backend.read, slots, rows, out)
             except OSError as exc:
                 log.warning("KV tier %r: read failed (%s); its records are recomputed instead", tier.name, exc)
                 bad = set(slots)
             with self._lock:
                 tier.reads += len(batch)
                 self._forget([(read.key, index, read.slot) for read in batch if read.slot in bad])
-            for position, read in enumerate(batch):
-                if read.slot in bad:
-                    lost.append(read.key)
-                    continue
-                for target, source in zip(out, staging, strict=True):
-                    target[read.row] = source[position]
+            lost.extend(read.key for read in batch if read.slot in bad)
         return lost
 
     def drop(self, keys: Sequence[Key]) -> None:

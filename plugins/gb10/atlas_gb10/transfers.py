@@ -5,10 +5,11 @@ host buffers (the contract: `atlas_core.backends.transfers`).
   current one), in order with the model's kernels, so later kernels may overwrite the rows at once; an event
   after the gather lets the copy stream move that array to pinned host memory while the compute stream goes
   on. The wait (called on the storage I/O thread) synchronises with the copy's event.
-- **scatter** (swap-in, spilled hits): the host rows are copied into pinned memory, then, on the copy stream
-  after an event of the compute stream (earlier kernels, such as the gathers of those rows' old contents, come
-  first), sent to a device array and scattered into the rows. `done` queries the copy's event; `fence` makes
-  the compute stream wait for it.
+- **scatter** (swap-in, spilled hits): on the copy stream, after an event of the compute stream (earlier kernels,
+  such as the gathers of those rows' old contents, come first), the host rows are sent to a device array and
+  scattered into the rows. Rows in pinned memory (the tiers read records back into `host_rows`, which are) go
+  as they are; others are first copied into pinned memory. `done` queries the copy's event; `fence` makes the
+  compute stream wait for it.
 
 Device arrays and pinned buffers that a copy in flight uses are kept (`_in_flight`) until its event has
 completed; they are released on the engine thread, on a later call.
@@ -23,6 +24,10 @@ import numpy as np
 
 from atlas_core.backends.base import Array, Backend
 from atlas_core.backends.transfers import HostTransfers, Transfer
+from atlas_core.storage.backend import RecordFormat
+
+PINNED_HOST = 1
+"""`cudaMemoryTypeHost`: what `cudaPointerGetAttributes` reports for page-locked host memory."""
 
 
 class _CudaTransfer:
@@ -72,6 +77,16 @@ class CudaHostTransfers(HostTransfers):
 
         return wait
 
+    def host_rows(self, format: RecordFormat, count: int) -> list[np.ndarray]:
+        """Pinned arrays (from CuPy's pinned memory pool), so that `scatter` sends them without a copy."""
+        arrays = []
+        for shape, dtype in format.arrays:
+            full = (count, *shape)
+            size = int(np.prod(full, dtype=np.int64))
+            buffer = self.cp.cuda.alloc_pinned_memory(max(size * np.dtype(dtype).itemsize, 1))
+            arrays.append(np.frombuffer(buffer, dtype=dtype, count=size).reshape(full))  # keeps the buffer alive
+        return arrays
+
     def scatter(self, arrays: Sequence[Array], rows: Sequence[int], values: Sequence[np.ndarray]) -> Transfer:
         if len(values) != len(arrays):
             raise ValueError(f"{len(values)} arrays of values for {len(arrays)} arrays")
@@ -92,13 +107,21 @@ class CudaHostTransfers(HostTransfers):
         source = np.ascontiguousarray(host)
         if source.dtype != dtype:
             raise TypeError(f"rows of dtype {source.dtype} cannot be stored bit-exact into an array of {dtype}")
-        buffer = self.cp.cuda.alloc_pinned_memory(max(source.nbytes, 1))
-        staged = np.frombuffer(buffer, dtype=np.uint8, count=source.nbytes)
-        staged[...] = source.reshape(-1).view(np.uint8)
         device = self.cp.empty(source.shape, dtype=dtype)
+        if source.nbytes and self._pinned(source):
+            staged, buffer = source, None  # kept, unchanged until the copy is done (`scatter`'s contract)
+        else:
+            buffer = self.cp.cuda.alloc_pinned_memory(max(source.nbytes, 1))
+            staged = np.frombuffer(buffer, dtype=np.uint8, count=source.nbytes)
+            staged[...] = source.reshape(-1).view(np.uint8)
         device.data.copy_from_host_async(staged.ctypes.data, source.nbytes, self.stream)
-        keep += [buffer, device]
+        keep += [buffer, staged, device]
         return device
+
+    def _pinned(self, host: np.ndarray) -> bool:
+        """Whether ``host``'s memory is page-locked (the device may copy from it directly)."""
+        attributes = self.cp.cuda.runtime.pointerGetAttributes(host.ctypes.data)
+        return bool(attributes.type == PINNED_HOST)
 
     def _event(self, stream: Any, *, blocking: bool = False) -> Any:
         event = self.cp.cuda.Event(block=blocking, disable_timing=True)
