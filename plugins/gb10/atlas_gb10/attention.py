@@ -134,43 +134,17 @@ class AttentionRunner:
             ws_ml = cp.empty((tokens * q_heads * splits * 2,), dtype=np.float32)
         else:
             ws_acc = ws_ml = np.uint64(0)
-        qs = [s // q.itemsize for s in q.strides]
-        q_vec = _vector_rows(q, qs, d)
-        os_ = [s // out.itemsize for s in out.strides]
-        tables = meta.block_tables
         kernel(
             (plan.items, kv_heads),
             (THREADS,),
-            (
-                q,
-                np.int64(qs[0]),
-                np.int64(qs[1]),
-                k_cache,
-                v_cache,
-                meta.query_start_loc,
-                meta.seq_lens,
-                tables,
-                np.int32(tables.shape[1]),
-                plan.work,
-                out,
-                np.int64(os_[0]),
-                np.int64(os_[1]),
-                ws_acc,
-                ws_ml,
-                np.int32(splits),
-                np.int32(q_heads),
-                np.int32(kv_heads),
-                np.int32(d),
-                np.int32(block_size),
-                np.float32(scale),
-                np.int32(sliding_window or 0),
-                np.int32(q_vec),
-                np.uint64(0) if meta.visible_end is None else meta.visible_end,
+            _kernel_args(
+                q, k_cache, v_cache, meta, plan.work, out, scale, sliding_window, (ws_acc, ws_ml, np.int32(splits))
             ),
             shared_mem=smem,
         )
         if plan.splits:
             rows = tokens * q_heads
+            os_ = [s // out.itemsize for s in out.strides]
             self.backend.kernels.function("attention", "attention_combine")(
                 (math.ceil(rows / 4),),
                 (128,),
@@ -207,35 +181,10 @@ class AttentionRunner:
         smem = 2 * MMA_TILE_N * 8 + (64 + 4 * MMA_TILE_N) * stride * 2 + 2 * 64 * 4
         if smem > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = smem
-        qs = [s // q.itemsize for s in q.strides]
-        os_ = [s // out.itemsize for s in out.strides]
-        tables = meta.block_tables
         kernel(
             (plan.items, kv_heads),
             (THREADS,),
-            (
-                q,
-                np.int64(qs[0]),
-                np.int64(qs[1]),
-                k_cache,
-                v_cache,
-                meta.query_start_loc,
-                meta.seq_lens,
-                tables,
-                np.int32(tables.shape[1]),
-                plan.work,
-                out,
-                np.int64(os_[0]),
-                np.int64(os_[1]),
-                np.int32(q.shape[1]),
-                np.int32(kv_heads),
-                np.int32(d),
-                np.int32(block_size),
-                np.float32(scale),
-                np.int32(sliding_window or 0),
-                np.int32(_vector_rows(q, qs, d)),
-                np.uint64(0) if meta.visible_end is None else meta.visible_end,
-            ),
+            _kernel_args(q, k_cache, v_cache, meta, plan.work, out, scale, sliding_window),
             shared_mem=smem,
         )
         return out
@@ -318,9 +267,48 @@ class AttentionRunner:
         return np.diff(cached[1]), cached[2]
 
 
-def _vector_rows(q: Any, strides: list[int], d: int) -> bool:
-    """Whether the kernels may read ``q``'s rows (element ``strides``, head dim ``d``) 16 bytes at a time."""
-    return d % 8 == 0 and strides[0] % 8 == 0 and strides[1] % 8 == 0 and q.data.ptr % 16 == 0
+def _kernel_args(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    meta: AttentionMetadata,
+    work: Any,
+    out: Any,
+    scale: float,
+    sliding_window: int | None,
+    workspace: tuple[Any, ...] = (),
+) -> tuple[Any, ...]:
+    """The arguments of attention.cu's kernels (``workspace``: the split partials and the split count) and of
+    attention_mma.cu's (none), in their order."""
+    _, block_size, kv_heads, d = k_cache.shape
+    qs = [s // q.itemsize for s in q.strides]
+    os_ = [s // out.itemsize for s in out.strides]
+    q_vec = d % 8 == 0 and qs[0] % 8 == 0 and qs[1] % 8 == 0 and q.data.ptr % 16 == 0  # 16-byte row reads
+    tables = meta.block_tables
+    return (
+        q,
+        np.int64(qs[0]),
+        np.int64(qs[1]),
+        k_cache,
+        v_cache,
+        meta.query_start_loc,
+        meta.seq_lens,
+        tables,
+        np.int32(tables.shape[1]),
+        work,
+        out,
+        np.int64(os_[0]),
+        np.int64(os_[1]),
+        *workspace,
+        np.int32(q.shape[1]),
+        np.int32(kv_heads),
+        np.int32(d),
+        np.int32(block_size),
+        np.float32(scale),
+        np.int32(sliding_window or 0),
+        np.int32(q_vec),
+        np.uint64(0) if meta.visible_end is None else meta.visible_end,
+    )
 
 
 def _tiles(q_lens: np.ndarray, tokens_per_tile: int) -> tuple[np.ndarray, np.ndarray]:

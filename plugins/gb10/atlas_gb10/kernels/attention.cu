@@ -77,22 +77,13 @@ __device__ __forceinline__ void attention_body(
     const int b = item.x, tile_tok = item.y, only_split = item.z;
     const int hk = blockIdx.y;
     const int group = q_heads / kv_heads;
-    const int q_begin = query_start[b], q_len = query_start[b + 1] - q_begin, ctx = seq_lens[b];
-    const int tokens = min(TM / group, q_len - tile_tok);
-    const int rows = tokens * group;  // rows 0 .. rows-1 exist
+    const WorkRows w = work_rows(query_start, seq_lens, b, tile_tok, TM, group, window, visible_end);
+    const int q_begin = w.q_begin, rows = w.rows, key_start = w.key_start, key_end = w.key_end;
     if (rows <= 0) return;
-    const int first_pos = ctx - q_len + tile_tok;
-    const int last_pos = first_pos + tokens - 1;
-    // visible_end is non-decreasing along a sequence's rows: the tile's last row sees the furthest (never past
-    // the sequence's keys, whatever the caller passes)
-    const int key_end =
-        visible_end ? min(ctx, max(last_pos + 1, visible_end[q_begin + tile_tok + tokens - 1])) : last_pos + 1;
-    const int key_start = window > 0 ? max(0, first_pos - window + 1) : 0;
     const int* table = block_tables + (long long)b * table_width;
 
+    row_positions<ATT_THREADS>(qpos, qlast, w, TM, visible_end, tid);
     for (int r = tid; r < TM; r += ATT_THREADS) {
-        qpos[r] = r < rows ? first_pos + r / group : -1;
-        qlast[r] = r < rows ? (visible_end ? min(ctx, visible_end[q_begin + tile_tok + r / group]) - 1 : qpos[r]) : -1;
         M_tot[r] = NEG_INF;
         L_tot[r] = 0.0f;
     }

@@ -79,22 +79,13 @@ __device__ __forceinline__ void attention_mma_body(
     const int b = item.x, tile_tok = item.y;
     const int hk = blockIdx.y;
     const int group = q_heads / kv_heads;
-    const int q_begin = query_start[b], q_len = query_start[b + 1] - q_begin, ctx = seq_lens[b];
-    const int tokens = min(MMA_ROWS / group, q_len - tile_tok);
-    const int rows = tokens * group;
+    const WorkRows w = work_rows(query_start, seq_lens, b, tile_tok, MMA_ROWS, group, window, visible_end);
+    const int q_begin = w.q_begin, rows = w.rows, key_start = w.key_start, key_end = w.key_end;
     if (rows <= 0) return;
-    const int first_pos = ctx - q_len + tile_tok;
-    const int last_pos = first_pos + tokens - 1;
-    const int key_end =
-        visible_end ? min(ctx, max(last_pos + 1, visible_end[q_begin + tile_tok + tokens - 1])) : last_pos + 1;
-    const int key_start = window > 0 ? max(0, first_pos - window + 1) : 0;
     const int* table = block_tables + (long long)b * table_width;
     const int d8 = (d + 7) & ~7;
 
-    for (int r = tid; r < MMA_ROWS; r += MMA_THREADS) {
-        qpos[r] = r < rows ? first_pos + r / group : -1;
-        qlast[r] = r < rows ? (visible_end ? min(ctx, visible_end[q_begin + tile_tok + r / group]) - 1 : qpos[r]) : -1;
-    }
+    row_positions<MMA_THREADS>(qpos, qlast, w, MMA_ROWS, visible_end, tid);
     load_q_rows<MMA_THREADS>(Qs, STRIDE, q, q_s0, q_s1, q_begin + tile_tok, MMA_ROWS, rows, group, hk, d, D_PAD / 8,
                              q_vec, tid);
     if (d8 < D_PAD) {  // the tile loads write columns below d8 only: the rest of K and V stays zero

@@ -66,3 +66,44 @@ __device__ __forceinline__ void load_q_rows(bf16_t* Qs, int stride, const bf16_t
         *reinterpret_cast<uint4*>(Qs + r * stride + j) = v;
     }
 }
+
+// A work item (sequence b, its query tokens from tile_tok, at most tile_rows rows of (token, head of the GQA
+// group)): the rows that exist (0: nothing to do), the first token's position, and the keys [key_start,
+// key_end) any of its rows sees. visible_end is non-decreasing along a sequence's rows, so the last row sees
+// the furthest (never past the sequence's keys, whatever the caller passes).
+struct WorkRows {
+    int q_begin, tile_tok, q_len, ctx, group, tokens, rows, first_pos, key_start, key_end;
+};
+
+__device__ __forceinline__ WorkRows work_rows(const int* __restrict__ query_start, const int* __restrict__ seq_lens,
+                                              int b, int tile_tok, int tile_rows, int group, int window,
+                                              const int* __restrict__ visible_end) {
+    WorkRows w;
+    w.q_begin = query_start[b];
+    w.tile_tok = tile_tok;
+    w.q_len = query_start[b + 1] - w.q_begin;
+    w.ctx = seq_lens[b];
+    w.group = group;
+    w.tokens = min(tile_rows / group, w.q_len - tile_tok);
+    w.rows = max(w.tokens, 0) * group;
+    w.first_pos = w.ctx - w.q_len + tile_tok;
+    const int last_pos = w.first_pos + w.tokens - 1;
+    w.key_end = visible_end && w.tokens > 0
+                    ? min(w.ctx, max(last_pos + 1, visible_end[w.q_begin + tile_tok + w.tokens - 1]))
+                    : last_pos + 1;
+    w.key_start = window > 0 ? max(0, w.first_pos - window + 1) : 0;
+    return w;
+}
+
+// Each row's position (qpos) and the last key it sees (qlast: its position, or its image's end - 1), -1 for
+// rows past those that exist, for rows 0 .. tile_rows - 1.
+template <int THREADS>
+__device__ __forceinline__ void row_positions(int* qpos, int* qlast, const WorkRows& w, int tile_rows,
+                                              const int* __restrict__ visible_end, int tid) {
+    for (int r = tid; r < tile_rows; r += THREADS) {
+        const bool real = r < w.rows;
+        qpos[r] = real ? w.first_pos + r / w.group : -1;
+        qlast[r] = real ? (visible_end ? min(w.ctx, visible_end[w.q_begin + w.tile_tok + r / w.group]) - 1 : qpos[r])
+                        : -1;
+    }
+}
