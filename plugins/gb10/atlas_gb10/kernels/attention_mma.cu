@@ -1,6 +1,6 @@
 // Prefill attention on the tensor cores: FlashAttention-2's loop over key tiles with mma.sync.m16n8k16 (bf16
 // in, fp32 accumulation; sm_80 and later, Hopper and GB10 alike) for the 64-row work items of an eager forward
-// in direct mode. A block takes one item (sequence b, query tokens tile_tok ..) for one KV head; its rows are
+// in direct mode (head dims up to 256). A block takes one item (sequence b, query tokens tile_tok ..) for one KV head; its rows are
 // (query token, query head of the GQA group) pairs as in attention.cu, and so are the masks (causal or
 // `visible_end`, sliding window) and the paged key/value tiles, streamed through shared memory with cp.async,
 // double-buffered. Each of the 4 warps owns 16 rows: S = Q K^T for 64 keys, the online softmax in registers
@@ -243,3 +243,4 @@ ATTENTION_MMA_KERNEL(4)
 ATTENTION_MMA_KERNEL(5)
 ATTENTION_MMA_KERNEL(6)
 ATTENTION_MMA_KERNEL(8)
+ATTENTION_MMA_KERNEL(16)  // 256-wide heads: 167 KiB of shared memory (Hopper; GB10 keeps attention.cu)
