@@ -30,8 +30,14 @@ from atlas_gb10.sampling import LogitsOps
 GEMM_TILES = ((2, 4), (1, 4), (1, 2), (1, 1))
 TILED_GEMM_BLOCK = 128
 """gemm_tiled.cu's output tile (rows and columns)."""
-TILED_GEMM_SHARED = 3 * 2 * TILED_GEMM_BLOCK * (32 + 8) * 2
-"""Its shared memory: 3 stages of two 128 x 32 operand slices in rows padded to 40 bf16."""
+
+
+def tiled_shared_bytes(rows: int) -> int:
+    """gemm_tiled.cuh's shared memory for tiles of ``rows`` x 128: 3 stages of both operands' 32-wide slices, in
+    rows padded to 40 bf16."""
+    return 3 * (rows + TILED_GEMM_BLOCK) * (32 + 8) * 2
+
+
 """(m-tiles of 16 rows, n-tiles of 8 columns) per GEMM block, largest first."""
 
 
@@ -192,10 +198,11 @@ class CudaBackend(Backend):
         self, x: Array, ldx: int, weight: Array, bias: Array | None, out: Array, ldo: int, m: int, n: int, k: int
     ) -> Array:
         kernel = self._kernel("gemm_tiled", "gemm_tiled_bf16")
-        kernel.max_dynamic_shared_size_bytes = TILED_GEMM_SHARED
+        smem = tiled_shared_bytes(TILED_GEMM_BLOCK)
+        kernel.max_dynamic_shared_size_bytes = smem
         grid = (math.ceil(n / TILED_GEMM_BLOCK), math.ceil(m / TILED_GEMM_BLOCK))
         args = (x, np.int64(ldx), weight, null_or(bias), out, np.int64(ldo), np.int32(m), np.int32(n), np.int32(k))
-        kernel(grid, (256,), args, shared_mem=TILED_GEMM_SHARED)
+        kernel(grid, (256,), args, shared_mem=smem)
         return out
 
     def gemm_tile(self, m: int, n: int) -> tuple[int, int]:

@@ -32,7 +32,7 @@ from atlas_core.backends.base import Array
 from atlas_core.backends.ops.moe import ExpertActivation, MoEOps, RouterSpec, check_expert_shapes
 from atlas_core.weights.quantized import QuantizedWeight
 from atlas_gb10.arrays import null_or
-from atlas_gb10.backend import CudaBackend
+from atlas_gb10.backend import TILED_GEMM_BLOCK, CudaBackend, tiled_shared_bytes
 from atlas_gb10.fp8 import weight_operand
 
 ROUTE_WARPS = 4
@@ -40,6 +40,11 @@ ROUTE_WARPS = 4
 MAX_ROUTED_EXPERTS = 1024
 """The most experts `moe_route` and the plan take (a 32-bit mask per lane; one plan thread each)."""
 MAX_TOP_K = 32
+TILED_ROWS = 64
+"""The m-tile of the tiled expert products (`moe_gemm_tiled`, prefill-sized groups outside the batch-invariant
+mode)."""
+TILED_MIN_PAIRS_PER_SM = 32
+"""(token, expert) pairs per SM from which the tiled expert products are used."""
 """The most experts per token (one lane per selected slot)."""
 
 
@@ -128,7 +133,10 @@ class CudaMoEOps(MoEOps):
             return out
         m_tiles, n_tiles_in, n_tiles_out = self._tiles(pairs)
         ids = cp.ascontiguousarray(ids, dtype=np.int32)
-        groups = _Groups(ids, pairs) if tokens == 1 else self._plan(ids, experts, 16 * m_tiles)
+        tiled = self._tiled_pays(pairs, w_in, w_out, hidden, in_rows if activation == "relu2" else in_rows // 2)
+        if tiled:
+            m_tiles = 0
+        groups = _Groups(ids, pairs) if tokens == 1 else self._plan(ids, experts, TILED_ROWS if tiled else 16 * m_tiles)
         gate_up = cp.empty((pairs, in_rows), dtype=x.dtype)
         relu2 = activation == "relu2"
         self._grouped_gemm(x, groups.row_tokens, top_k, w_in, gate_up, groups, m_tiles, n_tiles_in, relu2)
@@ -187,6 +195,22 @@ class CudaMoEOps(MoEOps):
         )
         return groups
 
+    def _tiled_pays(
+        self, pairs: int, w_in: Array | QuantizedWeight, w_out: Array | QuantizedWeight, hidden: int, inner: int
+    ) -> bool:
+        """Prefill-sized groups of bf16 experts outside the batch-invariant mode (both products' K a multiple
+        of 8, the weights 16-byte aligned) take `moe_gemm_tiled`."""
+        return (
+            not self.backend.batch_invariant
+            and pairs >= TILED_MIN_PAIRS_PER_SM * self.backend.profile.sm_count
+            and not isinstance(w_in, QuantizedWeight)
+            and not isinstance(w_out, QuantizedWeight)
+            and hidden % 8 == 0
+            and inner % 8 == 0
+            and w_in.data.ptr % 16 == 0
+            and w_out.data.ptr % 16 == 0
+        )
+
     def _tiles(self, pairs: int) -> tuple[int, int, int]:
         """(m-tiles of 16 rows, n-tiles of 8 columns for gate/up, for down) per block. The m-tile is shared
         by both products (the plan cuts the groups into tiles of that many rows). Measured on an H100
@@ -212,11 +236,20 @@ class CudaMoEOps(MoEOps):
         relu2: bool,
     ) -> None:
         """``out[r] = x[row(r)] @ w[expert(r)]^T`` (``max(., 0)^2`` of it with ``relu2``) for every row r
-        (`moe_gemm_*`, or `moe_gemm_fp8_*` over an FP8 bank): over the m-tiles of `_plan` (row(r) =
-        ``x_rows[r]`` or r), or a block per pair without a plan (row(p) = p // ``pairs_per_row``, the
-        expert ``ids[p]``)."""
+        (`moe_gemm_*`, or `moe_gemm_fp8_*` over an FP8 bank; ``m_tiles`` 0: `moe_gemm_tiled` over a plan of
+        `TILED_ROWS`-row tiles): over the m-tiles of `_plan` (row(r) = ``x_rows[r]`` or r), or a block per pair
+        without a plan (row(p) = p // ``pairs_per_row``, the expert ``ids[p]``)."""
         experts, n, k = w.shape
         ldx = x.strides[0] // x.itemsize
+        if m_tiles == 0:
+            kernel = self._kernel("moe_gemm_tiled")
+            smem = tiled_shared_bytes(TILED_ROWS)
+            kernel.max_dynamic_shared_size_bytes = smem
+            args = (x, np.int64(ldx), null_or(x_rows), w, out, np.int64(out.strides[0] // out.itemsize))
+            grid = (math.ceil(n / TILED_GEMM_BLOCK), groups.blocks)
+            plan = (groups.tiles, np.int32(groups.blocks), np.int32(experts), np.int32(n), np.int32(k), np.int32(relu2))
+            kernel(grid, (256,), (*args, *plan), shared_mem=smem)
+            return
         kind, weight_args, weight_aligned = weight_operand(w)
         vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_aligned
         prefix = "moe_gemm_fp8" if kind == "fp8" else "moe_gemm"

@@ -119,8 +119,15 @@ def run_experts(
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "relu2"])
 @pytest.mark.parametrize(
     ("tokens", "experts", "top_k", "hidden", "inter"),
-    [(1, 128, 8, 256, 96), (7, 7, 3, 72, 40), (300, 16, 4, 128, 64), (33, 5, 2, 61, 23), (3, 5, 2, 61, 23)],
-    ids=["decode-128", "odd-experts", "prefill", "unaligned", "unaligned-decode"],
+    [
+        (1, 128, 8, 256, 96),
+        (7, 7, 3, 72, 40),
+        (300, 16, 4, 128, 64),
+        (900, 64, 8, 256, 136),
+        (33, 5, 2, 61, 23),
+        (3, 5, 2, 61, 23),
+    ],
+    ids=["decode-128", "odd-experts", "prefill", "prefill-tiled", "unaligned", "unaligned-decode"],
 )
 def test_experts_match_the_reference(
     backend: CudaBackend, moe: MoEOps, activation: str, tokens: int, experts: int, top_k: int, hidden: int, inter: int
@@ -134,7 +141,7 @@ def test_experts_match_the_reference(
     np.testing.assert_allclose(got, want, rtol=3e-2, atol=3e-2 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("tokens", [1, 40, 600])
+@pytest.mark.parametrize("tokens", [1, 40, 600, 3000])
 def test_every_token_on_one_expert_and_idle_experts(backend: CudaBackend, moe: MoEOps, tokens: int) -> None:
     rng = np.random.default_rng(tokens)
     w_in, w_out = expert_case(backend, rng, 32, 64, 48, "silu")
@@ -146,8 +153,9 @@ def test_every_token_on_one_expert_and_idle_experts(backend: CudaBackend, moe: M
 
 
 def test_expert_rows_do_not_depend_on_the_batch(backend: CudaBackend, moe: MoEOps) -> None:
-    """A token's output is bit-identical alone, in a decode-sized batch and in a prefill-sized batch
-    (whose plan takes larger tiles), wherever it sits."""
+    """In the batch-invariant mode a token's output is bit-identical alone, in a decode-sized batch and in a
+    prefill-sized batch (whose plan takes larger tiles), wherever it sits; outside it, the tiled products of
+    prefill-sized batches (`moe_gemm_tiled`) also give a token the same bits in any such batch."""
     rng = np.random.default_rng(7)
     experts, top_k, hidden = 64, 6, 256
     w_in, w_out = expert_case(backend, rng, experts, hidden, 128, "silu")
@@ -156,7 +164,15 @@ def test_expert_rows_do_not_depend_on_the_batch(backend: CudaBackend, moe: MoEOp
         np.stack([rng.choice(experts, size=top_k, replace=False) for _ in range(3000)]).astype(np.int32)
     )
     weights = backend.from_numpy(rng.uniform(0.1, 1.0, (3000, top_k)), dtype=F32)
-    full = backend.to_numpy(moe.moe_experts(x, w_in, w_out, weights, ids, "silu"))
-    for rows in ([5], [5, 17, 2999], list(range(100, 130)), [2999, 5, 5]):
-        part = moe.moe_experts(x[rows], w_in, w_out, weights[rows], ids[rows], "silu")
-        np.testing.assert_array_equal(backend.to_numpy(part), full[rows], err_msg=f"rows {rows[:4]}...")
+    tiled = backend.to_numpy(moe.moe_experts(x, w_in, w_out, weights, ids, "silu"))
+    shifted = moe.moe_experts(x[500:], w_in, w_out, weights[500:], ids[500:], "silu")
+    np.testing.assert_array_equal(backend.to_numpy(shifted), tiled[500:], err_msg="tiled rows moved by 500")
+    backend.batch_invariant = True
+    try:
+        full = backend.to_numpy(moe.moe_experts(x, w_in, w_out, weights, ids, "silu"))
+        assert not np.array_equal(full, tiled), "the prefill-sized batch did not take the tiled products"
+        for rows in ([5], [5, 17, 2999], list(range(100, 130)), [2999, 5, 5]):
+            part = moe.moe_experts(x[rows], w_in, w_out, weights[rows], ids[rows], "silu")
+            np.testing.assert_array_equal(backend.to_numpy(part), full[rows], err_msg=f"rows {rows[:4]}...")
+    finally:
+        backend.batch_invariant = False

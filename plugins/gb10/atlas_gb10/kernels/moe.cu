@@ -7,7 +7,7 @@
 // rows of the grouped products (in an arbitrary order inside the group: a product row's result depends
 // only on its own input row, so the order changes no bit) and cuts each group into m-tiles of
 // tile_rows rows, listed in a table the GEMM blocks read.
-#include "gemm_core.cuh"
+#include "gemm_tiled.cuh"
 
 #ifndef MOE_PLAN_THREADS
 #define MOE_PLAN_THREADS 1024
@@ -256,6 +256,19 @@ MOE_GEMM_KERNEL(2, 4, 2, 2, true, vec, 1)
 MOE_GEMM_KERNEL(1, 2, 4, 4, false, any, 2)
 MOE_GEMM_KERNEL(1, 4, 2, 2, false, any, 2)
 MOE_GEMM_KERNEL(2, 4, 2, 2, false, any, 1)
+
+// Prefill-sized expert groups (outside the batch-invariant mode): the m-tiles of moe_plan cut at 64 rows, each
+// block 64 rows of one expert by TG_BN columns through gemm_tiled.cuh's tiled product (rows gathered through
+// x_rows, written to their own rows; relu2 as above). grid.x: column tiles; grid.y: max_tiles.
+extern "C" __global__ void __launch_bounds__(TG_THREADS, 2)
+    moe_gemm_tiled(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
+                   const bf16_t* __restrict__ w, bf16_t* __restrict__ out, long long ldo, const int* __restrict__ tiles,
+                   int max_tiles, int E, int N, int K, int relu2) {
+    ExpertBlock b;
+    if (!expert_block(tiles, max_tiles, nullptr, 1, E, b)) return;
+    tiled_product<2>(x, ldx, x_rows, bank_matrix(w, b.e, N, K), nullptr, out, ldo, b.m0, b.M, blockIdx.x * TG_BN, N,
+                     K, relu2);
+}
 
 // ---- combine --------------------------------------------------------------------------------------
 // out[t, c] = sum_j weights[t, j] * y[row(t * k + j), c] in slot order, fp32 -> bf16. The row of pair p is
