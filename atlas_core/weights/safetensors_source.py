@@ -20,6 +20,7 @@ config.json has no ``quantization_config`` is recognised by its ``hf_quant_confi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 from collections.abc import Iterator
@@ -48,6 +49,8 @@ DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
 }
 MAX_HEADER_BYTES = 100 * 2**20
+
+log = logging.getLogger("atlas.weights")
 
 
 def _read_header(path: Path) -> tuple[int, dict[str, Any]]:
@@ -101,6 +104,7 @@ class SafetensorsSource:
             data_start, header = _read_header(path)
             for name, info in header.items():
                 self._index[name] = (path, data_start, info)
+        self._read_headless_base_model()
         self._aliases: dict[str, str] = {}
         """Names read in place of stored ones (compressed-tensors NVFP4: ``X.weight`` -> ``X.weight_packed``)."""
         if self.quantization is not None and self.quantization.format == NVFP4:
@@ -109,6 +113,19 @@ class SafetensorsSource:
                 if logical != name and self.quantization.nvfp4_names(logical)[0] == name:
                     self._aliases[logical] = name
         self._maps: dict[Path, np.memmap] = {}
+
+    def _read_headless_base_model(self) -> None:
+        """A base model saved without its causal-LM wrapper (``Qwen3Model``, ``LlamaModel``: how embedding
+        checkpoints such as Qwen3-Embedding ship) stores ``embed_tokens.weight``, ``layers.*`` and ``norm.weight``
+        with no ``model.`` prefix and no ``lm_head.weight``: its tensors are read under the causal LM's names, and
+        where the config does not tie the LM head it reads the embedding matrix (the engine samples one token
+        after an embedding request; the embeddings themselves never use the head)."""
+        if "embed_tokens.weight" not in self._index or any(name.startswith("model.") for name in self._index):
+            return
+        self._index = {f"model.{name}": entry for name, entry in self._index.items()}
+        if "lm_head.weight" not in self._index and not self.config.get("tie_word_embeddings", False):
+            self._index["lm_head.weight"] = self._index["model.embed_tokens.weight"]
+            log.info("%s: a base model without an LM head; its embedding matrix serves as one", self.folder)
 
     def _weight_files(self) -> list[Path]:
         index_path = self.folder / "model.safetensors.index.json"

@@ -81,6 +81,27 @@ def test_pooling_config_from_sentence_transformers_files(tmp_path: Path) -> None
     assert pooling_config(tmp_path, {"is_matryoshka": True}, override="last").pooling == "last"
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_headless_base_model_checkpoint_embeds_as_its_causal_lm(llm: LLM, tmp_path: Path, tied: bool) -> None:
+    """Embedding checkpoints saved as the base model (``Qwen3Model``: no ``model.`` prefix, no LM head, as
+    Qwen3-Embedding ships) load through the family and embed exactly as the causal LM holding the same
+    weights; untied, the embedding matrix serves as the LM head."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = TINY.edited_copy(tmp_path, CHECKPOINT)
+    for path in folder.glob("*.safetensors"):
+        tensors = load_file(path)
+        path.unlink()
+        headless = {name.removeprefix("model."): a for name, a in tensors.items() if name != "lm_head.weight"}
+        save_file(headless, folder / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(architectures=["Qwen3Model"], tie_word_embeddings=tied)
+    (folder / "config.json").write_text(json.dumps(config))
+    base = LLM(folder, backend="numpy", max_seq_len=128, kv_cache_memory_gib=1 / 64)
+    for got, want in zip(base.embed(prompts(), normalize=False), llm.embed(prompts(), normalize=False), strict=True):
+        np.testing.assert_array_equal(got.embedding, want.embedding)
+
+
 @pytest.fixture(scope="module")
 def tiny_server(chatml_tokenizer: Tokenizer) -> Iterator[LiveServer]:
     """The tiny checkpoint behind a live server (token-id inputs: its vocabulary is tiny)."""
