@@ -4,7 +4,7 @@ merger and the deepstack mergers; `VisionTower.encode` runs it over several imag
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -12,6 +12,9 @@ from atlas_core.backends.base import Array, Backend
 from atlas_core.model.layers.vision import Linear, VisionBlock, VisionPatches
 from atlas_core.model.vision import ImageFeatures, PreparedImage
 from atlas_model_qwen3_vl.layers import PatchMerger
+
+POSITION_CACHE = 8
+"""How many image grids' resampled position embeddings a tower keeps (images of one size share them)."""
 
 
 def block_order(grid_h: int, grid_w: int, merge: int) -> tuple[np.ndarray, np.ndarray]:
@@ -47,18 +50,33 @@ class VisionTower:
     num_heads: int
     merge_size: int
     rope_theta: float
+    _positions: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict, repr=False)
+    _table: np.ndarray | None = field(default=None, repr=False)
 
     def position_embeddings(self, grid: tuple[int, ...]) -> np.ndarray:
-        """The learned grid resampled to an image's ``(t, h, w)`` patch grid, in block order ``[t*h*w, C]``."""
-        t, h, w = grid
+        """The learned grid resampled to an image's ``(t, h, w)`` patch grid, in block order ``[t*h*w, C]``
+        (read-only; the last `POSITION_CACHE` grids are kept)."""
+        key = tuple(int(v) for v in grid)
+        resampled = self._positions.pop(key, None)
+        if resampled is None:
+            resampled = self._resample(*key)
+            resampled.flags.writeable = False
+        self._positions[key] = resampled  # the most recently used last
+        while len(self._positions) > POSITION_CACHE:
+            self._positions.pop(next(iter(self._positions)))
+        return resampled
+
+    def _resample(self, t: int, h: int, w: int) -> np.ndarray:
+        """Bilinear resampling of the ``[side, side, C]`` grid, one axis at a time (columns, then rows)."""
         side = int(round(self.pos_embed.shape[0] ** 0.5))
+        if self._table is None:
+            self._table = self.pos_embed.astype(np.float32).reshape(side, side, -1)
+        col_taps, col_weights = bilinear_taps(np.arange(w), w, side)
+        row_taps, row_weights = bilinear_taps(np.arange(h), h, side)
+        across = sum(self._table[:, col_taps[:, k]] * col_weights[None, :, k, None] for k in range(2))  # [side, w, C]
+        grid = sum(across[row_taps[:, k]] * row_weights[:, k, None, None] for k in range(2))  # [h, w, C]
         rows, cols = block_order(h, w, self.merge_size)
-        row_taps, row_weights = bilinear_taps(rows, h, side)
-        col_taps, col_weights = bilinear_taps(cols, w, side)
-        indices = (row_taps[:, :, None] * side + col_taps[:, None, :]).reshape(len(rows), 4)
-        weights = (row_weights[:, :, None] * col_weights[:, None, :]).reshape(len(rows), 4)
-        table = self.pos_embed.astype(np.float32)
-        return np.tile((table[indices] * weights[:, :, None]).sum(axis=1), (t, 1))
+        return np.tile(grid[rows, cols], (t, 1))
 
     def rotary(self, grids: Sequence[tuple[int, ...]], head_dim: int) -> tuple[np.ndarray, np.ndarray]:
         """2-D rotary ``(cos, sin)`` rows ``[N, head_dim / 2]``: the first half of each row rotates by the
