@@ -38,10 +38,16 @@ class PreparedImage:
     digest: bytes = field(default=b"", compare=False)
 
     @classmethod
-    def make(cls, pixel_values: np.ndarray, grid: tuple[int, ...], num_tokens: int) -> PreparedImage:
-        """A prepared image with its digest computed."""
-        digest = hashlib.sha256(np.ascontiguousarray(pixel_values).tobytes() + repr(grid).encode()).digest()
-        return cls(pixel_values, tuple(int(g) for g in grid), num_tokens, digest)
+    def make(
+        cls, pixel_values: np.ndarray, grid: tuple[int, ...], num_tokens: int, identity: np.ndarray | None = None
+    ) -> PreparedImage:
+        """A prepared image with its digest computed over ``identity`` (an array that, for this model's
+        processor, determines ``pixel_values``: the resized 8-bit image, say, smaller to hash) or, without one,
+        over ``pixel_values``, and the grid."""
+        hashed = np.ascontiguousarray(pixel_values if identity is None else identity)
+        digest = hashlib.sha256(memoryview(hashed).cast("B"))
+        digest.update(f"{hashed.dtype.str}{hashed.shape}{tuple(int(g) for g in grid)}".encode())
+        return cls(pixel_values, tuple(int(g) for g in grid), num_tokens, digest.digest())
 
 
 @dataclass(frozen=True)

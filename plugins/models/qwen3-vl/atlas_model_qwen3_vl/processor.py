@@ -89,13 +89,13 @@ class ImageProcessor:
         merge-block order, grid ``(1, grid_h, grid_w)``, ``grid_h * grid_w / merge_size**2`` tokens."""
         rgb = image if image.mode == "RGB" else image.convert("RGB")
         height, width = self.resized_size(rgb.width, rgb.height, max_pixels)
-        resized = rgb.resize((width, height), Image.Resampling.BICUBIC)
-        pixels = np.asarray(resized).transpose(2, 0, 1).astype(np.float64) * self.rescale_factor
-        mean, std = np.asarray(self.mean)[:, None, None], np.asarray(self.std)[:, None, None]
-        pixels = ((pixels - mean) / std).astype(np.float32)
+        resized = np.asarray(rgb.resize((width, height), Image.Resampling.BICUBIC))
+        mean, std = np.asarray(self.mean), np.asarray(self.std)  # rescale and normalise as one multiply-add
+        scale, offset = (self.rescale_factor / std).astype(np.float32), (-mean / std).astype(np.float32)
+        pixels = (resized.astype(np.float32) * scale + offset).transpose(2, 0, 1)
         p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
         grid_h, grid_w = height // p, width // p
         patches = pixels.reshape(3, grid_h // m, m, p, grid_w // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
         frames = np.broadcast_to(patches[:, :, :, :, :, None], (*patches.shape[:5], t, p, p))
         flat = np.ascontiguousarray(frames.reshape(grid_h * grid_w, 3 * t * p * p))
-        return PreparedImage.make(flat, (1, grid_h, grid_w), grid_h * grid_w // (m * m))
+        return PreparedImage.make(flat, (1, grid_h, grid_w), grid_h * grid_w // (m * m), identity=resized)
