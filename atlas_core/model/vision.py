@@ -45,7 +45,7 @@ class PreparedImage:
         processor, determines ``pixel_values``: the resized 8-bit image, say, smaller to hash) or, without one,
         over ``pixel_values``, and the grid."""
         hashed = np.ascontiguousarray(pixel_values if identity is None else identity)
-        digest = hashlib.sha256(memoryview(hashed).cast("B"))
+        digest = hashlib.sha256(hashed.data.cast("B"))
         digest.update(f"{hashed.dtype.str}{hashed.shape}{tuple(int(g) for g in grid)}".encode())
         return cls(pixel_values, tuple(int(g) for g in grid), num_tokens, digest.digest())
 
