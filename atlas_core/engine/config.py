@@ -223,6 +223,7 @@ class EngineConfig:
             max_seq_len=self.max_seq_len,
             default_max_seq_len=self.default_max_seq_len,
             gguf_weights=self.gguf_weights,
+            batch_invariant=self.batch_invariant,
         )
 
 

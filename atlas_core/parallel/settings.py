@@ -23,7 +23,8 @@ class ReplicaSettings:
     ``rank`` and ``world_size`` are given (both) when each rank is started by hand, else None: rank 0
     starts the others, as processes of its host (``distributed_executor_backend`` ``mp``) or as actors of
     the Ray cluster at ``ray_address`` (``ray``, `atlas_core.parallel.ray_ranks`). ``max_seq_len`` (None:
-    the model's context, at most ``default_max_seq_len``) and ``gguf_weights`` shape what each rank loads.
+    the model's context, at most ``default_max_seq_len``) and ``gguf_weights`` shape what each rank loads;
+    ``batch_invariant`` picks the same kernels on every rank (`Backend.batch_invariant`).
     `ConfigError` for values that do not compose."""
 
     tensor_parallel_size: int = 1
@@ -39,6 +40,7 @@ class ReplicaSettings:
     max_seq_len: int | None = None
     default_max_seq_len: int = 8192
     gguf_weights: str = "auto"
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         plan = self.shard_plan(self.rank or 0)  # sizes that do not compose are refused here

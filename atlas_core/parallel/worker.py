@@ -56,6 +56,7 @@ def run_worker(
         address = WorldAddress(settings.rank, settings.world_size, settings.master_addr, port, settings.comm_timeout)
     registry = get_registry()
     backend = select_backend(registry, backend_name)
+    backend.batch_invariant = settings.batch_invariant  # the kernels rank 0's engine uses
     world = join_replica(model, backend, registry, settings, address)
     try:
         loaded = load_shard(model, backend, registry, settings, world)

@@ -226,3 +226,22 @@ def test_a_rank_that_dies_before_joining_fails_the_start_at_once(monkeypatch: py
         LLM(TINY / "llama", backend="numpy", tensor_parallel_size=2, kv_cache_memory_gib=KV_GIB, comm_timeout=60)
     assert time.monotonic() - begin < 20
     assert started[0].returncode == 3
+
+
+def test_a_rank_takes_rank_0s_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``batch_invariant`` travels in the replica settings: every rank's backend picks rank 0's kernels."""
+    from atlas_core.backends.base import Backend
+    from atlas_core.engine.config import EngineConfig
+    from atlas_core.parallel import worker
+
+    seen: list[bool] = []
+
+    def join(model: object, backend: Backend, *args: object) -> None:
+        seen.append(backend.batch_invariant)
+        raise RuntimeError("joined")
+
+    monkeypatch.setattr(worker, "join_replica", join)
+    config = EngineConfig(batch_invariant=True, tensor_parallel_size=2, rank=1, world_size=2, master_port=29511)
+    with pytest.raises(RuntimeError, match="joined"):
+        worker.run_worker(None, "numpy", config.replica_settings())
+    assert seen == [True]
