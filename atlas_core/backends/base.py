@@ -158,10 +158,8 @@ class Backend(ABC):
     those dtypes, and for ``fp8`` it implements `write_kv_scaled` and `attention_scaled`. The engine refuses
     others with a `ConfigError`."""
     batch_invariant: bool = False
-    """Set by the engine (``EngineConfig.batch_invariant``): when True, every row's arithmetic must not depend
-    on the rest of the batch, so a sequence's greedy tokens are the same alone or batched, chunked or not; a
-    backend whose fastest kernels trade that away keeps to its invariant ones. Backends that are always
-    invariant ignore it."""
+    """Set by the engine (``EngineConfig.batch_invariant``): True keeps every row's arithmetic independent of
+    the rest of the batch (a backend whose fastest kernels trade that away keeps to its invariant ones)."""
     plugin_registry: PluginRegistry | None = None
     """The registry `ops` resolves native op-group implementations from (set by
     `atlas_core.backends.select.select_backend`; None: the process-wide registry)."""

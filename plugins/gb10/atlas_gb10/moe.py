@@ -40,12 +40,12 @@ ROUTE_WARPS = 4
 MAX_ROUTED_EXPERTS = 1024
 """The most experts `moe_route` and the plan take (a 32-bit mask per lane; one plan thread each)."""
 MAX_TOP_K = 32
+"""The most experts per token (one lane per selected slot)."""
 TILED_ROWS = 64
 """The m-tile of the tiled expert products (`moe_gemm_tiled`, prefill-sized groups outside the batch-invariant
 mode)."""
 TILED_MIN_PAIRS_PER_SM = 32
 """(token, expert) pairs per SM from which the tiled expert products are used."""
-"""The most experts per token (one lane per selected slot)."""
 
 
 @dataclass(frozen=True)

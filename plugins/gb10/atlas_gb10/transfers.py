@@ -59,13 +59,10 @@ class CudaHostTransfers(HostTransfers):
         parts = [cp.ascontiguousarray(array[index]) for array in arrays]  # compute stream, in order
         gathered = self._event(cp.cuda.get_current_stream())
         self.stream.wait_event(gathered)
-        hosts, keep = [], [index, *parts]
-        for part in parts:
-            buffer = cp.cuda.alloc_pinned_memory(max(part.nbytes, 1))
-            host = np.frombuffer(buffer, dtype=part.dtype, count=part.size).reshape(part.shape)
+        hosts = [self._pinned_empty(part.shape, part.dtype) for part in parts]
+        for part, host in zip(parts, hosts, strict=True):
             part.data.copy_to_host_async(host.ctypes.data, part.nbytes, self.stream)
-            hosts.append(host)
-            keep.append(buffer)  # back to the pinned pool only once the copy into it is done
+        keep = [index, *parts, *hosts]  # the buffers go back to the pinned pool once the copies are done
         copied = self._event(self.stream, blocking=True)
         self._in_flight.append((copied, keep))
         device = cp.cuda.Device()  # the engine's; the wait may run on a thread where it is not current
@@ -79,13 +76,7 @@ class CudaHostTransfers(HostTransfers):
 
     def host_rows(self, format: RecordFormat, count: int) -> list[np.ndarray]:
         """Pinned arrays (from CuPy's pinned memory pool), so that `scatter` sends them without a copy."""
-        arrays = []
-        for shape, dtype in format.arrays:
-            full = (count, *shape)
-            size = int(np.prod(full, dtype=np.int64))
-            buffer = self.cp.cuda.alloc_pinned_memory(max(size * np.dtype(dtype).itemsize, 1))
-            arrays.append(np.frombuffer(buffer, dtype=dtype, count=size).reshape(full))  # keeps the buffer alive
-        return arrays
+        return [self._pinned_empty((count, *shape), dtype) for shape, dtype in format.arrays]
 
     def scatter(self, arrays: Sequence[Array], rows: Sequence[int], values: Sequence[np.ndarray]) -> Transfer:
         if len(values) != len(arrays):
@@ -103,20 +94,25 @@ class CudaHostTransfers(HostTransfers):
 
     def _upload(self, host: np.ndarray, dtype: np.dtype, keep: list[Any]) -> Any:
         """A device copy of ``host`` (bit-exact: its bytes, viewed as ``dtype``) sent through pinned memory on
-        the copy stream (the current one); the pinned buffer and the array join ``keep``."""
+        the copy stream (the current one); the pinned rows and the device array join ``keep``."""
         source = np.ascontiguousarray(host)
         if source.dtype != dtype:
             raise TypeError(f"rows of dtype {source.dtype} cannot be stored bit-exact into an array of {dtype}")
         device = self.cp.empty(source.shape, dtype=dtype)
         if source.nbytes and self._pinned(source):
-            staged, buffer = source, None  # kept, unchanged until the copy is done (`scatter`'s contract)
+            staged = source  # kept, unchanged until the copy is done (`scatter`'s contract)
         else:
-            buffer = self.cp.cuda.alloc_pinned_memory(max(source.nbytes, 1))
-            staged = np.frombuffer(buffer, dtype=np.uint8, count=source.nbytes)
+            staged = self._pinned_empty((source.nbytes,), np.dtype(np.uint8))
             staged[...] = source.reshape(-1).view(np.uint8)
         device.data.copy_from_host_async(staged.ctypes.data, source.nbytes, self.stream)
-        keep += [buffer, staged, device]
+        keep += [staged, device]
         return device
+
+    def _pinned_empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An uninitialised host array in pinned memory from CuPy's pool (the array keeps its buffer alive)."""
+        size = int(np.prod(shape, dtype=np.int64))
+        buffer = self.cp.cuda.alloc_pinned_memory(max(size * np.dtype(dtype).itemsize, 1))
+        return np.frombuffer(buffer, dtype=dtype, count=size).reshape(shape)
 
     def _pinned(self, host: np.ndarray) -> bool:
         """Whether ``host``'s memory is page-locked (the device may copy from it directly)."""
