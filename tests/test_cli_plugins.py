@@ -21,6 +21,7 @@ INSTALLED = {
 EXAMPLE_BLOCK = [
     "example  atlas-example-plugin 0.0.1",
     "  backend example-numpy -> atlas_example_plugin.backend:CountingNumpyBackend (priority=-10)",
+    "  backend example-graphs -> atlas_example_plugin.backend:GraphsNumpyBackend (priority=-20)",
     "  model example_llama -> atlas_example_plugin.loader:ExampleLlamaLoader "
     '(architectures=["ExampleLlamaForCausalLM"])',
     "  layer example_rms_norm -> atlas_example_plugin.layers:CountingRMSNorm",
@@ -67,6 +68,7 @@ def test_json_structure(capsys: pytest.CaptureFixture[str]) -> None:
     }
     assert [(r["kind"], r["name"]) for r in example["registrations"]] == [
         ("backend", "example-numpy"),
+        ("backend", "example-graphs"),
         ("model", "example_llama"),
         ("layer", "example_rms_norm"),
         ("comm", "example-recording"),

@@ -28,6 +28,9 @@ class RecordingGraphs:
         self.last_hidden = self.model.forward(batch, self.kv)
         return self.model.compute_logits(self.last_hidden)  # every row's, as captured graphs give them
 
+    def close(self) -> None:
+        self.last_hidden = None
+
 
 def test_pure_decode_steps_use_graphs_and_results_are_unchanged(monkeypatch: Any) -> None:
     created: list[RecordingGraphs] = []

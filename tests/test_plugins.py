@@ -54,6 +54,7 @@ def test_example_plugin_is_discovered_with_distribution_and_registrations() -> N
     assert info.version == importlib_metadata.version("atlas-example-plugin") == "0.0.1"
     assert {(r.kind, r.name, r.target) for r in info.registrations} == {
         ("backend", "example-numpy", "atlas_example_plugin.backend:CountingNumpyBackend"),
+        ("backend", "example-graphs", "atlas_example_plugin.backend:GraphsNumpyBackend"),
         ("model", "example_llama", "atlas_example_plugin.loader:ExampleLlamaLoader"),
         ("layer", "example_rms_norm", "atlas_example_plugin.layers:CountingRMSNorm"),
         ("comm", "example-recording", "atlas_example_plugin.comm:RecordingComm"),
@@ -82,7 +83,7 @@ def test_example_backend_never_wins_automatic_selection(monkeypatch: pytest.Monk
 
     monkeypatch.setenv("ATLAS_PLUGINS", "atlas-example-plugin")
     registry = load_plugins()
-    assert registry.names("backend") == ["example-numpy", "numpy"]
+    assert registry.names("backend") == ["example-graphs", "example-numpy", "numpy"]
     assert type(select_backend(registry)).name == "numpy"
 
 

@@ -21,10 +21,11 @@ import pytest
 
 from atlas_core.backends.select import select_backend
 from atlas_core.bench import random_weights
-from atlas_core.bench.random_weights import PRESETS, RandomWeightSource, cut_layers, random_weights_llm
+from atlas_core.bench.random_weights import PRESETS, cut_layers, random_weights_llm
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.errors import ModelLoadError
 from atlas_core.plugins import get_registry
+from atlas_core.weights.random_source import RandomWeightSource
 from atlas_core.weights.safetensors_source import SafetensorsSource
 from tests.conftest import REPOSITORY, TINY
 

@@ -17,6 +17,7 @@ from atlas_core.bench.roofline import (
     measure_copy_bandwidth,
     measure_matmul_flops,
 )
+from atlas_core.weights.random_source import RandomWeightSource
 
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -57,7 +58,7 @@ def device_line(backend: Any) -> str:
 def checkpoint_dtypes(loaded: Any) -> str:
     """What the checkpoint stores, e.g. ``GGUF Q4_1 69%, Q8_0 31%`` or ``safetensors bfloat16``."""
     resolved = loaded.resolved
-    if resolved.kind == "random":
+    if isinstance(loaded.source, RandomWeightSource):
         return "none: random bf16 weights (--random-weights)"
     if resolved.kind == "gguf":
         try:
@@ -106,6 +107,12 @@ def print_header(title: str, llm: Any, traffic: WeightTraffic) -> None:
         f"KV capacity {capacity if capacity is not None else '?'} tokens"
     )
     print(f"engine config {others}")
+    world = config.replica_settings().world
+    if world > 1:
+        print(
+            f"split         {world} ranks, one device each: the bytes below are rank 0's shard, and each rank reads "
+            "its own shard in the same step, so the roofline is one device's bandwidth over rank 0's bytes"
+        )
     print(
         f"weights/step  {traffic.bytes_per_step} bytes ({describe_bytes(traffic.bytes_per_step)}) "
         f"read per forward step ({embedding})"

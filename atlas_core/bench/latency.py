@@ -58,7 +58,12 @@ def check_fits(llm: Any, batch: int, prompt_len: int, tokens: int) -> None:
 def run_latency(args: argparse.Namespace) -> int:
     from atlas_core.bench.cli import make_llm
 
-    llm = make_llm(args)
+    with make_llm(args) as llm:  # a split model's ranks stop with it
+        return measure_latency(args, llm)
+
+
+def measure_latency(args: argparse.Namespace, llm: Any) -> int:
+    """Print the latency figures of ``llm`` for ``args``'s workload beside their ceilings."""
     batch, prompt_len, tokens = args.batch_size, args.prompt_len, args.tokens
     check_fits(llm, batch, prompt_len, tokens)
     traffic = weight_traffic(llm.loaded.model, llm.engine.kv_layouts)

@@ -31,6 +31,8 @@ from atlas_core.bench.sequence_traffic import SequenceTraffic, sequence_traffic
 
 # Precomputed tables that are attributes of the model but not weights: a step reads a few rows.
 NON_WEIGHT_ATTRIBUTES = frozenset({"rope_cos", "rope_sin", "cos", "sin", "inv_freq", "position_scale"})
+RUNTIME_ATTRIBUTES = frozenset({"backend", "mirror", "comm"})
+"""Attributes linking a model to what runs it (the backend; a split replica's mirror and communicator)."""
 ENCODER_ATTRIBUTES = frozenset({"vision"})
 """Model attributes holding an input encoder (a vision tower): it runs on prefill steps that hold images,
 never in a decode step, so its weights are not decode traffic."""
@@ -99,7 +101,8 @@ class WeightTraffic:
 def model_weights(model: Any, max_depth: int = 12) -> tuple[dict[int, Any], list[Any]]:
     """Every distinct array reachable from ``model`` through attributes, lists, tuples and dicts, and
     every distinct object visited on the way (layers, blocks...). The recurrent state (per-sequence
-    data, `atlas_core.bench.sequence_traffic`), `NON_WEIGHT_ATTRIBUTES` and `ENCODER_ATTRIBUTES` are not walked."""
+    data, `atlas_core.bench.sequence_traffic`), `NON_WEIGHT_ATTRIBUTES`, `ENCODER_ATTRIBUTES` and
+    `RUNTIME_ATTRIBUTES` are not walked."""
     from atlas_core.model.recurrent_state import RecurrentState
 
     seen: dict[int, Any] = {}
@@ -120,7 +123,7 @@ def model_weights(model: Any, max_depth: int = 12) -> tuple[dict[int, Any], list
             items = [
                 item
                 for name, item in vars(value).items()
-                if name not in NON_WEIGHT_ATTRIBUTES and name not in ENCODER_ATTRIBUTES and name != "backend"
+                if name not in NON_WEIGHT_ATTRIBUTES | ENCODER_ATTRIBUTES | RUNTIME_ATTRIBUTES
             ]
         else:
             return

@@ -83,7 +83,12 @@ def seconds(value: float) -> str:
 def run_throughput(args: argparse.Namespace) -> int:
     from atlas_core.bench.cli import make_llm
 
-    llm = make_llm(args)
+    with make_llm(args) as llm:  # a split model's ranks stop with it
+        return measure_throughput(args, llm)
+
+
+def measure_throughput(args: argparse.Namespace, llm: Any) -> int:
+    """Run the offline workload of ``args`` on ``llm`` and print its figures beside the ceilings."""
     engine = llm.engine
     workload = make_workload(
         args.num_requests, args.min_len, args.max_len, args.seed, llm.loaded.model.vocab_size, engine.max_seq_len

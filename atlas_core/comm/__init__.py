@@ -59,6 +59,11 @@ class CommBackend(ABC):
     def recv(self, x: Any, peer: int) -> Any:
         """Receive into ``x`` from rank ``peer``; returns ``x``."""
 
+    def wait(self) -> None:  # noqa: B027 (optional: backends whose collectives finish before they return)
+        """Block until every collective this rank has launched has finished, within the backend's timeout
+        (`CommError` past it). Backends that return before a collective finishes (launched on a device
+        stream, or replayed in a captured graph) make this the bounded wait that a dead peer cannot hang."""
+
     def close(self) -> None:  # noqa: B027 (optional: backends without connections keep this no-op)
         """Release connections and buffers; the communicator is unusable afterwards."""
 

@@ -10,6 +10,7 @@ from atlas_core.backends.base import Backend
 from atlas_core.backends.kv_dtypes import KVCacheDtype
 from atlas_core.engine.spec.config import SpeculativeConfig, speculative_config
 from atlas_core.errors import ConfigError
+from atlas_core.model.load import LoadFormat
 from atlas_core.options.declare import check_choices, option, options_of
 from atlas_core.parallel.settings import Launcher, ReplicaSettings
 
@@ -93,6 +94,11 @@ class EngineConfig:
         help="GGUF block-quantized weights: quantized (kept in their blocks, about the file's size; the NumPy "
         "backend dequantizes them on use, slower), float (dequantized at load: faster, several times the file), "
         "auto (quantized when the float copy would take more than half of the free memory)",
+    )
+    load_format: LoadFormat = option(
+        "auto",
+        help="how weights are read: auto (from the checkpoint) or dummy (random values in the shapes of MODEL's "
+        "config.json, no weight file read: for benchmarks and for trying a shape before downloading it)",
     )
     max_state_snapshots: int | None = option(
         None,
@@ -223,6 +229,7 @@ class EngineConfig:
             max_seq_len=self.max_seq_len,
             default_max_seq_len=self.default_max_seq_len,
             gguf_weights=self.gguf_weights,
+            load_format=self.load_format,
             batch_invariant=self.batch_invariant,
         )
 

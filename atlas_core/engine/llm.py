@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from tqdm.auto import tqdm
 
+from atlas_core.backends.base import Backend
 from atlas_core.backends.select import select_backend
 from atlas_core.engine.config import EngineConfig
 from atlas_core.engine.llm_engine import LLMEngine
@@ -41,10 +42,10 @@ class LLM:
     """Load a model once and generate from many prompts, batched.
 
     ``model``: a folder, a ``.gguf`` file, a Hugging Face repo id, or None for the built-in
-    default model. ``backend``: a backend name, or None for the best available. ``parallel``: this
-    rank's shard plan and communicator when every rank of a split model runs its own `LLM` on the same
-    requests in the same order (`atlas_core.parallel.world`). Other keyword arguments are `EngineConfig`
-    fields (``max_seq_len``, ``max_num_seqs``, ...); with ``tensor_parallel_size`` or
+    default model. ``backend``: a backend name or a `Backend` already made, or None for the best
+    available. ``parallel``: this rank's shard plan and communicator when every rank of a split model
+    runs its own `LLM` on the same requests in the same order (`atlas_core.parallel.world`). Other keyword
+    arguments are `EngineConfig` fields (``max_seq_len``, ``max_num_seqs``, ...); with ``tensor_parallel_size`` or
     ``expert_parallel_size`` above 1 the `LLM` starts the other ranks as processes of this host and
     `close` (or leaving a ``with`` block) stops them.
     """
@@ -53,12 +54,12 @@ class LLM:
         self,
         model: str | os.PathLike[str] | None = None,
         *,
-        backend: str | None = None,
+        backend: str | Backend | None = None,
         parallel: TensorParallel | None = None,
         **engine_args: Any,
     ) -> None:
         registry = get_registry()
-        self.backend = select_backend(registry, backend)
+        self.backend = backend if isinstance(backend, Backend) else select_backend(registry, backend)
         config = EngineConfig(**engine_args)
         if parallel is None:
             reference = None if model is None else str(model)
@@ -71,6 +72,7 @@ class LLM:
                 max_positions=config.max_seq_len or config.default_max_seq_len,
                 gguf_weights=config.gguf_weights,
                 parallel=parallel,
+                load_format=config.load_format,
             )
         try:
             self.engine = LLMEngine(self.loaded, self.backend, config)

@@ -24,7 +24,7 @@ from atlas_core.engine.state_slots import StateSlotPool, StateSnapshots
 from atlas_core.errors import InvalidRequestError
 from atlas_core.model.load import LoadedModel
 from atlas_core.model.vision import PreparedImage
-from atlas_core.parallel.mirror import RankMirror
+from atlas_core.parallel.mirror import MirroredGraphs, RankMirror
 
 log = logging.getLogger("atlas.engine")
 
@@ -129,12 +129,15 @@ class LLMEngine:
         )
         self.eos_token_ids = list(loaded.tokenizer.eos_token_ids) if loaded.tokenizer else []
         self.guided = GuidedDecoding(loaded.tokenizer, model.vocab_size, self.eos_token_ids)
+        graphs = backend.decode_graphs(model, self.kv)
+        if graphs is not None and mirror is not None:  # every rank replays its own graph of each step
+            graphs = MirroredGraphs(mirror, graphs)
         self.runner = ModelRunner(
             model,
             backend,
             self.kv,
             loaded.tokenizer,
-            None if mirror is not None else backend.decode_graphs(model, self.kv),  # split steps are never captured
+            graphs,
             self.guided,
             rollback,
             self.speculation.observer if self.speculation else None,
@@ -277,10 +280,12 @@ class LLMEngine:
 
     def close(self) -> None:
         """Finish the storage tiers' transfers and close them (with ``kv_spill_persist``, after writing the
-        device prefix cache to the NVMe tier, so a restarted engine finds it). Idempotent; the engine must not
-        step afterwards."""
+        device prefix cache to the NVMe tier, so a restarted engine finds it), and release the decode graphs.
+        Idempotent; the engine must not step afterwards."""
         if self.offload is not None:
             self.offload.close()
+        if self.runner.decode_graphs is not None:
+            self.runner.decode_graphs.close()
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.release(seq)

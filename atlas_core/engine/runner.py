@@ -71,6 +71,11 @@ class DecodeGraphs(Protocol):
         """Replay: the logits ``[T, V]`` of every token of the batch."""
         ...
 
+    def close(self) -> None:
+        """Release the captured graphs (a split model's before its communicator closes: NCCL waits for the
+        graphs holding its collectives to be gone); `run` may capture again afterwards."""
+        ...
+
 
 @dataclass
 class _Rows:

@@ -3,9 +3,10 @@ plugin, build the model on the backend, and load the tokenizer."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from atlas_core.backends.base import Backend
 from atlas_core.backends.memory import available_memory, weight_itemsize
@@ -15,10 +16,15 @@ from atlas_core.model.sharding import TensorParallel
 from atlas_core.model.transformer import TransformerModel
 from atlas_core.plugins import PluginRegistry
 from atlas_core.tokenizer import Tokenizer
+from atlas_core.weights.random_source import RandomWeightSource
 from atlas_core.weights.source import WeightSource
 
 if TYPE_CHECKING:
     from atlas_core.weights.gguf import GGUFSource
+
+LoadFormat = Literal["auto", "dummy"]
+"""How weights are read: ``auto``, from the checkpoint; ``dummy``, random values in the shapes the
+checkpoint's config.json implies (`RandomWeightSource`: benchmarks without a checkpoint)."""
 
 KNOWN_FAMILY_PACKAGES = {
     "llama": "atlas-model-llama",
@@ -98,21 +104,61 @@ def load_model(
     max_positions: int | None = None,
     gguf_weights: str = "auto",
     parallel: TensorParallel | None = None,
+    load_format: LoadFormat = "auto",
 ) -> LoadedModel:
     """Load ``reference`` (see `resolve_model`) onto ``backend`` with the family registered for it.
 
     ``max_positions``: the longest sequence the engine will run (None: the model's whole context);
     per-position tables such as RoPE's are built only that long. ``gguf_weights``: how a GGUF file's
     block-quantized weights are held (`keep_gguf_blocks`). ``parallel``: this rank's shard plan and
-    communicator when the model is split over ranks (the family must support it)."""
+    communicator when the model is split over ranks (the family must support it). ``load_format``:
+    ``dummy`` reads only the folder's config.json and builds the model from random weights."""
     resolved = resolve_model(reference)
-    source = open_source(resolved)
-    if resolved.kind == "gguf":
-        from atlas_core.weights.gguf import GGUFSource
+    if load_format == "dummy":
+        config = read_folder_config(resolved)
+        loader_class, registration = family_loader(config, resolved, registry, parallel)
+        source: WeightSource = RandomWeightSource.for_loader(config, loader_class)
+    else:
+        source = open_source(resolved)
+        if resolved.kind == "gguf":
+            from atlas_core.weights.gguf import GGUFSource
 
-        assert isinstance(source, GGUFSource)
-        source.keep_quantized = keep_gguf_blocks(source, backend, gguf_weights)
-    model_type = source.config.get("model_type")
+            assert isinstance(source, GGUFSource)
+            source.keep_quantized = keep_gguf_blocks(source, backend, gguf_weights)
+        loader_class, registration = family_loader(source.config, resolved, registry, parallel)
+    model = loader_class(source, backend, registry, str(resolved.path), max_positions, parallel).build()
+    dummy = load_format == "dummy"
+    return LoadedModel(
+        name=f"{resolved.name} (random weights)" if dummy else resolved.name,
+        resolved=resolved,
+        config=source.config,
+        model=model,
+        tokenizer=load_tokenizer(resolved, source),
+        family_defaults=dict(registration.metadata.get("defaults", {})),
+        source=source if dummy else None,
+    )
+
+
+def read_folder_config(resolved: ResolvedModel) -> dict[str, Any]:
+    """The config.json of a model folder (what ``load_format="dummy"`` reads); `ModelLoadError` otherwise."""
+    path = resolved.path / "config.json"
+    if resolved.kind != "folder" or not path.is_file():
+        raise ModelLoadError(f"{resolved.path}: load_format dummy needs a model folder with a config.json")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: not readable JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path}: a config.json holds one JSON object")
+    return config
+
+
+def family_loader(
+    config: dict[str, Any], resolved: ResolvedModel, registry: PluginRegistry, parallel: TensorParallel | None
+) -> tuple[Any, Any]:
+    """``(loader class, registration)`` of the family plugin for ``config``'s ``model_type``; a clear error when
+    none is installed, or when it cannot split the model as ``parallel`` asks."""
+    model_type = config.get("model_type")
     if not model_type:
         raise ModelLoadError(f"{resolved.path}: config has no 'model_type'; cannot tell which model family it is")
     registration = registry.find("model", model_type)
@@ -121,7 +167,7 @@ def load_model(
         package = KNOWN_FAMILY_PACKAGES.get(model_type)
         hint = f"install {package}" if package else "no known Atlas package supports it yet"
         raise UnsupportedArchitectureError(
-            f"{resolved.path}: model_type {model_type!r} ({', '.join(source.config.get('architectures') or [])}) "
+            f"{resolved.path}: model_type {model_type!r} ({', '.join(config.get('architectures') or [])}) "
             f"has no installed family plugin ({hint}); installed families: {installed}"
         )
     loader_class = registration.load()
@@ -136,12 +182,4 @@ def load_model(
             f"{resolved.path}: the {model_type!r} family ({registration.target}) cannot split a model over ranks "
             "yet; run it unsplit (tensor_parallel_size=1, expert_parallel_size=1)"
         )
-    model = loader_class(source, backend, registry, str(resolved.path), max_positions, parallel).build()
-    return LoadedModel(
-        name=resolved.name,
-        resolved=resolved,
-        config=source.config,
-        model=model,
-        tokenizer=load_tokenizer(resolved, source),
-        family_defaults=dict(registration.metadata.get("defaults", {})),
-    )
+    return loader_class, registration

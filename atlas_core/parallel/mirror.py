@@ -9,6 +9,11 @@ every rank projects the same rows). With MTP speculation, the MTP head is built 
 once, before the KV cache) and its forwards and logits calls are posted like the model's. With KV storage
 tiers, their operations (`atlas_core.parallel.tier_mirror`) are queued in ``tier_ops`` and posted as one
 ``tier`` instruction ahead of whatever is posted next.
+Steps that a backend's captured decode graphs serve (`MirroredGraphs`) are posted whole, as one ``graph``
+instruction: every rank then replays (or, the first time, captures in step with the others) its own graph
+of the same bucket, whose collectives pair up with the other ranks' graphs, and every rank projects its own
+final hidden rows (the all-reduced stream is the same on every rank); while rank 0 runs its graph, the
+model's calls are not posted (`unposted`).
 The other ranks (`atlas_core.parallel.worker`) run the same calls on their shards in the same order,
 so their collectives pair up with rank 0's.
 
@@ -19,9 +24,10 @@ raises it for every later call.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -52,6 +58,17 @@ class RankMirror:
         self.tier_ops: list[dict[str, Any]] = []  # storage-tier operations not posted yet
         self._callbacks: list[Callable[[CommError], None]] = []
         self._lock = threading.Lock()
+        self._posting = True
+
+    @contextlib.contextmanager
+    def unposted(self) -> Iterator[None]:
+        """Within: the model's forward and logits calls run on rank 0 alone (the other ranks run their own
+        part of the same step from one posted instruction: a graph replay)."""
+        self._posting = False
+        try:
+            yield
+        finally:
+            self._posting = True
 
     def kv_cache(self, layouts: list[AnyKVLayout], plan: KVPlan, kv_cache_dtype: str) -> KVCache:
         """Rank 0's KV cache; every other rank allocates one of the same blocks and ``kv_cache_dtype``
@@ -70,6 +87,8 @@ class RankMirror:
     def forward(self, batch: ForwardBatch, run: Callable[[], T], mtp_step: int | None = None) -> T:
         """Post ``batch``, then ``run()`` rank 0's forward (a collective failure is the replica's failure).
         ``mtp_step``: the batch is for the MTP head's chained step ``mtp_step`` (None: the model's own)."""
+        if not self._posting:
+            return run()
         header, arrays = encode_batch(self.backend, batch)
         self.post({"op": "forward", "mtp_step": mtp_step} | header, arrays)
         return self.guard(run)
@@ -77,6 +96,8 @@ class RankMirror:
     def logits(self, hidden: Array, run: Callable[[Array], T], mtp_step: int | None = None) -> T:
         """Post a logits call and broadcast rank 0's ``hidden`` rows, then ``run(hidden)``. ``mtp_step``: the
         rows go through the LM head of the MTP head's chained step ``mtp_step`` (None: the model's)."""
+        if not self._posting:
+            return run(hidden)
         header = {"op": "logits", "shape": list(hidden.shape), "dtype": np.dtype(hidden.dtype).name}
         self.post(header | {"mtp_step": mtp_step})
         return self.guard(lambda: run(self.world.parallel.comm.broadcast(hidden, root=0)))
@@ -139,3 +160,35 @@ class MirroredKVCache(KVCache):
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         self.mirror.post({"op": "copy_blocks"}, [np.asarray(copies, dtype=np.int64).reshape(-1, 2)])
         super().copy_blocks(copies)
+
+
+class MirroredGraphs:
+    """Rank 0's decode graphs of a split model (`atlas_core.engine.runner.DecodeGraphs`): each step they serve
+    is posted as one ``graph`` instruction, then replayed here with the model's calls unposted; every rank
+    then waits for the step's collectives (`CommBackend.wait`, bounded by the comm timeout)."""
+
+    def __init__(self, mirror: RankMirror, graphs: Any) -> None:
+        self.mirror, self.graphs = mirror, graphs
+
+    @property
+    def last_hidden(self) -> Array | None:
+        return self.graphs.last_hidden
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        return bool(self.graphs.can_run(batch))
+
+    def close(self) -> None:
+        self.graphs.close()
+
+    def run(self, batch: ForwardBatch) -> Array:
+        header, arrays = encode_batch(self.mirror.backend, batch)
+        self.mirror.post({"op": "graph"} | header, arrays)
+        comm = self.mirror.world.parallel.comm
+
+        def replay() -> Array:
+            with self.mirror.unposted():
+                logits = self.graphs.run(batch)
+            comm.wait()
+            return logits
+
+        return self.mirror.guard(replay)

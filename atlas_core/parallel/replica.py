@@ -208,7 +208,12 @@ def load_engine_model(
     are started by hand) as ``settings.distributed_executor_backend`` says."""
     if settings.world == 1:
         return load_model(
-            model, backend, registry, max_positions=settings.max_positions, gguf_weights=settings.gguf_weights
+            model,
+            backend,
+            registry,
+            max_positions=settings.max_positions,
+            gguf_weights=settings.gguf_weights,
+            load_format=settings.load_format,
         )
     if settings.rank:
         raise ConfigError(f"rank {settings.rank} works for rank 0 (`atlas serve --rank {settings.rank}` runs it)")

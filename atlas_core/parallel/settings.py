@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from atlas_core.errors import ConfigError
+from atlas_core.model.load import LoadFormat
 from atlas_core.model.sharding import ShardPlan
 
 DEFAULT_MASTER_PORT = 29500
@@ -23,7 +24,8 @@ class ReplicaSettings:
     ``rank`` and ``world_size`` are given (both) when each rank is started by hand, else None: rank 0
     starts the others, as processes of its host (``distributed_executor_backend`` ``mp``) or as actors of
     the Ray cluster at ``ray_address`` (``ray``, `atlas_core.parallel.ray_ranks`). ``max_seq_len`` (None:
-    the model's context, at most ``default_max_seq_len``) and ``gguf_weights`` shape what each rank loads;
+    the model's context, at most ``default_max_seq_len``), ``gguf_weights`` and ``load_format`` shape what each
+    rank loads;
     ``batch_invariant`` picks the same kernels on every rank (`Backend.batch_invariant`).
     `ConfigError` for values that do not compose."""
 
@@ -40,6 +42,7 @@ class ReplicaSettings:
     max_seq_len: int | None = None
     default_max_seq_len: int = 8192
     gguf_weights: str = "auto"
+    load_format: LoadFormat = "auto"
     batch_invariant: bool = False
 
     def __post_init__(self) -> None:

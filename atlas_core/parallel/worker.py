@@ -4,13 +4,15 @@ Each instruction (`atlas_core.parallel.mirror`) is run in the order posted: ``mt
 shard of the checkpoint's MTP head (MTP speculation), ``kv`` allocates this rank's KV cache (the MTP
 head's layers after the model's), ``copy_blocks`` copies blocks in it, ``state`` makes a recurrent-state
 slot call (allocate, reset, copy), ``forward`` runs the model (or a chained step of the MTP head) over the
-posted `ForwardBatch`, ``logits`` takes rank 0's broadcast hidden rows and projects them (through the
-MTP step's own LM head when it has one), ``tiers`` opens this rank's KV storage tiers, ``tier`` runs their
-queued operations and ``loads`` settles loads with rank 0 (`atlas_core.parallel.tier_follow`), ``stop`` ends
-the loop. A rank that fails tells rank 0 why before
-it ends (rank 0 then fails the replica with that message); a rank whose rank 0 is gone ends with
-`CommError`. Rank 0 alone runs a vision tower and a draft model: their results reach this rank as posted
-batches (image features) or as the drafts a verify forward checks.
+posted `ForwardBatch`, ``graph`` runs the model and its logits over it through this rank's captured
+decode graphs (`atlas_core.parallel.mirror.MirroredGraphs`) and waits for the step's collectives,
+``logits`` takes rank 0's broadcast hidden rows and projects them (through the MTP step's own LM head
+when it has one), ``tiers`` opens this rank's KV storage tiers, ``tier`` runs their queued operations
+and ``loads`` settles loads with rank 0 (`atlas_core.parallel.tier_follow`), ``stop`` ends the loop. A
+rank that fails tells rank 0 why before it ends (rank 0 then fails the replica with that message); a
+rank whose rank 0 is gone ends with `CommError`. Rank 0 alone runs a vision tower and a draft model:
+their results reach this rank as posted batches (image features) or as the drafts a verify forward
+checks.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -83,16 +86,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def follow(world: World, loaded: LoadedModel, backend: Backend) -> None:
-    """Run rank 0's instructions on this rank's shard ``loaded`` until ``stop``."""
+    """Run rank 0's instructions on this rank's shard ``loaded`` until ``stop``; then close the storage tiers and
+    release the decode graphs (before the communicator whose collectives they hold is closed)."""
     tiers: list[TierFollower] = []
+    graphs: list[Any] = []
     try:
-        _follow(world, loaded, backend, tiers)
+        _follow(world, loaded, backend, tiers, graphs)
     finally:
         for follower in tiers:
             follower.close()
+        for captured in graphs:
+            captured.close()
 
 
-def _follow(world: World, loaded: LoadedModel, backend: Backend, tiers: list[TierFollower]) -> None:
+def _follow(world: World, loaded: LoadedModel, backend: Backend, tiers: list[TierFollower], graphs: list[Any]) -> None:
     model = loaded.model
     kv: KVCache | None = None
     mtp: MtpHead | None = None
@@ -116,6 +123,7 @@ def _follow(world: World, loaded: LoadedModel, backend: Backend, tiers: list[Tie
             extra = mtp.kv_layouts if mtp is not None else []
             layouts = kv_storage_layouts([*model.kv_layouts, *extra], str(header["kv_cache_dtype"]), backend)
             kv = KVCache(backend, layouts, KVPlan(int(header["num_blocks"]), int(header["block_size"]), 0))
+            graphs[:] = [g for g in [backend.decode_graphs(model, kv)] if g is not None]
         elif kv is None:
             raise CommError(f"rank {world.rank}: rank 0 sent {op!r} before the KV cache's size")
         elif step is not None and mtp is None:
@@ -130,6 +138,11 @@ def _follow(world: World, loaded: LoadedModel, backend: Backend, tiers: list[Tie
                 mtp.forward(int(step), batch, kv)
             else:
                 model.forward(batch, kv)
+        elif op == "graph":
+            if not graphs:
+                raise CommError(f"rank {world.rank}: rank 0 replays decode graphs, but this rank's backend has none")
+            graphs[0].run(decode_batch(backend, header, arrays))
+            world.parallel.comm.wait()
         elif op == "state" and header.get("call") in STATE_CALLS:
             getattr(model, header["call"])(*header["args"])
         elif op == "logits":

@@ -19,7 +19,7 @@ from atlas_core.parallel.settings import ReplicaSettings
 from atlas_core.plugins import PluginRegistry
 from atlas_core.version import __version__
 
-IDENTITY_SETTINGS = ("max_seq_len", "gguf_weights")
+IDENTITY_SETTINGS = ("max_seq_len", "gguf_weights", "load_format")
 """Load settings every rank must share (they shape the weights each rank holds)."""
 
 
@@ -41,11 +41,12 @@ class World:
         self.rendezvous.close()
 
 
-def comm_backend_name(settings: ReplicaSettings, backend_name: str) -> str:
-    """The comm backend ``settings`` name, else ``cpu`` for the host ``numpy`` backend and ``nccl`` otherwise."""
+def comm_backend_name(settings: ReplicaSettings, backend: Any) -> str:
+    """The comm backend ``settings`` name, else ``cpu`` for a host backend (no device memory) and ``nccl``
+    for a device one."""
     if settings.comm_backend is not None:
         return settings.comm_backend
-    return "cpu" if backend_name == "numpy" else "nccl"
+    return "cpu" if backend.device_memory() is None else "nccl"
 
 
 def join_replica(
@@ -60,7 +61,7 @@ def join_replica(
     model reference, the backend and `IDENTITY_SETTINGS` must be the same on every rank."""
     identity = {"model": None if model is None else str(model), "backend": backend.name}
     identity |= {name: getattr(settings, name) for name in IDENTITY_SETTINGS}
-    comm = comm_backend_name(settings, backend.name)
+    comm = comm_backend_name(settings, backend)
     return join_world(address, settings.shard_plan(address.rank), registry, backend, comm, identity, gone)
 
 
@@ -109,4 +110,5 @@ def load_shard(
         max_positions=settings.max_positions,
         gguf_weights=settings.gguf_weights,
         parallel=world.parallel,
+        load_format=settings.load_format,
     )

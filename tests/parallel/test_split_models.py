@@ -148,8 +148,19 @@ def test_a_family_that_cannot_split_is_refused_by_name(monkeypatch: pytest.Monke
         load_model(folder, backend, registry, parallel=TensorParallel(ShardPlan(0, 1, 2), SingleProcessComm()))
 
 
-def test_random_weights_are_not_split_silently() -> None:
+def test_random_weights_split_over_rank_processes_give_the_unsplit_tokens() -> None:
+    """Every rank builds its share of the same random model (`load_format="dummy"` values depend on the
+    tensor's name only), so the split model answers as the whole one."""
     from atlas_core.bench.random_weights import random_weights_llm
 
-    with pytest.raises(ConfigError, match="--random-weights builds the model on one rank"):
-        random_weights_llm("qwen3-0.6b", backend="numpy", tensor_parallel_size=2)
+    shape = str(TINY / "qwen3_moe")
+    with random_weights_llm(shape, backend="numpy", kv_cache_memory_gib=KV_GIB) as whole:
+        expected = greedy(whole, PROMPTS)
+    with random_weights_llm(
+        shape, backend="numpy", kv_cache_memory_gib=KV_GIB, tensor_parallel_size=2, expert_parallel_size=2
+    ) as split:
+        assert split.mirror is not None
+        got = greedy(split, PROMPTS)
+    for (tokens, logprobs), (want_tokens, want_logprobs) in zip(got, expected, strict=True):
+        assert tokens == want_tokens
+        np.testing.assert_allclose(logprobs, want_logprobs, atol=1e-5, rtol=0)

@@ -245,3 +245,17 @@ def test_a_rank_takes_rank_0s_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(RuntimeError, match="joined"):
         worker.run_worker(None, "numpy", config.replica_settings())
     assert seen == [True]
+
+
+def test_decode_graph_steps_are_posted_whole_and_replayed_on_every_rank() -> None:
+    """A backend with decode graphs (the example plugin's eager ones): rank 0 posts each pure decode step as
+    one ``graph`` instruction and every rank replays its own graph, whose collectives pair with the others'."""
+    folder = TINY / "qwen3_moe"
+    with LLM(folder, backend="numpy", kv_cache_memory_gib=KV_GIB) as whole:
+        expected = tokens(whole)
+    with LLM(
+        folder, backend="example-graphs", tensor_parallel_size=2, expert_parallel_size=2, kv_cache_memory_gib=KV_GIB
+    ) as split:
+        assert tokens(split) == expected
+        graphs = split.engine.runner.decode_graphs
+        assert graphs is not None and graphs.graphs.replays == 3  # the 3 batched decode steps after the prefill

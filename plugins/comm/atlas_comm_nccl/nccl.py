@@ -7,9 +7,11 @@ rank's process sees its own GPU as device 0 (`atlas_core.parallel.replica` start
 
 Collectives run on the current CuPy stream, in place where the contract says so, over C-contiguous
 arrays of float32, float16, bfloat16, float64, int8, uint8, int32 or int64. NCCL's all-gather takes
-equal parts from every rank. After each collective the rank waits for it to finish, polling at most
-``timeout_s`` (the replica's ``comm_timeout``): a peer that died or hangs makes it raise `CommError`
-instead of blocking forever, and the communicator is aborted.
+equal parts from every rank. After each collective the rank waits for it to finish (`wait`), polling at
+most ``timeout_s`` (the replica's ``comm_timeout``): a peer that died or hangs makes it raise `CommError`
+instead of blocking forever, and the communicator is aborted. A collective called while the stream is
+being captured into a CUDA graph is only recorded (nothing runs then): the ranks replay their graphs in
+step, and each calls `wait` after a replay.
 """
 
 from __future__ import annotations
@@ -124,8 +126,12 @@ class NcclComm(CommBackend):
             raise TypeError(f"NCCL has no data type for {np.dtype(x.dtype).name}")
         return int(x.size), int(getattr(self.nccl, name))
 
+    def wait(self) -> None:
+        self._wait("the step's collectives")
+
     def _run(self, op: str, launch: Any) -> None:
-        """Launch collective ``op`` on the current stream and wait for it, at most ``timeout_s``."""
+        """Launch collective ``op`` on the current stream and wait for it, at most ``timeout_s`` (only recorded
+        when the stream is being captured)."""
         if self.communicator is None:
             raise CommError(f"rank {self.rank}: {op} on a closed communicator")
         stream = self.xp.cuda.get_current_stream()
@@ -133,14 +139,22 @@ class NcclComm(CommBackend):
             launch(stream.ptr)
         except Exception as exc:  # NcclError
             raise CommError(f"rank {self.rank}: NCCL {op} failed: {exc}") from exc
-        done = stream.record()
+        if not stream.is_capturing():
+            self._wait(f"NCCL {op}")
+
+    def _wait(self, what: str) -> None:
+        """Poll until the current stream has done its work, at most ``timeout_s``; past it, abort the communicator
+        and raise `CommError` naming ``what``."""
+        if self.communicator is None:
+            raise CommError(f"rank {self.rank}: {what} on a closed communicator")
+        done = self.xp.cuda.get_current_stream().record()
         deadline = time.monotonic() + self.timeout_s
         while not done.done:
             if time.monotonic() > deadline:
                 self.communicator.abort()
                 self.communicator = None
                 raise CommError(
-                    f"rank {self.rank}: NCCL {op} did not finish within {self.timeout_s:g} s; a rank is gone or stuck"
+                    f"rank {self.rank}: {what} did not finish within {self.timeout_s:g} s; a rank is gone or stuck"
                 )
             time.sleep(POLL_S)
 

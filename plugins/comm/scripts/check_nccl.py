@@ -3,12 +3,14 @@
     python3 plugins/comm/scripts/check_nccl.py [--tokens N]
 
 1. Every machine with a GPU: `NcclComm` at world size 1 (the same code path, collectives over one rank):
-   all-reduce (float32, bfloat16), all-gather along two axes, broadcast.
+   all-reduce (float32, bfloat16), all-gather along two axes, broadcast, and an all-reduce captured into
+   a CUDA graph and replayed twice.
 2. Two GPUs or more: two processes, one GPU each: every collective against its definition, all-reduce
    results bitwise equal on both ranks, and the all-reduce bus bandwidth of 256 MiB of bfloat16.
 3. Two GPUs or more: the tiny checkpoints on the ``cuda`` backend split over two ranks (TP=2 on llama and
    qwen3, EP=2 and TP=2 x EP=2 on qwen3_moe) against one rank: greedy tokens identical, and the largest
-   log-probability difference printed (bfloat16 tolerance: 0.05).
+   log-probability difference printed (bfloat16 tolerance: 0.05); the split runs' decode steps replay
+   CUDA graphs on every rank (the count of rank 0's replays is printed).
 
 Run from the repository root with atlas-core, the model families, atlas-gb10 and atlas-comm-nccl installed.
 """
@@ -58,6 +60,7 @@ def collectives(comm: Any) -> dict[str, np.ndarray]:
     out["all_gather_1"] = cupy.asnumpy(comm.all_gather(part, axis=1))
     root = part.copy() if rank == world - 1 else cupy.zeros((3, 4), cupy.float32)
     out["broadcast"] = cupy.asnumpy(comm.broadcast(root, root=world - 1))
+    out["captured"] = captured_all_reduce(comm)
     if world > 1:
         if rank == 0:
             comm.send(cupy.full(5, 7, cupy.int64), 1)
@@ -65,6 +68,26 @@ def collectives(comm: Any) -> dict[str, np.ndarray]:
             out["recv"] = cupy.asnumpy(comm.recv(cupy.empty(5, cupy.int64), 0))
     cupy.cuda.get_current_stream().synchronize()
     return out
+
+
+def captured_all_reduce(comm: Any) -> np.ndarray:
+    """Rank r's ``r + 1`` summed over ranks by an all-reduce captured into a CUDA graph, replayed twice (each
+    replay sums in place again), with `NcclComm.wait` after each replay."""
+    import cupy
+
+    x = cupy.full(1024, comm.rank + 1, dtype=cupy.float32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        comm.all_reduce(x)  # eager first: NCCL sets up its connections outside the capture
+        x[:] = comm.rank + 1
+        stream.synchronize()
+        stream.begin_capture()
+        comm.all_reduce(x)
+        graph = stream.end_capture()
+        for _ in range(2):
+            graph.launch(stream)
+            comm.wait()
+    return cupy.asnumpy(x)
 
 
 def expected_part(rank: int) -> np.ndarray:
@@ -82,6 +105,8 @@ def check_collectives(results: list[dict[str, np.ndarray]]) -> None:
         check(
             np.array_equal(out["all_reduce_bf16"], results[0]["all_reduce_bf16"]), f"rank {rank}: bf16 sum == rank 0's"
         )
+        summed = world * (world + 1) / 2
+        check(bool(np.all(out["captured"] == world * summed)), f"rank {rank}: all-reduce in a CUDA graph, 2 replays")
     if world > 1:
         check(np.array_equal(results[1]["recv"], np.full(5, 7)), "rank 1: recv from rank 0")
 
@@ -134,7 +159,7 @@ def two_ranks() -> None:
     )
 
 
-def generate(folder: Path, tokens: int, **engine: Any) -> list[tuple[list[int], list[float]]]:
+def generate(folder: Path, tokens: int, **engine: Any) -> tuple[list[tuple[list[int], list[float]]], int]:
     from atlas_core import LLM, SamplingParams
 
     with np.load(folder / "reference.npz") as reference:
@@ -143,6 +168,8 @@ def generate(folder: Path, tokens: int, **engine: Any) -> list[tuple[list[int], 
     llm = LLM(folder, backend="cuda", gpu_memory_utilization=0.3, max_seq_len=512, comm_timeout=120, **engine)
     try:
         outputs = llm.generate(prompts, params)
+        graphs = llm.engine.runner.decode_graphs
+        replays = int(getattr(getattr(graphs, "graphs", graphs), "replays", 0))
     finally:
         llm.close()
         del llm
@@ -160,7 +187,7 @@ def generate(folder: Path, tokens: int, **engine: Any) -> list[tuple[list[int], 
                 [e[t].logprob for t, e in zip(completion.token_ids, completion.logprobs, strict=True)],
             )
         )
-    return results
+    return results, replays
 
 
 def split_models(tokens: int) -> None:
@@ -168,8 +195,9 @@ def split_models(tokens: int) -> None:
     whole: dict[str, Any] = {}
     for name, tp, ep in SPLITS:
         if name not in whole:
-            whole[name] = generate(TINY[name], tokens)
-        split = generate(TINY[name], tokens, tensor_parallel_size=tp, expert_parallel_size=ep)
+            whole[name] = generate(TINY[name], tokens)[0]
+        split, replays = generate(TINY[name], tokens, tensor_parallel_size=tp, expert_parallel_size=ep)
+        check(replays > 0, f"{name} TP={tp} EP={ep}: {replays} decode steps replayed CUDA graphs")
         same = all(a[0] == b[0] for a, b in zip(split, whole[name], strict=True))
         diff = max(
             max(abs(x - y) for x, y in zip(a[1], b[1], strict=False))

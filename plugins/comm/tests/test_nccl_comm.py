@@ -48,13 +48,17 @@ def device(array: np.ndarray) -> DeviceArray:
 
 
 class Stream:
-    """The current stream: ``record`` gives an event that is done at once, or never (a hung peer)."""
+    """The current stream: ``record`` gives an event that is done at once, or never (a hung peer);
+    ``capturing`` while a CUDA graph is being captured on it."""
 
     def __init__(self, finishes: bool = True) -> None:
-        self.ptr, self.finishes = 0, finishes
+        self.ptr, self.finishes, self.capturing = 0, finishes, False
 
     def record(self) -> Any:
         return SimpleNamespace(done=self.finishes)
+
+    def is_capturing(self) -> bool:
+        return self.capturing
 
 
 def fake_cupy(stream: Stream | None = None) -> Any:
@@ -239,6 +243,22 @@ def test_a_collective_that_never_finishes_times_out_and_aborts() -> None:
     assert communicator.calls == ["allReduce", "abort"]
     with pytest.raises(CommError, match="closed communicator"):
         comm.all_reduce(device(np.ones(3, np.float32)))
+
+
+def test_collectives_captured_into_a_graph_are_waited_for_after_the_replay() -> None:
+    """While the stream is capturing, a collective is only recorded (waiting then would be an illegal event
+    query, and nothing has run); the rank's `wait` after a replay is the bounded wait."""
+    world, stream = FakeWorld(1), Stream(finishes=False)
+    communicator = FakeCommunicator(world, 0)
+    comm = NcclComm(0, 1, communicator, fake_nccl(world), fake_cupy(stream), 0.2)
+    stream.capturing = True
+    comm.all_reduce(device(np.ones(3, np.float32)))
+    comm.all_gather(device(np.ones(3, np.float32)))
+    stream.capturing = False
+    assert communicator.calls == ["allReduce", "allGather"]
+    with pytest.raises(CommError, match=r"rank 0: the step's collectives did not finish within 0.2 s"):
+        comm.wait()
+    assert communicator.calls[-1] == "abort"
 
 
 class FakeRendezvous:

@@ -91,6 +91,12 @@ class CudaDecodeGraphs:
         self.capture_error = ""
         self.verify_graphs: dict[tuple[int, int, int], tuple[Any, ...]] = {}
 
+    def close(self) -> None:
+        """Drop every captured graph (and its memory pool); later steps capture again."""
+        self.graphs.clear()
+        self.verify_graphs.clear()
+        self.last_hidden = None
+
     def can_run(self, batch: ForwardBatch) -> bool:
         num_seqs = batch.attention.seq_lens.shape[0]
         if batch.tokens_per_seq:

@@ -8,6 +8,8 @@ name is selected.
 What it registers:
   * backend ``example-numpy``: core's NumPy backend that counts every op it runs;
     priority -10, so automatic selection never prefers it over ``numpy``.
+  * backend ``example-graphs``: the same, serving pure decode steps through decode "graphs" of its
+    own that run eagerly (the hook a backend with captured graphs implements); priority -20.
   * model family ``example_llama``: llama-shaped checkpoints whose ``config.json`` says
     ``"model_type": "example_llama"``, built by core's dense-decoder loader.
   * layer type ``example_rms_norm``: core's RMSNorm that counts its calls (used by the family).
@@ -24,6 +26,7 @@ from atlas_core.hookspecs import Register, hookimpl
 @hookimpl
 def register_gpu_backends(register: Register) -> None:
     register("example-numpy", "atlas_example_plugin.backend:CountingNumpyBackend", priority=-10)
+    register("example-graphs", "atlas_example_plugin.backend:GraphsNumpyBackend", priority=-20)
 
 
 @hookimpl

@@ -48,3 +48,33 @@ def _counted(op: str) -> Callable[..., Any]:
 
 for _op in COUNTED_OPS:
     setattr(CountingNumpyBackend, _op, _counted(_op))
+
+
+class EagerDecodeGraphs:
+    """Decode "graphs" that run the forward eagerly (`atlas_core.engine.runner.DecodeGraphs`): the hook a
+    backend with captured graphs implements, in its simplest form. ``replays`` counts the steps served."""
+
+    def __init__(self, model: Any, kv: Any) -> None:
+        self.model, self.kv = model, kv
+        self.replays = 0
+        self.last_hidden: Any = None
+
+    def can_run(self, batch: Any) -> bool:
+        return bool(batch.is_pure_decode)
+
+    def run(self, batch: Any) -> Any:
+        self.replays += 1
+        self.last_hidden = self.model.forward(batch, self.kv)
+        return self.model.compute_logits(self.last_hidden)
+
+    def close(self) -> None:
+        self.last_hidden = None
+
+
+class GraphsNumpyBackend(CountingNumpyBackend):
+    """``example-graphs``: `CountingNumpyBackend` whose pure decode steps go through `EagerDecodeGraphs`."""
+
+    name = "example-graphs"
+
+    def decode_graphs(self, model: Any, kv: Any) -> EagerDecodeGraphs:
+        return EagerDecodeGraphs(model, kv)
