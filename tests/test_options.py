@@ -172,6 +172,7 @@ def test_engine_settings_are_the_engine_config_fields_with_options() -> None:
         "kv_cache_memory_gib",
         "kv_cache_dtype",
         "gguf_weights",
+        "load_format",
         "max_state_snapshots",
         "speculative_config",
         "num_speculative_tokens",

@@ -10,6 +10,7 @@ tensors count as their fused form, ``experts.gate_up_proj [E, 2I, W]`` / ``exper
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterator
@@ -193,3 +194,18 @@ def test_a_shape_too_large_for_memory_is_refused_before_it_is_built(monkeypatch:
         random_weights_llm(folder, backend="numpy", kv_cache_memory_gib=1 / 16)
     with pytest.raises(ModelLoadError, match="one layer is the fewest .the embedding and LM head alone take"):
         random_weights_llm(folder, backend="numpy", num_layers=1, kv_cache_memory_gib=1 / 16)
+
+
+def test_dummy_load_format_needs_a_folder_with_a_config(tmp_path: Path) -> None:
+    from atlas_core.model.load import load_model
+
+    registry = get_registry()
+    backend = select_backend(registry, "numpy")
+    with pytest.raises(ModelLoadError, match="load_format dummy needs a model folder with a config.json"):
+        load_model(tmp_path, backend, registry, load_format="dummy")
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ModelLoadError, match="config.json: a config.json holds one JSON object"):
+        load_model(tmp_path, backend, registry, load_format="dummy")
+    (tmp_path / "config.json").write_text(json.dumps(TINY.config("qwen3")))
+    loaded = load_model(tmp_path, backend, registry, load_format="dummy")  # no weight file in the folder
+    assert loaded.name == f"{tmp_path.name} (random weights)" and loaded.tokenizer is None

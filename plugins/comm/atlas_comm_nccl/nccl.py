@@ -26,6 +26,9 @@ from atlas_core.comm import CommBackend, CommError
 from atlas_core.comm.rendezvous import Rendezvous
 
 POLL_S = 0.0005
+SPIN_S = 0.02
+"""A wait polls without sleeping for this long first: a decode step's collectives finish within it, and a
+sleep's wake-up (about ``POLL_S``) would be added to every step of a split model."""
 
 NCCL_TYPES = {
     np.dtype(np.float32): "NCCL_FLOAT32",
@@ -148,15 +151,18 @@ class NcclComm(CommBackend):
         if self.communicator is None:
             raise CommError(f"rank {self.rank}: {what} on a closed communicator")
         done = self.xp.cuda.get_current_stream().record()
-        deadline = time.monotonic() + self.timeout_s
+        start = time.monotonic()
+        deadline = start + self.timeout_s
         while not done.done:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now - start > SPIN_S:
+                time.sleep(POLL_S)
+            if now > deadline:
                 self.communicator.abort()
                 self.communicator = None
                 raise CommError(
                     f"rank {self.rank}: {what} did not finish within {self.timeout_s:g} s; a rank is gone or stuck"
                 )
-            time.sleep(POLL_S)
 
     def _check_peer(self, peer: int, *, allow_self: bool = False) -> None:
         if not 0 <= peer < self.world_size or (peer == self.rank and not allow_self):
