@@ -204,7 +204,7 @@ def test_dummy_load_format_needs_a_folder_with_a_config(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="load_format dummy needs a model folder with a config.json"):
         load_model(tmp_path, backend, registry, load_format="dummy")
     (tmp_path / "config.json").write_text("[1, 2]")
-    with pytest.raises(ModelLoadError, match="config.json: a config.json holds one JSON object"):
+    with pytest.raises(ModelLoadError, match="config.json: expected a JSON object"):
         load_model(tmp_path, backend, registry, load_format="dummy")
     (tmp_path / "config.json").write_text(json.dumps(TINY.config("qwen3")))
     loaded = load_model(tmp_path, backend, registry, load_format="dummy")  # no weight file in the folder

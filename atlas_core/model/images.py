@@ -5,11 +5,11 @@ settings that the families' processors read (`read_preprocessor_config`)."""
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from atlas_core.errors import InvalidRequestError, ModelLoadError
+from atlas_core.errors import InvalidRequestError
+from atlas_core.model.resolve import read_json_object
 from atlas_core.model.vision import PreparedImage, VisionModel
 
 if TYPE_CHECKING:
@@ -31,15 +31,7 @@ def read_preprocessor_config(folder: Path) -> dict[str, Any]:
     """The JSON object in ``folder``'s `PREPROCESSOR_CONFIG` ({} when there is no such file: the processor's
     defaults); `ModelLoadError` naming the file when it cannot be read or is not an object."""
     path = folder / PREPROCESSOR_CONFIG
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: cannot be read: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path}: expected a JSON object")
-    return data
+    return read_json_object(path) if path.is_file() else {}
 
 
 def decode_image(data: bytes, part: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image:

