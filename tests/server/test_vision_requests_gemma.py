@@ -63,7 +63,9 @@ def test_image_marker_becomes_gemma3_image_sequence(server: LiveServer, llm: LLM
     )
     assert chat.usage is not None and chat.usage.prompt_tokens == len(expected)
     params = SamplingParams(temperature=0, max_tokens=5)
-    offline = llm.generate({"prompt_token_ids": expected, "images": [image]}, params)[0]
+    # a second LLM of the same folder: the server's engine thread is never stepped from this one too
+    with LLM(llm.loaded.resolved.path, backend="numpy", kv_cache_memory_gib=1 / 16) as offline_llm:
+        offline = offline_llm.generate({"prompt_token_ids": expected, "images": [image]}, params)[0]
     assert chat.choices[0].message.content == offline.outputs[0].text
 
 
