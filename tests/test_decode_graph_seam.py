@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from atlas_example_plugin.backend import EagerDecodeGraphs
+
 from atlas_core import LLM, SamplingParams
 from atlas_core.backends.numpy_backend import NumpyBackend
 from atlas_core.batch.forward_batch import ForwardBatch
@@ -12,24 +14,20 @@ from tests.conftest import TINY, reference
 from tests.test_speculative_mtp import MTP, RecordedDrafts, mtp_llm
 
 
-class RecordingGraphs:
+class RecordingGraphs(EagerDecodeGraphs):
     """Stands in for captured CUDA graphs: runs the eager forward, records every batch it got."""
 
     def __init__(self, model: Any, kv: Any, max_batch: int) -> None:
-        self.model, self.kv, self.max_batch = model, kv, max_batch
+        super().__init__(model, kv)
+        self.max_batch = max_batch
         self.batches: list[ForwardBatch] = []
-        self.last_hidden: Any = None
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return batch.attention.seq_lens.shape[0] <= self.max_batch
 
     def run(self, batch: ForwardBatch) -> Any:
         self.batches.append(batch)
-        self.last_hidden = self.model.forward(batch, self.kv)
-        return self.model.compute_logits(self.last_hidden)  # every row's, as captured graphs give them
-
-    def close(self) -> None:
-        self.last_hidden = None
+        return super().run(batch)  # every row's logits, as captured graphs give them
 
 
 def test_pure_decode_steps_use_graphs_and_results_are_unchanged(monkeypatch: Any) -> None:

@@ -123,7 +123,8 @@ def _follow(world: World, loaded: LoadedModel, backend: Backend, tiers: list[Tie
             extra = mtp.kv_layouts if mtp is not None else []
             layouts = kv_storage_layouts([*model.kv_layouts, *extra], str(header["kv_cache_dtype"]), backend)
             kv = KVCache(backend, layouts, KVPlan(int(header["num_blocks"]), int(header["block_size"]), 0))
-            graphs[:] = [g for g in [backend.decode_graphs(model, kv)] if g is not None]
+            captured = backend.decode_graphs(model, kv)
+            graphs[:] = [] if captured is None else [captured]
         elif kv is None:
             raise CommError(f"rank {world.rank}: rank 0 sent {op!r} before the KV cache's size")
         elif step is not None and mtp is None:
