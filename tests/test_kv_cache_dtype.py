@@ -108,13 +108,14 @@ def test_a_backend_without_fp8_refuses_it_naming_what_it_supports() -> None:
         kv_storage_layouts([KVLayout(2, 16)], "fp8", _NoFp8())
 
 
-def test_the_cuda_backend_declares_no_fp8_kv() -> None:
+def test_the_cuda_backend_holds_fp8_kv() -> None:
+    """The cuda backend's fp8 caches (its kernels are checked on the GPU by the conformance suite): the layouts
+    it is given store E4M3, one byte per element; bf16 is its own activation dtype."""
     gb10 = pytest.importorskip("atlas_gb10.backend")
     backend: type[Backend] = gb10.CudaBackend
-    assert "fp8" not in backend.kv_cache_dtypes
+    assert "fp8" in backend.kv_cache_dtypes
     fake = object.__new__(backend)
-    with pytest.raises(ConfigError, match=r"not supported by the 'cuda' backend; it supports: auto, bf16"):
-        kv_storage_layouts([KVLayout(2, 16)], "fp8", fake)
+    assert kv_storage_layouts([KVLayout(2, 16)], "fp8", fake) == [KVLayout(2, 16, dtype=FP8_E4M3)]
     assert kv_storage_layouts([KVLayout(2, 16)], "bf16", fake) == [KVLayout(2, 16)]
 
 

@@ -307,20 +307,25 @@ class Backend(ABC):
         k_cache: Array,
         v_cache: Array,
         slot_mapping: Array,
+        kv_scales: tuple[float, float] | None = None,
     ) -> Array:
         """The attention layer's steps between the QKV projection and attention, as one op:
         per-head RMSNorm of q and of k (each skipped when its weight is None), `rope` on both, then
-        `write_kv` of the rotated k and of v. ``q[T, Hq, D]``, ``k``/``v`` ``[T, Hk, D]`` (strided views
-        allowed). Returns the rotated queries ``[T, Hq, D]``; ``q`` and ``k`` may be overwritten.
+        `write_kv` of the rotated k and of v (`write_kv_scaled` with ``kv_scales`` = ``(k_scale, v_scale)``
+        for scaled caches). ``q[T, Hq, D]``, ``k``/``v`` ``[T, Hk, D]`` (strided views allowed). Returns the
+        rotated queries ``[T, Hq, D]``; ``q`` and ``k`` may be overwritten.
 
         Each step rounds to the activation dtype as the separate ops do. Backends may fuse it; this
-        default composes `rms_norm`, `rope` and `write_kv`."""
+        default composes `rms_norm`, `rope` and `write_kv` / `write_kv_scaled`."""
         if q_norm_weight is not None:
             q = self.rms_norm(q, q_norm_weight, eps)[0]
         if k_norm_weight is not None:
             k = self.rms_norm(k, k_norm_weight, eps)[0]
         self.rope(q, k, positions, cos, sin)
-        self.write_kv(k_cache, v_cache, k, v, slot_mapping)
+        if kv_scales is None:
+            self.write_kv(k_cache, v_cache, k, v, slot_mapping)
+        else:
+            self.write_kv_scaled(k_cache, v_cache, k, v, slot_mapping, *kv_scales)
         return q
 
     @abstractmethod

@@ -70,7 +70,7 @@ class Attention:
         k = qkv[:, q_width : q_width + kv_width].reshape(tokens, self.num_kv_heads, self.head_dim)
         v = k if w.values_from_keys else qkv[:, q_width + kv_width :].reshape(tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv.keys[self.layer_index], kv.values[self.layer_index]
-        if self._fused_inputs() and kv.scales[self.layer_index] is None:
+        if self._fused_inputs():
             norm = w.q_norm or w.k_norm
             eps = norm.eps if norm else 0.0
             positions, cos, sin = batch.rotary(self.rope_cos, self.rope_sin)
@@ -87,6 +87,7 @@ class Attention:
                 k_cache,
                 v_cache,
                 batch.attention.slot_mapping,
+                kv_scales=kv.scales[self.layer_index],
             )
             return self.attend(q, batch, kv)
         if w.v_norm is not None:

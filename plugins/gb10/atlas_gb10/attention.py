@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from atlas_core.backends.base import AttentionMetadata
+from atlas_gb10.arrays import cache_kind
 
 THREADS = 128
 HEAD_DIM_VARIANTS = (1, 2, 4, 8, 16)
@@ -93,8 +94,15 @@ class AttentionRunner:
         scale: float,
         out: Any,
         sliding_window: int | None,
+        kv_scales: tuple[float, float] | None = None,
     ) -> Any:
+        """Attention over bf16 caches, or over fp8 (E4M3) caches with their layer's ``kv_scales``: the fp8 kernels
+        (``KV_FP8``) read one byte per element; the key scale multiplies the softmax scale, the value scale the
+        output."""
         cp = self.cp
+        dtype = cache_kind("attention", k_cache, v_cache, kv_scales)
+        k_scale, v_scale = kv_scales or (1.0, 1.0)
+        scales = (scale * k_scale, v_scale)
         tokens, q_heads, d = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
         if q.strides[-1] != q.itemsize:
@@ -122,16 +130,21 @@ class AttentionRunner:
         plan = self._plan(meta, group, tokens, kv_heads, max_rows=16 if dpt == WIDE else 64, tensor_cores=tensor_cores)
         tile_rows = plan.tile_rows
         if tensor_cores and tile_rows == 64 and steps is not None:
-            return self._tensor_core_prefill(q, k_cache, v_cache, meta, scale, out, sliding_window, plan, steps)
+            return self._tensor_core_prefill(q, k_cache, v_cache, meta, scales, out, sliding_window, plan, steps, dtype)
         if (
             tile_rows == 64
             and group <= 16
-            and self.shared_bytes(64, dpt, d) > self.backend.profile.shared_memory_per_block
+            and self.shared_bytes(64, dpt, d, dtype) > self.backend.profile.shared_memory_per_block
         ):
             tile_rows = 16  # same results (a row's arithmetic does not depend on the tile), less shared memory
             plan = self._plan(meta, group, tokens, kv_heads, max_rows=16)
-        kernel = self.backend.kernels.function("attention", f"attention_m{tile_rows}_d{dpt}")
-        smem = self.shared_bytes(tile_rows, dpt, d)
+        kernel = self.backend.kernels.function("attention", f"attention_m{tile_rows}_d{dpt}", dtype)
+        smem = self.shared_bytes(tile_rows, dpt, d, dtype)
+        if smem > self.backend.profile.shared_memory_per_block:
+            raise ValueError(
+                f"attention: {d}-wide heads over {dtype} KV caches need {smem // 1024} KiB of shared memory per block; "
+                f"this device has {self.backend.profile.shared_memory_per_block // 1024} KiB (use kv_cache_dtype=auto)"
+            )
         if smem > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = smem
         splits = max(plan.splits, 1)
@@ -144,14 +157,14 @@ class AttentionRunner:
             (plan.items, kv_heads),
             (THREADS,),
             _kernel_args(
-                q, k_cache, v_cache, meta, plan.work, out, scale, sliding_window, (ws_acc, ws_ml, np.int32(splits))
+                q, k_cache, v_cache, meta, plan.work, out, scales, sliding_window, (ws_acc, ws_ml, np.int32(splits))
             ),
             shared_mem=smem,
         )
         if plan.splits:
             rows = tokens * q_heads
             os_ = [s // out.itemsize for s in out.strides]
-            self.backend.kernels.function("attention", "attention_combine")(
+            self.backend.kernels.function("attention", "attention_combine", dtype)(
                 (math.ceil(rows / 4),),
                 (128,),
                 (
@@ -164,6 +177,7 @@ class AttentionRunner:
                     np.int32(q_heads),
                     np.int32(d),
                     np.int64(rows),
+                    np.float32(v_scale),
                 ),
             )
         return out
@@ -174,36 +188,41 @@ class AttentionRunner:
         k_cache: Any,
         v_cache: Any,
         meta: AttentionMetadata,
-        scale: float,
+        scales: tuple[float, float],
         out: Any,
         sliding_window: int | None,
         plan: _Plan,
         steps: int,
+        dtype: str,
     ) -> Any:
         """A direct-mode plan of 64-row items through attention_mma.cu (head dim padded to 16 x ``steps``)."""
-        _, block_size, kv_heads, d = k_cache.shape
-        kernel = self.backend.kernels.function("attention_mma", f"attention_mma_d{steps}")
+        kv_heads = k_cache.shape[2]
+        kernel = self.backend.kernels.function("attention_mma", f"attention_mma_d{steps}", dtype)
         smem = mma_shared_bytes(steps)
         if smem > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = smem
         kernel(
             (plan.items, kv_heads),
             (THREADS,),
-            _kernel_args(q, k_cache, v_cache, meta, plan.work, out, scale, sliding_window),
+            _kernel_args(q, k_cache, v_cache, meta, plan.work, out, scales, sliding_window),
             shared_mem=smem,
         )
         return out
 
-    def shared_bytes(self, tile_rows: int, dpt: int, d: int) -> int:
+    def shared_bytes(self, tile_rows: int, dpt: int, d: int, dtype: str = "bf16") -> int:
+        """attention.cu's shared memory for one block (``dtype``: the caches', ``bf16`` or ``fp8``)."""
         stride = ((d + 7) & ~7) + 8
-        buffers = 2 if tile_rows == 16 and dpt < WIDE else 1  # ATT_BUFFERS in attention.cu
+        fp8 = dtype == "fp8"
+        buffers = 2 if tile_rows == 16 and dpt < WIDE and not fp8 else 1  # ATT_BUFFERS in attention.cu
         running_output = 0 if dpt == WIDE else tile_rows * 32 * dpt * 4  # Ot (O_REGS: in registers)
+        staging = 2 * self.tile_n * ((d + 15) & ~15) if fp8 else 0  # paged_kv.cuh's staged E4M3 rows
         return (
             self.split * 8
             + (tile_rows + 2 * buffers * self.tile_n) * stride * 2
             + tile_rows * (self.tile_n + 1) * 4
             + running_output
             + 7 * tile_rows * 4
+            + staging
         )
 
     def _plan(
@@ -286,12 +305,13 @@ def _kernel_args(
     meta: AttentionMetadata,
     work: Any,
     out: Any,
-    scale: float,
+    scales: tuple[float, float],
     sliding_window: int | None,
     workspace: tuple[Any, ...] = (),
 ) -> tuple[Any, ...]:
     """The arguments of attention.cu's kernels (``workspace``: the split partials and the split count) and of
-    attention_mma.cu's (none), in their order."""
+    attention_mma.cu's (none), in their order; ``scales``: the softmax scale (times the key scale of an fp8
+    cache) and the value scale (1 for bf16 caches)."""
     _, block_size, kv_heads, d = k_cache.shape
     qs = [s // q.itemsize for s in q.strides]
     os_ = [s // out.itemsize for s in out.strides]
@@ -316,7 +336,8 @@ def _kernel_args(
         np.int32(kv_heads),
         np.int32(d),
         np.int32(block_size),
-        np.float32(scale),
+        np.float32(scales[0]),
+        np.float32(scales[1]),
         np.int32(sliding_window or 0),
         np.int32(q_vec),
         np.uint64(0) if meta.visible_end is None else meta.visible_end,

@@ -1,5 +1,6 @@
-"""The cuda backend's attention-input ops (`CudaBackend.rope`, `write_kv`, `qk_norm_rope_write_kv`):
-each one kernel of ``kernels/elementwise.cu`` over strided per-head views, rows independent."""
+"""The cuda backend's attention-input ops (`CudaBackend.rope`, `write_kv`, `write_kv_scaled`,
+`qk_norm_rope_write_kv`): each one kernel of ``kernels/elementwise.cu`` over strided per-head views, rows
+independent. The KV writes store bf16 caches, or fp8 (E4M3 byte) caches given the layer's scales."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from atlas_core.backends.base import Array, Backend
-from atlas_gb10.arrays import BF16, element_strides, null_or
+from atlas_gb10.arrays import BF16, cache_kind, element_strides, null_or
 
 if TYPE_CHECKING:
     from atlas_gb10.backend import CudaBackend
@@ -49,15 +50,26 @@ def rope(backend: CudaBackend, q: Array, k: Array, positions: Array, cos: Array,
     )
 
 
-def write_kv(backend: CudaBackend, k_cache: Array, v_cache: Array, k: Array, v: Array, slot_mapping: Array) -> None:
-    backend.require_bf16("write_kv", k_cache, v_cache, k, v)
+def write_kv(
+    backend: CudaBackend,
+    k_cache: Array,
+    v_cache: Array,
+    k: Array,
+    v: Array,
+    slot_mapping: Array,
+    kv_scales: tuple[float, float] | None = None,
+) -> None:
+    """`Backend.write_kv` (``kv_scales`` None) or `Backend.write_kv_scaled` (fp8 caches, their scales)."""
+    backend.require_bf16("write_kv", k, v)
+    dtype = cache_kind("write_kv", k_cache, v_cache, kv_scales)
+    k_scale, v_scale = kv_scales or (1.0, 1.0)
     k, v = backend.contiguous_rows(k), backend.contiguous_rows(v)
     tokens, heads, d = k.shape
     if tokens == 0:
         return
     ks, vs = element_strides(k), element_strides(v)
     threads = min(1024, 32 * math.ceil(heads * d / 32))
-    backend._kernel("elementwise", "write_kv_bf16")(
+    backend._kernel("elementwise", f"write_kv_{dtype}")(
         (tokens,),
         (threads,),
         (
@@ -72,6 +84,8 @@ def write_kv(backend: CudaBackend, k_cache: Array, v_cache: Array, k: Array, v: 
             slot_mapping,
             np.int32(heads),
             np.int32(d),
+            np.float32(k_scale),
+            np.float32(v_scale),
         ),
     )
 
@@ -90,15 +104,31 @@ def qk_norm_rope_write_kv(
     k_cache: Array,
     v_cache: Array,
     slot_mapping: Array,
+    kv_scales: tuple[float, float] | None = None,
 ) -> Array:
     """One kernel for the per-head norms, RoPE and the KV write (heads up to ``QKV_FUSED_MAX_HEAD_DIM``
-    wide; wider heads take the composed ops)."""
-    backend.require_bf16("qk_norm_rope_write_kv", q, k, v, q_norm_weight, k_norm_weight, k_cache, v_cache)
+    wide; wider heads take the composed ops); fp8 caches given ``kv_scales``."""
+    backend.require_bf16("qk_norm_rope_write_kv", q, k, v, q_norm_weight, k_norm_weight)
+    dtype = cache_kind("qk_norm_rope_write_kv", k_cache, v_cache, kv_scales)
+    k_scale, v_scale = kv_scales or (1.0, 1.0)
     tokens, q_heads, d = q.shape
     kv_heads, half = k.shape[1], cos.shape[1]
     if d > QKV_FUSED_MAX_HEAD_DIM or any(a.strides[-1] != a.itemsize for a in (q, k, v)):
         return Backend.qk_norm_rope_write_kv(
-            backend, q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos, sin, k_cache, v_cache, slot_mapping
+            backend,
+            q,
+            k,
+            v,
+            q_norm_weight,
+            k_norm_weight,
+            eps,
+            positions,
+            cos,
+            sin,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            kv_scales=kv_scales,
         )
     if cos.dtype != np.float32:  # the contract's tables are float32; accept others at the cost of a copy
         cos, sin = cos.astype(np.float32), sin.astype(np.float32)
@@ -106,7 +136,7 @@ def qk_norm_rope_write_kv(
     if tokens:
         qs, ks, vs = element_strides(q), element_strides(k), element_strides(v)
         warps = min(QKV_FUSED_WARPS, q_heads + 2 * kv_heads)
-        backend._kernel("elementwise", "qk_norm_rope_write_kv_bf16")(
+        backend._kernel("elementwise", f"qk_norm_rope_write_kv_{dtype}")(
             (tokens,),
             (32 * warps,),
             (
@@ -133,6 +163,8 @@ def qk_norm_rope_write_kv(
                 v_cache,
                 slot_mapping,
                 np.int32(d),
+                np.float32(k_scale),
+                np.float32(v_scale),
             ),
         )
     return out

@@ -20,9 +20,10 @@ from atlas_core.backends.base import (
     LogitAdjustments,
     SamplingTensors,
 )
+from atlas_core.backends.kv_dtypes import FP8_E4M3
 from atlas_core.weights.quantized import QuantizedWeight
-from atlas_gb10 import attention_inputs
-from atlas_gb10.arrays import BF16, element_strides, null_or
+from atlas_gb10 import attention_inputs, rowwise
+from atlas_gb10.arrays import BF16, FP8_CACHE, element_strides, null_or
 from atlas_gb10.attention import AttentionRunner
 from atlas_gb10.fp8 import FORMATS, executes_natively, upload_fp8, weight_operand
 from atlas_gb10.sampling import LogitsOps
@@ -47,6 +48,7 @@ class CudaBackend(Backend):
     name = "cuda"
     activation_dtype = BF16
     quantized_formats = FORMATS
+    kv_cache_dtypes = frozenset({"fp8"})
 
     @classmethod
     def availability(cls) -> str | None:
@@ -120,7 +122,9 @@ class CudaBackend(Backend):
         return self.cp.asnumpy(x)
 
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype | type) -> Array:
-        return self.cp.zeros(shape, dtype=np.dtype(dtype))
+        """Zeros of ``dtype``; fp8 (E4M3) ones as their bytes (`atlas_gb10.arrays.FP8_CACHE`: fp8 KV caches)."""
+        dtype = np.dtype(dtype)
+        return self.cp.zeros(shape, dtype=FP8_CACHE if dtype == FP8_E4M3 else dtype)
 
     def device_memory(self) -> tuple[int, int] | None:
         self.cp.get_default_memory_pool().free_all_blocks()
@@ -218,92 +222,24 @@ class CudaBackend(Backend):
         return GEMM_TILES[-1]
 
     def rms_norm(self, x: Array, weight: Array, eps: float, residual: Array | None = None) -> tuple[Array, Array]:
-        self.require_bf16("rms_norm", x, weight, residual)
-        shape, d = x.shape, x.shape[-1]
-        if x.ndim > 3 or x.strides[-1] != x.itemsize:
-            x = self.cp.ascontiguousarray(x)
-        if residual is not None and (residual.ndim > 3 or residual.strides[-1] != residual.itemsize):
-            residual = self.cp.ascontiguousarray(residual)
-        rows = math.prod(shape[:-1])
-        normed = self.cp.empty(shape, dtype=BF16)
-        summed = self.cp.empty(shape, dtype=BF16) if residual is not None else None
-        if rows:
-            inner = shape[1] if x.ndim == 3 else 1
-            xs, rs = self._row_layout(x), self._row_layout(residual) if residual is not None else (0, 0)
-            args = (
-                x,
-                np.int64(xs[0]),
-                np.int64(xs[1]),
-                null_or(residual),
-                np.int64(rs[0]),
-                np.int64(rs[1]),
-                np.int32(inner),
-                weight,
-                normed,
-                null_or(summed),
-                np.float32(eps),
-                np.int32(d),
-                np.int64(rows),
-            )
-            aligned = (
-                d % 8 == 0
-                and d <= 8192
-                and all(
-                    a is None or (a.data.ptr % 16 == 0 and all(s % 8 == 0 for s in self._row_layout(a)))
-                    for a in (x, residual, weight)
-                )
-            )
-            suffix = "_vec_bf16" if aligned else "_bf16"
-            if d <= 1024:
-                self._kernel("elementwise", "rms_norm_warp" + suffix)((math.ceil(rows / 4),), (128,), args)
-            else:
-                self._kernel("elementwise", "rms_norm_block" + suffix)((rows,), (256,), args)
-        return normed, (summed if residual is not None else x)
-
-    @staticmethod
-    def _row_layout(x: Array) -> tuple[int, int]:
-        """(stride of the outer axis, stride of the per-head axis) in elements, for 1-3 dims."""
-        strides = element_strides(x)
-        if x.ndim == 3:
-            return strides[0], strides[1]
-        if x.ndim == 2:
-            return strides[0], 0
-        return 0, 0
-
-    def _gated(self, kernel_name: str, x: Array, out: Array | None) -> Array:
-        self.require_bf16(kernel_name, x, out)
-        x = self.contiguous_rows(x)
-        rows, inner = x.shape[0], x.shape[1] // 2
-        if out is None:
-            out = self.cp.empty((rows, inner), dtype=BF16)
-        total = rows * inner
-        if total:
-            blocks = min(math.ceil(total / 256), 8 * max(1, self.profile.sm_count))
-            self._kernel("elementwise", kernel_name)(
-                (blocks,),
-                (256,),
-                (
-                    x,
-                    np.int64(element_strides(x)[0]),
-                    out,
-                    np.int64(element_strides(out)[0]),
-                    np.int32(inner),
-                    np.int64(rows),
-                ),
-            )
-        return out
+        return rowwise.rms_norm(self, x, weight, eps, residual)
 
     def silu_mul(self, x: Array, out: Array | None = None) -> Array:
-        return self._gated("silu_mul_bf16", x, out)
+        return rowwise.gated(self, "silu_mul_bf16", x, out)
 
     def gelu_tanh_mul(self, x: Array, out: Array | None = None) -> Array:
-        return self._gated("gelu_tanh_mul_bf16", x, out)
+        return rowwise.gated(self, "gelu_tanh_mul_bf16", x, out)
 
     def rope(self, q: Array, k: Array, positions: Array, cos: Array, sin: Array) -> None:
         attention_inputs.rope(self, q, k, positions, cos, sin)
 
     def write_kv(self, k_cache: Array, v_cache: Array, k: Array, v: Array, slot_mapping: Array) -> None:
         attention_inputs.write_kv(self, k_cache, v_cache, k, v, slot_mapping)
+
+    def write_kv_scaled(
+        self, k_cache: Array, v_cache: Array, k: Array, v: Array, slot_mapping: Array, k_scale: float, v_scale: float
+    ) -> None:
+        attention_inputs.write_kv(self, k_cache, v_cache, k, v, slot_mapping, (k_scale, v_scale))
 
     def qk_norm_rope_write_kv(
         self,
@@ -319,10 +255,24 @@ class CudaBackend(Backend):
         k_cache: Array,
         v_cache: Array,
         slot_mapping: Array,
+        kv_scales: tuple[float, float] | None = None,
     ) -> Array:
         """One kernel for the per-head norms, RoPE and the KV write (`atlas_gb10.attention_inputs`)."""
         return attention_inputs.qk_norm_rope_write_kv(
-            self, q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos, sin, k_cache, v_cache, slot_mapping
+            self,
+            q,
+            k,
+            v,
+            q_norm_weight,
+            k_norm_weight,
+            eps,
+            positions,
+            cos,
+            sin,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            kv_scales,
         )
 
     def attention(
@@ -335,8 +285,22 @@ class CudaBackend(Backend):
         out: Array | None = None,
         sliding_window: int | None = None,
     ) -> Array:
-        self.require_bf16("attention", q, k_cache, v_cache, out)
+        self.require_bf16("attention", q, out)
         return self.attention_runner(q, k_cache, v_cache, meta, scale, out, sliding_window)
+
+    def attention_scaled(
+        self,
+        q: Array,
+        k_cache: Array,
+        v_cache: Array,
+        meta: AttentionMetadata,
+        scale: float,
+        k_scale: float,
+        v_scale: float,
+        sliding_window: int | None = None,
+    ) -> Array:
+        self.require_bf16("attention", q)
+        return self.attention_runner(q, k_cache, v_cache, meta, scale, None, sliding_window, (k_scale, v_scale))
 
     # ---- logits ops ---------------------------------------------------------------------
     def log_softmax(self, logits: Array) -> Array:

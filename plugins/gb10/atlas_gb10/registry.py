@@ -34,12 +34,18 @@ REGISTRY: dict[tuple[str, str, str], KernelVariant] = {
     (GENERIC, "gemm_tiled", "bf16"): KernelVariant("gemm_tiled.cu"),
     (GENERIC, "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 64), ("ATT_SPLIT", 64))),
     (GENERIC, "attention_mma", "bf16"): KernelVariant("attention_mma.cu"),
+    # fp8 (E4M3) KV caches: the same kernels reading bytes (paged_kv.cuh's KV_FP8)
+    (GENERIC, "attention", "fp8"): KernelVariant(
+        "attention.cu", (("ATT_TILE_N", 64), ("ATT_SPLIT", 64), ("KV_FP8", 1))
+    ),
+    (GENERIC, "attention_mma", "fp8"): KernelVariant("attention_mma.cu", (("KV_FP8", 1),)),
     (GENERIC, "logits", "bf16"): KernelVariant("logits.cu"),
     (GENERIC, "moe", "bf16"): KernelVariant("moe.cu", (("GEMM_KSPLIT", 8),)),
     (GENERIC, "mla", "bf16"): KernelVariant("mla.cu", (("MLA_TILE_N", 64), ("MLA_SPLIT", 256))),
     (GENERIC, "recurrent", "bf16"): KernelVariant("recurrent.cu"),
     # GB10: 99 KiB of shared memory per block, so attention uses half-size key tiles.
     ("gb10", "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 32), ("ATT_SPLIT", 64))),
+    ("gb10", "attention", "fp8"): KernelVariant("attention.cu", (("ATT_TILE_N", 32), ("ATT_SPLIT", 64), ("KV_FP8", 1))),
     ("gb10", "mla", "bf16"): KernelVariant("mla.cu", (("MLA_TILE_N", 32), ("MLA_SPLIT", 256))),
 }
 """(target, op, dtype) -> variant. Lookups fall back to the ``generic`` target."""

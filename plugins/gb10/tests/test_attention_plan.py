@@ -54,6 +54,18 @@ def test_512_wide_heads_fit_decode_blocks(profile: object) -> None:
     assert runner.shared_bytes(16, 8, 256) <= profile.shared_memory_per_block
 
 
+@pytest.mark.parametrize("profile", [HOPPER, GB10], ids=["hopper", "gb10"])
+def test_fp8_kv_blocks_fit_up_to_256_wide_heads(profile: object) -> None:
+    """fp8 caches trade the second bf16 buffer for the staged bytes: decode and prefill blocks of heads up to 256
+    fit both targets; 512-wide heads fit Hopper only (GB10 refuses them with a message)."""
+    runner = HostBackend(profile).attention_runner
+    for rows, dpt, d in ((16, 4, 128), (16, 8, 256), (64, 4, 128)):
+        assert runner.shared_bytes(rows, dpt, d, "fp8") <= profile.shared_memory_per_block
+    assert runner.shared_bytes(16, 4, 128, "fp8") <= runner.shared_bytes(16, 4, 128)
+    fits_512 = runner.shared_bytes(16, 16, 512, "fp8") <= profile.shared_memory_per_block
+    assert fits_512 == (profile is HOPPER)
+
+
 def test_mla_split_is_one_number_per_target() -> None:
     splits = {v.define("MLA_SPLIT", 0) for (_, op, _), v in all_variants() if op == "mla"}
     assert len(splits) == 1

@@ -180,6 +180,34 @@ def test_attention_split_and_direct_modes_give_the_same_bits(backend: CudaBacken
     np.testing.assert_array_equal(results["always"], results["never"])
 
 
+@pytest.mark.parametrize(
+    ("lengths", "d"), [([(1500, 1), (700, 1), (3, 1)], 128), ([(700, 37), (0, 300)], 128), ([(90, 1)], 72)]
+)
+def test_fp8_caches_attend_as_the_bf16_values_they_hold(backend: CudaBackend, lengths: list, d: int) -> None:
+    """With power-of-two scales every fp8 key and value times its scale is a bf16 value, and the fp8 kernels
+    (key scale folded into the softmax scale, value scale on the output) give the bits the bf16 kernels give
+    over those values: decode in split and direct mode, the tensor-core prefill, and heads of 72 (byte loads)."""
+    from atlas_core.backends.kv_dtypes import FP8_E4M3, dequantize_kv, quantize_kv
+
+    rng = np.random.default_rng(d + len(lengths))
+    kv_heads, group, scales = 2, 4, (0.25, 2.0)
+    meta, tokens, caches = paged(backend, rng, lengths, kv_heads, d)
+    stored = [
+        quantize_kv(host(backend, c).astype(np.float32), FP8_E4M3, s) for c, s in zip(caches, scales, strict=True)
+    ]
+    fp8 = [backend.from_numpy(a.view(np.uint8), dtype=np.dtype(np.uint8)) for a in stored]
+    exact = [backend.from_numpy(dequantize_kv(a, s)) for a, s in zip(stored, scales, strict=True)]
+    q = backend.from_numpy(rng.standard_normal((tokens, kv_heads * group, d), dtype=np.float32))
+    got = host(backend, backend.attention_scaled(q, *fp8, meta, d**-0.5, *scales))
+    want = host(backend, backend.attention(q, *exact, meta, d**-0.5))
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, want)
+    splits = under_split_policies(backend, lambda: backend.attention_scaled(q, *fp8, meta, d**-0.5, *scales))
+    np.testing.assert_array_equal(splits["always"], splits["never"])
+    with batch_invariant_mode(backend):
+        np.testing.assert_array_equal(splits["never"], host(backend, backend.attention(q, *exact, meta, d**-0.5)))
+
+
 def test_attention_of_512_wide_heads_matches_the_numpy_backend(backend: CudaBackend) -> None:
     """Gemma 4's global layers: 512-wide heads (16-row blocks, one key/value buffer, the running output in
     registers) with GQA 8, against the NumPy backend; split-K and direct mode give the same bits."""

@@ -24,7 +24,9 @@
 // this one is computed; prefill-sized blocks (64 rows) keep one buffer, and so twice the blocks per SM.
 // Heads wider than 256 (DPT 16, 16-row blocks only) keep one buffer, and their running output in
 // registers rather than shared memory (O_REGS), to fit GB10's 99 KiB.
-#define ATT_BUFFERS(TM, DPT) ((TM) == 16 && (DPT) <= 8 ? 2 : 1)
+// FP8 caches keep one bf16 buffer: the next tile's bytes stream into the staging area instead
+// (paged_kv.cuh), placed after the row statistics.
+#define ATT_BUFFERS(TM, DPT) (!KV_FP8 && (TM) == 16 && (DPT) <= 8 ? 2 : 1)
 
 template <int DPT>
 __device__ __forceinline__ void load_v(const bf16_t* row, int d0, float* v) {
@@ -48,11 +50,12 @@ __device__ __forceinline__ void load_v(const bf16_t* row, int d0, float* v) {
 
 template <int TM, int DPT>
 __device__ __forceinline__ void attention_body(
-    const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const bf16_t* __restrict__ k_cache,
-    const bf16_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,
+    const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const kv_t* __restrict__ k_cache,
+    const kv_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,
     const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work, bf16_t* __restrict__ out,
     long long o_s0, long long o_s1, float* __restrict__ ws_acc, float2* __restrict__ ws_ml, int splits, int q_heads,
-    int kv_heads, int d, int block_size, float scale, int window, int q_vec, const int* __restrict__ visible_end) {
+    int kv_heads, int d, int block_size, float scale, float v_scale, int window, int q_vec,
+    const int* __restrict__ visible_end) {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int BUFFERS = ATT_BUFFERS(TM, DPT);
     constexpr bool O_REGS = DPT > 8;  // direct mode's running output: registers, else shared memory (Ot)
@@ -71,6 +74,9 @@ __device__ __forceinline__ void attention_body(
     float* L_tot = M_tot + TM;
     int* qpos = reinterpret_cast<int*>(L_tot + TM);
     int* qlast = qpos + TM;  // the last key each row sees: its position, or its image's end - 1 (visible_end)
+#if KV_FP8
+    unsigned char* staging = reinterpret_cast<unsigned char*>(qlast + TM);  // 2 * ATT_TILE_N staged rows
+#endif
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int4 item = work[blockIdx.x];
@@ -133,12 +139,27 @@ __device__ __forceinline__ void attention_body(
                            : -1;
         }
         __syncthreads();
+#if KV_FP8
+        if (tiles > 0) stage_kv_tile<ATT_TILE_N, ATT_THREADS>(staging, kslot, k_cache, v_cache, kv_heads, hk, d, tid);
+#else
         if (tiles > 0) load_kv_tile<ATT_TILE_N, ATT_THREADS>(Ks, Vs, kslot, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
+#endif
         cp_async_commit();
         for (int it = 0; it < tiles; ++it) {
             const int t0 = tile_lo + it * ATT_TILE_N;
             bf16_t* Kb = Ks + (BUFFERS == 2 ? (it & 1) : 0) * ATT_TILE_N * stride;
             bf16_t* Vb = Vs + (BUFFERS == 2 ? (it & 1) : 0) * ATT_TILE_N * stride;
+#if KV_FP8
+            cp_async_wait_all();
+            __syncthreads();
+            unstage_kv_tile<ATT_TILE_N, ATT_THREADS>(Kb, Vb, staging, d, d_pad, stride, tid);
+            __syncthreads();
+            if (it + 1 < tiles) {  // the next tile's bytes stream in while this one is computed
+                stage_kv_tile<ATT_TILE_N, ATT_THREADS>(staging, kslot + (it + 1) * ATT_TILE_N, k_cache, v_cache, kv_heads,
+                                                       hk, d, tid);
+                cp_async_commit();
+            }
+#else
             if (BUFFERS == 2 && it + 1 < tiles) {  // the next tile streams in while this one is computed
                 load_kv_tile<ATT_TILE_N, ATT_THREADS>(Ks + ((it + 1) & 1) * ATT_TILE_N * stride, Vs + ((it + 1) & 1) * ATT_TILE_N * stride,
                              kslot + (it + 1) * ATT_TILE_N, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
@@ -148,6 +169,7 @@ __device__ __forceinline__ void attention_body(
                 cp_async_wait_all();
             }
             __syncthreads();
+#endif
             // ---- scores: one thread per (row, key), sequential over the head dims
             {
                 const int kpos = t0 + c_own;
@@ -220,10 +242,12 @@ __device__ __forceinline__ void attention_body(
                 }
             }
             __syncthreads();  // every thread is done with this buffer before it is refilled
+#if !KV_FP8
             if (BUFFERS == 1 && it + 1 < tiles) {
                 load_kv_tile<ATT_TILE_N, ATT_THREADS>(Ks, Vs, kslot + (it + 1) * ATT_TILE_N, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
                 cp_async_commit();
             }
+#endif
         }
         __syncthreads();  // m_split / l_split final for this split
         if (only_split >= 0) {
@@ -280,7 +304,7 @@ __device__ __forceinline__ void attention_body(
 #pragma unroll
                 for (int e = 0; e < DPT; ++e)
                     if (d_own + e < d)
-                        out[t * o_s0 + h * o_s1 + d_own + e] = float_to_bf16(L > 0.0f ? __fdiv_rn(O[i][e], L) : 0.0f);
+                        out[t * o_s0 + h * o_s1 + d_own + e] = normalized_output(O[i][e], L, v_scale);
             }
         }
     } else if (only_split < 0) {
@@ -290,22 +314,22 @@ __device__ __forceinline__ void attention_body(
             const long long t = q_begin + tile_tok + r / group;
             const int h = hk * group + r % group;
             const float L = L_tot[r];
-            out[t * o_s0 + h * o_s1 + j] = float_to_bf16(L > 0.0f ? __fdiv_rn(Ot[r * 32 * DPT + j], L) : 0.0f);
+            out[t * o_s0 + h * o_s1 + j] = normalized_output(Ot[r * 32 * DPT + j], L, v_scale);
         }
     }
 }
 
 #define ATTENTION_KERNEL(TM, DPT)                                                                                     \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_m##TM##_d##DPT(                                \
-        const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const bf16_t* __restrict__ k_cache,             \
-        const bf16_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,    \
+        const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const kv_t* __restrict__ k_cache,               \
+        const kv_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,      \
         const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work,                         \
         bf16_t* __restrict__ out, long long o_s0, long long o_s1, float* __restrict__ ws_acc,                         \
         float2* __restrict__ ws_ml, int splits, int q_heads, int kv_heads, int d, int block_size, float scale,        \
-        int window, int q_vec, const int* __restrict__ visible_end) {                                                 \
+        float v_scale, int window, int q_vec, const int* __restrict__ visible_end) {                                  \
         attention_body<TM, DPT>(q, q_s0, q_s1, k_cache, v_cache, query_start, seq_lens, block_tables, table_width,     \
                                 work, out, o_s0, o_s1, ws_acc, ws_ml, splits, q_heads, kv_heads, d, block_size,       \
-                                scale, window, q_vec, visible_end);                                                   \
+                                scale, v_scale, window, q_vec, visible_end);                                          \
     }
 
 ATTENTION_KERNEL(16, 1)
@@ -322,6 +346,6 @@ ATTENTION_KERNEL(64, 8)
 #define COMBINE_MAX_DPT 16
 extern "C" __global__ void attention_combine(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml,
                                              int splits, bf16_t* __restrict__ out, long long o_s0, long long o_s1,
-                                             int q_heads, int d, long long rows) {
-    combine_splits<COMBINE_MAX_DPT>(ws_acc, ws_ml, splits, out, o_s0, o_s1, q_heads, d, rows);
+                                             int q_heads, int d, long long rows, float v_scale) {
+    combine_splits<COMBINE_MAX_DPT>(ws_acc, ws_ml, splits, out, o_s0, o_s1, q_heads, d, rows, v_scale);
 }

@@ -59,11 +59,11 @@ __device__ __forceinline__ void tile_slots(long long* slots, const int* table, i
 // DK: the head dim padded to 16 * DK (columns past d are zeros in Q, K and V).
 template <int DK>
 __device__ __forceinline__ void attention_mma_body(
-    const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const bf16_t* __restrict__ k_cache,
-    const bf16_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,
+    const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const kv_t* __restrict__ k_cache,
+    const kv_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,
     const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work, bf16_t* __restrict__ out,
-    long long o_s0, long long o_s1, int q_heads, int kv_heads, int d, int block_size, float scale, int window,
-    int q_vec, const int* __restrict__ visible_end) {
+    long long o_s0, long long o_s1, int q_heads, int kv_heads, int d, int block_size, float scale, float v_scale,
+    int window, int q_vec, const int* __restrict__ visible_end) {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int D_PAD = 16 * DK;
     constexpr int STRIDE = D_PAD + 8;  // padded rows: conflict-free ldmatrix
@@ -73,6 +73,10 @@ __device__ __forceinline__ void attention_mma_body(
     bf16_t* Vs = Ks + 2 * MMA_TILE_N * STRIDE;
     int* qpos = reinterpret_cast<int*>(Vs + 2 * MMA_TILE_N * STRIDE);
     int* qlast = qpos + MMA_ROWS;
+#if KV_FP8
+    // FP8 caches compute from buffer 0 only; buffer 1's key rows hold the staged bytes of the next tile (paged_kv.cuh)
+    unsigned char* staging = reinterpret_cast<unsigned char*>(Ks + MMA_TILE_N * STRIDE);
+#endif
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int4 item = work[blockIdx.x];
@@ -101,8 +105,12 @@ __device__ __forceinline__ void attention_mma_body(
     const int tiles = key_end > tile_lo ? (key_end - tile_lo + MMA_TILE_N - 1) / MMA_TILE_N : 0;
     if (tiles > 0) tile_slots(kslot, table, tile_lo, key_start, key_end, block_size, tid);
     __syncthreads();
+#if KV_FP8
+    if (tiles > 0) stage_kv_tile<MMA_TILE_N, MMA_THREADS>(staging, kslot, k_cache, v_cache, kv_heads, hk, d, tid);
+#else
     if (tiles > 0)
         load_kv_tile<MMA_TILE_N, MMA_THREADS>(Ks, Vs, kslot, k_cache, v_cache, kv_heads, hk, d, d8, STRIDE, tid);
+#endif
     cp_async_commit();
 
     const int g = lane >> 2, qd = lane & 3;
@@ -115,6 +123,18 @@ __device__ __forceinline__ void attention_mma_body(
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
 
     for (int it = 0; it < tiles; ++it) {
+#if KV_FP8
+        const int buf = 0;
+        cp_async_wait_all();
+        __syncthreads();
+        unstage_kv_tile<MMA_TILE_N, MMA_THREADS>(Ks, Vs, staging, d, d8, STRIDE, tid);
+        if (it + 1 < tiles) tile_slots(kslot, table, tile_lo + (it + 1) * MMA_TILE_N, key_start, key_end, block_size, tid);
+        __syncthreads();
+        if (it + 1 < tiles) {  // the next tile's bytes stream in while this one is computed
+            stage_kv_tile<MMA_TILE_N, MMA_THREADS>(staging, kslot, k_cache, v_cache, kv_heads, hk, d, tid);
+            cp_async_commit();
+        }
+#else
         const int buf = it & 1;
         if (it + 1 < tiles) {  // the next tile streams in while this one is computed
             long long* next_slots = kslot + (buf ^ 1) * MMA_TILE_N;
@@ -129,6 +149,7 @@ __device__ __forceinline__ void attention_mma_body(
             cp_async_wait_all();
         }
         __syncthreads();
+#endif
         const bf16_t* Kb = Ks + buf * MMA_TILE_N * STRIDE;
         const bf16_t* Vb = Vs + buf * MMA_TILE_N * STRIDE;
 
@@ -209,7 +230,8 @@ __device__ __forceinline__ void attention_mma_body(
     }
 
     const float L0 = quad_sum(l0), L1 = quad_sum(l1);
-    const float inv0 = L0 > 0.0f ? 1.0f / L0 : 0.0f, inv1 = L1 > 0.0f ? 1.0f / L1 : 0.0f;
+    // v_scale: 1 for bf16 caches (the same bits as 1 / L), the layer's value scale for fp8 ones
+    const float inv0 = L0 > 0.0f ? v_scale / L0 : 0.0f, inv1 = L1 > 0.0f ? v_scale / L1 : 0.0f;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = half ? r1 : r0;
@@ -228,14 +250,14 @@ __device__ __forceinline__ void attention_mma_body(
 
 #define ATTENTION_MMA_KERNEL(DK)                                                                                      \
     extern "C" __global__ void __launch_bounds__(MMA_THREADS) attention_mma_d##DK(                                     \
-        const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const bf16_t* __restrict__ k_cache,             \
-        const bf16_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,    \
+        const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const kv_t* __restrict__ k_cache,               \
+        const kv_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,      \
         const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work,                         \
         bf16_t* __restrict__ out, long long o_s0, long long o_s1, int q_heads, int kv_heads, int d, int block_size,   \
-        float scale, int window, int q_vec, const int* __restrict__ visible_end) {                                    \
+        float scale, float v_scale, int window, int q_vec, const int* __restrict__ visible_end) {                     \
         attention_mma_body<DK>(q, q_s0, q_s1, k_cache, v_cache, query_start, seq_lens, block_tables, table_width,      \
-                               work, out, o_s0, o_s1, q_heads, kv_heads, d, block_size, scale, window, q_vec,         \
-                               visible_end);                                                                          \
+                               work, out, o_s0, o_s1, q_heads, kv_heads, d, block_size, scale, v_scale, window,      \
+                               q_vec, visible_end);                                                                   \
     }
 
 ATTENTION_MMA_KERNEL(2)

@@ -19,7 +19,7 @@
 // order (the same fixed order whatever M, so batch invariance holds). Blocks are 32k columns wide, or
 // span all of K (per-channel and per-tensor scales).
 #pragma once
-#include "common.cuh"
+#include "fp8.cuh"
 
 #ifndef GEMM_KSPLIT
 #define GEMM_KSPLIT 8
@@ -124,25 +124,6 @@ __device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long lo
 }
 
 // ---- FP8 E4M3 weights (W8A16) ----------------------------------------------------------------------
-// The bf16 bits of an E4M3 byte, exactly: every E4M3 value is a bf16 value (finite values; the NaN
-// encodings 0x7f / 0xff, absent from weights, read as 480).
-__device__ __forceinline__ unsigned e4m3_to_bf16_bits(unsigned b) {
-    const unsigned exponent = (b >> 3) & 15u, mantissa = b & 7u;
-    unsigned magnitude = 0u;
-    if (exponent) {
-        magnitude = ((exponent + 120u) << 7) | (mantissa << 4);
-    } else if (mantissa) {  // subnormal m * 2^-9: normalise around the leading bit p
-        const unsigned p = 31u - __clz(mantissa);
-        magnitude = ((p + 118u) << 7) | (((mantissa << (3u - p)) & 7u) << 4);
-    }
-    return ((b & 0x80u) << 8) | magnitude;
-}
-
-// Bytes `byte` and `byte` + 1 of word as a bf16 pair (the first in the low half).
-__device__ __forceinline__ unsigned e4m3_pair(unsigned word, int byte) {
-    return e4m3_to_bf16_bits((word >> (8 * byte)) & 0xffu) | (e4m3_to_bf16_bits((word >> (8 * byte + 8)) & 0xffu) << 16);
-}
-
 // Bytes k .. k+7 of row `row` of an FP8 matrix [rows, K] (zeros outside). VEC: one 8-byte load (K % 8 == 0).
 template <bool VEC>
 __device__ __forceinline__ uint2 load_fp8x8(const unsigned char* __restrict__ w, int row, int rows, int k, int K) {

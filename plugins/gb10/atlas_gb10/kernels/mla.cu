@@ -416,5 +416,5 @@ MLA_ATTENTION_KERNEL(2, 16)
 extern "C" __global__ void mla_combine(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml, int splits,
                                        bf16_t* __restrict__ out, long long o_s0, long long o_s1, int heads, int L,
                                        long long rows) {
-    combine_splits<16>(ws_acc, ws_ml, splits, out, o_s0, o_s1, heads, L, rows);
+    combine_splits<16>(ws_acc, ws_ml, splits, out, o_s0, o_s1, heads, L, rows, 1.0f);
 }

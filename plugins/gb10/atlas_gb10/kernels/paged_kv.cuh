@@ -1,14 +1,84 @@
 // Query rows and paged key/value tiles into shared memory, shared by the attention kernels (attention.cu,
 // attention_mma.cu).
+//
+// The caches hold bf16 (kv_t = bf16_t, `load_kv_tile`), or FP8 E4M3 bytes when compiled with KV_FP8=1 (the
+// ``fp8`` KV cache dtype): a tile's bytes are then copied asynchronously into a staging area (`stage_kv_tile`)
+// while the previous tile is computed, and turned into each element's exact bf16 value just before its own turn
+// (`unstage_kv_tile`), so the kernels' arithmetic is the same; the layer's key scale is folded into the softmax
+// scale and its value scale multiplies the output (the kernels' ``v_scale``).
 #pragma once
+#include "fp8.cuh"
 #include "splits.cuh"
 
+#ifndef KV_FP8
+#define KV_FP8 0
+#endif
+#if KV_FP8
+typedef unsigned char kv_t;
+#else
+typedef bf16_t kv_t;
+#endif
+
+#if KV_FP8
+// Bytes per staged row of an FP8 tile: the head dim rounded up to 16 (16-byte asynchronous copies).
+__device__ __forceinline__ int staged_row_bytes(int d) { return (d + 15) & ~15; }
+
+// 8 E4M3 bytes as 8 bf16 values.
+__device__ __forceinline__ uint4 e4m3x8_to_bf16(uint2 raw) {
+    return make_uint4(e4m3_pair(raw.x, 0), e4m3_pair(raw.x, 2), e4m3_pair(raw.y, 0), e4m3_pair(raw.y, 2));
+}
+
+// Start copying the E4M3 bytes of one tile of TILE_N keys and values into `staging` (TILE_N key rows, then TILE_N
+// value rows, `staged_row_bytes(d)` each): 16-byte asynchronous copies when d % 16 == 0, plain loads with zeros
+// past d otherwise; keys without a slot (-1) become zeros. `unstage_kv_tile` converts them once they have landed.
+template <int TILE_N, int THREADS>
+__device__ __forceinline__ void stage_kv_tile(unsigned char* staging, const long long* slots,
+                                              const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
+                                              int kv_heads, int hk, int d, int tid) {
+    const int row_bytes = staged_row_bytes(d), chunks = row_bytes / 16;
+    for (int i = tid; i < TILE_N * chunks; i += THREADS) {
+        const int c = i / chunks, j = (i - c * chunks) * 16;
+        unsigned char* kdst = staging + c * row_bytes + j;
+        unsigned char* vdst = kdst + TILE_N * row_bytes;
+        const long long slot = slots[c];
+        const long long base = (slot * kv_heads + hk) * d + j;
+        if (slot >= 0 && (d & 15) == 0) {
+            cp_async16(kdst, k_cache + base);
+            cp_async16(vdst, v_cache + base);
+            continue;
+        }
+        unsigned kw[4] = {0u, 0u, 0u, 0u}, vw[4] = {0u, 0u, 0u, 0u};
+        if (slot >= 0) {
+            for (int e = 0; e < 16 && j + e < d; ++e) {
+                kw[e >> 2] |= (unsigned)k_cache[base + e] << (8 * (e & 3));
+                vw[e >> 2] |= (unsigned)v_cache[base + e] << (8 * (e & 3));
+            }
+        }
+        *reinterpret_cast<uint4*>(kdst) = make_uint4(kw[0], kw[1], kw[2], kw[3]);
+        *reinterpret_cast<uint4*>(vdst) = make_uint4(vw[0], vw[1], vw[2], vw[3]);
+    }
+}
+
+// A staged tile (its copies complete and visible to the block) as bf16 key and value rows of `stride` elements,
+// columns 0 .. d_pad - 1 (d_pad = d rounded up to 8), by THREADS threads.
+template <int TILE_N, int THREADS>
+__device__ __forceinline__ void unstage_kv_tile(bf16_t* Kb, bf16_t* Vb, const unsigned char* staging, int d, int d_pad,
+                                                int stride, int tid) {
+    const int row_bytes = staged_row_bytes(d), chunks = d_pad / 8;
+    for (int i = tid; i < 2 * TILE_N * chunks; i += THREADS) {
+        const int r = i / chunks, j = (i - r * chunks) * 8;  // rows 0 .. TILE_N - 1: keys; then values
+        const uint2 raw = *reinterpret_cast<const uint2*>(staging + r * row_bytes + j);
+        bf16_t* dst = (r < TILE_N ? Kb + r * stride : Vb + (r - TILE_N) * stride) + j;
+        *reinterpret_cast<uint4*>(dst) = e4m3x8_to_bf16(raw);
+    }
+}
+#else
 // Start copying one tile of TILE_N keys and values into shared memory (rows of `stride` elements, columns
 // 0 .. d_pad - 1 with d_pad = d rounded up to 8; 16-byte asynchronous copies when the head dim allows, plain
 // loads otherwise; keys without a slot (-1) become zeros), by THREADS threads.
 template <int TILE_N, int THREADS>
 __device__ __forceinline__ void load_kv_tile(bf16_t* Kb, bf16_t* Vb, const long long* slots,
-                                             const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,
+                                             const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
                                              int kv_heads, int hk, int d, int d_pad, int stride, int tid) {
     const int chunks = d_pad / 8;
     for (int i = tid; i < TILE_N * chunks; i += THREADS) {
@@ -40,6 +110,7 @@ __device__ __forceinline__ void load_kv_tile(bf16_t* Kb, bf16_t* Vb, const long 
         }
     }
 }
+#endif
 
 // Query rows of a work item into shared memory: row r (< rows) is query token `first_token + r / group`, head
 // `hk * group + r % group`; `chunks` 8-element chunks of each of `tile_rows` rows (columns from d on, and rows

@@ -9,6 +9,12 @@
 #pragma once
 #include "common.cuh"
 
+// A row's output element from its merged accumulator o and sum L, times the value scale (1 for bf16 caches,
+// where the product is exact; fp8 caches' layer scale), in bf16.
+__device__ __forceinline__ bf16_t normalized_output(float o, float L, float v_scale) {
+    return float_to_bf16(L > 0.0f ? __fmul_rn(__fdiv_rn(o, L), v_scale) : 0.0f);
+}
+
 // Fold one split's (m, l, acc) into the running (M, L, O). Empty splits (m = -inf) must be skipped by
 // the caller. Explicit roundings: the same bits wherever it is inlined.
 __device__ __forceinline__ void merge_factors(float M, float m, float* a, float* b, float* M_new) {
@@ -65,11 +71,11 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // t * q_heads + h, its split s at ws_ml[row * splits + s] (max, sum) and ws_acc[(row * splits + s) * d ..].
 // One warp per row; head dims up to 32 * MAX_DPT. The lanes read the (max, sum) of 32 splits at once and
 // share them by shuffles, so empty splits (past a context, m = -inf) cost no memory round trip; each
-// lane merges its dims in split order (the same bits as a kernel's direct mode).
+// lane merges its dims in split order (the same bits as a kernel's direct mode), then scales by v_scale.
 template <int MAX_DPT>
 __device__ __forceinline__ void combine_splits(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml,
                                                int splits, bf16_t* __restrict__ out, long long o_s0, long long o_s1,
-                                               int q_heads, int d, long long rows) {
+                                               int q_heads, int d, long long rows, float v_scale) {
     const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= rows) return;
     const int lane = threadIdx.x & 31;
@@ -104,6 +110,6 @@ __device__ __forceinline__ void combine_splits(const float* __restrict__ ws_acc,
 #pragma unroll
     for (int i = 0; i < MAX_DPT; ++i) {
         const int j = lane + 32 * i;
-        if (j < d) out[t * o_s0 + h * o_s1 + j] = float_to_bf16(L > 0.0f ? __fdiv_rn(O[i], L) : 0.0f);
+        if (j < d) out[t * o_s0 + h * o_s1 + j] = normalized_output(O[i], L, v_scale);
     }
 }
