@@ -140,11 +140,6 @@ class AttentionRunner:
             plan = self._plan(meta, group, tokens, kv_heads, max_rows=16)
         kernel = self.backend.kernels.function("attention", f"attention_m{tile_rows}_d{dpt}", dtype)
         smem = self.shared_bytes(tile_rows, dpt, d, dtype)
-        if smem > self.backend.profile.shared_memory_per_block:
-            raise ValueError(
-                f"attention: {d}-wide heads over {dtype} KV caches need {smem // 1024} KiB of shared memory per block; "
-                f"this device has {self.backend.profile.shared_memory_per_block // 1024} KiB (use kv_cache_dtype=auto)"
-            )
         if smem > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = smem
         splits = max(plan.splits, 1)
@@ -210,19 +205,18 @@ class AttentionRunner:
         return out
 
     def shared_bytes(self, tile_rows: int, dpt: int, d: int, dtype: str = "bf16") -> int:
-        """attention.cu's shared memory for one block (``dtype``: the caches', ``bf16`` or ``fp8``)."""
+        """attention.cu's shared memory for one block (``dtype``: the caches', ``bf16`` or ``fp8``, whose key and
+        value tiles hold one byte per element)."""
         stride = ((d + 7) & ~7) + 8
-        fp8 = dtype == "fp8"
-        buffers = 2 if tile_rows == 16 and dpt < WIDE and not fp8 else 1  # ATT_BUFFERS in attention.cu
+        buffers = 2 if tile_rows == 16 and dpt < WIDE else 1  # ATT_BUFFERS in attention.cu
         running_output = 0 if dpt == WIDE else tile_rows * 32 * dpt * 4  # Ot (O_REGS: in registers)
-        staging = 2 * self.tile_n * ((d + 15) & ~15) if fp8 else 0  # paged_kv.cuh's staged E4M3 rows
         return (
             self.split * 8
-            + (tile_rows + 2 * buffers * self.tile_n) * stride * 2
+            + tile_rows * stride * 2
+            + 2 * buffers * self.tile_n * stride * (1 if dtype == "fp8" else 2)
             + tile_rows * (self.tile_n + 1) * 4
             + running_output
             + 7 * tile_rows * 4
-            + staging
         )
 
     def _plan(

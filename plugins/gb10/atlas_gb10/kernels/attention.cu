@@ -23,30 +23,9 @@
 // Decode-sized blocks (16 rows) double-buffer the key/value tiles so that the next tile loads while
 // this one is computed; prefill-sized blocks (64 rows) keep one buffer, and so twice the blocks per SM.
 // Heads wider than 256 (DPT 16, 16-row blocks only) keep one buffer, and their running output in
-// registers rather than shared memory (O_REGS), to fit GB10's 99 KiB.
-// FP8 caches keep one bf16 buffer: the next tile's bytes stream into the staging area instead
-// (paged_kv.cuh), placed after the row statistics.
-#define ATT_BUFFERS(TM, DPT) (!KV_FP8 && (TM) == 16 && (DPT) <= 8 ? 2 : 1)
-
-template <int DPT>
-__device__ __forceinline__ void load_v(const bf16_t* row, int d0, float* v) {
-    if (DPT == 16) {
-        load_v<8>(row, d0, v);
-        load_v<8>(row, d0 + 8, v + 8);
-    } else if (DPT == 8) {
-        const uint4 w = *reinterpret_cast<const uint4*>(row + d0);
-        v[0] = bf16_lo(w.x); v[1] = bf16_hi(w.x); v[2] = bf16_lo(w.y); v[3] = bf16_hi(w.y);
-        v[4] = bf16_lo(w.z); v[5] = bf16_hi(w.z); v[6] = bf16_lo(w.w); v[7] = bf16_hi(w.w);
-    } else if (DPT == 4) {
-        const uint2 w = *reinterpret_cast<const uint2*>(row + d0);
-        v[0] = bf16_lo(w.x); v[1] = bf16_hi(w.x); v[2] = bf16_lo(w.y); v[3] = bf16_hi(w.y);
-    } else if (DPT == 2) {
-        const unsigned w = *reinterpret_cast<const unsigned*>(row + d0);
-        v[0] = bf16_lo(w); v[1] = bf16_hi(w);
-    } else {
-        v[0] = bf16_to_float(row[d0]);
-    }
-}
+// registers rather than shared memory (O_REGS), to fit GB10's 99 KiB. FP8 caches' tiles hold bytes
+// (kv_t, paged_kv.cuh): rows of the same `stride`, half the shared memory.
+#define ATT_BUFFERS(TM, DPT) ((TM) == 16 && (DPT) <= 8 ? 2 : 1)
 
 template <int TM, int DPT>
 __device__ __forceinline__ void attention_body(
@@ -63,8 +42,8 @@ __device__ __forceinline__ void attention_body(
     const int stride = d_pad + 8;  // padded rows: conflict-free 16-byte reads across rows
     long long* kslot = reinterpret_cast<long long*>(smem);  // flat KV slot of each key of the split, -1: none
     bf16_t* Qs = reinterpret_cast<bf16_t*>(kslot + ATT_SPLIT);
-    bf16_t* Ks = Qs + TM * stride;  // BUFFERS tile buffers each for keys and values
-    bf16_t* Vs = Ks + BUFFERS * ATT_TILE_N * stride;
+    kv_t* Ks = reinterpret_cast<kv_t*>(Qs + TM * stride);  // BUFFERS tile buffers each for keys and values
+    kv_t* Vs = Ks + BUFFERS * ATT_TILE_N * stride;
     float* Ps = reinterpret_cast<float*>(Vs + BUFFERS * ATT_TILE_N * stride);
     float* Ot = Ps + TM * (ATT_TILE_N + 1);
     float* m_split = Ot + (O_REGS ? 0 : TM * 32 * DPT);
@@ -74,9 +53,6 @@ __device__ __forceinline__ void attention_body(
     float* L_tot = M_tot + TM;
     int* qpos = reinterpret_cast<int*>(L_tot + TM);
     int* qlast = qpos + TM;  // the last key each row sees: its position, or its image's end - 1 (visible_end)
-#if KV_FP8
-    unsigned char* staging = reinterpret_cast<unsigned char*>(qlast + TM);  // 2 * ATT_TILE_N staged rows
-#endif
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int4 item = work[blockIdx.x];
@@ -139,27 +115,12 @@ __device__ __forceinline__ void attention_body(
                            : -1;
         }
         __syncthreads();
-#if KV_FP8
-        if (tiles > 0) stage_kv_tile<ATT_TILE_N, ATT_THREADS>(staging, kslot, k_cache, v_cache, kv_heads, hk, d, tid);
-#else
         if (tiles > 0) load_kv_tile<ATT_TILE_N, ATT_THREADS>(Ks, Vs, kslot, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
-#endif
         cp_async_commit();
         for (int it = 0; it < tiles; ++it) {
             const int t0 = tile_lo + it * ATT_TILE_N;
-            bf16_t* Kb = Ks + (BUFFERS == 2 ? (it & 1) : 0) * ATT_TILE_N * stride;
-            bf16_t* Vb = Vs + (BUFFERS == 2 ? (it & 1) : 0) * ATT_TILE_N * stride;
-#if KV_FP8
-            cp_async_wait_all();
-            __syncthreads();
-            unstage_kv_tile<ATT_TILE_N, ATT_THREADS>(Kb, Vb, staging, d, d_pad, stride, tid);
-            __syncthreads();
-            if (it + 1 < tiles) {  // the next tile's bytes stream in while this one is computed
-                stage_kv_tile<ATT_TILE_N, ATT_THREADS>(staging, kslot + (it + 1) * ATT_TILE_N, k_cache, v_cache, kv_heads,
-                                                       hk, d, tid);
-                cp_async_commit();
-            }
-#else
+            const kv_t* Kb = Ks + (BUFFERS == 2 ? (it & 1) : 0) * ATT_TILE_N * stride;
+            const kv_t* Vb = Vs + (BUFFERS == 2 ? (it & 1) : 0) * ATT_TILE_N * stride;
             if (BUFFERS == 2 && it + 1 < tiles) {  // the next tile streams in while this one is computed
                 load_kv_tile<ATT_TILE_N, ATT_THREADS>(Ks + ((it + 1) & 1) * ATT_TILE_N * stride, Vs + ((it + 1) & 1) * ATT_TILE_N * stride,
                              kslot + (it + 1) * ATT_TILE_N, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
@@ -169,16 +130,15 @@ __device__ __forceinline__ void attention_body(
                 cp_async_wait_all();
             }
             __syncthreads();
-#endif
             // ---- scores: one thread per (row, key), sequential over the head dims
             {
                 const int kpos = t0 + c_own;
                 float sc[SROWS];
 #pragma unroll
                 for (int i = 0; i < SROWS; ++i) sc[i] = 0.0f;
-                const bf16_t* krow = Kb + c_own * stride;
+                const kv_t* krow = Kb + c_own * stride;
                 for (int j = 0; j < d_pad; j += 8) {
-                    const uint4 kw = *reinterpret_cast<const uint4*>(krow + j);
+                    const uint4 kw = tile_chunk(krow, j);
                     const float kf[8] = {bf16_lo(kw.x), bf16_hi(kw.x), bf16_lo(kw.y), bf16_hi(kw.y),
                                          bf16_lo(kw.z), bf16_hi(kw.z), bf16_lo(kw.w), bf16_hi(kw.w)};
 #pragma unroll
@@ -232,7 +192,7 @@ __device__ __forceinline__ void attention_body(
                     for (int e = 0; e < DPT; ++e) o[e] = __fmul_rn(acc[i][e], a);
                     for (int c = 0; c < ATT_TILE_N; ++c) {
                         float v[DPT];
-                        load_v<DPT>(Vb + c * stride, d_own, v);
+                        tile_values<DPT>(Vb + c * stride, d_own, v);
                         const float p = pr[c];
 #pragma unroll
                         for (int e = 0; e < DPT; ++e) o[e] = __fmaf_rn(p, v[e], o[e]);
@@ -242,12 +202,10 @@ __device__ __forceinline__ void attention_body(
                 }
             }
             __syncthreads();  // every thread is done with this buffer before it is refilled
-#if !KV_FP8
             if (BUFFERS == 1 && it + 1 < tiles) {
                 load_kv_tile<ATT_TILE_N, ATT_THREADS>(Ks, Vs, kslot + (it + 1) * ATT_TILE_N, k_cache, v_cache, kv_heads, hk, d, d_pad, stride, tid);
                 cp_async_commit();
             }
-#endif
         }
         __syncthreads();  // m_split / l_split final for this split
         if (only_split >= 0) {

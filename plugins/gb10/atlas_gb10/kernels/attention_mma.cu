@@ -74,8 +74,10 @@ __device__ __forceinline__ void attention_mma_body(
     int* qpos = reinterpret_cast<int*>(Vs + 2 * MMA_TILE_N * STRIDE);
     int* qlast = qpos + MMA_ROWS;
 #if KV_FP8
-    // FP8 caches compute from buffer 0 only; buffer 1's key rows hold the staged bytes of the next tile (paged_kv.cuh)
-    unsigned char* staging = reinterpret_cast<unsigned char*>(Ks + MMA_TILE_N * STRIDE);
+    // FP8 caches compute from buffer 0 only; buffer 1's key rows hold the next tile's bytes, key rows then value
+    // rows of STRIDE bytes (`load_kv_tile`), which `unstage_kv_tile` turns into buffer 0's bf16 rows
+    kv_t* Kst = reinterpret_cast<kv_t*>(Ks + MMA_TILE_N * STRIDE);
+    kv_t* Vst = Kst + MMA_TILE_N * STRIDE;
 #endif
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -106,7 +108,7 @@ __device__ __forceinline__ void attention_mma_body(
     if (tiles > 0) tile_slots(kslot, table, tile_lo, key_start, key_end, block_size, tid);
     __syncthreads();
 #if KV_FP8
-    if (tiles > 0) stage_kv_tile<MMA_TILE_N, MMA_THREADS>(staging, kslot, k_cache, v_cache, kv_heads, hk, d, tid);
+    if (tiles > 0) load_kv_tile<MMA_TILE_N, MMA_THREADS>(Kst, Vst, kslot, k_cache, v_cache, kv_heads, hk, d, d8, STRIDE, tid);
 #else
     if (tiles > 0)
         load_kv_tile<MMA_TILE_N, MMA_THREADS>(Ks, Vs, kslot, k_cache, v_cache, kv_heads, hk, d, d8, STRIDE, tid);
@@ -127,11 +129,11 @@ __device__ __forceinline__ void attention_mma_body(
         const int buf = 0;
         cp_async_wait_all();
         __syncthreads();
-        unstage_kv_tile<MMA_TILE_N, MMA_THREADS>(Ks, Vs, staging, d, d8, STRIDE, tid);
+        unstage_kv_tile<MMA_TILE_N, MMA_THREADS>(Ks, Vs, Kst, Vst, d8, STRIDE, tid);
         if (it + 1 < tiles) tile_slots(kslot, table, tile_lo + (it + 1) * MMA_TILE_N, key_start, key_end, block_size, tid);
         __syncthreads();
         if (it + 1 < tiles) {  // the next tile's bytes stream in while this one is computed
-            stage_kv_tile<MMA_TILE_N, MMA_THREADS>(staging, kslot, k_cache, v_cache, kv_heads, hk, d, tid);
+            load_kv_tile<MMA_TILE_N, MMA_THREADS>(Kst, Vst, kslot, k_cache, v_cache, kv_heads, hk, d, d8, STRIDE, tid);
             cp_async_commit();
         }
 #else

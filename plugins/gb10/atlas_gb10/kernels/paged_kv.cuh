@@ -1,11 +1,11 @@
 // Query rows and paged key/value tiles into shared memory, shared by the attention kernels (attention.cu,
 // attention_mma.cu).
 //
-// The caches hold bf16 (kv_t = bf16_t, `load_kv_tile`), or FP8 E4M3 bytes when compiled with KV_FP8=1 (the
-// ``fp8`` KV cache dtype): a tile's bytes are then copied asynchronously into a staging area (`stage_kv_tile`)
-// while the previous tile is computed, and turned into each element's exact bf16 value just before its own turn
-// (`unstage_kv_tile`), so the kernels' arithmetic is the same; the layer's key scale is folded into the softmax
-// scale and its value scale multiplies the output (the kernels' ``v_scale``).
+// The caches hold bf16 (kv_t = bf16_t), or FP8 E4M3 bytes when compiled with KV_FP8=1 (the ``fp8`` KV cache
+// dtype): tiles then hold the bytes (half the shared memory and copies), and each element is read as its exact
+// bf16 value (`tile_chunk`, `tile_values`; `unstage_kv_tile` for the tensor-core kernel's ldmatrix), so the
+// kernels' arithmetic is the same; the layer's key scale is folded into the softmax scale and its value scale
+// multiplies the output (the kernels' ``v_scale``).
 #pragma once
 #include "fp8.cuh"
 #include "splits.cuh"
@@ -20,56 +20,49 @@ typedef bf16_t kv_t;
 #endif
 
 #if KV_FP8
-// Bytes per staged row of an FP8 tile: the head dim rounded up to 16 (16-byte asynchronous copies).
-__device__ __forceinline__ int staged_row_bytes(int d) { return (d + 15) & ~15; }
-
-// 8 E4M3 bytes as 8 bf16 values.
-__device__ __forceinline__ uint4 e4m3x8_to_bf16(uint2 raw) {
-    return make_uint4(e4m3_pair(raw.x, 0), e4m3_pair(raw.x, 2), e4m3_pair(raw.y, 0), e4m3_pair(raw.y, 2));
-}
-
-// Start copying the E4M3 bytes of one tile of TILE_N keys and values into `staging` (TILE_N key rows, then TILE_N
-// value rows, `staged_row_bytes(d)` each): 16-byte asynchronous copies when d % 16 == 0, plain loads with zeros
-// past d otherwise; keys without a slot (-1) become zeros. `unstage_kv_tile` converts them once they have landed.
+// Start copying one tile of TILE_N keys and values into shared memory as their E4M3 bytes (rows of `stride`
+// bytes, columns 0 .. d_pad - 1 with d_pad = d rounded up to 8; 8-byte asynchronous copies when d % 8 == 0,
+// plain loads otherwise; keys without a slot (-1) become zeros), by THREADS threads. Kernels read the rows
+// through `tile_chunk` / `tile_values`, or `unstage_kv_tile` turns them into bf16 rows.
 template <int TILE_N, int THREADS>
-__device__ __forceinline__ void stage_kv_tile(unsigned char* staging, const long long* slots,
-                                              const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
-                                              int kv_heads, int hk, int d, int tid) {
-    const int row_bytes = staged_row_bytes(d), chunks = row_bytes / 16;
+__device__ __forceinline__ void load_kv_tile(kv_t* Kb, kv_t* Vb, const long long* slots,
+                                             const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
+                                             int kv_heads, int hk, int d, int d_pad, int stride, int tid) {
+    const int chunks = d_pad / 8;
     for (int i = tid; i < TILE_N * chunks; i += THREADS) {
-        const int c = i / chunks, j = (i - c * chunks) * 16;
-        unsigned char* kdst = staging + c * row_bytes + j;
-        unsigned char* vdst = kdst + TILE_N * row_bytes;
+        const int c = i / chunks, j = (i - c * chunks) * 8;
         const long long slot = slots[c];
+        kv_t* kdst = Kb + c * stride + j;
+        kv_t* vdst = Vb + c * stride + j;
         const long long base = (slot * kv_heads + hk) * d + j;
-        if (slot >= 0 && (d & 15) == 0) {
-            cp_async16(kdst, k_cache + base);
-            cp_async16(vdst, v_cache + base);
+        if (slot >= 0 && (d & 7) == 0) {
+            cp_async8(kdst, k_cache + base);
+            cp_async8(vdst, v_cache + base);
             continue;
         }
-        unsigned kw[4] = {0u, 0u, 0u, 0u}, vw[4] = {0u, 0u, 0u, 0u};
-        if (slot >= 0) {
-            for (int e = 0; e < 16 && j + e < d; ++e) {
-                kw[e >> 2] |= (unsigned)k_cache[base + e] << (8 * (e & 3));
-                vw[e >> 2] |= (unsigned)v_cache[base + e] << (8 * (e & 3));
-            }
+        uint2 kw = make_uint2(0u, 0u), vw = make_uint2(0u, 0u);
+        for (int e = 0; slot >= 0 && e < 8 && j + e < d; ++e) {
+            (e < 4 ? kw.x : kw.y) |= (unsigned)k_cache[base + e] << (8 * (e & 3));
+            (e < 4 ? vw.x : vw.y) |= (unsigned)v_cache[base + e] << (8 * (e & 3));
         }
-        *reinterpret_cast<uint4*>(kdst) = make_uint4(kw[0], kw[1], kw[2], kw[3]);
-        *reinterpret_cast<uint4*>(vdst) = make_uint4(vw[0], vw[1], vw[2], vw[3]);
+        *reinterpret_cast<uint2*>(kdst) = kw;
+        *reinterpret_cast<uint2*>(vdst) = vw;
     }
 }
 
-// A staged tile (its copies complete and visible to the block) as bf16 key and value rows of `stride` elements,
-// columns 0 .. d_pad - 1 (d_pad = d rounded up to 8), by THREADS threads.
+// A tile's E4M3 rows (copies complete and visible to the block) as bf16 key and value rows, both `stride` wide
+// (bytes and elements), columns 0 .. d_pad - 1, by THREADS threads.
 template <int TILE_N, int THREADS>
-__device__ __forceinline__ void unstage_kv_tile(bf16_t* Kb, bf16_t* Vb, const unsigned char* staging, int d, int d_pad,
+__device__ __forceinline__ void unstage_kv_tile(bf16_t* Kb, bf16_t* Vb, const kv_t* Kst, const kv_t* Vst, int d_pad,
                                                 int stride, int tid) {
-    const int row_bytes = staged_row_bytes(d), chunks = d_pad / 8;
+    const int chunks = d_pad / 8;
     for (int i = tid; i < 2 * TILE_N * chunks; i += THREADS) {
         const int r = i / chunks, j = (i - r * chunks) * 8;  // rows 0 .. TILE_N - 1: keys; then values
-        const uint2 raw = *reinterpret_cast<const uint2*>(staging + r * row_bytes + j);
+        const kv_t* src = (r < TILE_N ? Kst + r * stride : Vst + (r - TILE_N) * stride) + j;
+        const uint2 raw = *reinterpret_cast<const uint2*>(src);
         bf16_t* dst = (r < TILE_N ? Kb + r * stride : Vb + (r - TILE_N) * stride) + j;
-        *reinterpret_cast<uint4*>(dst) = e4m3x8_to_bf16(raw);
+        *reinterpret_cast<uint4*>(dst) = make_uint4(e4m3_pair(raw.x, 0), e4m3_pair(raw.x, 2), e4m3_pair(raw.y, 0),
+                                                    e4m3_pair(raw.y, 2));
     }
 }
 #else
@@ -111,6 +104,49 @@ __device__ __forceinline__ void load_kv_tile(bf16_t* Kb, bf16_t* Vb, const long 
     }
 }
 #endif
+
+// Elements j .. j + 7 of a tile row as 8 bf16 values (16-byte and 8-byte aligned rows, bf16 and E4M3).
+__device__ __forceinline__ uint4 tile_chunk(const bf16_t* row, int j) { return *reinterpret_cast<const uint4*>(row + j); }
+__device__ __forceinline__ uint4 tile_chunk(const unsigned char* row, int j) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(row + j);
+    return make_uint4(e4m3_pair(raw.x, 0), e4m3_pair(raw.x, 2), e4m3_pair(raw.y, 0), e4m3_pair(raw.y, 2));
+}
+
+// Elements d0 .. d0 + N - 1 of a tile row (N = 1, 2, 4, 8 or 16; d0 a multiple of N) as floats.
+template <int N>
+__device__ __forceinline__ void tile_values(const bf16_t* row, int d0, float* v) {
+    if (N == 16) {
+        tile_values<8>(row, d0, v);
+        tile_values<8>(row, d0 + 8, v + 8);
+    } else if (N == 8) {
+        const uint4 w = *reinterpret_cast<const uint4*>(row + d0);
+        v[0] = bf16_lo(w.x); v[1] = bf16_hi(w.x); v[2] = bf16_lo(w.y); v[3] = bf16_hi(w.y);
+        v[4] = bf16_lo(w.z); v[5] = bf16_hi(w.z); v[6] = bf16_lo(w.w); v[7] = bf16_hi(w.w);
+    } else if (N == 4) {
+        const uint2 w = *reinterpret_cast<const uint2*>(row + d0);
+        v[0] = bf16_lo(w.x); v[1] = bf16_hi(w.x); v[2] = bf16_lo(w.y); v[3] = bf16_hi(w.y);
+    } else if (N == 2) {
+        const unsigned w = *reinterpret_cast<const unsigned*>(row + d0);
+        v[0] = bf16_lo(w); v[1] = bf16_hi(w);
+    } else {
+        v[0] = bf16_to_float(row[d0]);
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void tile_values(const unsigned char* row, int d0, float* v) {
+    if (N >= 4) {
+#pragma unroll
+        for (int q = 0; q < N / 4; ++q) {
+            const unsigned w = *reinterpret_cast<const unsigned*>(row + d0 + 4 * q);
+            const unsigned lo = e4m3_pair(w, 0), hi = e4m3_pair(w, 2);
+            v[4 * q] = bf16_lo(lo); v[4 * q + 1] = bf16_hi(lo); v[4 * q + 2] = bf16_lo(hi); v[4 * q + 3] = bf16_hi(hi);
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) v[e] = __uint_as_float(e4m3_to_bf16_bits(row[d0 + e]) << 16);
+    }
+}
 
 // Query rows of a work item into shared memory: row r (< rows) is query token `first_token + r / group`, head
 // `hk * group + r % group`; `chunks` 8-element chunks of each of `tile_rows` rows (columns from d on, and rows
