@@ -136,4 +136,15 @@ def quantize_nvfp4(weight: np.ndarray, global_scale: float, divide: bool) -> tup
     return pack_e2m1(elements), scales, stored
 
 
+def nvfp4_from_float(weight: np.ndarray, divide: bool = True) -> QuantizedWeight:
+    """``weight`` ``[..., N, K]`` as the NVFP4 `QuantizedWeight` a checkpoint of it would load as: one global scale
+    from its absolute maximum (compressed-tensors' ``448 * 6 / amax`` with ``divide``, ModelOpt's ``amax / (448 *
+    6)`` without), then `quantize_nvfp4`."""
+    amax = float(np.abs(np.asarray(weight, dtype=_FLOAT32)).max()) or 1.0
+    packed, scales, stored = quantize_nvfp4(
+        weight, E4M3_MAX * E2M1_MAX / amax if divide else amax / (E4M3_MAX * E2M1_MAX), divide
+    )
+    return nvfp4_weight(packed, scales, 1.0 / np.float64(stored[0]) if divide else np.float64(stored[0]))
+
+
 register_packed_format(NVFP4, E2M1, PackedFormat(_data_shape, dequantize_nvfp4))

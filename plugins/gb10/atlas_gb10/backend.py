@@ -25,7 +25,7 @@ from atlas_core.weights.quantized import QuantizedWeight
 from atlas_gb10 import attention_inputs, rowwise
 from atlas_gb10.arrays import BF16, FP8_CACHE, element_strides, null_or
 from atlas_gb10.attention import AttentionRunner
-from atlas_gb10.fp8 import FORMATS, executes_natively, upload_fp8, weight_operand
+from atlas_gb10.quantized_weights import FORMATS, executes_natively, upload_native, weight_operand
 from atlas_gb10.sampling import LogitsOps
 
 GEMM_TILES = ((2, 4), (1, 4), (1, 2), (1, 1))
@@ -108,14 +108,14 @@ class CudaBackend(Backend):
         return self.uploader.upload(array, target)
 
     def keeps_quantized(self, weight: QuantizedWeight) -> bool:
-        """FP8 in scale blocks the kernels take (`atlas_gb10.fp8.executes_natively`)."""
+        """NVFP4, and FP8 in scale blocks the kernels take (`atlas_gb10.quantized_weights.executes_natively`)."""
         return executes_natively(weight)
 
     def upload_quantized(self, weight: QuantizedWeight) -> Array | QuantizedWeight:
-        """FP8 weights stay FP8 on the device (`atlas_gb10.fp8`); other formats and FP8 scale blocks the
-        kernels do not take are dequantized at load (bf16), with the base class's log line."""
+        """FP8 and NVFP4 weights stay quantized on the device (`atlas_gb10.quantized_weights`); other formats and FP8
+        scale blocks the kernels do not take are dequantized at load (bf16), with the base class's log line."""
         if self.keeps_quantized(weight):
-            return upload_fp8(self, weight)
+            return upload_native(self, weight)
         return super().upload_quantized(weight)
 
     def to_numpy(self, x: Array) -> np.ndarray:

@@ -33,7 +33,7 @@ from atlas_core.backends.ops.moe import ExpertActivation, MoEOps, RouterSpec, ch
 from atlas_core.weights.quantized import QuantizedWeight
 from atlas_gb10.arrays import null_or
 from atlas_gb10.backend import TILED_GEMM_BLOCK, CudaBackend, tiled_shared_bytes
-from atlas_gb10.fp8 import weight_operand
+from atlas_gb10.quantized_weights import weight_operand
 
 ROUTE_WARPS = 4
 """Tokens routed per block (a warp each)."""
@@ -236,9 +236,10 @@ class CudaMoEOps(MoEOps):
         relu2: bool,
     ) -> None:
         """``out[r] = x[row(r)] @ w[expert(r)]^T`` (``max(., 0)^2`` of it with ``relu2``) for every row r
-        (`moe_gemm_*`, or `moe_gemm_fp8_*` over an FP8 bank; ``m_tiles`` 0: `moe_gemm_tiled` over a plan of
-        `TILED_ROWS`-row tiles): over the m-tiles of `_plan` (row(r) = ``x_rows[r]`` or r), or a block per pair
-        without a plan (row(p) = p // ``pairs_per_row``, the expert ``ids[p]``)."""
+        (`moe_gemm_*`, or `moe_gemm_fp8_*` / `moe_gemm_nvfp4_*` over a quantized bank; ``m_tiles`` 0:
+        `moe_gemm_tiled` over a plan of `TILED_ROWS`-row tiles): over the m-tiles of `_plan` (row(r) =
+        ``x_rows[r]`` or r), or a block per pair without a plan (row(p) = p // ``pairs_per_row``, the expert
+        ``ids[p]``)."""
         experts, n, k = w.shape
         ldx = x.strides[0] // x.itemsize
         if m_tiles == 0:
@@ -252,7 +253,7 @@ class CudaMoEOps(MoEOps):
             return
         kind, weight_args, weight_aligned = weight_operand(w)
         vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_aligned
-        prefix = "moe_gemm_fp8" if kind == "fp8" else "moe_gemm"
+        prefix = "moe_gemm" if kind == "bf16" else f"moe_gemm_{kind}"
         kernel = self._kernel(f"{prefix}_m{m_tiles}_n{n_tiles}_{'vec' if vec else 'any'}")
         kernel(
             (math.ceil(n / (8 * n_tiles)), groups.blocks),

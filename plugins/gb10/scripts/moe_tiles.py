@@ -21,13 +21,14 @@ from atlas_gb10.moe import CudaMoEOps
 from timing import copy_bandwidth, report, time_call
 
 from atlas_core.backends.ops.moe import MoEOps
+from atlas_core.weights.nvfp4 import nvfp4_from_float
 from atlas_core.weights.quantized import quantize_fp8
 
 SHAPES = {  # experts, top-k, hidden, expert width
     "qwen3-30b-a3b": (128, 8, 2048, 768),
     "qwen3-next-80b-a3b": (512, 10, 2048, 512),
 }
-TILES: list[tuple[int, int, int] | str | None] = [None, (1, 2, 2), (1, 4, 4), (1, 2, 4), (1, 4, 2), "fp8"]
+TILES: list[tuple[int, int, int] | str | None] = [None, (1, 2, 2), (1, 4, 4), (1, 2, 4), (1, 4, 2), "fp8", "nvfp4"]
 
 
 def main() -> None:
@@ -42,8 +43,10 @@ def main() -> None:
         host_in = rng.standard_normal((experts, 2 * width, hidden), dtype=np.float32) * 0.02
         host_out = rng.standard_normal((experts, hidden, width), dtype=np.float32) * 0.02
         w_in, w_out = cp.asarray(host_in).astype(BF16), cp.asarray(host_out).astype(BF16)
-        fp8_in = backend.upload_quantized(quantize_fp8(host_in, (128, 128)))
-        fp8_out = backend.upload_quantized(quantize_fp8(host_out, (128, 128)))
+        quantized = {
+            "fp8": [backend.upload_quantized(quantize_fp8(w, (128, 128))) for w in (host_in, host_out)],
+            "nvfp4": [backend.upload_quantized(nvfp4_from_float(w)) for w in (host_in, host_out)],
+        }
         for tokens in (1, 4, 16, 64):
             x = cp.asarray(rng.standard_normal((tokens, hidden), dtype=np.float32)).astype(w_in.dtype)
             ids = cp.asarray(np.stack([rng.choice(experts, top_k, replace=False) for _ in range(tokens)]), np.int32)
@@ -53,7 +56,7 @@ def main() -> None:
             for tiles in TILES:
                 fixed = tiles if isinstance(tiles, tuple) else None
                 CudaMoEOps._tiles = default_tiles if fixed is None else (lambda self, *a, t=fixed: t)  # type: ignore[method-assign]
-                banks = (fp8_in, fp8_out) if tiles == "fp8" else (w_in, w_out)
+                banks = quantized[tiles] if isinstance(tiles, str) else (w_in, w_out)
                 us = time_call(functools.partial(moe.moe_experts, x, *banks, weights, ids, "silu"))
                 label = (
                     tiles
@@ -62,7 +65,8 @@ def main() -> None:
                     if tiles is None
                     else f"m{tiles[0]} n{tiles[1]}/{tiles[2]}"
                 )
-                report(f"{name:20s} T={tokens:3d} {label:12s}", us, nbytes // 2 if tiles == "fp8" else nbytes, peak)
+                stored = sum(int(b.nbytes) for b in banks) / (w_in.nbytes + w_out.nbytes)  # bytes per bf16 byte
+                report(f"{name:20s} T={tokens:3d} {label:12s}", us, int(nbytes * stored), peak)
         CudaMoEOps._tiles = default_tiles  # type: ignore[method-assign]
 
 

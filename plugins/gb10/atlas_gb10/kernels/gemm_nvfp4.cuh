@@ -1,0 +1,117 @@
+// NVFP4 weights (W4A16) for gemm_core.cuh's products: `Nvfp4Weight`, its bank matrices and its `accumulate`,
+// found for W = Nvfp4Weight where gemm_tile / expert_product are instantiated (gemm.cu, moe.cu).
+//
+// The weight stays in QuantizedWeight's NVFP4 rows (atlas_core.weights.nvfp4): per row, K / 2 bytes of packed
+// E2M1 elements (the even column in the low nibble), K / 16 E4M3 group scales, then the row's global factor as a
+// little-endian float64; K % 16 == 0. Each element enters the tensor cores as e2m1 x its group's E4M3 scale, a
+// bf16 value exactly (2 and 4 significant bits), and a column's sum is multiplied by its row's factor (rounded to
+// float32) at the end: the product of W[i, j] = e2m1 * e4m3 * factor up to the factor's float32 rounding, in the
+// same fixed chunk order as every other weight, so batch invariance holds.
+#pragma once
+#include "gemm_core.cuh"
+
+struct Nvfp4Weight {
+    const unsigned char* data;
+};
+
+__device__ __forceinline__ long long nvfp4_row_bytes(int K) { return K / 2 + K / 16 + 8; }
+
+__device__ __forceinline__ Nvfp4Weight bank_matrix(const Nvfp4Weight& w, int e, int N, int K) {
+    return Nvfp4Weight{w.data + (long long)e * N * nvfp4_row_bytes(K)};
+}
+
+// E2M1 code c (bit 3 the sign) times the group scale s as bf16 bits, exactly: the magnitude's 3 bits placed in a
+// float's exponent and mantissa (bias 127 instead of 1; codes 0 and 1 land on float subnormals) times s, times
+// 2^126.
+__device__ __forceinline__ unsigned e2m1_scaled_bits(unsigned c, float s) {
+    return (__float_as_uint(__uint_as_float((c & 7u) << 22) * s * 0x1p126f) >> 16) | ((c & 8u) << 12);
+}
+
+// Elements k .. k + 7 of row `row` (k % 8 == 0): their packed nibbles and their group's scale (zeros outside the
+// matrix). VEC: one 4-byte load (rows 4-byte aligned).
+template <bool VEC>
+__device__ __forceinline__ void load_nvfp4x8(const unsigned char* __restrict__ w, int row, int rows, int k, int K,
+                                             unsigned& packed, float& scale) {
+    packed = 0u;
+    scale = 0.0f;
+    if (row < 0 || row >= rows || k >= K) return;
+    const unsigned char* p = w + row * nvfp4_row_bytes(K);
+    if (VEC) {
+        packed = __ldg(reinterpret_cast<const unsigned*>(p + k / 2));
+    } else {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) packed |= (unsigned)p[k / 2 + b] << (8 * b);
+    }
+    scale = __uint_as_float(e4m3_to_bf16_bits(p[K / 2 + k / 16]) << 16);
+}
+
+// Row `row`'s global factor in float32 (0 past the matrix).
+__device__ __forceinline__ float nvfp4_factor(const unsigned char* __restrict__ w, int row, int rows, int K) {
+    if (row >= rows) return 0.0f;
+    const unsigned char* p = w + row * nvfp4_row_bytes(K) + K / 2 + K / 16;
+    unsigned long long bits = 0ull;
+#pragma unroll
+    for (int b = 0; b < 8; ++b) bits |= (unsigned long long)p[b] << (8 * b);
+    return (float)__longlong_as_double((long long)bits);
+}
+
+// mma_chunks over an NVFP4 weight: acc += factor(column) * (products of the chunks c_begin .. c_end - 1).
+template <int MT, int NT, int U, bool VEC>
+__device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
+                                           const Nvfp4Weight& w, int m0, int M, int n0, int N, int K, int c_begin,
+                                           int c_end, float (&acc)[MT][NT][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    float part[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[i][j][e] = 0.0f;
+    for (int c = c_begin; c < c_end; c += U) {
+        unsigned packed[U][NT];
+        float scale[U][NT];
+        Frag8 a[U][MT][2];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = (c + u) * 32 + q * 8;
+            const int kk = (c + u) < c_end ? k : K;  // past the range: load nothing
+#pragma unroll
+            for (int j = 0; j < NT; ++j) load_nvfp4x8<VEC>(w.data, n0 + j * 8 + g, N, kk, K, packed[u][j], scale[u][j]);
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                a[u][i][0] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g, M), 0x7fffffff, kk, K);
+                a[u][i][1] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g + 8, M), 0x7fffffff, kk, K);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (c + u >= c_end) continue;
+            unsigned b[NT][4];
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int t = 0; t < 4; ++t)
+                    b[j][t] = e2m1_scaled_bits((packed[u][j] >> (8 * t)) & 15u, scale[u][j]) |
+                              (e2m1_scaled_bits((packed[u][j] >> (8 * t + 4)) & 15u, scale[u][j]) << 16);
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+#pragma unroll
+                    for (int j = 0; j < NT; ++j)
+                        mma_16816(part[i][j], a[u][i][0].w[2 * s], a[u][i][1].w[2 * s], a[u][i][0].w[2 * s + 1],
+                                  a[u][i][1].w[2 * s + 1], b[j][2 * s], b[j][2 * s + 1]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const float factor = nvfp4_factor(w.data, n0 + j * 8 + 2 * q + p, N, K);
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int e = p; e < 4; e += 2) acc[i][j][e] = __fmaf_rn(part[i][j][e], factor, acc[i][j][e]);
+        }
+}

@@ -1,0 +1,183 @@
+"""FP8 E4M3 (W8A16) and NVFP4 (W4A16) weights executed as they are on the cuda backend: products over the
+quantized bytes are at least as close to the exact products of the dequantized weight (float64) as the
+products over its bf16 rounding are (dense and grouped expert GEMMs, vector and scalar kernels; FP8
+block-scaled, per-channel and per-tensor scales, edge blocks; NVFP4 rows of different global scales), the
+weights stay one byte (FP8) or 0.5625 bytes (NVFP4) each on the device, FP8 scale blocks the kernels do not take
+are dequantized at load, and every FP8 and NVFP4 tiny checkpoint gives the logits of its dequantized copy.
+Needs a CUDA GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from atlas_gb10.backend import CudaBackend
+
+from atlas_core import LLM
+from atlas_core.backends.ops.moe import MoEOps
+from atlas_core.testing.checkpoints import TinyCheckpoints
+from atlas_core.testing.nvfp4 import dequantized_nvfp4_copy
+from atlas_core.testing.quantized import dequantized_copy, prompt_logits, quantized_weights, sample_prompts
+from atlas_core.weights.nvfp4 import NVFP4, nvfp4_from_float
+from atlas_core.weights.quantized import QuantizedWeight, dequantize, quantize_fp8
+
+REASON = CudaBackend.availability()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"the cuda backend cannot run here: {REASON}")
+
+FIXTURES = Path(__file__).parents[3] / "plugins" / "models"
+FP8_CHECKPOINTS = TinyCheckpoints(*sorted(FIXTURES.glob("*/tests/fixtures/fp8")))
+NVFP4_CHECKPOINTS = TinyCheckpoints(*sorted(FIXTURES.glob("*/tests/fixtures/nvfp4")))
+LLMCOMPRESSOR = TinyCheckpoints(Path(__file__).parents[3] / "tests" / "fixtures" / "llmcompressor")
+"""Tiny Qwen3s quantized by llm-compressor itself: FP8 blocks, FP8 per channel, NVFP4A16."""
+CHECKPOINTS = [
+    *((FP8_CHECKPOINTS, name, "fp8") for name in FP8_CHECKPOINTS.names),
+    *((NVFP4_CHECKPOINTS, name, NVFP4) for name in NVFP4_CHECKPOINTS.names),
+    *((LLMCOMPRESSOR, name, NVFP4 if "nvfp4" in name else "fp8") for name in LLMCOMPRESSOR.names),
+]
+LINEAR_CASES = {  # (N, K, block): the vector kernels need K % 8 == 0
+    "128x128 blocks": (384, 512, (128, 128)),
+    "edge blocks": (200, 296, (128, 128)),
+    "per channel": (96, 256, (1, 256)),
+    "per tensor": (64, 128, (64, 128)),
+    "32-wide blocks": (72, 160, (16, 32)),
+    "scalar kernel, odd K": (40, 100, (1, 100)),
+}
+DEQUANTIZED_AT_LOAD = {"16x16 blocks": (48, 64, (16, 16)), "8x4 blocks": (40, 100, (8, 4))}
+NVFP4_CASES = {  # (N, K, row groups of their own global scale): rows of K % 64 != 0 take the scalar kernels
+    "aligned rows": (384, 512, 1),
+    "fused rows, two global scales": (256, 2048, 2),
+    "scalar kernel, K = 80": (40, 80, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def backend() -> CudaBackend:
+    return CudaBackend()
+
+
+def native_and_bf16(backend: CudaBackend, weight: QuantizedWeight) -> tuple[QuantizedWeight, object]:
+    """The weight uploaded as it is, and its dequantization rounded to bf16 (the path without quantized kernels)."""
+    native = backend.upload_quantized(weight)
+    assert isinstance(native, QuantizedWeight) and native.data.dtype == np.uint8
+    return native, backend.from_numpy(dequantize(weight), weight=True)
+
+
+def nvfp4(rng: np.random.Generator, shape: tuple[int, ...], parts: int = 1) -> QuantizedWeight:
+    """An NVFP4 weight quantized as checkpoints are, its rows in ``parts`` groups, each with a global scale of its
+    own (a fused projection's parts): compressed-tensors' divided scale for the first, ModelOpt's product after."""
+    values = rng.standard_normal(shape, dtype=np.float32) * 0.05
+    quantized = [nvfp4_from_float(part, i == 0) for i, part in enumerate(np.array_split(values, parts, axis=-2))]
+    return QuantizedWeight(
+        NVFP4, np.concatenate([q.data for q in quantized], axis=-2), None, quantized[0].block, values.shape
+    )
+
+
+def assert_product_of_the_dequantized_weight(
+    backend: CudaBackend, weight: QuantizedWeight, rows: int, bytes_per_element: float, what: str
+) -> None:
+    """``linear`` over the weight as it is: within the error of the bf16-rounded weight's product (or 2^-8 of the
+    largest output), its rows independent of the batch, the weight about ``bytes_per_element`` on the device."""
+    n, k = weight.shape
+    rng = np.random.default_rng(n * k + rows)
+    native, bf16 = native_and_bf16(backend, weight)
+    x = backend.from_numpy(rng.standard_normal((rows, k), dtype=np.float32))
+    exact = backend.to_numpy(x).astype(np.float64) @ dequantize(weight).astype(np.float64).T
+    got = backend.to_numpy(backend.linear(x, native)).astype(np.float64)
+    via_bf16 = backend.to_numpy(backend.linear(x, bf16)).astype(np.float64)
+    scale = np.abs(exact).max()
+    assert max_error(got, exact) <= max(max_error(via_bf16, exact), 2**-8 * scale), what
+    assert max_error(got, exact) <= 2**-7 * scale, what
+    assert native.nbytes < bytes_per_element * n * k, f"{what}: {native.nbytes} bytes on the device"
+    again = backend.to_numpy(backend.linear(x[:1], native)).astype(np.float64)
+    np.testing.assert_array_equal(again, got[:1], err_msg="a row's product must not depend on the batch")
+
+
+def max_error(got: np.ndarray, exact: np.ndarray) -> float:
+    return float(np.abs(got.astype(np.float64) - exact).max())
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+@pytest.mark.parametrize("case", list(LINEAR_CASES))
+def test_linear_over_fp8_is_the_product_of_the_dequantized_weight(backend: CudaBackend, case: str, rows: int) -> None:
+    n, k, block = LINEAR_CASES[case]
+    weight = quantize_fp8(np.random.default_rng(n + k).standard_normal((n, k), dtype=np.float32) * 0.05, block)
+    assert_product_of_the_dequantized_weight(backend, weight, rows, 1.2, case)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+@pytest.mark.parametrize("case", list(NVFP4_CASES))
+def test_linear_over_nvfp4_is_the_product_of_the_dequantized_weight(backend: CudaBackend, case: str, rows: int) -> None:
+    n, k, parts = NVFP4_CASES[case]
+    weight = nvfp4(np.random.default_rng(n + k), (n, k), parts)
+    assert backend.keeps_quantized(weight) and weight.format == NVFP4
+    assert_product_of_the_dequantized_weight(backend, weight, rows, 0.5625 + 8 / k + 0.01, case)
+
+
+@pytest.mark.parametrize("case", list(DEQUANTIZED_AT_LOAD))
+def test_fp8_blocks_the_kernels_do_not_take_are_dequantized_at_load(backend: CudaBackend, case: str) -> None:
+    n, k, block = DEQUANTIZED_AT_LOAD[case]
+    weight = quantize_fp8(np.random.default_rng(0).standard_normal((n, k), dtype=np.float32), block)
+    uploaded = backend.upload_quantized(weight)
+    assert not isinstance(uploaded, QuantizedWeight)
+    np.testing.assert_array_equal(backend.to_numpy(uploaded), backend.to_numpy(backend.from_numpy(dequantize(weight))))
+
+
+@pytest.mark.parametrize("tokens", [1, 6, 300, 600])
+@pytest.mark.parametrize("fmt", ["fp8", NVFP4])
+def test_expert_products_over_quantized_banks(backend: CudaBackend, tokens: int, fmt: str) -> None:
+    """Against the same experts over the bf16-rounded banks (which differ by that rounding only), and
+    a token's rows alone against the same rows in the batch."""
+    experts, top_k, hidden, width = 16, 4, 256, 96
+    rng = np.random.default_rng(tokens)
+    if fmt == NVFP4:  # the down bank's rows (K = 96) take the scalar kernels
+        w_in, w_out = nvfp4(rng, (experts, 2 * width, hidden)), nvfp4(rng, (experts, hidden, width))
+    else:
+        w_in = quantize_fp8(rng.standard_normal((experts, 2 * width, hidden), dtype=np.float32) * 0.05, (32, 128))
+        w_out = quantize_fp8(rng.standard_normal((experts, hidden, width), dtype=np.float32) * 0.05, (128, 32))
+    (in_fp8, in_bf16), (out_fp8, out_bf16) = native_and_bf16(backend, w_in), native_and_bf16(backend, w_out)
+    x = backend.from_numpy(rng.standard_normal((tokens, hidden), dtype=np.float32))
+    ids = backend.from_numpy(np.stack([rng.choice(experts, top_k, replace=False) for _ in range(tokens)]))
+    weights = backend.from_numpy(rng.random((tokens, top_k), dtype=np.float32), dtype=np.dtype(np.float32))
+    moe = backend.ops(MoEOps)
+    got = backend.to_numpy(moe.moe_experts(x, in_fp8, out_fp8, weights, ids, "silu")).astype(np.float64)
+    want = backend.to_numpy(moe.moe_experts(x, in_bf16, out_bf16, weights, ids, "silu")).astype(np.float64)
+    assert np.abs(got - want).max() <= 2**-5 * np.abs(want).max()
+    alone = moe.moe_experts(x[:1], in_fp8, out_fp8, weights[:1], ids[:1], "silu")
+    np.testing.assert_array_equal(backend.to_numpy(alone).astype(np.float64), got[:1])
+
+
+def cuda_llm(folder: Path) -> LLM:
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+    free, total = cupy.cuda.runtime.memGetInfo()
+    return LLM(folder, backend="cuda", gpu_memory_utilization=min(1.0, (total - free + 2**30) / total))
+
+
+@pytest.mark.parametrize(("checkpoints", "name", "fmt"), CHECKPOINTS, ids=[f"{f}-{n}" for _, n, f in CHECKPOINTS])
+def test_quantized_checkpoints_give_the_logits_of_their_dequantized_copies(
+    checkpoints: TinyCheckpoints, name: str, fmt: str, tmp_path: Path
+) -> None:
+    """Within bf16 rounding of the weights (the copy holds them rounded to bf16, the quantized model exact),
+    which moves a tiny random model's log-probabilities as bf16 does (median position within 0.1, a
+    MoE router's near tie up to a few: see test_cuda_models)."""
+    folder = checkpoints / name
+    quantized = cuda_llm(folder)
+    held = quantized_weights(quantized.loaded.model)
+    assert all(w.data.dtype == np.uint8 for w in held)
+    block = (checkpoints.config(name).get("quantization_config") or {}).get("weight_block_size") or [1, 1 << 30]
+    if block[1] % 32 == 0:
+        assert held, f"{name}: its quantized weights must stay quantized on the GPU"
+    copy = dequantized_nvfp4_copy if fmt == NVFP4 else dequantized_copy
+    reference = cuda_llm(copy(folder, tmp_path / name))
+    drifts = []
+    for prompt in sample_prompts(int(checkpoints.config(name)["vocab_size"])):
+        got, want = log_softmax(prompt_logits(quantized, prompt)), log_softmax(prompt_logits(reference, prompt))
+        drifts += [np.abs(g - w)[w > np.log(1e-3)].max() for g, w in zip(got, want, strict=True)]
+    assert np.median(drifts) < 0.1 and max(drifts) < 3.0, f"{name}: per-position drifts {np.round(drifts, 2)}"
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
