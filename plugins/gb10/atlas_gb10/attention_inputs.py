@@ -15,7 +15,7 @@ from atlas_gb10.arrays import BF16, cache_kind, element_strides, null_or
 if TYPE_CHECKING:
     from atlas_gb10.backend import CudaBackend
 
-QKV_FUSED_WARPS, QKV_FUSED_MAX_HEAD_DIM = 16, 256
+QKV_FUSED_WARPS, QKV_FUSED_MAX_HEAD_DIM = 4, 256
 """``QKR_WARPS`` and ``QKR_MAX_D`` of ``elementwise.cu``'s fused attention-input kernel."""
 
 
@@ -135,9 +135,10 @@ def qk_norm_rope_write_kv(
     out = backend.cp.empty((tokens, q_heads, d), dtype=BF16)
     if tokens:
         qs, ks, vs = element_strides(q), element_strides(k), element_strides(v)
-        warps = min(QKV_FUSED_WARPS, q_heads + 2 * kv_heads)
+        heads = q_heads + 2 * kv_heads
+        warps = min(QKV_FUSED_WARPS, heads)
         backend._kernel("elementwise", f"qk_norm_rope_write_kv_{dtype}")(
-            (tokens,),
+            (tokens, math.ceil(heads / warps)),
             (32 * warps,),
             (
                 q,

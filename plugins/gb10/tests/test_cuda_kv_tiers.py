@@ -2,7 +2,8 @@
 stream, pinned copies on their own stream, uploads fenced by events): preemption by swap to host memory gives
 the tokens of recompute preemption and of an unconstrained run (dense and hybrid), a prefix spilled to the host
 tier hits with the tokens of a miss, and with persistence the device prefix cache written at close serves a
-restarted engine. Needs a CUDA GPU (the NVMe test also the atlas-storage-nvme plugin)."""
+restarted engine; fp8 KV caches (E4M3 bytes) move through the tiers bit for bit too. Needs a CUDA GPU (the NVMe
+test also the atlas-storage-nvme plugin)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,13 @@ def greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
     return [output.outputs[0].token_ids for output in llm.generate(prompts, GREEDY)]
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3_next"])
-def test_swap_equals_recompute_equals_unconstrained(name: str) -> None:
-    tight = {"block_size": 4, "max_seq_len": 128, "max_prefill_tokens": 3}
+CASES = [("llama", "auto"), ("qwen3_next", "auto"), ("llama", "fp8")]
+"""(tiny checkpoint, kv_cache_dtype): dense and hybrid, and a cache of E4M3 bytes."""
+
+
+@pytest.mark.parametrize(("name", "kv_cache_dtype"), CASES)
+def test_swap_equals_recompute_equals_unconstrained(name: str, kv_cache_dtype: str) -> None:
+    tight = {"block_size": 4, "max_seq_len": 128, "max_prefill_tokens": 3, "kv_cache_dtype": kv_cache_dtype}
     prompts = mixed_prompts(256)
     expected = greedy(cuda_llm(name, **tight), prompts)
     recompute = cuda_llm(name, 160, swap_space_gb=0.01, preemption_mode="recompute", **tight)
@@ -60,10 +65,10 @@ def test_swap_equals_recompute_equals_unconstrained(name: str) -> None:
     assert_no_leaks(swap)
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3_next"])
-def test_spilled_prefix_hit_equals_miss(name: str) -> None:
-    expected = greedy(cuda_llm(name, enable_prefix_caching=False), PROMPTS_33)
-    llm = cuda_llm(name, 48, block_size=4, max_seq_len=48, swap_space_gb=0.01)
+@pytest.mark.parametrize(("name", "kv_cache_dtype"), CASES)
+def test_spilled_prefix_hit_equals_miss(name: str, kv_cache_dtype: str) -> None:
+    expected = greedy(cuda_llm(name, enable_prefix_caching=False, kv_cache_dtype=kv_cache_dtype), PROMPTS_33)
+    llm = cuda_llm(name, 48, block_size=4, max_seq_len=48, swap_space_gb=0.01, kv_cache_dtype=kv_cache_dtype)
     assert greedy(llm, PROMPTS_33) == expected
     outputs = [llm.generate(prompt, GREEDY)[0] for prompt in PROMPTS_33]
     assert [o.outputs[0].token_ids for o in outputs] == expected

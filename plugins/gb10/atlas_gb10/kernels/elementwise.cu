@@ -186,9 +186,10 @@ WRITE_KV_KERNEL(write_kv_fp8, unsigned char)
 // The attention layer's inputs in one launch: per-head RMSNorm of q and k (a null weight skips it),
 // rotate-half RoPE on the first 2*half dims, then q into q_out [T, Hq, D] (contiguous) and k, v into
 // the caches at slots[t] (-1: k and v are skipped, q is still written; `store_kv` with the layer's scales for
-// fp8 caches). One block per token, a warp per head (q heads, then k heads, then v heads); a head is staged
-// in shared memory as floats, each value rounded to bf16 where the separate ops (rms_norm, rope, write_kv) round it.
-#define QKR_WARPS 16
+// fp8 caches). A warp per head (q heads, then k heads, then v heads), QKR_WARPS heads a block: grid (tokens,
+// ceil(heads / QKR_WARPS)), so that a decode step's heads run on several SMs at once; a head is staged in shared
+// memory as floats, each value rounded to bf16 where the separate ops (rms_norm, rope, write_kv) round it.
+#define QKR_WARPS 4
 #define QKR_MAX_D 256
 
 template <typename KV>
@@ -207,7 +208,7 @@ __device__ __forceinline__ void qk_norm_rope_write_kv_body(
     const float* c = cos_t + (long long)positions[t] * half;
     const float* s = sin_t + (long long)positions[t] * half;
     float* buf = stage[warp];
-    for (int h = warp; h < q_heads + 2 * kv_heads; h += warps) {
+    for (int h = blockIdx.y * warps + warp; h < q_heads + 2 * kv_heads; h += gridDim.y * warps) {
         const bool is_q = h < q_heads, is_k = !is_q && h < q_heads + kv_heads;
         if (!is_q && slot < 0) continue;
         if (!is_q && !is_k) {
