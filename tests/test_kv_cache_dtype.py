@@ -96,6 +96,38 @@ def test_engine_and_ready_line_report_the_kv_dtype() -> None:
     assert all(k.dtype == FP8_E4M3 for k in llm.engine.kv.keys) and llm.engine.kv.scales[0] == (1.0, 1.0)
 
 
+def test_high_precision_layers_keep_the_activation_dtype() -> None:
+    """``kv_high_precision_layers``: the named KV layers stay unscaled in the activation dtype, the others fp8; the
+    sizing counts both, and the logits move less from the default cache than with every layer in fp8."""
+    layouts = kv_storage_layouts([KVLayout(2, 16)] * 3, "fp8", NumpyBackend(), ["0", "2"])
+    assert [layout.dtype for layout in layouts] == [None, FP8_E4M3, None]
+    llm = LLM(TINY / "llama", kv_cache_dtype="fp8", kv_high_precision_layers=["0"], kv_cache_memory_gib=1 / 64)
+    assert llm.engine.kv.keys[0].dtype == np.float32 and llm.engine.kv.scales[0] is None
+    assert all(k.dtype == FP8_E4M3 for k in llm.engine.kv.keys[1:])
+    assert llm.engine.kv_dtype == "float32/float8_e4m3fn"
+    base, fp8 = LLM(TINY / "llama"), LLM(TINY / "llama", kv_cache_dtype="fp8")
+    prompt = mixed_prompts(base.loaded.model.vocab_size, count=1)[0]
+    rows, ids = np.arange(len(prompt) - 1), np.asarray(prompt[1:])
+    want = full_prompt_logprobs(base, prompt)[rows, ids]
+    mixed = np.abs(full_prompt_logprobs(llm, prompt)[rows, ids] - want).mean()
+    all_fp8 = np.abs(full_prompt_logprobs(fp8, prompt)[rows, ids] - want).mean()
+    assert 0 < mixed < all_fp8
+
+
+@pytest.mark.parametrize(
+    ("dtype", "layers", "message"),
+    [
+        ("fp8", ["3"], r"'3' is not a KV layer of this model; give indices from 0 to 2 \(its 3 KV layers"),
+        ("fp8", ["-1"], r"'-1' is not a KV layer"),
+        ("fp8", ["first"], r"'first' is not a KV layer"),
+        ("auto", ["0"], r"applies to a KV cache narrower than the activations .* set kv_cache_dtype=fp8"),
+    ],
+)
+def test_high_precision_layers_refuse_what_they_cannot_keep(dtype: str, layers: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        kv_storage_layouts([KVLayout(2, 16)] * 3, dtype, NumpyBackend(), layers)
+
+
 class _NoFp8(NumpyBackend):
     name = "nofp8"
     kv_cache_dtypes: frozenset[str] = frozenset()

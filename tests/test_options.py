@@ -171,6 +171,7 @@ def test_engine_settings_are_the_engine_config_fields_with_options() -> None:
         "gpu_memory_utilization",
         "kv_cache_memory_gib",
         "kv_cache_dtype",
+        "kv_high_precision_layers",
         "gguf_weights",
         "load_format",
         "max_state_snapshots",

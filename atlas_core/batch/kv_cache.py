@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,13 +86,24 @@ def describe_layouts(layouts: list[AnyKVLayout]) -> str:
     return f"{len(layouts)} layers: " + ", ".join(f"{n} x {kind}" for kind, n in counts.items())
 
 
-def kv_storage_layouts(layouts: list[AnyKVLayout], kv_cache_dtype: str, backend: Backend) -> list[AnyKVLayout]:
+def kv_storage_layouts(
+    layouts: list[AnyKVLayout], kv_cache_dtype: str, backend: Backend, high_precision: Sequence[str | int] = ()
+) -> list[AnyKVLayout]:
     """``layouts`` (a model's) with the storage dtype the ``kv_cache_dtype`` setting asks for.
 
     ``auto``, and a name whose dtype is the backend's activation dtype, change nothing. Otherwise the
     backend must list the name in `Backend.kv_cache_dtypes`, and no layer may be an MLA latent layer
-    (`LatentKVLayout`, which stays in the activation dtype): else `ConfigError` naming what is supported."""
+    (`LatentKVLayout`, which stays in the activation dtype): else `ConfigError` naming what is supported.
+    ``high_precision`` (the ``kv_high_precision_layers`` setting): indices into ``layouts`` (the model's KV
+    layers in order, from 0) that keep the activation dtype; `ConfigError` for an index out of range, or when
+    the setting asks for no narrower dtype."""
+    keep = high_precision_layers(high_precision, len(layouts))
     if kv_cache_dtype == "auto" or KV_DTYPES[kv_cache_dtype] == np.dtype(backend.activation_dtype):
+        if keep:
+            raise ConfigError(
+                f"kv_high_precision_layers applies to a KV cache narrower than the activations "
+                f"(kv_cache_dtype=fp8), not to kv_cache_dtype={kv_cache_dtype}; drop it or set kv_cache_dtype=fp8"
+            )
         return list(layouts)
     if kv_cache_dtype not in backend.kv_cache_dtypes:
         own = {name for name, dtype in KV_DTYPES.items() if dtype == np.dtype(backend.activation_dtype)}
@@ -104,7 +116,24 @@ def kv_storage_layouts(layouts: list[AnyKVLayout], kv_cache_dtype: str, backend:
             f"kv_cache_dtype={kv_cache_dtype} is not supported for MLA latent KV caches (the latent rows stay in the "
             f"activation dtype, {dtype_label(backend.activation_dtype)}); use kv_cache_dtype=auto"
         )
-    return [dataclasses.replace(layout, dtype=KV_DTYPES[kv_cache_dtype]) for layout in layouts]
+    return [
+        layout if i in keep else dataclasses.replace(layout, dtype=KV_DTYPES[kv_cache_dtype])
+        for i, layout in enumerate(layouts)
+    ]
+
+
+def high_precision_layers(values: Sequence[str | int], count: int) -> set[int]:
+    """The KV layer indices ``values`` names (whole numbers from 0 to ``count - 1``); `ConfigError` otherwise."""
+    keep = set()
+    for value in values:
+        text = str(value).strip()
+        if not text.isdigit() or int(text) >= count:
+            raise ConfigError(
+                f"kv_high_precision_layers: {text!r} is not a KV layer of this model; give indices from 0 to "
+                f"{count - 1} (its {count} KV layers in order)"
+            )
+        keep.add(int(text))
+    return keep
 
 
 class KVCacheTooSmallError(AtlasError):

@@ -89,6 +89,13 @@ class EngineConfig:
         help="KV cache storage: auto (the backend's activation dtype), bf16, or fp8 (E4M3 with a scale per layer "
         "for K and for V: the checkpoint's, else 1.0)",
     )
+    kv_high_precision_layers: list[str] = option(
+        default_factory=list,
+        metavar="N,...",
+        help="with --kv-cache-dtype fp8: KV layers kept in the activation dtype, by index (the model's attention "
+        "layers in order, from 0), e.g. the first and last layers where fp8 costs the most accuracy",
+        default_help="none",
+    )
     gguf_weights: GGUFWeights = option(
         "auto",
         help="GGUF block-quantized weights: quantized (kept in their blocks, about the file's size; the NumPy "

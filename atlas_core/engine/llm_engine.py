@@ -49,7 +49,9 @@ class LLMEngine:
         self.max_seq_len = min(config.max_seq_len or config.default_max_seq_len, model.max_position_embeddings)
         self.speculation = Speculation.build(config.speculation, loaded, backend, self.max_seq_len)
         extra_layers = self.speculation.kv_layouts if self.speculation else []  # MTP layers: after the model's
-        self.kv_layouts = kv_storage_layouts([*model.kv_layouts, *extra_layers], config.kv_cache_dtype, backend)
+        self.kv_layouts = kv_storage_layouts(
+            [*model.kv_layouts, *extra_layers], config.kv_cache_dtype, backend, config.kv_high_precision_layers
+        )
         budget, source = kv_budget(backend, config)
         # recurrent state: one slot per running sequence, plus the prefix cache's state snapshots
         num_seq_slots = config.max_num_seqs if model.has_recurrent_state else 0
@@ -93,7 +95,7 @@ class LLMEngine:
             # speculation runs split: verify steps and MTP steps are posted forwards (the MTP head was built on
             # every rank by `Speculation.build`); a draft model runs whole on rank 0 alone; the storage tiers run
             # split too (`build_offload` opens every rank's)
-            self.kv = mirror.kv_cache(self.kv_layouts, plan, config.kv_cache_dtype)
+            self.kv = mirror.kv_cache(self.kv_layouts, plan, config.kv_cache_dtype, config.kv_high_precision_layers)
         else:
             self.kv = KVCache(backend, self.kv_layouts, plan)
         if self.speculation:

@@ -70,11 +70,13 @@ class RankMirror:
         finally:
             self._posting = True
 
-    def kv_cache(self, layouts: list[AnyKVLayout], plan: KVPlan, kv_cache_dtype: str) -> KVCache:
-        """Rank 0's KV cache; every other rank allocates one of the same blocks and ``kv_cache_dtype``
-        (over its own heads)."""
+    def kv_cache(
+        self, layouts: list[AnyKVLayout], plan: KVPlan, kv_cache_dtype: str, high_precision: list[str]
+    ) -> KVCache:
+        """Rank 0's KV cache; every other rank allocates one of the same blocks, ``kv_cache_dtype`` and
+        high-precision layers (over its own heads)."""
         header = {"op": "kv", "num_blocks": plan.num_blocks, "block_size": plan.block_size}
-        self.post(header | {"kv_cache_dtype": kv_cache_dtype})
+        self.post(header | {"kv_cache_dtype": kv_cache_dtype, "kv_high_precision_layers": high_precision})
         return MirroredKVCache(self, layouts, plan)
 
     def load_mtp(self, max_seq_len: int) -> TensorParallel:

@@ -121,7 +121,8 @@ def _follow(world: World, loaded: LoadedModel, backend: Backend, tiers: list[Tie
             mtp = load_mtp_head(loaded, backend, int(header["max_seq_len"]), world.parallel)
         elif op == "kv":
             extra = mtp.kv_layouts if mtp is not None else []
-            layouts = kv_storage_layouts([*model.kv_layouts, *extra], str(header["kv_cache_dtype"]), backend)
+            dtype, keep = str(header["kv_cache_dtype"]), list(header["kv_high_precision_layers"])
+            layouts = kv_storage_layouts([*model.kv_layouts, *extra], dtype, backend, keep)
             kv = KVCache(backend, layouts, KVPlan(int(header["num_blocks"]), int(header["block_size"]), 0))
             captured = backend.decode_graphs(model, kv)
             graphs[:] = [] if captured is None else [captured]
