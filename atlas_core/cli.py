@@ -1,4 +1,4 @@
-"""The ``atlas`` command: serve, generate, chat, bench, plugins."""
+"""The ``atlas`` command: serve, generate, chat, bench, calibrate-kv, plugins."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from atlas_core.version import __version__
 def build_parser() -> argparse.ArgumentParser:
     """The ``atlas`` parser; each subcommand's module registers its own subparser and handler."""
     from atlas_core.bench import add_bench_parser
+    from atlas_core.cli_calibrate import add_calibrate_parser
     from atlas_core.cli_plugins import add_plugins_parser
     from atlas_core.cli_run import add_chat_parser, add_generate_parser
     from atlas_core.server.cli_serve import add_serve_parser
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_parser(commands)
     add_chat_parser(commands)
     add_bench_parser(commands)
+    add_calibrate_parser(commands)
     add_plugins_parser(commands)
     return parser
 

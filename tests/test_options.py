@@ -172,6 +172,7 @@ def test_engine_settings_are_the_engine_config_fields_with_options() -> None:
         "kv_cache_memory_gib",
         "kv_cache_dtype",
         "kv_high_precision_layers",
+        "kv_cache_scales",
         "gguf_weights",
         "load_format",
         "max_state_snapshots",

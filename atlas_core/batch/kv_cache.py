@@ -122,6 +122,24 @@ def kv_storage_layouts(
     ]
 
 
+def with_kv_scales(layouts: list[AnyKVLayout], scales: Sequence[Sequence[float]]) -> list[AnyKVLayout]:
+    """``layouts`` with ``scales[i]`` as layer i's ``(k_scale, v_scale)`` where it is a `KVLayout` (others keep
+    theirs); one pair per layout."""
+    if len(scales) != len(layouts):
+        raise ValueError(f"{len(scales)} KV scale pairs for {len(layouts)} layers")
+    return [
+        dataclasses.replace(layout, k_scale=float(pair[0]), v_scale=float(pair[1]))
+        if isinstance(layout, KVLayout)
+        else layout
+        for layout, pair in zip(layouts, scales, strict=True)
+    ]
+
+
+def layout_scales(layouts: list[AnyKVLayout]) -> list[tuple[float, float]]:
+    """Every layer's ``(k_scale, v_scale)`` (``(1.0, 1.0)`` for layers without)."""
+    return [(layout.k_scale, layout.v_scale) if isinstance(layout, KVLayout) else (1.0, 1.0) for layout in layouts]
+
+
 def high_precision_layers(values: Sequence[str | int], count: int) -> set[int]:
     """The KV layer indices ``values`` names (whole numbers from 0 to ``count - 1``); `ConfigError` otherwise."""
     keep = set()

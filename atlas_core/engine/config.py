@@ -96,6 +96,13 @@ class EngineConfig:
         "layers in order, from 0), e.g. the first and last layers where fp8 costs the most accuracy",
         default_help="none",
     )
+    kv_cache_scales: str | None = option(
+        None,
+        metavar="PATH",
+        help="with --kv-cache-dtype fp8: a JSON file of per-layer K and V scales written by `atlas calibrate-kv`, "
+        "used instead of the checkpoint's (or 1.0)",
+        default_help="the checkpoint's scales, else 1.0",
+    )
     gguf_weights: GGUFWeights = option(
         "auto",
         help="GGUF block-quantized weights: quantized (kept in their blocks, about the file's size; the NumPy "

@@ -7,7 +7,7 @@ from collections.abc import Sequence as Seq
 
 from atlas_core.backends.base import Backend
 from atlas_core.backends.kv_dtypes import dtype_label
-from atlas_core.batch.kv_cache import KVCache, kv_storage_layouts, plan_kv_cache
+from atlas_core.batch.kv_cache import KVCache, kv_storage_layouts, plan_kv_cache, with_kv_scales
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.config import EngineConfig, kv_budget
 from atlas_core.engine.guided_decoding import GuidedDecoding
@@ -21,7 +21,8 @@ from atlas_core.engine.sequence import Request, Sequence
 from atlas_core.engine.spec.speculation import Speculation
 from atlas_core.engine.spec.verify import RecurrentRollback
 from atlas_core.engine.state_slots import StateSlotPool, StateSnapshots
-from atlas_core.errors import InvalidRequestError
+from atlas_core.errors import ConfigError, InvalidRequestError
+from atlas_core.model.kv_calibration import read_kv_scales
 from atlas_core.model.load import LoadedModel
 from atlas_core.model.vision import PreparedImage
 from atlas_core.parallel.mirror import MirroredGraphs, RankMirror
@@ -52,6 +53,11 @@ class LLMEngine:
         self.kv_layouts = kv_storage_layouts(
             [*model.kv_layouts, *extra_layers], config.kv_cache_dtype, backend, config.kv_high_precision_layers
         )
+        if config.kv_cache_scales is not None:
+            if config.kv_cache_dtype != "fp8":
+                raise ConfigError(f"kv_cache_scales applies to kv_cache_dtype=fp8, not {config.kv_cache_dtype}")
+            scales = read_kv_scales(config.kv_cache_scales, len(self.kv_layouts))
+            self.kv_layouts = with_kv_scales(self.kv_layouts, scales)
         budget, source = kv_budget(backend, config)
         # recurrent state: one slot per running sequence, plus the prefix cache's state snapshots
         num_seq_slots = config.max_num_seqs if model.has_recurrent_state else 0

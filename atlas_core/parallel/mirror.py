@@ -34,7 +34,7 @@ import numpy as np
 
 from atlas_core.backends.base import Array, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
-from atlas_core.batch.kv_cache import AnyKVLayout, KVCache, KVPlan
+from atlas_core.batch.kv_cache import AnyKVLayout, KVCache, KVPlan, layout_scales
 from atlas_core.comm import CommError
 from atlas_core.model.sharding import TensorParallel
 from atlas_core.parallel.batch_wire import encode_batch
@@ -73,10 +73,11 @@ class RankMirror:
     def kv_cache(
         self, layouts: list[AnyKVLayout], plan: KVPlan, kv_cache_dtype: str, high_precision: list[str]
     ) -> KVCache:
-        """Rank 0's KV cache; every other rank allocates one of the same blocks, ``kv_cache_dtype`` and
-        high-precision layers (over its own heads)."""
+        """Rank 0's KV cache; every other rank allocates one of the same blocks, ``kv_cache_dtype``, high-precision
+        layers and per-layer scales (over its own heads)."""
         header = {"op": "kv", "num_blocks": plan.num_blocks, "block_size": plan.block_size}
-        self.post(header | {"kv_cache_dtype": kv_cache_dtype, "kv_high_precision_layers": high_precision})
+        settings = {"kv_cache_dtype": kv_cache_dtype, "kv_high_precision_layers": high_precision}
+        self.post(header | settings | {"kv_scales": layout_scales(layouts)})
         return MirroredKVCache(self, layouts, plan)
 
     def load_mtp(self, max_seq_len: int) -> TensorParallel:

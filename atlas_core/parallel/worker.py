@@ -26,7 +26,7 @@ import numpy as np
 
 from atlas_core.backends.base import Backend
 from atlas_core.backends.select import select_backend
-from atlas_core.batch.kv_cache import KVCache, KVPlan, kv_storage_layouts
+from atlas_core.batch.kv_cache import KVCache, KVPlan, kv_storage_layouts, with_kv_scales
 from atlas_core.comm import CommError
 from atlas_core.comm.rendezvous import WorldAddress
 from atlas_core.comm.wire import send_message
@@ -123,6 +123,7 @@ def _follow(world: World, loaded: LoadedModel, backend: Backend, tiers: list[Tie
             extra = mtp.kv_layouts if mtp is not None else []
             dtype, keep = str(header["kv_cache_dtype"]), list(header["kv_high_precision_layers"])
             layouts = kv_storage_layouts([*model.kv_layouts, *extra], dtype, backend, keep)
+            layouts = with_kv_scales(layouts, header["kv_scales"])
             kv = KVCache(backend, layouts, KVPlan(int(header["num_blocks"]), int(header["block_size"]), 0))
             captured = backend.decode_graphs(model, kv)
             graphs[:] = [] if captured is None else [captured]
