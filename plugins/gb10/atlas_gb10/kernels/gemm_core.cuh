@@ -84,6 +84,41 @@ __device__ __forceinline__ int gathered_row(const int* __restrict__ x_rows, int 
     return r >= M ? -1 : (x_rows ? x_rows[r] : r);
 }
 
+// acc = 0 for every fragment of an (MT x 16) x (NT x 8) tile.
+template <int MT, int NT>
+__device__ __forceinline__ void zero_frags(float (&acc)[MT][NT][4]) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+}
+
+// This lane's x fragments of chunk column kk (K: nothing) for the MT m-tiles at rows m0..: rows g and g + 8 of each.
+template <int MT, bool VEC>
+__device__ __forceinline__ void load_x_frags(Frag8 (&a)[MT][2], const bf16_t* __restrict__ x, long long ldx,
+                                             const int* __restrict__ x_rows, int m0, int M, int g, int kk, int K) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+        a[i][0] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g, M), 0x7fffffff, kk, K);
+        a[i][1] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g + 8, M), 0x7fffffff, kk, K);
+    }
+}
+
+// acc[i][j] += one 32-wide chunk's products of x fragments a and weight fragments b, two mma steps.
+template <int MT, int NT>
+__device__ __forceinline__ void mma_chunk(float (&acc)[MT][NT][4], const Frag8 (&a)[MT][2], const Frag8 (&b)[NT]) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+                mma_16816(acc[i][j], a[i][0].w[2 * s], a[i][1].w[2 * s], a[i][0].w[2 * s + 1], a[i][1].w[2 * s + 1],
+                          b[j].w[2 * s], b[j].w[2 * s + 1]);
+}
+
 // acc[i][j] (this lane's fragments of the tile at rows m0.., columns n0..) += the products of the 32-wide K
 // chunks [c_begin, c_end), chunk after chunk in order, two mma steps each; U chunks are loaded before they
 // are multiplied. Row r of the product reads row x_rows[r] of x when x_rows is given, else row r.
@@ -101,25 +136,11 @@ __device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long lo
             const int kk = (c + u) < c_end ? k : K;  // past the range: load nothing
 #pragma unroll
             for (int j = 0; j < NT; ++j) b[u][j] = load8<VEC>(w, K, n0 + j * 8 + g, N, kk, K);
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {
-                a[u][i][0] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g, M), 0x7fffffff, kk, K);
-                a[u][i][1] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g + 8, M), 0x7fffffff, kk, K);
-            }
+            load_x_frags<MT, VEC>(a[u], x, ldx, x_rows, m0, M, g, kk, K);
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (c + u < c_end) {
-#pragma unroll
-                for (int s = 0; s < 2; ++s)
-#pragma unroll
-                    for (int i = 0; i < MT; ++i)
-#pragma unroll
-                        for (int j = 0; j < NT; ++j)
-                            mma_16816(acc[i][j], a[u][i][0].w[2 * s], a[u][i][1].w[2 * s], a[u][i][0].w[2 * s + 1],
-                                      a[u][i][1].w[2 * s + 1], b[u][j].w[2 * s], b[u][j].w[2 * s + 1]);
-            }
-        }
+        for (int u = 0; u < U; ++u)
+            if (c + u < c_end) mma_chunk<MT, NT>(acc, a[u], b[u]);
     }
 }
 
@@ -162,12 +183,7 @@ __device__ __forceinline__ void mma_chunks_fp8(const bf16_t* __restrict__ x, lon
             scale_rows[j][p] = col < N ? w.scales + (long long)(col / w.bn) * scale_cols : nullptr;
         }
     float part[MT][NT][4];
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) part[i][j][e] = 0.0f;
+    zero_frags<MT, NT>(part);
     int block = c_begin / chunks_per_block;
     int next_block = (block + 1) * chunks_per_block;
     auto flush = [&]() {
@@ -191,11 +207,7 @@ __device__ __forceinline__ void mma_chunks_fp8(const bf16_t* __restrict__ x, lon
             const int kk = (c + u) < c_end ? k : K;  // past the range: load nothing
 #pragma unroll
             for (int j = 0; j < NT; ++j) raw[u][j] = load_fp8x8<VEC>(w.data, n0 + j * 8 + g, N, kk, K);
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {
-                a[u][i][0] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g, M), 0x7fffffff, kk, K);
-                a[u][i][1] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g + 8, M), 0x7fffffff, kk, K);
-            }
+            load_x_frags<MT, VEC>(a[u], x, ldx, x_rows, m0, M, g, kk, K);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -205,22 +217,15 @@ __device__ __forceinline__ void mma_chunks_fp8(const bf16_t* __restrict__ x, lon
                     ++block;
                     next_block += chunks_per_block;
                 }
-                unsigned b[NT][4];
+                Frag8 b[NT];
 #pragma unroll
                 for (int j = 0; j < NT; ++j) {
-                    b[j][0] = e4m3_pair(raw[u][j].x, 0);
-                    b[j][1] = e4m3_pair(raw[u][j].x, 2);
-                    b[j][2] = e4m3_pair(raw[u][j].y, 0);
-                    b[j][3] = e4m3_pair(raw[u][j].y, 2);
+                    b[j].w[0] = e4m3_pair(raw[u][j].x, 0);
+                    b[j].w[1] = e4m3_pair(raw[u][j].x, 2);
+                    b[j].w[2] = e4m3_pair(raw[u][j].y, 0);
+                    b[j].w[3] = e4m3_pair(raw[u][j].y, 2);
                 }
-#pragma unroll
-                for (int s = 0; s < 2; ++s)
-#pragma unroll
-                    for (int i = 0; i < MT; ++i)
-#pragma unroll
-                        for (int j = 0; j < NT; ++j)
-                            mma_16816(part[i][j], a[u][i][0].w[2 * s], a[u][i][1].w[2 * s], a[u][i][0].w[2 * s + 1],
-                                      a[u][i][1].w[2 * s + 1], b[j][2 * s], b[j][2 * s + 1]);
+                mma_chunk<MT, NT>(part, a[u], b);
             }
         }
     }
@@ -262,12 +267,7 @@ __device__ __forceinline__ void tile_partials(TilePartials<MT, NT>& partials, co
     const int c_end = min(chunks, c_begin + per_warp);
 
     float acc[MT][NT][4];
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    zero_frags<MT, NT>(acc);
 
     accumulate<MT, NT, U, VEC>(x, ldx, x_rows, w, m0, M, n0, N, K, c_begin, c_end, acc);
 

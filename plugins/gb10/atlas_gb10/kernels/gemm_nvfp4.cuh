@@ -62,12 +62,7 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
                                            int c_end, float (&acc)[MT][NT][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     float part[MT][NT][4];
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) part[i][j][e] = 0.0f;
+    zero_frags<MT, NT>(part);
     for (int c = c_begin; c < c_end; c += U) {
         unsigned packed[U][NT];
         float scale[U][NT];
@@ -78,30 +73,19 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
             const int kk = (c + u) < c_end ? k : K;  // past the range: load nothing
 #pragma unroll
             for (int j = 0; j < NT; ++j) load_nvfp4x8<VEC>(w.data, n0 + j * 8 + g, N, kk, K, packed[u][j], scale[u][j]);
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {
-                a[u][i][0] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g, M), 0x7fffffff, kk, K);
-                a[u][i][1] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g + 8, M), 0x7fffffff, kk, K);
-            }
+            load_x_frags<MT, VEC>(a[u], x, ldx, x_rows, m0, M, g, kk, K);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (c + u >= c_end) continue;
-            unsigned b[NT][4];
+            Frag8 b[NT];
 #pragma unroll
             for (int j = 0; j < NT; ++j)
 #pragma unroll
                 for (int t = 0; t < 4; ++t)
-                    b[j][t] = e2m1_scaled_bits((packed[u][j] >> (8 * t)) & 15u, scale[u][j]) |
-                              (e2m1_scaled_bits((packed[u][j] >> (8 * t + 4)) & 15u, scale[u][j]) << 16);
-#pragma unroll
-            for (int s = 0; s < 2; ++s)
-#pragma unroll
-                for (int i = 0; i < MT; ++i)
-#pragma unroll
-                    for (int j = 0; j < NT; ++j)
-                        mma_16816(part[i][j], a[u][i][0].w[2 * s], a[u][i][1].w[2 * s], a[u][i][0].w[2 * s + 1],
-                                  a[u][i][1].w[2 * s + 1], b[j][2 * s], b[j][2 * s + 1]);
+                    b[j].w[t] = e2m1_scaled_bits((packed[u][j] >> (8 * t)) & 15u, scale[u][j]) |
+                                (e2m1_scaled_bits((packed[u][j] >> (8 * t + 4)) & 15u, scale[u][j]) << 16);
+            mma_chunk<MT, NT>(part, a[u], b);
         }
     }
 #pragma unroll
