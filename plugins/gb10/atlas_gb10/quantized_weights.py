@@ -1,4 +1,4 @@
-"""Quantized weights the cuda backend keeps as they are in memory: FP8 E4M3 with block scales, and NVFP4.
+"""Quantized weights the cuda backend keeps as they are in memory: FP8 E4M3 with block scales, NVFP4, GGUF Q8_0.
 
 `CudaBackend.upload_quantized` keeps an ``fp8_e4m3`` `QuantizedWeight` (a linear weight or an expert bank) on the
 device as its bytes (uint8) and float32 scales: one byte a weight instead of bf16's two. The GEMM kernels
@@ -11,7 +11,10 @@ instead (`executes_natively`).
 An ``nvfp4`` weight keeps its packed rows (`atlas_core.weights.nvfp4`: E2M1 elements two a byte, the E4M3 group
 scales and the row's global factor): 0.5625 bytes a weight plus 8 a row. The kernels (``gemm_nvfp4_*``,
 ``moe_gemm_nvfp4_*``, W4A16, ``kernels/gemm_nvfp4.cuh``) give the tensor cores each element times its group
-scale, an exact bf16 value, and multiply each column's sum by its row's factor.
+scale, an exact bf16 value, and multiply each column's sum by its row's factor. A ``gguf_q8_0`` weight keeps
+llama.cpp's blocks (an f16 scale and 32 int8 codes, 34 bytes): the kernels (``gemm_gguf_q8_0_*``,
+``moe_gemm_gguf_q8_0_*``, ``kernels/gemm_gguf.cuh``) sum each block's products apart and add them times its scale.
+Other GGUF types are dequantized at load.
 """
 
 from __future__ import annotations
@@ -25,13 +28,18 @@ from atlas_core.backends.base import Array
 from atlas_core.weights.nvfp4 import NVFP4, row_bytes
 from atlas_core.weights.quantized import FP8_E4M3, QuantizedWeight
 
-FORMATS = frozenset({FP8_E4M3, NVFP4})
+GGUF_Q8_0 = "gguf_q8_0"
+"""`atlas_core.weights.gguf_quantized`'s format name of llama.cpp's Q8_0 blocks."""
+ROW_FORMATS = frozenset({NVFP4, GGUF_Q8_0})
+"""Formats whose kernels (``gemm_<format>_*``) read each row's bytes as stored."""
+FORMATS = frozenset({FP8_E4M3, *ROW_FORMATS})
 """The quantized formats the cuda backend executes natively."""
 
 
 def executes_natively(weight: QuantizedWeight) -> bool:
-    """Whether the kernels take ``weight``: every NVFP4 weight; FP8 in scale blocks 32k columns wide or all of K."""
-    if weight.format == NVFP4:
+    """Whether the kernels take ``weight``: every NVFP4 and Q8_0 weight; FP8 in scale blocks 32k columns wide or all
+    of K."""
+    if weight.format in ROW_FORMATS:
         return True
     bk, k = weight.block[1], weight.shape[-1]
     return weight.format == FP8_E4M3 and (bk % 32 == 0 or bk >= k)
@@ -40,7 +48,7 @@ def executes_natively(weight: QuantizedWeight) -> bool:
 def upload_native(backend: Any, weight: QuantizedWeight) -> QuantizedWeight:
     """``weight`` on the device as the kernels read it: its bytes as uint8, and FP8 scales as float32."""
     data = np.ascontiguousarray(np.asarray(weight.data)).view(np.uint8)
-    if weight.format == NVFP4:
+    if weight.format in ROW_FORMATS:
         return replace(weight, data=backend.from_numpy(data, dtype=np.dtype(np.uint8)))
     scales = np.ascontiguousarray(np.asarray(weight.scales, dtype=np.float32))
     return replace(
@@ -52,16 +60,17 @@ def upload_native(backend: Any, weight: QuantizedWeight) -> QuantizedWeight:
 
 def weight_operand(weight: Array | QuantizedWeight) -> tuple[str, tuple[Any, ...], bool]:
     """How a GEMM kernel takes ``weight`` (``[N, K]`` or a bank ``[E, N, K]``): the kernel kind (``bf16``,
-    ``fp8`` or ``nvfp4``), its weight arguments, and whether its rows allow the vector loads of the ``vec``
-    kernels (16 bytes of bf16, 8 FP8 bytes, 4 NVFP4 bytes; the caller checks K % 8 == 0)."""
+    ``fp8``, ``nvfp4`` or ``gguf_q8_0``), its weight arguments, and whether its rows allow the vector loads of the
+    ``vec`` kernels (16 bytes of bf16, 8 FP8 bytes, 4 NVFP4 bytes; Q8_0 reads 2-byte halves, always aligned; the
+    caller checks K % 8 == 0)."""
     if isinstance(weight, QuantizedWeight):
         if not executes_natively(weight):
             raise TypeError(
                 f"cuda backend: no kernel for {weight!r} (it executes {sorted(FORMATS)}, FP8 in 32k-wide blocks)"
             )
-        if weight.format == NVFP4:
-            aligned = row_bytes(weight.shape[-1]) % 4 == 0 and weight.data.data.ptr % 4 == 0
-            return "nvfp4", (weight.data,), aligned
+        if weight.format in ROW_FORMATS:
+            four_bytes = row_bytes(weight.shape[-1]) % 4 == 0 and weight.data.data.ptr % 4 == 0
+            return weight.format, (weight.data,), weight.format != NVFP4 or four_bytes
         bn, bk = weight.block
         return "fp8", (weight.data, weight.scales, np.int32(bn), np.int32(bk)), weight.data.data.ptr % 8 == 0
     return "bf16", (weight,), weight.data.ptr % 16 == 0

@@ -6,7 +6,7 @@ bandwidth ceiling: the weight bytes, read once.
 Prints per (K x N, rows, tile): microseconds per call under graph replay, GB/s of weights, and the
 percentage of the device's measured copy bandwidth. ``default`` is `CudaBackend.gemm_tile`'s choice;
 ``fp8`` the same product over the weight in FP8 E4M3 with 128 x 128 block scales (half the bytes), ``nvfp4`` in
-NVFP4 (0.5625 bytes a weight).
+NVFP4 (0.5625 bytes a weight), ``gguf_q8_0`` in llama.cpp's Q8_0 blocks (1.0625 bytes a weight).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import cupy as cp
 import numpy as np
 from atlas_gb10.arrays import BF16
 from atlas_gb10.backend import CudaBackend
+from gguf import GGMLQuantizationType
 from timing import copy_bandwidth, report, time_call
 
+from atlas_core.weights.gguf_quantized import quantize as gguf_quantize
 from atlas_core.weights.nvfp4 import nvfp4_from_float
 from atlas_core.weights.quantized import quantize_fp8
 
@@ -28,7 +30,7 @@ SHAPES = [  # (K, N): Qwen3-30B-A3B router, o_proj, q/k/v; Llama-3-8B q/k/v, gat
     (4096, 28672),
     (14336, 4096),
 ]
-TILES: list[tuple[int, int] | str | None] = [None, (1, 1), (1, 2), (1, 4), "fp8", "nvfp4"]
+TILES: list[tuple[int, int] | str | None] = [None, (1, 1), (1, 2), (1, 4), "fp8", "nvfp4", "gguf_q8_0"]
 
 
 def main() -> None:
@@ -43,6 +45,7 @@ def main() -> None:
         quantized = {
             "fp8": backend.upload_quantized(quantize_fp8(host_weight, (128, 128))),
             "nvfp4": backend.upload_quantized(nvfp4_from_float(host_weight)),
+            "gguf_q8_0": backend.upload_quantized(gguf_quantize(host_weight, GGMLQuantizationType.Q8_0)),
         }
         for m in (1, 4, 16):
             x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(BF16)

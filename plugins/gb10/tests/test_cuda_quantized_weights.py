@@ -1,4 +1,4 @@
-"""FP8 E4M3 (W8A16) and NVFP4 (W4A16) weights executed as they are on the cuda backend: products over the
+"""FP8 E4M3 (W8A16), NVFP4 (W4A16) and GGUF Q8_0 weights executed as they are on the cuda backend: products over the
 quantized bytes are at least as close to the exact products of the dequantized weight (float64) as the
 products over its bf16 rounding are (dense and grouped expert GEMMs, vector and scalar kernels; FP8
 block-scaled, per-channel and per-tensor scales, edge blocks; NVFP4 rows of different global scales), the
@@ -13,12 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from atlas_gb10.backend import CudaBackend
+from atlas_gb10.quantized_weights import GGUF_Q8_0
+from gguf import GGMLQuantizationType as Q
 
 from atlas_core import LLM
 from atlas_core.backends.ops.moe import MoEOps
 from atlas_core.testing.checkpoints import TinyCheckpoints
 from atlas_core.testing.nvfp4 import dequantized_nvfp4_copy
 from atlas_core.testing.quantized import dequantized_copy, prompt_logits, quantized_weights, sample_prompts
+from atlas_core.weights.gguf_quantized import quantize as gguf_quantize
 from atlas_core.weights.nvfp4 import NVFP4, nvfp4_from_float
 from atlas_core.weights.quantized import QuantizedWeight, dequantize, quantize_fp8
 
@@ -44,6 +47,7 @@ LINEAR_CASES = {  # (N, K, block): the vector kernels need K % 8 == 0
     "scalar kernel, odd K": (40, 100, (1, 100)),
 }
 DEQUANTIZED_AT_LOAD = {"16x16 blocks": (48, 64, (16, 16)), "8x4 blocks": (40, 100, (8, 4))}
+Q8_0_CASES = {"aligned rows": (384, 512), "three blocks a row": (200, 96)}  # (N, K)
 NVFP4_CASES = {  # (N, K, row groups of their own global scale): rows of K % 64 != 0 take the scalar kernels
     "aligned rows": (384, 512, 1),
     "fused rows, two global scales": (256, 2048, 2),
@@ -123,8 +127,19 @@ def test_fp8_blocks_the_kernels_do_not_take_are_dequantized_at_load(backend: Cud
     np.testing.assert_array_equal(backend.to_numpy(uploaded), backend.to_numpy(backend.from_numpy(dequantize(weight))))
 
 
+@pytest.mark.parametrize("rows", [1, 5, 40])
+@pytest.mark.parametrize("case", list(Q8_0_CASES))
+def test_linear_over_gguf_q8_0_is_the_product_of_the_dequantized_weight(
+    backend: CudaBackend, case: str, rows: int
+) -> None:
+    n, k = Q8_0_CASES[case]
+    weight = gguf_quantize(np.random.default_rng(n + k).standard_normal((n, k), dtype=np.float32) * 0.05, Q.Q8_0)
+    assert backend.keeps_quantized(weight) and weight.format == GGUF_Q8_0
+    assert_product_of_the_dequantized_weight(backend, weight, rows, 34 / 32 + 0.01, case)
+
+
 @pytest.mark.parametrize("tokens", [1, 6, 300, 600])
-@pytest.mark.parametrize("fmt", ["fp8", NVFP4])
+@pytest.mark.parametrize("fmt", ["fp8", NVFP4, GGUF_Q8_0])
 def test_expert_products_over_quantized_banks(backend: CudaBackend, tokens: int, fmt: str) -> None:
     """Against the same experts over the bf16-rounded banks (which differ by that rounding only), and
     a token's rows alone against the same rows in the batch."""
@@ -132,6 +147,9 @@ def test_expert_products_over_quantized_banks(backend: CudaBackend, tokens: int,
     rng = np.random.default_rng(tokens)
     if fmt == NVFP4:  # the down bank's rows (K = 96) take the scalar kernels
         w_in, w_out = nvfp4(rng, (experts, 2 * width, hidden)), nvfp4(rng, (experts, hidden, width))
+    elif fmt == GGUF_Q8_0:
+        w_in = gguf_quantize(rng.standard_normal((experts, 2 * width, hidden), dtype=np.float32) * 0.05, Q.Q8_0)
+        w_out = gguf_quantize(rng.standard_normal((experts, hidden, width), dtype=np.float32) * 0.05, Q.Q8_0)
     else:
         w_in = quantize_fp8(rng.standard_normal((experts, 2 * width, hidden), dtype=np.float32) * 0.05, (32, 128))
         w_out = quantize_fp8(rng.standard_normal((experts, hidden, width), dtype=np.float32) * 0.05, (128, 32))
@@ -147,21 +165,30 @@ def test_expert_products_over_quantized_banks(backend: CudaBackend, tokens: int,
     np.testing.assert_array_equal(backend.to_numpy(alone).astype(np.float64), got[:1])
 
 
-def cuda_llm(folder: Path) -> LLM:
+def cuda_llm(folder: Path, **settings: object) -> LLM:
     import cupy
 
     cupy.get_default_memory_pool().free_all_blocks()
     free, total = cupy.cuda.runtime.memGetInfo()
-    return LLM(folder, backend="cuda", gpu_memory_utilization=min(1.0, (total - free + 2**30) / total))
+    share = min(1.0, (total - free + 2**30) / total)
+    return LLM(folder, backend="cuda", gpu_memory_utilization=share, **settings)  # type: ignore[arg-type]
+
+
+def assert_logits_close(quantized: LLM, reference: LLM, vocab_size: int, what: str) -> None:
+    """Within bf16 rounding of the weights (the reference holds them rounded to bf16, the quantized model exact),
+    which moves a tiny random model's log-probabilities as bf16 does (median position within 0.1, a MoE router's
+    near tie up to a few: see test_cuda_models)."""
+    drifts = []
+    for prompt in sample_prompts(vocab_size):
+        got, want = log_softmax(prompt_logits(quantized, prompt)), log_softmax(prompt_logits(reference, prompt))
+        drifts += [np.abs(g - w)[w > np.log(1e-3)].max() for g, w in zip(got, want, strict=True)]
+    assert np.median(drifts) < 0.1 and max(drifts) < 3.0, f"{what}: per-position drifts {np.round(drifts, 2)}"
 
 
 @pytest.mark.parametrize(("checkpoints", "name", "fmt"), CHECKPOINTS, ids=[f"{f}-{n}" for _, n, f in CHECKPOINTS])
 def test_quantized_checkpoints_give_the_logits_of_their_dequantized_copies(
     checkpoints: TinyCheckpoints, name: str, fmt: str, tmp_path: Path
 ) -> None:
-    """Within bf16 rounding of the weights (the copy holds them rounded to bf16, the quantized model exact),
-    which moves a tiny random model's log-probabilities as bf16 does (median position within 0.1, a
-    MoE router's near tie up to a few: see test_cuda_models)."""
     folder = checkpoints / name
     quantized = cuda_llm(folder)
     held = quantized_weights(quantized.loaded.model)
@@ -171,11 +198,17 @@ def test_quantized_checkpoints_give_the_logits_of_their_dequantized_copies(
         assert held, f"{name}: its quantized weights must stay quantized on the GPU"
     copy = dequantized_nvfp4_copy if fmt == NVFP4 else dequantized_copy
     reference = cuda_llm(copy(folder, tmp_path / name))
-    drifts = []
-    for prompt in sample_prompts(int(checkpoints.config(name)["vocab_size"])):
-        got, want = log_softmax(prompt_logits(quantized, prompt)), log_softmax(prompt_logits(reference, prompt))
-        drifts += [np.abs(g - w)[w > np.log(1e-3)].max() for g, w in zip(got, want, strict=True)]
-    assert np.median(drifts) < 0.1 and max(drifts) < 3.0, f"{name}: per-position drifts {np.round(drifts, 2)}"
+    assert_logits_close(quantized, reference, int(checkpoints.config(name)["vocab_size"]), name)
+
+
+def test_a_q8_0_gguf_model_runs_its_blocks_as_stored() -> None:
+    """The Q8_0 GGUF fixture kept in its blocks (``gguf_weights="quantized"``) against the same file dequantized at
+    load: the blocks stay 34 bytes per 32 weights on the GPU and give the float copy's logits."""
+    path = Path(__file__).parents[3] / "tests" / "fixtures" / "gguf" / "llama_q8_0.gguf"
+    quantized, reference = cuda_llm(path, gguf_weights="quantized"), cuda_llm(path, gguf_weights="float")
+    held = quantized_weights(quantized.loaded.model)
+    assert held and all(w.format == GGUF_Q8_0 and w.data.dtype == np.uint8 for w in held)
+    assert_logits_close(quantized, reference, quantized.loaded.model.vocab_size, "llama_q8_0.gguf")
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -1,4 +1,5 @@
 // out[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) for dense layers: one block per output tile (gemm_core.cuh).
+#include "gemm_gguf.cuh"
 #include "gemm_nvfp4.cuh"
 
 #define GEMM_KERNEL(MT, NT, U, VEC, SUFFIX, MIN_BLOCKS)                                                              \
@@ -41,20 +42,24 @@ GEMM_FP8_KERNEL(1, 2, 4, false, any, 2)
 GEMM_FP8_KERNEL(1, 4, 2, false, any, 2)
 GEMM_FP8_KERNEL(2, 4, 2, false, any, 1)
 
-// The same products over an NVFP4 weight (gemm_nvfp4.cuh: packed E2M1 rows with their group scales and factor).
-#define GEMM_NVFP4_KERNEL(MT, NT, U, VEC, SUFFIX, MIN_BLOCKS)                                                         \
-    extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) gemm_nvfp4_m##MT##_n##NT##_##SUFFIX(  \
+// The same products over an NVFP4 weight (gemm_nvfp4.cuh: packed E2M1 rows with their group scales and factor)
+// and over a GGUF Q8_0 weight (gemm_gguf.cuh: 34-byte blocks of an f16 scale and 32 int8 codes): W is the operand.
+#define GEMM_ROWS_KERNEL(NAME, W, MT, NT, U, VEC, SUFFIX, MIN_BLOCKS)                                                \
+    extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) NAME##_m##MT##_n##NT##_##SUFFIX(     \
         const bf16_t* __restrict__ x, long long ldx, const unsigned char* __restrict__ w,                            \
         const bf16_t* __restrict__ bias, bf16_t* __restrict__ out, long long ldo, int M, int N, int K) {              \
-        gemm_tile<MT, NT, U, VEC, Nvfp4Weight>(x, ldx, nullptr, Nvfp4Weight{w}, bias, out, ldo,                       \
-                                               blockIdx.y * (MT * 16), M, blockIdx.x * (NT * 8), N, K);              \
+        gemm_tile<MT, NT, U, VEC, W>(x, ldx, nullptr, W{w}, bias, out, ldo, blockIdx.y * (MT * 16), M,                \
+                                     blockIdx.x * (NT * 8), N, K);                                                    \
     }
+#define GEMM_ROWS_KERNELS(NAME, W)                          \
+    GEMM_ROWS_KERNEL(NAME, W, 1, 1, 8, true, vec, 2)       \
+    GEMM_ROWS_KERNEL(NAME, W, 1, 2, 4, true, vec, 2)       \
+    GEMM_ROWS_KERNEL(NAME, W, 1, 4, 2, true, vec, 2)       \
+    GEMM_ROWS_KERNEL(NAME, W, 2, 4, 2, true, vec, 1)       \
+    GEMM_ROWS_KERNEL(NAME, W, 1, 1, 8, false, any, 2)      \
+    GEMM_ROWS_KERNEL(NAME, W, 1, 2, 4, false, any, 2)      \
+    GEMM_ROWS_KERNEL(NAME, W, 1, 4, 2, false, any, 2)      \
+    GEMM_ROWS_KERNEL(NAME, W, 2, 4, 2, false, any, 1)
 
-GEMM_NVFP4_KERNEL(1, 1, 8, true, vec, 2)
-GEMM_NVFP4_KERNEL(1, 2, 4, true, vec, 2)
-GEMM_NVFP4_KERNEL(1, 4, 2, true, vec, 2)
-GEMM_NVFP4_KERNEL(2, 4, 2, true, vec, 1)
-GEMM_NVFP4_KERNEL(1, 1, 8, false, any, 2)
-GEMM_NVFP4_KERNEL(1, 2, 4, false, any, 2)
-GEMM_NVFP4_KERNEL(1, 4, 2, false, any, 2)
-GEMM_NVFP4_KERNEL(2, 4, 2, false, any, 1)
+GEMM_ROWS_KERNELS(gemm_nvfp4, Nvfp4Weight)
+GEMM_ROWS_KERNELS(gemm_gguf_q8_0, Q8_0Weight)

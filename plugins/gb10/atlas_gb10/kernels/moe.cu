@@ -7,6 +7,7 @@
 // rows of the grouped products (in an arbitrary order inside the group: a product row's result depends
 // only on its own input row, so the order changes no bit) and cuts each group into m-tiles of
 // tile_rows rows, listed in a table the GEMM blocks read.
+#include "gemm_gguf.cuh"
 #include "gemm_nvfp4.cuh"
 #include "gemm_tiled.cuh"
 
@@ -233,8 +234,16 @@ __device__ __forceinline__ void expert_product(const bf16_t* x, long long ldx, c
 }
 
 // Each tile shape has a bf16-weight kernel, one over FP8 E4M3 weights with block scales (gemm_core.cuh:
-// Fp8Weight) and one over NVFP4 weights (gemm_nvfp4.cuh), the quantized ones with U_FP8 chunks in flight (their
-// conversion needs registers of its own).
+// Fp8Weight), and one each over NVFP4 (gemm_nvfp4.cuh) and GGUF Q8_0 (gemm_gguf.cuh) weights read as whole rows of
+// bytes, the quantized ones with U_FP8 chunks in flight (their conversion needs registers of its own).
+#define MOE_GEMM_ROWS_KERNEL(NAME, W, MT, NT, U, VEC, SUFFIX, MIN_BLOCKS)                                             \
+    extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) NAME##_m##MT##_n##NT##_##SUFFIX(     \
+        const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,                                  \
+        const unsigned char* __restrict__ w, bf16_t* __restrict__ out, long long ldo, const int* __restrict__ tiles,  \
+        int max_tiles, const int* __restrict__ ids, int pairs_per_row, int E, int N, int K, int relu2) {              \
+        expert_product<MT, NT, U, VEC, W>(x, ldx, x_rows, W{w}, out, ldo, tiles, max_tiles, ids, pairs_per_row, E, N, \
+                                          K, relu2);                                                                  \
+    }
 #define MOE_GEMM_KERNEL(MT, NT, U, U_FP8, VEC, SUFFIX, MIN_BLOCKS)                                                   \
     extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) moe_gemm_m##MT##_n##NT##_##SUFFIX( \
         const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows, const bf16_t* __restrict__ w,    \
@@ -251,15 +260,8 @@ __device__ __forceinline__ void expert_product(const bf16_t* x, long long ldx, c
         expert_product<MT, NT, U_FP8, VEC, Fp8Weight>(x, ldx, x_rows, Fp8Weight{w, scales, bn, bk}, out, ldo, tiles,  \
                                                       max_tiles, ids, pairs_per_row, E, N, K, relu2);                 \
     }                                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS)                                      \
-        moe_gemm_nvfp4_m##MT##_n##NT##_##SUFFIX(                                                                      \
-            const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,                              \
-            const unsigned char* __restrict__ w, bf16_t* __restrict__ out, long long ldo,                             \
-            const int* __restrict__ tiles, int max_tiles, const int* __restrict__ ids, int pairs_per_row, int E,      \
-            int N, int K, int relu2) {                                                                                \
-        expert_product<MT, NT, U_FP8, VEC, Nvfp4Weight>(x, ldx, x_rows, Nvfp4Weight{w}, out, ldo, tiles, max_tiles,   \
-                                                        ids, pairs_per_row, E, N, K, relu2);                          \
-    }
+    MOE_GEMM_ROWS_KERNEL(moe_gemm_nvfp4, Nvfp4Weight, MT, NT, U_FP8, VEC, SUFFIX, MIN_BLOCKS)                        \
+    MOE_GEMM_ROWS_KERNEL(moe_gemm_gguf_q8_0, Q8_0Weight, MT, NT, U_FP8, VEC, SUFFIX, MIN_BLOCKS)
 
 MOE_GEMM_KERNEL(1, 2, 8, 4, true, vec, 2)
 MOE_GEMM_KERNEL(1, 4, 4, 2, true, vec, 2)

@@ -1,0 +1,95 @@
+// GGUF Q8_0 weights (W8A16) for gemm_core.cuh's products: `Q8_0Weight`, its bank matrices and its `accumulate`,
+// found for W = Q8_0Weight where gemm_tile / expert_product are instantiated (gemm.cu, moe.cu).
+//
+// The weight stays in llama.cpp's blocks (QuantizedWeight format gguf_q8_0, atlas_core.weights.gguf_quantized):
+// per row, K / 32 blocks of 34 bytes, an f16 scale d then 32 int8 codes; W[i, j] = d * q. A 32-wide K chunk is
+// one block: its codes enter the tensor cores as exact bf16 values, the chunk's products are summed apart and
+// added times each row's block scale, in chunk order (the fixed order of every weight: batch invariance holds).
+#pragma once
+#include "gemm_core.cuh"
+
+#define Q8_0_BLOCK_BYTES 34
+
+struct Q8_0Weight {
+    const unsigned char* data;
+};
+
+__device__ __forceinline__ long long q8_0_row_bytes(int K) { return (long long)(K / 32) * Q8_0_BLOCK_BYTES; }
+
+__device__ __forceinline__ Q8_0Weight bank_matrix(const Q8_0Weight& w, int e, int N, int K) {
+    return Q8_0Weight{w.data + (long long)e * N * q8_0_row_bytes(K)};
+}
+
+// An f16's value, exactly: its exponent and mantissa placed in a float's (bias 127 instead of 15) times 2^112;
+// f16 subnormals land on float subnormals, which the product normalises.
+__device__ __forceinline__ float f16_bits_to_float(unsigned h) {
+    return __uint_as_float(((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13)) * 0x1p112f;
+}
+
+// The bf16 bits of an int8 code (the byte b), exactly: 2^23 + 128 + code as a float, minus 2^23 + 128.
+__device__ __forceinline__ unsigned i8_to_bf16_bits(unsigned b) {
+    return __float_as_uint(__uint_as_float(0x4B000000u | ((b ^ 0x80u) & 0xffu)) - 8388736.0f) >> 16;
+}
+
+__device__ __forceinline__ unsigned i8_pair(unsigned word, int byte) {
+    return i8_to_bf16_bits(word >> (8 * byte)) | (i8_to_bf16_bits(word >> (8 * byte + 8)) << 16);
+}
+
+// Codes k .. k + 7 of row `row` (k % 8 == 0; zeros outside the matrix), by 2-byte loads (blocks are 2-aligned).
+__device__ __forceinline__ uint2 load_q8_0x8(const unsigned char* __restrict__ w, int row, int rows, int k, int K) {
+    if (row < 0 || row >= rows || k >= K) return make_uint2(0u, 0u);
+    const unsigned short* p = reinterpret_cast<const unsigned short*>(
+        w + row * q8_0_row_bytes(K) + (k >> 5) * Q8_0_BLOCK_BYTES + 2 + (k & 31));
+    return make_uint2((unsigned)__ldg(p) | ((unsigned)__ldg(p + 1) << 16),
+                      (unsigned)__ldg(p + 2) | ((unsigned)__ldg(p + 3) << 16));
+}
+
+// Row `row`'s scale of block `block` (0 past the matrix).
+__device__ __forceinline__ float q8_0_scale(const unsigned char* __restrict__ w, int row, int rows, int block, int K) {
+    if (row >= rows) return 0.0f;
+    const unsigned short* p =
+        reinterpret_cast<const unsigned short*>(w + row * q8_0_row_bytes(K) + block * Q8_0_BLOCK_BYTES);
+    return f16_bits_to_float(__ldg(p));
+}
+
+// mma_chunks over a Q8_0 weight: acc += scale(column, chunk) * (products of chunk c), chunk by chunk in order.
+template <int MT, int NT, int U, bool VEC>
+__device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
+                                           const Q8_0Weight& w, int m0, int M, int n0, int N, int K, int c_begin,
+                                           int c_end, float (&acc)[MT][NT][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    for (int c = c_begin; c < c_end; c += U) {
+        uint2 raw[U][NT];
+        Frag8 a[U][MT][2];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = (c + u) * 32 + q * 8;
+            const int kk = (c + u) < c_end ? k : K;  // past the range: load nothing
+#pragma unroll
+            for (int j = 0; j < NT; ++j) raw[u][j] = load_q8_0x8(w.data, n0 + j * 8 + g, N, kk, K);
+            load_x_frags<MT, VEC>(a[u], x, ldx, x_rows, m0, M, g, kk, K);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (c + u >= c_end) continue;
+            Frag8 b[NT];
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+                b[j] = Frag8{{i8_pair(raw[u][j].x, 0), i8_pair(raw[u][j].x, 2), i8_pair(raw[u][j].y, 0),
+                              i8_pair(raw[u][j].y, 2)}};
+            float part[MT][NT][4];
+            zero_frags<MT, NT>(part);
+            mma_chunk<MT, NT>(part, a[u], b);
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int p = 0; p < 2; ++p) {
+                    const float d = q8_0_scale(w.data, n0 + j * 8 + 2 * q + p, N, c + u, K);
+#pragma unroll
+                    for (int i = 0; i < MT; ++i)
+#pragma unroll
+                        for (int e = p; e < 4; e += 2) acc[i][j][e] = __fmaf_rn(part[i][j][e], d, acc[i][j][e]);
+                }
+        }
+    }
+}
