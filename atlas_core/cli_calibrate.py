@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from atlas_core.engine.config import ENGINE_OPTIONS
+from atlas_core.engine.kv_calibration import CALIBRATION_TEXT, measure_kv_scales, write_kv_scales
 from atlas_core.errors import ConfigError
-from atlas_core.model.kv_calibration import CALIBRATION_TEXT, measure_kv_scales, write_kv_scales
 from atlas_core.options.flags import add_flags, parsed_values
 
 CALIBRATION_KV_GIB = 0.5

@@ -1,4 +1,4 @@
-"""fp8 KV-cache scales measured on text (`atlas_core.model.kv_calibration`, ``atlas calibrate-kv``) and applied
+"""fp8 KV-cache scales measured on text (`atlas_core.engine.kv_calibration`, ``atlas calibrate-kv``) and applied
 by ``kv_cache_scales`` (``--kv-cache-scales``), on the NumPy backend with the tiny checkpoints."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import pytest
 from atlas_core import LLM
 from atlas_core.backends.kv_dtypes import FP8_E4M3_MAX
 from atlas_core.cli import main
-from atlas_core.errors import ConfigError
-from atlas_core.model.kv_calibration import (
+from atlas_core.engine.kv_calibration import (
     CALIBRATION_TEXT,
     KV_SCALE_HEADROOM,
     measure_kv_scales,
     read_kv_scales,
     write_kv_scales,
 )
+from atlas_core.errors import ConfigError
 from atlas_core.testing.family import mixed_prompts
 from atlas_core.testing.parity import full_prompt_logprobs
 from tests.conftest import TINY

@@ -209,3 +209,33 @@ def test_dummy_load_format_needs_a_folder_with_a_config(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(TINY.config("qwen3")))
     loaded = load_model(tmp_path, backend, registry, load_format="dummy")  # no weight file in the folder
     assert loaded.name == f"{tmp_path.name} (random weights)" and loaded.tokenizer is None
+
+
+@pytest.mark.parametrize("quantization", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "nemotron_h"])
+def test_random_quantized_weights_are_the_format_a_checkpoint_holds(name: str, quantization: str) -> None:
+    """``--quantization``: the decoder layers' linear weights (expert banks included) are random FP8 or NVFP4 kept
+    quantized by the backend, routers, norms, embeddings and the LM head stay bf16, and the model generates; the
+    same name gives the same values in every process (here: twice)."""
+    from atlas_core.testing.quantized import quantized_weights
+    from atlas_core.weights.nvfp4 import NVFP4
+    from atlas_core.weights.quantized import FP8_E4M3
+
+    settings = {"backend": "numpy", "kv_cache_memory_gib": 1 / 16, "max_seq_len": 64, "quantization": quantization}
+    llm = random_weights_llm(str(TINY / name), **settings)
+    held = quantized_weights(llm.loaded.model)
+    assert held and {w.format for w in held} == {FP8_E4M3 if quantization == "fp8" else NVFP4}
+    source = llm.loaded.source
+    assert isinstance(source, RandomWeightSource)
+    kept = [n for n in source.names() if source.get_quantized(n) is None]
+    assert any("embed" in n for n in kept) and not any(n.endswith("proj.weight") for n in kept if ".layers." in n)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    first = llm.generate([[1, 2, 3, 4, 5]], params)[0].outputs[0].token_ids
+    again = random_weights_llm(str(TINY / name), **settings).generate([[1, 2, 3, 4, 5]], params)
+    assert len(first) == 4 and again[0].outputs[0].token_ids == first
+
+
+def test_quantization_needs_random_weights() -> None:
+    from atlas_core.cli import main
+
+    assert main(["bench", "latency", str(TINY / "llama"), "--quantization", "fp8", "--backend", "numpy"]) == 2

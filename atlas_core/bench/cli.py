@@ -39,11 +39,20 @@ def add_random_weights_arg(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="with --random-weights: keep only the first N layers (a shape too large for the device)",
     )
+    parser.add_argument(
+        "--quantization",
+        choices=("fp8", "nvfp4"),
+        default=None,
+        help="with --random-weights: the decoder layers' linear weights in FP8 (128 x 128 blocks) or NVFP4, as "
+        "such a checkpoint stores them (default: bf16)",
+    )
 
 
 def make_llm(args: argparse.Namespace) -> Any:
     """The `LLM` a benchmark runs: the checkpoint ``args.model``, or a random-weights model of its shape."""
     values = parsed_values(args, ENGINE_OPTIONS)
+    if args.quantization and not args.random_weights:
+        raise InvalidRequestError("--quantization builds random quantized weights: it needs --random-weights")
     if args.random_weights:
         from atlas_core.bench.random_weights import PRESETS, random_weights_llm
 
@@ -52,7 +61,7 @@ def make_llm(args: argparse.Namespace) -> Any:
             raise InvalidRequestError(
                 f"--random-weights needs MODEL: a preset ({', '.join(PRESETS)}) or a config.json path"
             )
-        return random_weights_llm(model, num_layers=args.num_layers, **values)
+        return random_weights_llm(model, num_layers=args.num_layers, quantization=args.quantization, **values)
     from atlas_core.engine.llm import LLM
 
     return LLM(**values)

@@ -7,7 +7,9 @@ weights (``load_format="dummy"``, `atlas_core.weights.random_source`), so nothin
 loading costs a copy. ``--num-layers N`` keeps the first N layers of a shape too large for the device
 (`cut_layers`). A shape whose weights cannot fit the backend's memory is refused before anything is
 built (`check_fits`). Split models work as with a checkpoint: every rank builds its share of the same
-random model from the config that `random_weights_llm` writes to a temporary folder.
+random model from the config that `random_weights_llm` writes to a temporary folder. ``--quantization fp8``
+or ``nvfp4`` declares that quantization in it (`QUANTIZATION_CONFIGS`), so the decoder layers' linear
+weights are random FP8 or NVFP4 as such a checkpoint holds them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ from atlas_core.errors import ModelLoadError
 PRESETS: dict[str, dict[str, Any]] = json.loads(resources.files(__package__).joinpath("presets.json").read_text())
 """Shapes of real models: their published config.json values that matter here (``presets.json``)."""
 
+QUANTIZATION_CONFIGS: dict[str, dict[str, Any]] = {
+    "fp8": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"},
+    "nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16},
+}
+"""``--quantization`` -> the ``quantization_config`` written into the random model's config.json."""
+QUANTIZED_BYTES = {"fp8": 1 + 4 / 128**2, "nvfp4": 0.5625}
+"""Bytes per quantized weight element (scales included) of each ``--quantization``."""
 PER_LAYER_KEYS = ("layer_types", "layers_block_type", "attn_type_list", "hybrid_override_pattern")
 """Config keys holding one entry per layer (lists, or Nemotron-H's pattern string)."""
 
@@ -85,19 +94,32 @@ def cut_layers(config: dict[str, Any], keep: int) -> dict[str, Any]:
 
 
 def check_fits(
-    name: str, shapes: dict[str, tuple[int, ...]], backend: Any, layers: int, reserve: int = 0, ranks: int = 1
+    name: str,
+    shapes: dict[str, tuple[int, ...]],
+    backend: Any,
+    layers: int,
+    reserve: int = 0,
+    ranks: int = 1,
+    quantization: str | None = None,
 ) -> None:
     """A `ModelLoadError` saying so when the weights of ``shapes``, stored in the backend's weight
-    dtype (plus, on the host, one tensor's bf16 copy while it is converted), and ``reserve`` bytes
-    (a host KV cache) exceed the free memory (`available_memory`). On a device, each of ``ranks`` ranks
-    (one device each) holds an equal share of the weights; host ranks share the host's memory."""
+    dtype (``quantization``'s bytes for the weights it quantizes; plus, on the host, one tensor's bf16 copy
+    while it is converted), and ``reserve`` bytes (a host KV cache) exceed the free memory
+    (`available_memory`). On a device, each of ``ranks`` ranks (one device each) holds an equal share of the
+    weights; host ranks share the host's memory."""
+    from atlas_core.weights.random_source import quantizable
+
     available = available_memory(backend)
     if available is None:
         return
     itemsize = weight_itemsize(backend)
     sizes = [math.prod(shape) for shape in shapes.values()]
     on_device = backend.device_memory() is not None
-    needed = sum(sizes) * itemsize // (ranks if on_device else 1) + (0 if on_device else 2 * max(sizes))
+    stored = sum(
+        math.prod(shape) * (QUANTIZED_BYTES[quantization] if quantization and quantizable(n, shape) else itemsize)
+        for n, shape in shapes.items()
+    )
+    needed = int(stored) // (ranks if on_device else 1) + (0 if on_device else 2 * max(sizes))
     if needed + reserve <= available[0]:
         return
     head = sum(math.prod(s) for n, s in shapes.items() if n.endswith(("embed_tokens.weight", "embeddings.weight")))
@@ -112,11 +134,17 @@ def check_fits(
 
 
 def random_weights_llm(
-    reference: str, *, backend: str | None = None, num_layers: int | None = None, **engine_args: Any
+    reference: str,
+    *,
+    backend: str | None = None,
+    num_layers: int | None = None,
+    quantization: str | None = None,
+    **engine_args: Any,
 ) -> Any:
     """An `LLM` over a model of ``reference``'s shape with random weights (no tokenizer: prompts are ids),
-    cut to its first ``num_layers`` layers when given (`cut_layers`), split over ranks as ``engine_args``
-    say; `check_fits` first (each rank holds about its share of the weights)."""
+    cut to its first ``num_layers`` layers when given (`cut_layers`), its decoder layers' linear weights in
+    ``quantization`` (`QUANTIZATION_CONFIGS`) when given, split over ranks as ``engine_args`` say; `check_fits`
+    first (each rank holds about its share of the weights)."""
     from atlas_core.backends.select import select_backend
     from atlas_core.engine.config import EngineConfig, kv_budget
     from atlas_core.engine.llm import LLM
@@ -126,6 +154,9 @@ def random_weights_llm(
     if num_layers is not None:
         config = cut_layers(config, num_layers)
         name = f"{name}, {num_layers} layer{'s' if num_layers > 1 else ''}"
+    if quantization is not None:
+        config = copy.deepcopy(config) | {"quantization_config": QUANTIZATION_CONFIGS[quantization]}
+        name = f"{name}, {quantization}"
     engine_config = EngineConfig(**engine_args)
     registry = get_registry()
     chosen = select_backend(registry, backend)
@@ -136,7 +167,8 @@ def random_weights_llm(
         )
     shapes = registration.load().checkpoint_shapes(config)
     host_kv = kv_budget(chosen, engine_config)[0] if chosen.device_memory() is None else 0
-    check_fits(name, shapes, chosen, layer_count(config), host_kv, engine_config.replica_settings().world)
+    world = engine_config.replica_settings().world
+    check_fits(name, shapes, chosen, layer_count(config), host_kv, world, quantization)
     folder = tempfile.TemporaryDirectory(prefix="atlas-random-weights-")
     model_dir = Path(folder.name) / name
     model_dir.mkdir()

@@ -12,6 +12,7 @@ from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.config import EngineConfig, kv_budget
 from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.engine.images import RequestImages
+from atlas_core.engine.kv_calibration import read_kv_scales
 from atlas_core.engine.kv_tiers import build_offload
 from atlas_core.engine.outputs import RequestOutput
 from atlas_core.engine.runner import ModelRunner, ScheduledChunk
@@ -22,7 +23,6 @@ from atlas_core.engine.spec.speculation import Speculation
 from atlas_core.engine.spec.verify import RecurrentRollback
 from atlas_core.engine.state_slots import StateSlotPool, StateSnapshots
 from atlas_core.errors import ConfigError, InvalidRequestError
-from atlas_core.model.kv_calibration import read_kv_scales
 from atlas_core.model.load import LoadedModel
 from atlas_core.model.vision import PreparedImage
 from atlas_core.parallel.mirror import MirroredGraphs, RankMirror

@@ -5,6 +5,11 @@ Every tensor is a slice of one pool of random normal bf16 values (standard devia
 every process that reads a name gets the same values, so the ranks of a split model read consistent
 shares of the same random model, and loading costs a copy. The shapes come from the family's loader
 (`ModelWeightLoader.checkpoint_shapes`), so a model is built exactly as from its real checkpoint.
+
+A config.json that declares a quantization (``quantization_config``: FP8 or NVFP4, `QuantizationScheme`) gets
+its decoder layers' linear weights quantized as such a checkpoint stores them (`get_quantized`, `quantizable`):
+FP8 elements from one pool of E4M3 bytes with one scale in every block, NVFP4 elements from random bytes with
+one group scale and factor, so that benchmarks run the quantized kernels at their real bytes.
 """
 
 from __future__ import annotations
@@ -19,12 +24,33 @@ import ml_dtypes
 import numpy as np
 
 from atlas_core.errors import ModelLoadError
+from atlas_core.weights.nvfp4 import NVFP4, nvfp4_weight
+from atlas_core.weights.quant_config import QuantizationScheme
+from atlas_core.weights.quantized import ELEMENT_DTYPES, FP8_E4M3, QuantizedWeight, dequantize, scale_grid
 
 POOL_ELEMENTS = 1 << 26
 WEIGHT_STD = 0.02
 BF16 = np.dtype(ml_dtypes.bfloat16)
 NEAR_ONE_SUFFIXES = ("norm.weight", "scale", "layer_scalar")
 """1-D tensors drawn near 1 (norm weights, router and layer scales); other 1-D tensors near 0."""
+FP8_SCALE = WEIGHT_STD * 8 / 448
+"""The block scale of random FP8 weights: the pool's values over it span about a sixth of E4M3's range."""
+NVFP4_FACTOR = WEIGHT_STD / 2
+"""The global factor of random NVFP4 weights (group scales 1.0): elements of magnitude 0.5-6 give 0.005-0.06."""
+NOT_QUANTIZED = ("norm", "embed", "lm_head", "conv1d", "A_log", "dt_bias", "vision", "visual")
+"""Name parts of tensors a quantized checkpoint keeps in floats (with routers and gates, ``...gate.weight``)."""
+
+
+def quantizable(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether a quantized checkpoint stores tensor ``name`` quantized: a linear weight or expert bank of a decoder
+    layer (at least 2-D, whole groups of 16 columns), not a router or gate, norm, embedding or convolution."""
+    return (
+        ".layers." in name
+        and len(shape) >= 2
+        and shape[-1] % 16 == 0
+        and not name.endswith("gate.weight")
+        and not any(part in name for part in NOT_QUANTIZED)
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -32,6 +58,14 @@ def random_pool(seed: int) -> np.ndarray:
     """`POOL_ELEMENTS` random normal bf16 values (standard deviation `WEIGHT_STD`), made once per seed:
     every tensor of a `RandomWeightSource` is a slice of it (read-only)."""
     pool = (np.random.default_rng(seed).standard_normal(POOL_ELEMENTS, dtype=np.float32) * WEIGHT_STD).astype(BF16)
+    pool.flags.writeable = False
+    return pool
+
+
+@functools.lru_cache(maxsize=1)
+def fp8_pool(seed: int) -> np.ndarray:
+    """`random_pool` over `FP8_SCALE` in E4M3 (read-only): the elements of random FP8 weights."""
+    pool = (random_pool(seed).astype(np.float32) / np.float32(FP8_SCALE)).astype(ELEMENT_DTYPES[FP8_E4M3])
     pool.flags.writeable = False
     return pool
 
@@ -45,6 +79,8 @@ class RandomWeightSource:
         self.seed = seed
         self._pool = random_pool(seed)
         self._shapes = shapes
+        self.quantization = QuantizationScheme.from_config(config)
+        """The quantization config.json declares (None: every tensor bf16)."""
 
     @classmethod
     def for_loader(cls, config: dict[str, Any], loader_class: Any) -> RandomWeightSource:
@@ -62,15 +98,41 @@ class RandomWeightSource:
         return name in self._shapes
 
     def get(self, name: str) -> np.ndarray:
+        """Tensor ``name`` in bf16 (a quantized one's values as float32, dequantized)."""
+        quantized = self.get_quantized(name)
+        if quantized is not None:
+            return dequantize(quantized)
+        shape = self._shape(name)
+        if len(shape) == 1:  # norm weights and scales near 1, biases near 0
+            noise = self._rng(name).standard_normal(shape[0], dtype=np.float32) * 0.02
+            return (noise + (1.0 if name.endswith(NEAR_ONE_SUFFIXES) else 0.0)).astype(BF16)
+        return self._slice(self._pool, name, shape)
+
+    def get_quantized(self, name: str) -> QuantizedWeight | None:
+        """Tensor ``name`` as the declared quantization stores it, when it is `quantizable`; else None."""
+        scheme, shape = self.quantization, self._shape(name)
+        if scheme is None or not quantizable(name, shape):
+            return None
+        if scheme.format == NVFP4:
+            packed = self._slice(random_pool(self.seed).view(np.uint8), name, (*shape[:-1], shape[-1] // 2))
+            scales = np.full((*shape[:-1], shape[-1] // 16), 0x38, dtype=np.uint8)  # E4M3 1.0
+            return nvfp4_weight(packed, scales, NVFP4_FACTOR)
+        block = scheme.blocks[0] if scheme.blocks else (shape[-2], shape[-1])
+        scales = np.full(scale_grid(shape, block), FP8_SCALE, dtype=np.float32)
+        return QuantizedWeight(FP8_E4M3, self._slice(fp8_pool(self.seed), name, shape), scales, block, shape)
+
+    def _shape(self, name: str) -> tuple[int, ...]:
         if name not in self._shapes:
             raise ModelLoadError(f"random weights: no tensor {name!r} in a {self.config.get('model_type')} model")
-        shape = self._shapes[name]
-        rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
-        if len(shape) == 1:  # norm weights and scales near 1, biases near 0
-            noise = rng.standard_normal(shape[0], dtype=np.float32) * 0.02
-            return (noise + (1.0 if name.endswith(NEAR_ONE_SUFFIXES) else 0.0)).astype(BF16)
+        return self._shapes[name]
+
+    def _rng(self, name: str) -> np.random.Generator:
+        return np.random.default_rng([self.seed, zlib.crc32(name.encode())])
+
+    def _slice(self, pool: np.ndarray, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """``shape``'s worth of ``pool`` from an offset that depends on ``name`` only (repeated past its end)."""
         count = math.prod(shape)
-        if count > POOL_ELEMENTS:
-            return np.resize(self._pool, count).reshape(shape)
-        start = int(rng.integers(0, POOL_ELEMENTS - count + 1))
-        return self._pool[start : start + count].reshape(shape)
+        if count > pool.size:
+            return np.resize(pool, count).reshape(shape)
+        start = int(self._rng(name).integers(0, pool.size - count + 1))
+        return pool[start : start + count].reshape(shape)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from atlas_core.backends.kv_dtypes import FP8_E4M3_MAX
+from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.errors import ConfigError
 
 KV_SCALE_HEADROOM = 2.0
@@ -56,8 +57,6 @@ def measure_kv_scales(llm: Any, prompts: list[list[int]]) -> list[tuple[float, f
     """``(k_scale, v_scale)`` of every KV layer of ``llm`` (an `LLM` whose cache stores the activation dtype,
     unsplit) after a forward over ``prompts``. Layers without their own values (MLA latent caches, which stay
     unscaled) get ``(1.0, 1.0)``."""
-    from atlas_core.engine.sampling_params import SamplingParams
-
     kv = llm.engine.kv
     if any(scales is not None for scales in kv.scales):
         raise ConfigError("calibrate-kv measures a cache in the activation dtype: run it with kv_cache_dtype=auto")
