@@ -128,6 +128,27 @@ def test_high_precision_layers_refuse_what_they_cannot_keep(dtype: str, layers: 
         kv_storage_layouts([KVLayout(2, 16)] * 3, dtype, NumpyBackend(), layers)
 
 
+class _FusedOpWithoutScales(NumpyBackend):
+    """A backend written before `Backend.qk_norm_rope_write_kv` took ``kv_scales``: its override lacks it."""
+
+    name = "fused-without-scales"
+
+    def qk_norm_rope_write_kv(  # type: ignore[override]
+        self, q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos, sin, k_cache, v_cache, slot_mapping
+    ):  # noqa: ANN001, ANN202 - the older signature, untyped as a third party's may be
+        return Backend.qk_norm_rope_write_kv(
+            self, q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos, sin, k_cache, v_cache, slot_mapping
+        )
+
+
+def test_a_fused_op_without_kv_scales_keeps_working_with_fp8_caches() -> None:
+    """Its bf16 layers still take the fused op; its fp8 layers take the separate ops, with the same results."""
+    prompt = mixed_prompts(64, count=1)[0]
+    want = full_prompt_logprobs(LLM(TINY / "qwen3", kv_cache_dtype="fp8"), prompt)
+    got = full_prompt_logprobs(LLM(TINY / "qwen3", backend=_FusedOpWithoutScales(), kv_cache_dtype="fp8"), prompt)
+    np.testing.assert_array_equal(got, want)
+
+
 class _NoFp8(NumpyBackend):
     name = "nofp8"
     kv_cache_dtypes: frozenset[str] = frozenset()

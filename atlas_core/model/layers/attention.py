@@ -3,12 +3,21 @@ sliding window, output projection."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 from atlas_core.backends.base import Array, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache
 from atlas_core.model.layers.norm import RMSNorm
+
+
+@functools.cache
+def fused_inputs_take_scales(backend_class: type[Backend]) -> bool:
+    """Whether ``backend_class``'s `Backend.qk_norm_rope_write_kv` takes ``kv_scales`` (scaled caches): a backend
+    written before that parameter overrides it without, and its scaled layers then take the separate ops."""
+    return "kv_scales" in inspect.signature(backend_class.qk_norm_rope_write_kv).parameters
 
 
 @dataclass
@@ -69,8 +78,8 @@ class Attention:
         q = qkv[:, :q_width].reshape(tokens, self.num_heads, self.head_dim)
         k = qkv[:, q_width : q_width + kv_width].reshape(tokens, self.num_kv_heads, self.head_dim)
         v = k if w.values_from_keys else qkv[:, q_width + kv_width :].reshape(tokens, self.num_kv_heads, self.head_dim)
-        k_cache, v_cache = kv.keys[self.layer_index], kv.values[self.layer_index]
-        if self._fused_inputs():
+        k_cache, v_cache, scales = kv.keys[self.layer_index], kv.values[self.layer_index], kv.scales[self.layer_index]
+        if self._fused_inputs() and (scales is None or fused_inputs_take_scales(type(backend))):
             norm = w.q_norm or w.k_norm
             eps = norm.eps if norm else 0.0
             positions, cos, sin = batch.rotary(self.rope_cos, self.rope_sin)
@@ -87,7 +96,7 @@ class Attention:
                 k_cache,
                 v_cache,
                 batch.attention.slot_mapping,
-                kv_scales=kv.scales[self.layer_index],
+                **({} if scales is None else {"kv_scales": scales}),
             )
             return self.attend(q, batch, kv)
         if w.v_norm is not None:
