@@ -11,9 +11,14 @@ from atlas_core.engine.kv_calibration import CALIBRATION_TEXT, measure_kv_scales
 from atlas_core.errors import ConfigError
 from atlas_core.options.flags import add_flags, parsed_values
 
-CALIBRATION_KV_GIB = 0.5
-"""The KV cache the calibration runs with unless ``--kv-cache-memory-gib`` says otherwise (every layer is read back
-to the host once)."""
+CALIBRATION_SETTINGS: dict[str, Any] = {
+    "kv_cache_memory_gib": 0.5,
+    "max_num_seqs": 1,
+    "enable_prefix_caching": False,
+    "max_state_snapshots": 0,
+}
+"""Engine settings of the calibration run unless given: one sequence in a small KV cache (every layer is read back
+to the host once), without recurrent-state snapshots; ``max_seq_len`` unset is ``--max-prompt-tokens`` + 1 at most."""
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -22,8 +27,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     values = parsed_values(args, ENGINE_OPTIONS)
     if values.get("kv_cache_dtype", "auto") != "auto" or values.get("kv_cache_scales"):
         raise ConfigError("calibrate-kv measures the model with its default KV cache: drop --kv-cache-dtype/-scales")
-    if values.get("kv_cache_memory_gib") is None:
-        values["kv_cache_memory_gib"] = CALIBRATION_KV_GIB
+    values |= {name: value for name, value in CALIBRATION_SETTINGS.items() if values.get(name) is None}
+    values["default_max_seq_len"] = args.max_prompt_tokens + 1  # the context a max_seq_len left unset caps at
+    values |= {"kv_cache_dtype": "auto", "kv_cache_scales": None}  # also over ATLAS_KV_CACHE_* variables
     text = Path(args.prompt_file).read_text(encoding="utf-8") if args.prompt_file else CALIBRATION_TEXT
     with LLM(**values) as llm:
         ids = llm.require_tokenizer().encode(text)[: min(args.max_prompt_tokens, llm.engine.max_seq_len - 1)]
@@ -43,7 +49,7 @@ def add_calibrate_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "calibrate-kv", help="measure fp8 KV-cache scales on text and write them to a file for --kv-cache-scales"
     )
-    add_flags(parser, ENGINE_OPTIONS)
+    add_flags(parser, ENGINE_OPTIONS, with_defaults=False)  # unset: CALIBRATION_SETTINGS, then the usual defaults
     parser.add_argument("--output", required=True, help="the JSON file to write (pass it to --kv-cache-scales)")
     parser.add_argument(
         "--prompt-file", default=None, help="UTF-8 text to calibrate on (default: built-in mixed prose, code, tables)"

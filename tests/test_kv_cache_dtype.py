@@ -101,6 +101,8 @@ def test_high_precision_layers_keep_the_activation_dtype() -> None:
     sizing counts both, and the logits move less from the default cache than with every layer in fp8."""
     layouts = kv_storage_layouts([KVLayout(2, 16)] * 3, "fp8", NumpyBackend(), ["0", "2"])
     assert [layout.dtype for layout in layouts] == [None, FP8_E4M3, None]
+    for given in ("0,2", ["0,2"], [0, 2]):  # the flag's comma form, as the CLI and the Python API pass it
+        assert kv_storage_layouts([KVLayout(2, 16)] * 3, "fp8", NumpyBackend(), given) == layouts
     llm = LLM(TINY / "llama", kv_cache_dtype="fp8", kv_high_precision_layers=["0"], kv_cache_memory_gib=1 / 64)
     assert llm.engine.kv.keys[0].dtype == np.float32 and llm.engine.kv.scales[0] is None
     assert all(k.dtype == FP8_E4M3 for k in llm.engine.kv.keys[1:])
@@ -118,12 +120,13 @@ def test_high_precision_layers_keep_the_activation_dtype() -> None:
     ("dtype", "layers", "message"),
     [
         ("fp8", ["3"], r"'3' is not a KV layer of this model; give indices from 0 to 2 \(its 3 KV layers"),
+        ("fp8", "0,5", r"'5' is not a KV layer"),
         ("fp8", ["-1"], r"'-1' is not a KV layer"),
         ("fp8", ["first"], r"'first' is not a KV layer"),
         ("auto", ["0"], r"applies to a KV cache narrower than the activations .* set kv_cache_dtype=fp8"),
     ],
 )
-def test_high_precision_layers_refuse_what_they_cannot_keep(dtype: str, layers: list[str], message: str) -> None:
+def test_high_precision_layers_refuse_what_they_cannot_keep(dtype: str, layers: str | list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         kv_storage_layouts([KVLayout(2, 16)] * 3, dtype, NumpyBackend(), layers)
 
@@ -142,7 +145,7 @@ class _FusedOpWithoutScales(NumpyBackend):
 
 
 def test_a_fused_op_without_kv_scales_keeps_working_with_fp8_caches() -> None:
-    """Its bf16 layers still take the fused op; its fp8 layers take the separate ops, with the same results."""
+    """Its fp8 layers take the separate ops (the fused op is never given ``kv_scales``), with the same results."""
     prompt = mixed_prompts(64, count=1)[0]
     want = full_prompt_logprobs(LLM(TINY / "qwen3", kv_cache_dtype="fp8"), prompt)
     got = full_prompt_logprobs(LLM(TINY / "qwen3", backend=_FusedOpWithoutScales(), kv_cache_dtype="fp8"), prompt)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atlas_core import LLM
+from atlas_core import LLM, SamplingParams
 from atlas_core.backends.kv_dtypes import FP8_E4M3_MAX
 from atlas_core.cli import main
 from atlas_core.engine.kv_calibration import (
@@ -25,9 +25,9 @@ from atlas_core.testing.parity import full_prompt_logprobs
 from tests.conftest import TINY
 
 
-def test_scales_map_the_largest_stored_magnitude_below_e4m3s_top() -> None:
-    """Each layer's scale is its cache's largest magnitude times the headroom over 448: the calibration prompt's
-    keys and values then stored fp8 with those scales never saturate."""
+def test_scales_map_the_largest_stored_magnitude_below_e4m3s_top(tmp_path: Path) -> None:
+    """Each layer's scale is its cache's largest magnitude times the headroom over 448; an fp8 cache with those
+    scales then stores the calibration prompt's keys and values at most at half of E4M3's range, never saturated."""
     llm = LLM(TINY / "llama", kv_cache_memory_gib=1 / 64)
     prompt = mixed_prompts(llm.loaded.model.vocab_size, count=1)[0]
     scales = measure_kv_scales(llm, [prompt])
@@ -36,7 +36,13 @@ def test_scales_map_the_largest_stored_magnitude_below_e4m3s_top() -> None:
         for scale, cache in ((k_scale, keys), (v_scale, values)):
             amax = float(np.abs(cache).max())
             assert amax > 0 and scale == pytest.approx(amax * KV_SCALE_HEADROOM / FP8_E4M3_MAX, rel=1e-6)
-            assert amax / scale <= FP8_E4M3_MAX / KV_SCALE_HEADROOM * (1 + 1e-6)
+    path = tmp_path / "scales.json"
+    write_kv_scales(path, scales, "llama")
+    fp8 = LLM(TINY / "llama", kv_cache_memory_gib=1 / 64, kv_cache_dtype="fp8", kv_cache_scales=str(path))
+    fp8.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
+    for cache in (*fp8.engine.kv.keys, *fp8.engine.kv.values):
+        stored = float(np.abs(cache.astype(np.float32)).max())
+        assert 0 < stored <= FP8_E4M3_MAX / KV_SCALE_HEADROOM * 1.07  # E4M3 rounds up by at most 1/16
 
 
 def with_word_tokenizer(tmp_path: Path, name: str) -> Path:
@@ -92,11 +98,22 @@ def test_a_bad_scales_file_is_refused_naming_it(tmp_path: Path, document: str, m
     assert str(path) in str(caught.value)
 
 
+def test_a_scales_file_covers_the_model_layers_and_mtp_layers_keep_theirs(tmp_path: Path) -> None:
+    """A file calibrated without speculation applies with MTP speculation on: the MTP layer keeps its own scales."""
+    own = len(LLM(TINY / "qwen3_next", kv_cache_memory_gib=1 / 64).engine.kv.keys)
+    path = tmp_path / "scales.json"
+    write_kv_scales(path, [(0.5, 0.25)] * own, "qwen3_next")
+    mtp = {"method": "mtp", "num_speculative_tokens": 1}
+    llm = LLM(TINY / "qwen3_next", kv_cache_dtype="fp8", kv_cache_scales=str(path), speculative_config=mtp)
+    assert len(llm.engine.kv.scales) == own + 1
+    assert llm.engine.kv.scales[:own] == [(0.5, 0.25)] * own and llm.engine.kv.scales[own] == (1.0, 1.0)
+
+
 def test_scales_need_fp8_and_a_file_of_this_model(tmp_path: Path) -> None:
     path = tmp_path / "scales.json"
     write_kv_scales(path, [(0.5, 0.25)] * 7, "seven-layer model")
     assert json.loads(path.read_text())["model"] == "seven-layer model"
-    with pytest.raises(ConfigError, match="kv_cache_scales applies to kv_cache_dtype=fp8, not auto"):
+    with pytest.raises(ConfigError, match="kv_cache_scales applies to kv_cache_dtype=fp8, not auto: set"):
         LLM(TINY / "llama", kv_cache_scales=str(path))
     with pytest.raises(ConfigError, match="has 7 layers but this model has"):
         LLM(TINY / "llama", kv_cache_dtype="fp8", kv_cache_scales=str(path))

@@ -135,6 +135,33 @@ def test_persisted_prefixes_survive_a_restart(tmp_path: Path) -> None:
     assert restarted.engine.offload is not None and restarted.engine.offload.spill_hit_tokens > 0
 
 
+def test_persisted_fp8_prefixes_are_not_read_under_other_scales(tmp_path: Path) -> None:
+    """fp8 records stored under one set of KV scales would read wrong under another: a restart with other scales
+    starts the persisted tier empty (no hit), one with the same scales hits."""
+    from atlas_core.engine.kv_calibration import write_kv_scales
+
+    one, other = tmp_path / "one.json", tmp_path / "other.json"
+    write_kv_scales(one, [(0.05, 0.05)] * 3, "llama")
+    write_kv_scales(other, [(0.1, 0.1)] * 3, "llama")
+    spill = tmp_path / "spill"
+
+    def run(scales: Path) -> LLM:
+        llm = small_cache(
+            kv_spill_dir=str(spill),
+            kv_spill_gb=0.01,
+            kv_spill_persist=True,
+            kv_cache_dtype="fp8",
+            kv_cache_scales=str(scales),
+        )
+        tokens(llm, PROMPTS_33)
+        llm.close()
+        return llm
+
+    run(one)
+    assert run(other).engine.offload.spill_hit_tokens == 0  # type: ignore[union-attr]
+    assert run(other).engine.offload.spill_hit_tokens > 0  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("name", ["llama", "qwen3_next"])
 def test_shutdown_writes_the_device_prefix_cache_for_a_restart(name: str, tmp_path: Path) -> None:
     """A prefix that never left the device cache is written to disk when the server stops (the engine thread

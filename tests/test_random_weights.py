@@ -228,7 +228,10 @@ def test_random_quantized_weights_are_the_format_a_checkpoint_holds(name: str, q
     source = llm.loaded.source
     assert isinstance(source, RandomWeightSource)
     kept = [n for n in source.names() if source.get_quantized(n) is None]
-    assert any("embed" in n for n in kept) and not any(n.endswith("proj.weight") for n in kept if ".layers." in n)
+    assert not any(n.endswith("proj.weight") for n in kept if ".layers." in n)
+    for part in ("embed", "norm", *(("lm_head",) if name != "llama" else ()), *((".gate.",) if "moe" in name else ())):
+        assert any(part in n for n in kept), f"{part} tensors must stay bf16"
+    assert all(source.shape(n) == tuple(source.get(n).shape) for n in list(source.names())[:8])
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     first = llm.generate([[1, 2, 3, 4, 5]], params)[0].outputs[0].token_ids
     again = random_weights_llm(str(TINY / name), **settings).generate([[1, 2, 3, 4, 5]], params)

@@ -87,16 +87,16 @@ def describe_layouts(layouts: list[AnyKVLayout]) -> str:
 
 
 def kv_storage_layouts(
-    layouts: list[AnyKVLayout], kv_cache_dtype: str, backend: Backend, high_precision: Sequence[str | int] = ()
+    layouts: list[AnyKVLayout], kv_cache_dtype: str, backend: Backend, high_precision: str | Sequence[str | int] = ()
 ) -> list[AnyKVLayout]:
     """``layouts`` (a model's) with the storage dtype the ``kv_cache_dtype`` setting asks for.
 
     ``auto``, and a name whose dtype is the backend's activation dtype, change nothing. Otherwise the
     backend must list the name in `Backend.kv_cache_dtypes`, and no layer may be an MLA latent layer
     (`LatentKVLayout`, which stays in the activation dtype): else `ConfigError` naming what is supported.
-    ``high_precision`` (the ``kv_high_precision_layers`` setting): indices into ``layouts`` (the model's KV
-    layers in order, from 0) that keep the activation dtype; `ConfigError` for an index out of range, or when
-    the setting asks for no narrower dtype."""
+    ``high_precision`` (the ``kv_high_precision_layers`` setting, `high_precision_layers`): indices into
+    ``layouts`` (the model's KV layers in order, from 0; MTP layers after them) that keep the activation dtype;
+    `ConfigError` for an index out of range, or when the setting asks for no narrower dtype."""
     keep = high_precision_layers(high_precision, len(layouts))
     if kv_cache_dtype == "auto" or KV_DTYPES[kv_cache_dtype] == np.dtype(backend.activation_dtype):
         if keep:
@@ -140,11 +140,12 @@ def layout_scales(layouts: list[AnyKVLayout]) -> list[tuple[float, float]]:
     return [(layout.k_scale, layout.v_scale) if isinstance(layout, KVLayout) else (1.0, 1.0) for layout in layouts]
 
 
-def high_precision_layers(values: Sequence[str | int], count: int) -> set[int]:
-    """The KV layer indices ``values`` names (whole numbers from 0 to ``count - 1``); `ConfigError` otherwise."""
+def high_precision_layers(values: str | Sequence[str | int], count: int) -> set[int]:
+    """The KV layer indices ``values`` names (whole numbers from 0 to ``count - 1``, as numbers or as text, each item
+    possibly a comma-separated list such as ``"0,47"``); `ConfigError` otherwise."""
+    items = [values] if isinstance(values, str) else list(values)
     keep = set()
-    for value in values:
-        text = str(value).strip()
+    for text in (part.strip() for item in items for part in str(item).split(",") if part.strip()):
         if not text.isdigit() or int(text) >= count:
             raise ConfigError(
                 f"kv_high_precision_layers: {text!r} is not a KV layer of this model; give indices from 0 to "

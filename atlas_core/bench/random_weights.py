@@ -93,6 +93,15 @@ def cut_layers(config: dict[str, Any], keep: int) -> dict[str, Any]:
     return config
 
 
+def declared_quantization(config: dict[str, Any]) -> str | None:
+    """The ``--quantization`` name of what ``config`` (a config.json) declares: ``fp8``, ``nvfp4`` or None."""
+    from atlas_core.weights.nvfp4 import NVFP4
+    from atlas_core.weights.quant_config import QuantizationScheme
+
+    scheme = QuantizationScheme.from_config(config)
+    return None if scheme is None else "nvfp4" if scheme.format == NVFP4 else "fp8"
+
+
 def check_fits(
     name: str,
     shapes: dict[str, tuple[int, ...]],
@@ -168,7 +177,7 @@ def random_weights_llm(
     shapes = registration.load().checkpoint_shapes(config)
     host_kv = kv_budget(chosen, engine_config)[0] if chosen.device_memory() is None else 0
     world = engine_config.replica_settings().world
-    check_fits(name, shapes, chosen, layer_count(config), host_kv, world, quantization)
+    check_fits(name, shapes, chosen, layer_count(config), host_kv, world, quantization or declared_quantization(config))
     folder = tempfile.TemporaryDirectory(prefix="atlas-random-weights-")
     model_dir = Path(folder.name) / name
     model_dir.mkdir()

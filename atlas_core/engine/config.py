@@ -93,7 +93,8 @@ class EngineConfig:
         default_factory=list,
         metavar="N,...",
         help="with --kv-cache-dtype fp8: KV layers kept in the activation dtype, by index (the model's attention "
-        "layers in order, from 0), e.g. the first and last layers where fp8 costs the most accuracy",
+        "layers that keep their own K and V, in order from 0; MTP layers after them), e.g. the first and last "
+        "layers, where fp8 costs the most accuracy",
         default_help="none",
     )
     kv_cache_scales: str | None = option(

@@ -54,9 +54,9 @@ El tren sale a las ocho y media. Der Zug fÃ¤hrt um halb neun ab. Le train part Ã
 
 
 def measure_kv_scales(llm: Any, prompts: list[list[int]]) -> list[tuple[float, float]]:
-    """``(k_scale, v_scale)`` of every KV layer of ``llm`` (an `LLM` whose cache stores the activation dtype,
-    unsplit) after a forward over ``prompts``. Layers without their own values (MLA latent caches, which stay
-    unscaled) get ``(1.0, 1.0)``."""
+    """``(k_scale, v_scale)`` of every KV layer of ``llm``'s model (an `LLM` whose cache stores the activation dtype,
+    unsplit; MTP layers, which keep their own scales, are not measured) after a forward over ``prompts``. Layers
+    without their own values (MLA latent caches, which stay unscaled) get ``(1.0, 1.0)``."""
     kv = llm.engine.kv
     if any(scales is not None for scales in kv.scales):
         raise ConfigError("calibrate-kv measures a cache in the activation dtype: run it with kv_cache_dtype=auto")
@@ -65,7 +65,7 @@ def measure_kv_scales(llm: Any, prompts: list[list[int]]) -> list[tuple[float, f
     llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0))
     return [
         (1.0, 1.0) if values is None else (_layer_scale(llm.backend, keys), _layer_scale(llm.backend, values))
-        for keys, values in zip(kv.keys, kv.values, strict=True)
+        for keys, values in list(zip(kv.keys, kv.values, strict=True))[: len(llm.loaded.model.kv_layouts)]
     ]
 
 

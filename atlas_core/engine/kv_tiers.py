@@ -55,7 +55,9 @@ def build_offload(
         wanted = config.max_num_seqs * state_format.nbytes
         state_host, state_nvme = min(wanted, int(host_bytes * STATE_SHARE)), min(wanted, int(nvme_bytes * STATE_SHARE))
     split = SplitTiers(mirror) if mirror is not None else None
-    place = TierPlace(spill_dir, model_name, config.kv_spill_persist, split.rank_tag if split else None)
+    place = TierPlace(
+        spill_dir, model_name, config.kv_spill_persist, split.rank_tag if split else None, tuple(kv.scales)
+    )
     formats = {"kv": kv_format} | ({"state": state_format} if state_format is not None else {})
     sizes = {"kv": [("host", host_bytes - state_host), ("nvme", nvme_bytes - state_nvme)]}
     sizes["state"] = [("host", state_host), ("nvme", state_nvme)]

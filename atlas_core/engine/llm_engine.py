@@ -55,9 +55,13 @@ class LLMEngine:
         )
         if config.kv_cache_scales is not None:
             if config.kv_cache_dtype != "fp8":
-                raise ConfigError(f"kv_cache_scales applies to kv_cache_dtype=fp8, not {config.kv_cache_dtype}")
-            scales = read_kv_scales(config.kv_cache_scales, len(self.kv_layouts))
-            self.kv_layouts = with_kv_scales(self.kv_layouts, scales)
+                raise ConfigError(
+                    f"kv_cache_scales applies to kv_cache_dtype=fp8, not {config.kv_cache_dtype}: set "
+                    "kv_cache_dtype=fp8 (--kv-cache-dtype fp8) or drop kv_cache_scales"
+                )
+            own = len(model.kv_layouts)  # the file covers the model's layers; MTP layers keep their own scales
+            scales = read_kv_scales(config.kv_cache_scales, own)
+            self.kv_layouts = with_kv_scales(self.kv_layouts[:own], scales) + self.kv_layouts[own:]
         budget, source = kv_budget(backend, config)
         # recurrent state: one slot per running sequence, plus the prefix cache's state snapshots
         num_seq_slots = config.max_num_seqs if model.has_recurrent_state else 0

@@ -43,11 +43,16 @@ class TierPlace:
     model_name: str
     persist: bool
     rank_tag: tuple[int, int, int] | None = None
+    kv_scales: tuple[tuple[float, float] | None, ...] = ()
+    """The KV cache's per-layer fp8 scales (`KVCache.scales`): records stored under other scales read wrong, so
+    they are part of a persisted KV tier's identity (when any layer is scaled)."""
 
     def spec(self, format: RecordFormat, capacity_bytes: int, part: str) -> TierSpec:
         """The `TierSpec` of this rank's NVMe tier of ``part`` (``kv`` or ``state``)."""
         assert self.spill_dir is not None
         identity = f"{self.model_name}|{format}"
+        if part == "kv" and any(scales is not None for scales in self.kv_scales):
+            identity += f"|kv_scales={list(self.kv_scales)}"
         directory = self.spill_dir / part
         if self.rank_tag is not None:
             rank, tp, ep = self.rank_tag

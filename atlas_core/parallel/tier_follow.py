@@ -49,6 +49,7 @@ class TierFollower:
             spec["model"],
             bool(spec["persist"]),
             (plan.rank, plan.tensor_parallel_size, plan.expert_parallel_size),
+            tuple(kv.scales),
         )
         self.replays: dict[str, TierReplay] = {}
         slots: list[int] = []

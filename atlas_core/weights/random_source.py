@@ -37,8 +37,24 @@ FP8_SCALE = WEIGHT_STD * 8 / 448
 """The block scale of random FP8 weights: the pool's values over it span about a sixth of E4M3's range."""
 NVFP4_FACTOR = WEIGHT_STD / 2
 """The global factor of random NVFP4 weights (group scales 1.0): elements of magnitude 0.5-6 give 0.005-0.06."""
-NOT_QUANTIZED = ("norm", "embed", "lm_head", "conv1d", "A_log", "dt_bias", "vision", "visual")
-"""Name parts of tensors a quantized checkpoint keeps in floats (with routers and gates, ``...gate.weight``)."""
+NOT_QUANTIZED = (
+    "norm",
+    "embed",
+    "lm_head",
+    "conv1d",
+    "A_log",
+    "dt_bias",
+    "vision",
+    "visual",
+    "router",
+    "eh_proj",
+    "in_proj_a.",
+    "in_proj_b.",
+    "in_proj_ba.",
+)
+"""Name parts of tensors a quantized checkpoint keeps in floats (with gates, ``...gate.weight``): norms, embeddings,
+the LM head, convolutions, state-space parameters, vision towers, routers, DeepSeek's MTP projection and the gated
+delta net's small gate projections."""
 
 
 def quantizable(name: str, shape: tuple[int, ...]) -> bool:
@@ -66,6 +82,14 @@ def random_pool(seed: int) -> np.ndarray:
 def fp8_pool(seed: int) -> np.ndarray:
     """`random_pool` over `FP8_SCALE` in E4M3 (read-only): the elements of random FP8 weights."""
     pool = (random_pool(seed).astype(np.float32) / np.float32(FP8_SCALE)).astype(ELEMENT_DTYPES[FP8_E4M3])
+    pool.flags.writeable = False
+    return pool
+
+
+@functools.lru_cache(maxsize=1)
+def byte_pool(seed: int) -> np.ndarray:
+    """`POOL_ELEMENTS` uniformly random bytes (read-only): the packed elements of random NVFP4 weights."""
+    pool = np.random.default_rng([seed, 1]).integers(0, 256, POOL_ELEMENTS, dtype=np.uint8)
     pool.flags.writeable = False
     return pool
 
@@ -114,12 +138,16 @@ class RandomWeightSource:
         if scheme is None or not quantizable(name, shape):
             return None
         if scheme.format == NVFP4:
-            packed = self._slice(random_pool(self.seed).view(np.uint8), name, (*shape[:-1], shape[-1] // 2))
+            packed = self._slice(byte_pool(self.seed), name, (*shape[:-1], shape[-1] // 2))
             scales = np.full((*shape[:-1], shape[-1] // 16), 0x38, dtype=np.uint8)  # E4M3 1.0
             return nvfp4_weight(packed, scales, NVFP4_FACTOR)
         block = scheme.blocks[0] if scheme.blocks else (shape[-2], shape[-1])
         scales = np.full(scale_grid(shape, block), FP8_SCALE, dtype=np.float32)
         return QuantizedWeight(FP8_E4M3, self._slice(fp8_pool(self.seed), name, shape), scales, block, shape)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Tensor ``name``'s shape, without building it."""
+        return self._shape(name)
 
     def _shape(self, name: str) -> tuple[int, ...]:
         if name not in self._shapes:

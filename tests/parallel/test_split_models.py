@@ -166,16 +166,23 @@ def test_random_weights_split_over_rank_processes_give_the_unsplit_tokens() -> N
         np.testing.assert_allclose(logprobs, want_logprobs, atol=1e-5, rtol=0)
 
 
-def test_fp8_kv_with_high_precision_layers_splits_as_the_whole_model() -> None:
-    """Every rank stores its heads' KV in fp8, except the layers kept in high precision, as rank 0 tells it: the
-    split model answers as the whole one with the same KV settings."""
+def test_fp8_kv_with_high_precision_layers_splits_as_the_whole_model(tmp_path: Path) -> None:
+    """Every rank stores its heads' KV in fp8 with rank 0's scales (a calibrated file's, here not 1.0), except the
+    layers kept in high precision, as rank 0 tells it: the split model answers as the whole one."""
     from atlas_core import LLM
+    from atlas_core.engine.kv_calibration import write_kv_scales
 
-    settings: dict[str, Any] = {"kv_cache_dtype": "fp8", "kv_high_precision_layers": ["0"]}
+    scales = tmp_path / "scales.json"
+    write_kv_scales(scales, [(0.03, 0.05), (0.5, 0.25), (0.02, 0.04)], "llama")
+    settings: dict[str, Any] = {
+        "kv_cache_dtype": "fp8",
+        "kv_high_precision_layers": ["0"],
+        "kv_cache_scales": str(scales),
+    }
     with LLM(TINY / "llama", backend="numpy", kv_cache_memory_gib=KV_GIB, **settings) as whole:
         expected = greedy(whole, PROMPTS)
     with LLM(TINY / "llama", backend="numpy", kv_cache_memory_gib=KV_GIB, tensor_parallel_size=2, **settings) as split:
-        assert split.mirror is not None and split.engine.kv.scales[0] is None
+        assert split.mirror is not None and split.engine.kv.scales == [None, (0.5, 0.25), (0.02, 0.04)]
         got = greedy(split, PROMPTS)
     for (tokens, logprobs), (want_tokens, want_logprobs) in zip(got, expected, strict=True):
         assert tokens == want_tokens
