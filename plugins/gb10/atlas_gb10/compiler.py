@@ -39,6 +39,8 @@ def cache_dir() -> Path:
 
 
 def compile_options(variant: KernelVariant, arch: str) -> tuple[str, ...]:
+    """NVRTC's options for ``variant`` on ``arch``. No fast-math or flush-to-zero option may be added: the exact
+    E4M3 / E2M1 / f16 conversions (``fp8.cuh``, ``gemm_nvfp4.cuh``, ``gemm_gguf.cuh``) rely on float subnormals."""
     return (
         f"-arch={arch}",
         "-std=c++17",

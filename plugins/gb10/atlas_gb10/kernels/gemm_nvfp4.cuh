@@ -22,9 +22,9 @@ __device__ __forceinline__ Nvfp4Weight bank_matrix(const Nvfp4Weight& w, int e, 
 
 // E2M1 code c (bit 3 the sign) times the group scale s as bf16 bits, exactly: the magnitude's 3 bits placed in a
 // float's exponent and mantissa (bias 127 instead of 1; codes 0 and 1 land on float subnormals) times s, times
-// 2^126.
+// 2^126; the code's sign flips the product's (a negative scale keeps its own).
 __device__ __forceinline__ unsigned e2m1_scaled_bits(unsigned c, float s) {
-    return (__float_as_uint(__uint_as_float((c & 7u) << 22) * s * 0x1p126f) >> 16) | ((c & 8u) << 12);
+    return (__float_as_uint(__uint_as_float((c & 7u) << 22) * s * 0x1p126f) >> 16) ^ ((c & 8u) << 12);
 }
 
 // Elements k .. k + 7 of row `row` (k % 8 == 0): their packed nibbles and their group's scale (zeros outside the
