@@ -1,5 +1,5 @@
 """The cuda backend's attention-input ops (`CudaBackend.rope`, `write_kv`, `write_kv_scaled`,
-`qk_norm_rope_write_kv`): each one kernel of ``kernels/elementwise.cu`` over strided per-head views, rows
+`qk_norm_rope_write_kv`): each one kernel of ``kernels/attention_inputs.cu`` over strided per-head views, rows
 independent. The KV writes store bf16 caches, or fp8 (E4M3 byte) caches given the layer's scales."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from atlas_gb10.backend import CudaBackend
 
 QKV_FUSED_WARPS, QKV_FUSED_MAX_HEAD_DIM = 4, 256
-"""``QKR_WARPS`` and ``QKR_MAX_D`` of ``elementwise.cu``'s fused attention-input kernel."""
+"""``QKR_WARPS`` and ``QKR_MAX_D`` of ``attention_inputs.cu``'s fused attention-input kernel."""
 
 
 def rope(backend: CudaBackend, q: Array, k: Array, positions: Array, cos: Array, sin: Array) -> None:
@@ -30,7 +30,7 @@ def rope(backend: CudaBackend, q: Array, k: Array, positions: Array, cos: Array,
         cos, sin = cos.astype(np.float32), sin.astype(np.float32)
     qs, ks = element_strides(q), element_strides(k)
     threads = min(1024, 32 * math.ceil((q.shape[1] + k.shape[1]) * half / 32))
-    backend._kernel("elementwise", "rope_bf16")(
+    backend._kernel("attention_inputs", "rope_bf16")(
         (tokens,),
         (threads,),
         (
@@ -69,7 +69,7 @@ def write_kv(
         return
     ks, vs = element_strides(k), element_strides(v)
     threads = min(1024, 32 * math.ceil(heads * d / 32))
-    backend._kernel("elementwise", f"write_kv_{dtype}")(
+    backend._kernel("attention_inputs", f"write_kv_{dtype}")(
         (tokens,),
         (threads,),
         (
@@ -137,7 +137,7 @@ def qk_norm_rope_write_kv(
         qs, ks, vs = element_strides(q), element_strides(k), element_strides(v)
         heads = q_heads + 2 * kv_heads
         warps = min(QKV_FUSED_WARPS, heads)
-        backend._kernel("elementwise", f"qk_norm_rope_write_kv_{dtype}")(
+        backend._kernel("attention_inputs", f"qk_norm_rope_write_kv_{dtype}")(
             (tokens, math.ceil(heads / warps)),
             (32 * warps,),
             (

@@ -30,6 +30,7 @@ GENERIC = "generic"
 
 REGISTRY: dict[tuple[str, str, str], KernelVariant] = {
     (GENERIC, "elementwise", "bf16"): KernelVariant("elementwise.cu"),
+    (GENERIC, "attention_inputs", "bf16"): KernelVariant("attention_inputs.cu"),
     (GENERIC, "gemm", "bf16"): KernelVariant("gemm.cu", (("GEMM_KSPLIT", 8),)),
     (GENERIC, "gemm_tiled", "bf16"): KernelVariant("gemm_tiled.cu"),
     (GENERIC, "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 64), ("ATT_SPLIT", 64))),

@@ -1,0 +1,151 @@
+// The attention layer's inputs on bf16 activations: rotary embedding, the paged KV write (bf16 caches, or fp8 E4M3
+// caches with the layer's scales: `store_kv`), and per-head q/k RMSNorm + RoPE + KV write fused in one launch.
+//
+// Every kernel computes each row with a fixed thread layout that depends only on the row width,
+// never on the number of rows, so a row's result is bitwise the same in any batch.
+#include "fp8.cuh"
+
+// Rotate-half RoPE in place on the first 2*half dims of every head of q [T, Hq, D] and k [T, Hk, D]
+// (strided views: token stride s0, head stride s1, dims contiguous). cos/sin: [max_pos, half] fp32.
+extern "C" __global__ void rope_bf16(bf16_t* __restrict__ q, long long q_s0, long long q_s1, int q_heads,
+                                     bf16_t* __restrict__ k, long long k_s0, long long k_s1, int k_heads,
+                                     const int* __restrict__ positions, const float* __restrict__ cos_t,
+                                     const float* __restrict__ sin_t, int half) {
+    const long long t = blockIdx.x;
+    const long long pos = positions[t];
+    const float* c = cos_t + pos * half;
+    const float* s = sin_t + pos * half;
+    const int total = (q_heads + k_heads) * half;
+    for (int i = threadIdx.x; i < total; i += blockDim.x) {
+        const int head = i / half;
+        const int j = i - head * half;
+        bf16_t* x = head < q_heads ? q + t * q_s0 + head * q_s1 : k + t * k_s0 + (head - q_heads) * k_s1;
+        const float a = bf16_to_float(x[j]);
+        const float b = bf16_to_float(x[j + half]);
+        x[j] = float_to_bf16(__fsub_rn(__fmul_rn(a, c[j]), __fmul_rn(b, s[j])));
+        x[j + half] = float_to_bf16(__fadd_rn(__fmul_rn(b, c[j]), __fmul_rn(a, s[j])));
+    }
+}
+
+// A cache element from a value already in bf16: a bf16 cache stores it; an fp8 cache stores E4M3(x / scale),
+// rounded to nearest even and saturated at ±448 (`atlas_core.backends.kv_dtypes.quantize_kv`).
+__device__ __forceinline__ void store_kv(bf16_t* dst, bf16_t x, float) { *dst = x; }
+__device__ __forceinline__ void store_kv(unsigned char* dst, bf16_t x, float scale) {
+    *dst = float_to_e4m3(__fdiv_rn(bf16_to_float(x), scale));
+}
+
+// Store k/v [T, Hk, D] (strided views) at flat slots of caches [blocks, block_size, Hk, D]; slot -1 skips.
+template <typename KV>
+__device__ __forceinline__ void write_kv_body(KV* __restrict__ k_cache, KV* __restrict__ v_cache,
+                                              const bf16_t* __restrict__ k, long long k_s0, long long k_s1,
+                                              const bf16_t* __restrict__ v, long long v_s0, long long v_s1,
+                                              const int* __restrict__ slots, int kv_heads, int d, float k_scale,
+                                              float v_scale) {
+    const long long t = blockIdx.x;
+    const long long slot = slots[t];
+    if (slot < 0) return;
+    const int total = kv_heads * d;
+    for (int i = threadIdx.x; i < total; i += blockDim.x) {
+        const int h = i / d;
+        const int j = i - h * d;
+        store_kv(k_cache + slot * total + i, k[t * k_s0 + h * k_s1 + j], k_scale);
+        store_kv(v_cache + slot * total + i, v[t * v_s0 + h * v_s1 + j], v_scale);
+    }
+}
+
+// write_kv_bf16 (the scales are ignored) and write_kv_fp8.
+#define WRITE_KV_KERNEL(NAME, KV)                                                                                  \
+    extern "C" __global__ void NAME(KV* __restrict__ k_cache, KV* __restrict__ v_cache, const bf16_t* __restrict__ k, \
+                                    long long k_s0, long long k_s1, const bf16_t* __restrict__ v, long long v_s0,    \
+                                    long long v_s1, const int* __restrict__ slots, int kv_heads, int d,             \
+                                    float k_scale, float v_scale) {                                                 \
+        write_kv_body(k_cache, v_cache, k, k_s0, k_s1, v, v_s0, v_s1, slots, kv_heads, d, k_scale, v_scale);         \
+    }
+
+WRITE_KV_KERNEL(write_kv_bf16, bf16_t)
+WRITE_KV_KERNEL(write_kv_fp8, unsigned char)
+
+// The attention layer's inputs in one launch: per-head RMSNorm of q and k (a null weight skips it),
+// rotate-half RoPE on the first 2*half dims, then q into q_out [T, Hq, D] (contiguous) and k, v into
+// the caches at slots[t] (-1: k and v are skipped, q is still written; `store_kv` with the layer's scales for
+// fp8 caches). A warp per head (q heads, then k heads, then v heads), QKR_WARPS heads a block: grid (tokens,
+// ceil(heads / QKR_WARPS)), so that a decode step's heads run on several SMs at once; a head is staged in shared
+// memory as floats, each value rounded to bf16 where the separate ops (rms_norm, rope, write_kv) round it.
+#define QKR_WARPS 4
+#define QKR_MAX_D 256
+
+template <typename KV>
+__device__ __forceinline__ void qk_norm_rope_write_kv_body(
+    const bf16_t* __restrict__ q, long long q_s0, long long q_s1, int q_heads, const bf16_t* __restrict__ k,
+    long long k_s0, long long k_s1, const bf16_t* __restrict__ v, long long v_s0, long long v_s1, int kv_heads,
+    const bf16_t* __restrict__ q_weight, const bf16_t* __restrict__ k_weight, float eps,
+    const int* __restrict__ positions, const float* __restrict__ cos_t, const float* __restrict__ sin_t, int half,
+    bf16_t* __restrict__ q_out, KV* __restrict__ k_cache, KV* __restrict__ v_cache, const int* __restrict__ slots,
+    int d, float k_scale, float v_scale) {
+    __shared__ float stage[QKR_WARPS][QKR_MAX_D];
+    const long long t = blockIdx.x;
+    const long long slot = slots[t];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const long long kv_row = (long long)kv_heads * d;
+    const float* c = cos_t + (long long)positions[t] * half;
+    const float* s = sin_t + (long long)positions[t] * half;
+    float* buf = stage[warp];
+    for (int h = blockIdx.y * warps + warp; h < q_heads + 2 * kv_heads; h += gridDim.y * warps) {
+        const bool is_q = h < q_heads, is_k = !is_q && h < q_heads + kv_heads;
+        if (!is_q && slot < 0) continue;
+        if (!is_q && !is_k) {
+            const int vh = h - q_heads - kv_heads;
+            const bf16_t* src = v + t * v_s0 + vh * v_s1;
+            KV* dst = v_cache + slot * kv_row + (long long)vh * d;
+            for (int i = lane; i < d; i += 32) store_kv(dst + i, src[i], v_scale);
+            continue;
+        }
+        const bf16_t* src = is_q ? q + t * q_s0 + h * q_s1 : k + t * k_s0 + (h - q_heads) * k_s1;
+        const bf16_t* weight = is_q ? q_weight : k_weight;
+        bf16_t* q_dst = q_out + (t * q_heads + h) * d;
+        KV* k_dst = k_cache + slot * kv_row + (long long)(h - q_heads) * d;
+        const auto put = [&](int i, bf16_t x) {
+            if (is_q)
+                q_dst[i] = x;
+            else
+                store_kv(k_dst + i, x, k_scale);
+        };
+        float sq = 0.0f;
+        for (int i = lane; i < d; i += 32) {
+            const float x = bf16_to_float(src[i]);
+            buf[i] = x;
+            sq = __fmaf_rn(x, x, sq);
+        }
+        if (weight) {
+            sq = __shfl_sync(0xffffffffu, warp_sum(sq), 0);
+            const float inv = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(sq, (float)d), eps));
+            for (int i = lane; i < d; i += 32)
+                buf[i] = bf16_to_float(float_to_bf16(__fmul_rn(__fmul_rn(buf[i], inv), bf16_to_float(weight[i]))));
+        }
+        __syncwarp();
+        for (int j = lane; j < half; j += 32) {
+            const float a = buf[j], b = buf[j + half];
+            put(j, float_to_bf16(__fsub_rn(__fmul_rn(a, c[j]), __fmul_rn(b, s[j]))));
+            put(j + half, float_to_bf16(__fadd_rn(__fmul_rn(b, c[j]), __fmul_rn(a, s[j]))));
+        }
+        for (int i = 2 * half + lane; i < d; i += 32) put(i, float_to_bf16(buf[i]));
+        __syncwarp();
+    }
+}
+
+// qk_norm_rope_write_kv_bf16 (the scales are ignored) and qk_norm_rope_write_kv_fp8.
+#define QK_NORM_ROPE_WRITE_KV_KERNEL(NAME, KV)                                                                       \
+    extern "C" __global__ void __launch_bounds__(QKR_WARPS * 32) NAME(                                               \
+        const bf16_t* __restrict__ q, long long q_s0, long long q_s1, int q_heads, const bf16_t* __restrict__ k,     \
+        long long k_s0, long long k_s1, const bf16_t* __restrict__ v, long long v_s0, long long v_s1, int kv_heads,  \
+        const bf16_t* __restrict__ q_weight, const bf16_t* __restrict__ k_weight, float eps,                         \
+        const int* __restrict__ positions, const float* __restrict__ cos_t, const float* __restrict__ sin_t,         \
+        int half, bf16_t* __restrict__ q_out, KV* __restrict__ k_cache, KV* __restrict__ v_cache,                    \
+        const int* __restrict__ slots, int d, float k_scale, float v_scale) {                                        \
+        qk_norm_rope_write_kv_body(q, q_s0, q_s1, q_heads, k, k_s0, k_s1, v, v_s0, v_s1, kv_heads, q_weight,         \
+                                   k_weight, eps, positions, cos_t, sin_t, half, q_out, k_cache, v_cache, slots, d,  \
+                                   k_scale, v_scale);                                                                \
+    }
+
+QK_NORM_ROPE_WRITE_KV_KERNEL(qk_norm_rope_write_kv_bf16, bf16_t)
+QK_NORM_ROPE_WRITE_KV_KERNEL(qk_norm_rope_write_kv_fp8, unsigned char)
