@@ -166,7 +166,18 @@ def assert_graphs_replay_eager_decode(name: str, monkeypatch: pytest.MonkeyPatch
 def test_greedy_tokens_are_batch_invariant_on_the_gpu(name: str) -> None:
     """In the batch-invariant mode, a sequence's greedy tokens alone equal its tokens batched, chunked, and
     served from the prefix cache."""
-    alone_llm = cuda_llm(TINY / name, enable_prefix_caching=False, batch_invariant=True)
+    assert_batch_invariant_on_the_gpu(name)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_next"])
+def test_greedy_tokens_are_batch_invariant_with_fp8_kv_on_the_gpu(name: str) -> None:
+    """The same with fp8 KV caches: a key or value is quantized alone, so its bytes do not depend on the batch."""
+    assert_batch_invariant_on_the_gpu(name, kv_cache_dtype="fp8")
+
+
+def assert_batch_invariant_on_the_gpu(name: str, **kv: object) -> None:
+    """`test_greedy_tokens_are_batch_invariant_on_the_gpu`'s check, every engine built with ``kv`` too."""
+    alone_llm = cuda_llm(TINY / name, enable_prefix_caching=False, batch_invariant=True, **kv)
     prompts = mixed_prompts(alone_llm.loaded.model.vocab_size)
     alone = [alone_llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in prompts]
     for settings in (
@@ -175,7 +186,7 @@ def test_greedy_tokens_are_batch_invariant_on_the_gpu(name: str) -> None:
         {"enable_prefix_caching": False, "max_num_batched_tokens": 64, "max_prefill_tokens": 3},
         {"enable_prefix_caching": True, "max_num_seqs": 5, "block_size": 4},
     ):
-        llm = cuda_llm(TINY / name, batch_invariant=True, **settings)
+        llm = cuda_llm(TINY / name, batch_invariant=True, **settings, **kv)
         for _ in range(2):  # the second run hits the prefix cache the first one filled
             outputs = llm.generate(prompts, GREEDY)
             for i, output in enumerate(outputs):
