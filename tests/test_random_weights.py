@@ -227,6 +227,9 @@ def test_random_quantized_weights_are_the_format_a_checkpoint_holds(name: str, q
     assert held and {w.format for w in held} == {FP8_E4M3 if quantization == "fp8" else NVFP4}
     source = llm.loaded.source
     assert isinstance(source, RandomWeightSource)
+    from atlas_core.bench.header import checkpoint_dtypes
+
+    assert f"decoder linear weights {quantization}" in checkpoint_dtypes(llm.loaded)
     kept = [n for n in source.names() if source.get_quantized(n) is None]
     assert not any(n.endswith("proj.weight") for n in kept if ".layers." in n)
     for part in ("embed", "norm", *(("lm_head",) if name != "llama" else ()), *((".gate.",) if "moe" in name else ())):

@@ -59,7 +59,9 @@ def checkpoint_dtypes(loaded: Any) -> str:
     """What the checkpoint stores, e.g. ``GGUF Q4_1 69%, Q8_0 31%`` or ``safetensors bfloat16``."""
     resolved = loaded.resolved
     if isinstance(loaded.source, RandomWeightSource):
-        return "none: random bf16 weights (--random-weights)"
+        scheme = loaded.source.quantization
+        quantized = "" if scheme is None else f", decoder linear weights {scheme.format} ({scheme.method})"
+        return f"none: random bf16 weights{quantized} (--random-weights)"
     if resolved.kind == "gguf":
         try:
             from atlas_core.weights.gguf_index import open_gguf
