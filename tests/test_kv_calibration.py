@@ -47,16 +47,10 @@ def test_scales_map_the_largest_stored_magnitude_below_e4m3s_top(tmp_path: Path)
 
 def with_word_tokenizer(tmp_path: Path, name: str) -> Path:
     """A copy of tiny checkpoint ``name`` with a word-level tokenizer over the calibration text's first words."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import pre_tokenizers
 
-    folder = TINY.edited_copy(tmp_path / "with_tokenizer", name)
-    splitter = pre_tokenizers.Whitespace()
-    words = dict.fromkeys(word for word, _ in splitter.pre_tokenize_str(CALIBRATION_TEXT))
-    vocab = {"[UNK]": 0} | {word: i + 1 for i, word in enumerate(list(words)[: TINY.config(name)["vocab_size"] - 1])}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = splitter
-    tokenizer.save(str(folder / "tokenizer.json"))
-    return folder
+    words = list(dict.fromkeys(word for word, _ in pre_tokenizers.Whitespace().pre_tokenize_str(CALIBRATION_TEXT)))
+    return TINY.with_word_tokenizer(tmp_path / "with_tokenizer", name, words[: TINY.config(name)["vocab_size"] - 1])
 
 
 def test_calibrate_kv_command_writes_scales_that_kv_cache_scales_applies(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 from atlas_core import LLM, SamplingParams
 from atlas_core.engine.runner import ScheduledChunk
@@ -260,21 +259,11 @@ def _assert_cache_free(cache: DraftKV) -> None:
     assert not cache.tables
 
 
-def _with_word_tokenizer(tmp_path: Path, name: str, label: str, words: list[str]) -> Path:
-    """A copy of tiny checkpoint ``name`` with a word-level tokenizer.json over ``words`` (ids in order)."""
-    folder = TINY.edited_copy(tmp_path / label, name)
-    vocab = {"[UNK]": 0} | {word: i + 1 for i, word in enumerate(words)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.save(str(folder / "tokenizer.json"))
-    return folder
-
-
 def test_draft_model_with_another_tokenizer_is_refused(tmp_path: Path) -> None:
     words = ["The", "quick", "brown", "fox"]
-    target = _with_word_tokenizer(tmp_path, "qwen3", "target", words)
-    same = _with_word_tokenizer(tmp_path, "qwen3", "same", words)
-    other = _with_word_tokenizer(tmp_path, "qwen3", "other", words[::-1])
+    target = TINY.with_word_tokenizer(tmp_path / "target", "qwen3", words)
+    same = TINY.with_word_tokenizer(tmp_path / "same", "qwen3", words)
+    other = TINY.with_word_tokenizer(tmp_path / "other", "qwen3", words[::-1])
     LLM(target, speculative_config={"model": str(same), "num_speculative_tokens": 2})
     with pytest.raises(ConfigError, match="does not share the target's tokenizer"):
         LLM(target, speculative_config={"model": str(other), "num_speculative_tokens": 2})

@@ -25,6 +25,9 @@ from typing import Any
 
 from atlas_core.backends.memory import available_memory, weight_itemsize
 from atlas_core.errors import ModelLoadError
+from atlas_core.weights.nvfp4 import NVFP4
+from atlas_core.weights.quant_config import QuantizationScheme
+from atlas_core.weights.random_source import quantizable
 
 PRESETS: dict[str, dict[str, Any]] = json.loads(resources.files(__package__).joinpath("presets.json").read_text())
 """Shapes of real models: their published config.json values that matter here (``presets.json``)."""
@@ -95,9 +98,6 @@ def cut_layers(config: dict[str, Any], keep: int) -> dict[str, Any]:
 
 def declared_quantization(config: dict[str, Any]) -> str | None:
     """The ``--quantization`` name of what ``config`` (a config.json) declares: ``fp8``, ``nvfp4`` or None."""
-    from atlas_core.weights.nvfp4 import NVFP4
-    from atlas_core.weights.quant_config import QuantizationScheme
-
     scheme = QuantizationScheme.from_config(config)
     return None if scheme is None else "nvfp4" if scheme.format == NVFP4 else "fp8"
 
@@ -116,7 +116,6 @@ def check_fits(
     while it is converted), and ``reserve`` bytes (a host KV cache) exceed the free memory
     (`available_memory`). On a device, each of ``ranks`` ranks (one device each) holds an equal share of the
     weights; host ranks share the host's memory."""
-    from atlas_core.weights.random_source import quantizable
 
     available = available_memory(backend)
     if available is None:

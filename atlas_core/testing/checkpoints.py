@@ -99,6 +99,19 @@ class TinyCheckpoints:
         (folder / "config.json").write_text(json.dumps(config))
         return folder
 
+    def with_word_tokenizer(self, destination: Path, name: str, words: list[str]) -> Path:
+        """A copy of checkpoint ``name`` in ``destination / name`` with a word-level tokenizer.json over ``words``
+        (ids 1, 2, ... in order; 0 is ``[UNK]``; whitespace and punctuation split words): tiny checkpoints have no
+        tokenizer of their own."""
+        from tokenizers import Tokenizer, models, pre_tokenizers
+
+        folder = self.edited_copy(destination, name)
+        vocab = {"[UNK]": 0} | {word: i + 1 for i, word in enumerate(words)}
+        tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+        tokenizer.save(str(folder / "tokenizer.json"))
+        return folder
+
 
 def require_family(folder: Path) -> None:
     """Skip the calling test (or module) when checkpoint ``folder``'s model family is not installed.
