@@ -116,7 +116,6 @@ def check_fits(
     while it is converted), and ``reserve`` bytes (a host KV cache) exceed the free memory
     (`available_memory`). On a device, each of ``ranks`` ranks (one device each) holds an equal share of the
     weights; host ranks share the host's memory."""
-
     available = available_memory(backend)
     if available is None:
         return
