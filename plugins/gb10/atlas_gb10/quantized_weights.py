@@ -9,9 +9,10 @@ published layout: 128 x 128 blocks, per channel, per tensor); a weight in other 
 instead (`executes_natively`).
 
 An ``nvfp4`` weight keeps its packed rows (`atlas_core.weights.nvfp4`: E2M1 elements two a byte, the E4M3 group
-scales and the row's global factor): 0.5625 bytes a weight plus 8 a row. The kernels (``gemm_nvfp4_*``,
-``moe_gemm_nvfp4_*``, W4A16, ``kernels/gemm_nvfp4.cuh``) give the tensor cores each element times its group
-scale, an exact bf16 value, and multiply each column's sum by its row's factor. A ``gguf_q8_0`` weight keeps
+scales and the row's global factor): 0.5625 bytes a weight plus 8 a row, its elements reordered within each
+4-byte word at upload (`interleave_nvfp4`). The kernels (``gemm_nvfp4_*``, ``moe_gemm_nvfp4_*``, W4A16,
+``kernels/gemm_nvfp4.cuh``) give the tensor cores each element times its group scale, an exact bf16 value, and
+multiply each column's sum by its row's factor. A ``gguf_q8_0`` weight keeps
 llama.cpp's blocks (an f16 scale and 32 int8 codes, 34 bytes): the kernels (``gemm_gguf_q8_0_*``,
 ``moe_gemm_gguf_q8_0_*``, ``kernels/gemm_gguf.cuh``) sum each block's products apart and add them times its scale.
 Other GGUF types are dequantized at load.
@@ -48,6 +49,8 @@ def executes_natively(weight: QuantizedWeight) -> bool:
 def upload_native(backend: Any, weight: QuantizedWeight) -> QuantizedWeight:
     """``weight`` on the device as the kernels read it: its bytes as uint8, and FP8 scales as float32."""
     data = np.ascontiguousarray(np.asarray(weight.data)).view(np.uint8)
+    if weight.format == NVFP4:
+        data = interleave_nvfp4(data, weight.shape[-1])
     if weight.format in ROW_FORMATS:
         return replace(weight, data=backend.from_numpy(data, dtype=np.dtype(np.uint8)))
     scales = np.ascontiguousarray(np.asarray(weight.scales, dtype=np.float32))
@@ -56,6 +59,22 @@ def upload_native(backend: Any, weight: QuantizedWeight) -> QuantizedWeight:
         data=backend.from_numpy(data, dtype=np.dtype(np.uint8)),
         scales=backend.from_numpy(scales, dtype=np.dtype(np.float32)),
     )
+
+
+WORD_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+"""The element in each nibble of an interleaved NVFP4 word: nibble t holds element 2t, nibble t + 4 element 2t + 1."""
+
+
+def interleave_nvfp4(data: np.ndarray, columns: int) -> np.ndarray:
+    """NVFP4 rows (uint8 ``[..., row_bytes(columns)]``) with each 4-byte word of packed elements (8 columns, two a
+    byte, the even one in the low nibble) reordered as `WORD_ORDER` says, the order in which the kernels take pairs
+    apart with one shift and two masks; the group scales and factors unchanged. A new array."""
+    rows = np.array(data, dtype=np.uint8, copy=True)
+    words = rows[..., : columns // 2].reshape(*rows.shape[:-1], columns // 8, 4)
+    elements = np.stack([words & 0x0F, words >> 4], axis=-1).reshape(*words.shape[:-1], 8)
+    nibbles = elements[..., list(WORD_ORDER)]
+    rows[..., : columns // 2] = (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).reshape(*rows.shape[:-1], -1)
+    return rows
 
 
 def weight_operand(weight: Array | QuantizedWeight) -> tuple[str, tuple[Any, ...], bool]:

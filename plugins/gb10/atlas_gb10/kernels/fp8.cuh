@@ -11,9 +11,32 @@ __device__ __forceinline__ unsigned e4m3_to_bf16_bits(unsigned b) {
     return __float_as_uint(__uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 0x1p120f) >> 16;
 }
 
-// Bytes `byte` and `byte` + 1 of word as a bf16 pair (the first in the low half).
-__device__ __forceinline__ unsigned e4m3_pair(unsigned word, int byte) {
-    return e4m3_to_bf16_bits((word >> (8 * byte)) & 0xffu) | (e4m3_to_bf16_bits((word >> (8 * byte + 8)) & 0xffu) << 16);
+// a * b + (-0) on bf16 pairs: the product of each half, rounded once (exact where it is representable), with
+// subnormal inputs kept (bf16 arithmetic has no flush-to-zero). fma rather than mul: sm_80 has no mul.bf16x2.
+__device__ __forceinline__ unsigned bf16x2_mul(unsigned a, unsigned b) {
+    unsigned d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+    return d;
+}
+
+// The four E4M3 bytes of `word` as two bf16 pairs, exactly (the values e4m3_to_bf16_bits gives): `lo` holds
+// bytes 0 and 1, `hi` bytes 2 and 3 (the first of each in the low half). A byte moved to the top of a 16-bit
+// half (one prmt) has its sign in place; its exponent and mantissa move 4 bits down into a bf16's, which reads
+// the value times 2^-120 (E4M3 subnormals land on bf16 subnormals); one bf16 product by 2^120 per pair
+// restores it exactly. Five integer/bf16 operations per pair instead of a float conversion per byte.
+__device__ __forceinline__ void e4m3x4_to_bf16x2(unsigned word, unsigned& lo, unsigned& hi) {
+    const unsigned two_pow_120 = 0x7b807b80u;  // bf16 2^120 in both halves
+    const unsigned a = __byte_perm(word, 0u, 0x1404), b = __byte_perm(word, 0u, 0x3424);
+    lo = bf16x2_mul((a & 0x80008000u) | ((a & 0x7f007f00u) >> 4), two_pow_120);
+    hi = bf16x2_mul((b & 0x80008000u) | ((b & 0x7f007f00u) >> 4), two_pow_120);
+}
+
+// Eight E4M3 bytes (elements 0 .. 7 from the low byte of raw.x) as eight bf16 values, two a word.
+__device__ __forceinline__ uint4 e4m3x8_to_bf16x8(uint2 raw) {
+    uint4 v;
+    e4m3x4_to_bf16x2(raw.x, v.x, v.y);
+    e4m3x4_to_bf16x2(raw.y, v.z, v.w);
+    return v;
 }
 
 // The E4M3 byte of x rounded to nearest even, saturating: |x| >= 448 gives ±448 (what ml_dtypes gives for x

@@ -220,10 +220,8 @@ __device__ __forceinline__ void mma_chunks_fp8(const bf16_t* __restrict__ x, lon
                 Frag8 b[NT];
 #pragma unroll
                 for (int j = 0; j < NT; ++j) {
-                    b[j].w[0] = e4m3_pair(raw[u][j].x, 0);
-                    b[j].w[1] = e4m3_pair(raw[u][j].x, 2);
-                    b[j].w[2] = e4m3_pair(raw[u][j].y, 0);
-                    b[j].w[3] = e4m3_pair(raw[u][j].y, 2);
+                    const uint4 v = e4m3x8_to_bf16x8(raw[u][j]);
+                    b[j] = Frag8{{v.x, v.y, v.z, v.w}};
                 }
                 mma_chunk<MT, NT>(part, a[u], b);
             }

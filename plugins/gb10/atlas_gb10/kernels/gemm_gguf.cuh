@@ -26,13 +26,18 @@ __device__ __forceinline__ float f16_bits_to_float(unsigned h) {
     return __uint_as_float(((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13)) * 0x1p112f;
 }
 
-// The bf16 bits of an int8 code (the byte b), exactly: 2^23 + 128 + code as a float, minus 2^23 + 128.
-__device__ __forceinline__ unsigned i8_to_bf16_bits(unsigned b) {
-    return __float_as_uint(__uint_as_float(0x4B000000u | ((b ^ 0x80u) & 0xffu)) - 8388736.0f) >> 16;
-}
-
-__device__ __forceinline__ unsigned i8_pair(unsigned word, int byte) {
-    return i8_to_bf16_bits(word >> (8 * byte)) | (i8_to_bf16_bits(word >> (8 * byte + 8)) << 16);
+// The four int8 codes of `word` as two bf16 pairs, exactly: `lo` codes 0 and 1, `hi` codes 2 and 3 (the first
+// of each in the low half). A code c (offset to c + 128 by the xor) goes under a float's exponent byte by one
+// prmt: 2^23 + 128 + c, less 2^23 + 128, is c itself, and its upper 16 bits its bf16 (8 significant bits at
+// most); a last prmt packs two of them.
+__device__ __forceinline__ void i8x4_to_bf16x2(unsigned word, unsigned& lo, unsigned& hi) {
+    const unsigned offset = word ^ 0x80808080u, magic = 0x4b000000u;
+    const float c0 = __uint_as_float(__byte_perm(offset, magic, 0x7440)) - 8388736.0f;
+    const float c1 = __uint_as_float(__byte_perm(offset, magic, 0x7441)) - 8388736.0f;
+    const float c2 = __uint_as_float(__byte_perm(offset, magic, 0x7442)) - 8388736.0f;
+    const float c3 = __uint_as_float(__byte_perm(offset, magic, 0x7443)) - 8388736.0f;
+    lo = __byte_perm(__float_as_uint(c0), __float_as_uint(c1), 0x7632);
+    hi = __byte_perm(__float_as_uint(c2), __float_as_uint(c3), 0x7632);
 }
 
 // Codes k .. k + 7 of row `row` (k % 8 == 0; zeros outside the matrix), by 2-byte loads (blocks are 2-aligned).
@@ -74,9 +79,10 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
             if (c + u >= c_end) continue;
             Frag8 b[NT];
 #pragma unroll
-            for (int j = 0; j < NT; ++j)
-                b[j] = Frag8{{i8_pair(raw[u][j].x, 0), i8_pair(raw[u][j].x, 2), i8_pair(raw[u][j].y, 0),
-                              i8_pair(raw[u][j].y, 2)}};
+            for (int j = 0; j < NT; ++j) {
+                i8x4_to_bf16x2(raw[u][j].x, b[j].w[0], b[j].w[1]);
+                i8x4_to_bf16x2(raw[u][j].y, b[j].w[2], b[j].w[3]);
+            }
             float part[MT][NT][4];
             zero_frags<MT, NT>(part);
             mma_chunk<MT, NT>(part, a[u], b);

@@ -1,12 +1,14 @@
 // NVFP4 weights (W4A16) for gemm_core.cuh's products: `Nvfp4Weight`, its bank matrices and its `accumulate`,
 // found for W = Nvfp4Weight where gemm_tile / expert_product are instantiated (gemm.cu, moe.cu).
 //
-// The weight stays in QuantizedWeight's NVFP4 rows (atlas_core.weights.nvfp4): per row, K / 2 bytes of packed
-// E2M1 elements (the even column in the low nibble), K / 16 E4M3 group scales, then the row's global factor as a
-// little-endian float64; K % 16 == 0. Each element enters the tensor cores as e2m1 x its group's E4M3 scale, a
-// bf16 value exactly (2 and 4 significant bits), and a column's sum is multiplied by its row's factor (rounded to
-// float32) at the end: the product of W[i, j] = e2m1 * e4m3 * factor up to the factor's float32 rounding, in the
-// same fixed chunk order as every other weight, so batch invariance holds.
+// The weight keeps QuantizedWeight's NVFP4 rows (atlas_core.weights.nvfp4: per row, K / 2 bytes of packed E2M1
+// elements, K / 16 E4M3 group scales, then the row's global factor as a little-endian float64; K % 16 == 0), with
+// one change made at upload (atlas_gb10.quantized_weights.interleave_nvfp4): within each 4-byte word of 8
+// elements, nibble t holds element 2t and nibble t + 4 element 2t + 1 (t = 0 .. 3), so that one shift and two
+// masks put a pair's codes in the two halves of a bf16 pair. Each element enters the tensor cores as e2m1 x its
+// group's E4M3 scale x 2^-8, a bf16 value exactly (2 and 4 significant bits), and a column's sum is multiplied by
+// its row's factor (rounded to float32) x 2^8 at the end: the product of W[i, j] = e2m1 * e4m3 * factor up to
+// the factor's float32 rounding, in the same fixed chunk order as every other weight, so batch invariance holds.
 #pragma once
 #include "gemm_core.cuh"
 
@@ -20,20 +22,30 @@ __device__ __forceinline__ Nvfp4Weight bank_matrix(const Nvfp4Weight& w, int e, 
     return Nvfp4Weight{w.data + (long long)e * N * nvfp4_row_bytes(K)};
 }
 
-// E2M1 code c (bit 3 the sign) times the group scale s as bf16 bits, exactly: the magnitude's 3 bits placed in a
-// float's exponent and mantissa (bias 127 instead of 1; codes 0 and 1 land on float subnormals) times s, times
-// 2^126; the code's sign flips the product's (a negative scale keeps its own).
-__device__ __forceinline__ unsigned e2m1_scaled_bits(unsigned c, float s) {
-    return (__float_as_uint(__uint_as_float((c & 7u) << 22) * s * 0x1p126f) >> 16) ^ ((c & 8u) << 12);
+// The bf16 pair of elements 2t and 2t + 1 of an interleaved word times the group scale s2 (a bf16 pair of
+// e4m3 x 2^118): the codes' sign bits land on the halves' signs and their 3 magnitude bits on a bf16's lowest
+// two exponent bits and first mantissa bit, which reads e2m1 x 2^-126 (codes 0 and 1 on bf16 subnormals); the
+// bf16 product by s2 is e2m1 x e4m3 x 2^-8, exact.
+template <int T>
+__device__ __forceinline__ unsigned e2m1_pair_scaled(unsigned word, unsigned s2) {
+    const unsigned q = word << (12 - 4 * T);
+    return bf16x2_mul((q & 0x80008000u) | ((q & 0x70007000u) >> 6), s2);
 }
 
-// Elements k .. k + 7 of row `row` (k % 8 == 0): their packed nibbles and their group's scale (zeros outside the
-// matrix). VEC: one 4-byte load (rows 4-byte aligned).
+// An E4M3 group scale byte as a bf16 pair of its value x 2^118 (below 2^127 for every finite scale).
+__device__ __forceinline__ unsigned e4m3_scale_pair(unsigned b) {
+    const float s = __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 0x1p119f * 0x1p119f;
+    const unsigned bits = __float_as_uint(s) >> 16;
+    return bits | (bits << 16);
+}
+
+// Elements k .. k + 7 of row `row` (k % 8 == 0): their interleaved word and their group's scale pair
+// (e4m3_scale_pair; zeros outside the matrix). VEC: one 4-byte load (rows 4-byte aligned).
 template <bool VEC>
 __device__ __forceinline__ void load_nvfp4x8(const unsigned char* __restrict__ w, int row, int rows, int k, int K,
-                                             unsigned& packed, float& scale) {
+                                             unsigned& packed, unsigned& scale) {
     packed = 0u;
-    scale = 0.0f;
+    scale = 0u;
     if (row < 0 || row >= rows || k >= K) return;
     const unsigned char* p = w + row * nvfp4_row_bytes(K);
     if (VEC) {
@@ -42,17 +54,17 @@ __device__ __forceinline__ void load_nvfp4x8(const unsigned char* __restrict__ w
 #pragma unroll
         for (int b = 0; b < 4; ++b) packed |= (unsigned)p[k / 2 + b] << (8 * b);
     }
-    scale = __uint_as_float(e4m3_to_bf16_bits(p[K / 2 + k / 16]) << 16);
+    scale = e4m3_scale_pair(p[K / 2 + k / 16]);
 }
 
-// Row `row`'s global factor in float32 (0 past the matrix).
+// Row `row`'s global factor in float32 times 2^8 (0 past the matrix).
 __device__ __forceinline__ float nvfp4_factor(const unsigned char* __restrict__ w, int row, int rows, int K) {
     if (row >= rows) return 0.0f;
     const unsigned char* p = w + row * nvfp4_row_bytes(K) + K / 2 + K / 16;
     unsigned long long bits = 0ull;
 #pragma unroll
     for (int b = 0; b < 8; ++b) bits |= (unsigned long long)p[b] << (8 * b);
-    return (float)__longlong_as_double((long long)bits);
+    return (float)__longlong_as_double((long long)bits) * 256.0f;
 }
 
 // mma_chunks over an NVFP4 weight: acc += factor(column) * (products of the chunks c_begin .. c_end - 1).
@@ -65,7 +77,7 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
     zero_frags<MT, NT>(part);
     for (int c = c_begin; c < c_end; c += U) {
         unsigned packed[U][NT];
-        float scale[U][NT];
+        unsigned scale[U][NT];
         Frag8 a[U][MT][2];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -81,10 +93,8 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
             Frag8 b[NT];
 #pragma unroll
             for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int t = 0; t < 4; ++t)
-                    b[j].w[t] = e2m1_scaled_bits((packed[u][j] >> (8 * t)) & 15u, scale[u][j]) |
-                                (e2m1_scaled_bits((packed[u][j] >> (8 * t + 4)) & 15u, scale[u][j]) << 16);
+                b[j] = Frag8{{e2m1_pair_scaled<0>(packed[u][j], scale[u][j]), e2m1_pair_scaled<1>(packed[u][j], scale[u][j]),
+                              e2m1_pair_scaled<2>(packed[u][j], scale[u][j]), e2m1_pair_scaled<3>(packed[u][j], scale[u][j])}};
             mma_chunk<MT, NT>(part, a[u], b);
         }
     }

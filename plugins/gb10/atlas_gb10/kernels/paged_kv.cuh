@@ -61,8 +61,7 @@ __device__ __forceinline__ void unstage_kv_tile(bf16_t* Kb, bf16_t* Vb, const kv
         const kv_t* src = (r < TILE_N ? Kst + r * stride : Vst + (r - TILE_N) * stride) + j;
         const uint2 raw = *reinterpret_cast<const uint2*>(src);
         bf16_t* dst = (r < TILE_N ? Kb + r * stride : Vb + (r - TILE_N) * stride) + j;
-        *reinterpret_cast<uint4*>(dst) = make_uint4(e4m3_pair(raw.x, 0), e4m3_pair(raw.x, 2), e4m3_pair(raw.y, 0),
-                                                    e4m3_pair(raw.y, 2));
+        *reinterpret_cast<uint4*>(dst) = e4m3x8_to_bf16x8(raw);
     }
 }
 #else
@@ -108,8 +107,7 @@ __device__ __forceinline__ void load_kv_tile(bf16_t* Kb, bf16_t* Vb, const long 
 // Elements j .. j + 7 of a tile row as 8 bf16 values (16-byte and 8-byte aligned rows, bf16 and E4M3).
 __device__ __forceinline__ uint4 tile_chunk(const bf16_t* row, int j) { return *reinterpret_cast<const uint4*>(row + j); }
 __device__ __forceinline__ uint4 tile_chunk(const unsigned char* row, int j) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(row + j);
-    return make_uint4(e4m3_pair(raw.x, 0), e4m3_pair(raw.x, 2), e4m3_pair(raw.y, 0), e4m3_pair(raw.y, 2));
+    return e4m3x8_to_bf16x8(*reinterpret_cast<const uint2*>(row + j));
 }
 
 // Elements d0 .. d0 + N - 1 of a tile row (N = 1, 2, 4, 8 or 16; d0 a multiple of N) as floats.
@@ -139,7 +137,8 @@ __device__ __forceinline__ void tile_values(const unsigned char* row, int d0, fl
 #pragma unroll
         for (int q = 0; q < N / 4; ++q) {
             const unsigned w = *reinterpret_cast<const unsigned*>(row + d0 + 4 * q);
-            const unsigned lo = e4m3_pair(w, 0), hi = e4m3_pair(w, 2);
+            unsigned lo, hi;
+            e4m3x4_to_bf16x2(w, lo, hi);
             v[4 * q] = bf16_lo(lo); v[4 * q + 1] = bf16_hi(lo); v[4 * q + 2] = bf16_lo(hi); v[4 * q + 3] = bf16_hi(hi);
         }
     } else {
