@@ -23,6 +23,7 @@ HEADERS = (
     "common.cuh",
     "fp8.cuh",
     "gemm_core.cuh",
+    "gemm_fp8.cuh",
     "gemm_gguf.cuh",
     "gemm_nvfp4.cuh",
     "gemm_tiled.cuh",

@@ -93,3 +93,17 @@ def weight_operand(weight: Array | QuantizedWeight) -> tuple[str, tuple[Any, ...
         bn, bk = weight.block
         return "fp8", (weight.data, weight.scales, np.int32(bn), np.int32(bk)), weight.data.data.ptr % 8 == 0
     return "bf16", (weight,), weight.data.ptr % 16 == 0
+
+
+LOW8_ROWS = 8
+"""Products of at most this many rows take the quantized kinds' ``vec8`` kernels (``VEC_LOW8`` in
+``kernels/gemm_core.cuh``): the same bits, half the x registers, more weight bytes in flight."""
+
+
+def gemm_loads(kind: str, vec: bool, rows: int) -> str:
+    """The load-mode suffix of the ``gemm_<kind>_m*_n*`` kernel for a product of ``rows`` rows: ``any`` (unaligned
+    operands), ``vec8`` (a quantized kind, at most `LOW8_ROWS` rows; decode tiles only, as `CudaBackend.gemm_tile`
+    picks for them) or ``vec``."""
+    if not vec:
+        return "any"
+    return "vec8" if kind != "bf16" and rows <= LOW8_ROWS else "vec"

@@ -101,7 +101,7 @@ def max_error(got: np.ndarray, exact: np.ndarray) -> float:
     return float(np.abs(got.astype(np.float64) - exact).max())
 
 
-@pytest.mark.parametrize("rows", [1, 5, 40])
+@pytest.mark.parametrize("rows", [1, 5, 12, 40])
 @pytest.mark.parametrize("case", list(LINEAR_CASES))
 def test_linear_over_fp8_is_the_product_of_the_dequantized_weight(backend: CudaBackend, case: str, rows: int) -> None:
     n, k, block = LINEAR_CASES[case]
@@ -109,7 +109,7 @@ def test_linear_over_fp8_is_the_product_of_the_dequantized_weight(backend: CudaB
     assert_product_of_the_dequantized_weight(backend, weight, rows, 1.2, case)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 40])
+@pytest.mark.parametrize("rows", [1, 5, 12, 40])
 @pytest.mark.parametrize("case", list(NVFP4_CASES))
 def test_linear_over_nvfp4_is_the_product_of_the_dequantized_weight(backend: CudaBackend, case: str, rows: int) -> None:
     n, k, parts = NVFP4_CASES[case]
@@ -127,7 +127,7 @@ def test_fp8_blocks_the_kernels_do_not_take_are_dequantized_at_load(backend: Cud
     np.testing.assert_array_equal(backend.to_numpy(uploaded), backend.to_numpy(backend.from_numpy(dequantize(weight))))
 
 
-@pytest.mark.parametrize("rows", [1, 5, 40])
+@pytest.mark.parametrize("rows", [1, 5, 12, 40])
 @pytest.mark.parametrize("case", list(Q8_0_CASES))
 def test_linear_over_gguf_q8_0_is_the_product_of_the_dequantized_weight(
     backend: CudaBackend, case: str, rows: int

@@ -1,4 +1,5 @@
 // out[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) for dense layers: one block per output tile (gemm_core.cuh).
+#include "gemm_fp8.cuh"
 #include "gemm_gguf.cuh"
 #include "gemm_nvfp4.cuh"
 
@@ -22,8 +23,9 @@ GEMM_KERNEL(1, 2, 4, false, any, 2)
 GEMM_KERNEL(1, 4, 2, false, any, 2)
 GEMM_KERNEL(2, 4, 2, false, any, 1)
 
-// The same products over an FP8 E4M3 weight with block scales (gemm_core.cuh: Fp8Weight): scales
-// [ceil(N / bn), ceil(K / bk)].
+// The same products over an FP8 E4M3 weight with block scales (gemm_fp8.cuh: Fp8Weight): scales
+// [ceil(N / bn), ceil(K / bk)]. The quantized kinds also have `vec8` kernels (VEC_LOW8, gemm_core.cuh) for
+// products of at most 8 rows: their freed x registers let the weight loads run further ahead.
 #define GEMM_FP8_KERNEL(MT, NT, U, VEC, SUFFIX, MIN_BLOCKS)                                                           \
     extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) gemm_fp8_m##MT##_n##NT##_##SUFFIX(    \
         const bf16_t* __restrict__ x, long long ldx, const unsigned char* __restrict__ w,                            \
@@ -33,6 +35,8 @@ GEMM_KERNEL(2, 4, 2, false, any, 1)
                                              blockIdx.y * (MT * 16), M, blockIdx.x * (NT * 8), N, K);                \
     }
 
+GEMM_FP8_KERNEL(1, 1, 8, VEC_LOW8, vec8, 2)
+GEMM_FP8_KERNEL(1, 2, 4, VEC_LOW8, vec8, 2)
 GEMM_FP8_KERNEL(1, 1, 8, true, vec, 2)
 GEMM_FP8_KERNEL(1, 2, 4, true, vec, 2)
 GEMM_FP8_KERNEL(1, 4, 2, true, vec, 2)
@@ -52,6 +56,8 @@ GEMM_FP8_KERNEL(2, 4, 2, false, any, 1)
                                      blockIdx.x * (NT * 8), N, K);                                                    \
     }
 #define GEMM_ROWS_KERNELS(NAME, W)                          \
+    GEMM_ROWS_KERNEL(NAME, W, 1, 1, 8, VEC_LOW8, vec8, 2)  \
+    GEMM_ROWS_KERNEL(NAME, W, 1, 2, 4, VEC_LOW8, vec8, 2)  \
     GEMM_ROWS_KERNEL(NAME, W, 1, 1, 8, true, vec, 2)       \
     GEMM_ROWS_KERNEL(NAME, W, 1, 2, 4, true, vec, 2)       \
     GEMM_ROWS_KERNEL(NAME, W, 1, 4, 2, true, vec, 2)       \

@@ -13,13 +13,17 @@
 // consistently for A and B (logical 2q, 2q+1 <-> 8q + 4s, 8q + 4s + 1 and logical 2q+8, 2q+9 <->
 // 8q + 4s + 2, 8q + 4s + 3 in step s of the chunk), which leaves the dot product unchanged.
 //
-// The weight operand is bf16 (`const bf16_t*`) or FP8 E4M3 with block scales (`Fp8Weight`, W8A16): an
-// FP8 element enters the tensor cores as its exact bf16 value (every E4M3 value is one), each scale block's
-// products are summed apart, and the block's sum is multiplied by its scale into the accumulator, in chunk
-// order (the same fixed order whatever M, so batch invariance holds). Blocks are 32k columns wide, or
-// span all of K (per-channel and per-tensor scales).
+// VEC, the load mode of a kernel: 0 loads element by element (any K and alignment); 1 loads 16 bytes of x per
+// thread and the weight in vectors (K % 8 == 0, aligned rows); VEC_LOW8 is 1 for products of at most 8 rows an
+// m-tile (decode), where the x fragments of rows 8 .. 15 are zeros known when compiling: half the x registers,
+// more weight bytes in flight. Rows 0 .. 7 give the same bits in every mode.
+//
+// The weight operand is bf16 (`const bf16_t*`) here; quantized weights bring their own `accumulate` (gemm_fp8.cuh,
+// gemm_nvfp4.cuh, gemm_gguf.cuh).
 #pragma once
 #include "fp8.cuh"
+
+#define VEC_LOW8 2
 
 #ifndef GEMM_KSPLIT
 #define GEMM_KSPLIT 8
@@ -38,7 +42,7 @@ struct Frag8 {
 };
 
 // Elements k .. k+7 of `row`; zeros outside rows x K (and for row -1). VEC: 16-byte loads (K % 8 == 0, aligned rows).
-template <bool VEC>
+template <int VEC>
 __device__ __forceinline__ Frag8 load8(const bf16_t* base, long long ld, int row, int rows, int k, int K) {
     Frag8 f;
     f.w[0] = f.w[1] = f.w[2] = f.w[3] = 0u;
@@ -62,23 +66,10 @@ __device__ __forceinline__ Frag8 load8(const bf16_t* base, long long ld, int row
     return f;
 }
 
-// A weight [N, K] (or bank [E, N, K]) in FP8 E4M3 bytes with one float32 scale per (bn x bk) block:
-// scales [ceil(N / bn), ceil(K / bk)] per matrix (QuantizedWeight in atlas_core.weights.quantized).
-struct Fp8Weight {
-    const unsigned char* data;
-    const float* scales;
-    int bn, bk;
-};
-
 // Matrix e of a bank [E, N, K].
 __device__ __forceinline__ const bf16_t* bank_matrix(const bf16_t* w, int e, int N, int K) {
     return w + (long long)e * N * K;
 }
-__device__ __forceinline__ Fp8Weight bank_matrix(const Fp8Weight& w, int e, int N, int K) {
-    const long long scale_rows = (N + w.bn - 1) / w.bn, scale_cols = (K + w.bk - 1) / w.bk;
-    return Fp8Weight{w.data + (long long)e * N * K, w.scales + e * scale_rows * scale_cols, w.bn, w.bk};
-}
-
 // The x row that product row r reads (r itself without a gather); -1 (no row: zeros) for rows past M.
 __device__ __forceinline__ int gathered_row(const int* __restrict__ x_rows, int r, int M) {
     return r >= M ? -1 : (x_rows ? x_rows[r] : r);
@@ -96,13 +87,16 @@ __device__ __forceinline__ void zero_frags(float (&acc)[MT][NT][4]) {
 }
 
 // This lane's x fragments of chunk column kk (K: nothing) for the MT m-tiles at rows m0..: rows g and g + 8 of each.
-template <int MT, bool VEC>
+template <int MT, int VEC>
 __device__ __forceinline__ void load_x_frags(Frag8 (&a)[MT][2], const bf16_t* __restrict__ x, long long ldx,
                                              const int* __restrict__ x_rows, int m0, int M, int g, int kk, int K) {
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
         a[i][0] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g, M), 0x7fffffff, kk, K);
-        a[i][1] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g + 8, M), 0x7fffffff, kk, K);
+        if constexpr (VEC == VEC_LOW8)
+            a[i][1] = Frag8{{0u, 0u, 0u, 0u}};
+        else
+            a[i][1] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g + 8, M), 0x7fffffff, kk, K);
     }
 }
 
@@ -122,7 +116,7 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[MT][NT][4], const Frag8 (
 // acc[i][j] (this lane's fragments of the tile at rows m0.., columns n0..) += the products of the 32-wide K
 // chunks [c_begin, c_end), chunk after chunk in order, two mma steps each; U chunks are loaded before they
 // are multiplied. Row r of the product reads row x_rows[r] of x when x_rows is given, else row r.
-template <int MT, int NT, int U, bool VEC>
+template <int MT, int NT, int U, int VEC>
 __device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
                                            const bf16_t* __restrict__ w, int m0, int M, int n0, int N, int K,
                                            int c_begin, int c_end, float (&acc)[MT][NT][4]) {
@@ -144,106 +138,14 @@ __device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long lo
     }
 }
 
-// ---- FP8 E4M3 weights (W8A16) ----------------------------------------------------------------------
-// Bytes k .. k+7 of row `row` of an FP8 matrix [rows, K] (zeros outside). VEC: one 8-byte load (K % 8 == 0).
-template <bool VEC>
-__device__ __forceinline__ uint2 load_fp8x8(const unsigned char* __restrict__ w, int row, int rows, int k, int K) {
-    uint2 v = make_uint2(0u, 0u);
-    if (row >= 0 && row < rows && k < K) {
-        const unsigned char* p = w + (long long)row * K + k;
-        if (VEC) {
-            v = __ldg(reinterpret_cast<const uint2*>(p));
-        } else {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if (k + e < K) v.x |= (unsigned)p[e] << (8 * e);
-                if (k + 4 + e < K) v.y |= (unsigned)p[4 + e] << (8 * e);
-            }
-        }
-    }
-    return v;
-}
-
-// mma_chunks over an FP8 weight: acc += scale(block) * (products of the block's chunks), block by block in
-// chunk order. Needs bk % 32 == 0 or bk >= K (the host keeps other layouts in bf16).
-template <int MT, int NT, int U, bool VEC>
-__device__ __forceinline__ void mma_chunks_fp8(const bf16_t* __restrict__ x, long long ldx,
-                                               const int* __restrict__ x_rows, const Fp8Weight& w, int m0, int M,
-                                               int n0, int N, int K, int c_begin, int c_end,
-                                               float (&acc)[MT][NT][4]) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const int scale_cols = (K + w.bk - 1) / w.bk;
-    const int chunks_per_block = w.bk >= K ? c_end + 1 : w.bk / 32;
-    const float* scale_rows[NT][2];
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int p = 0; p < 2; ++p) {
-            const int col = n0 + j * 8 + 2 * q + p;
-            scale_rows[j][p] = col < N ? w.scales + (long long)(col / w.bn) * scale_cols : nullptr;
-        }
-    float part[MT][NT][4];
-    zero_frags<MT, NT>(part);
-    int block = c_begin / chunks_per_block;
-    int next_block = (block + 1) * chunks_per_block;
-    auto flush = [&]() {
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float* row = scale_rows[j][e & 1];
-                    acc[i][j][e] = __fmaf_rn(part[i][j][e], row ? row[block] : 0.0f, acc[i][j][e]);
-                    part[i][j][e] = 0.0f;
-                }
-    };
-    for (int c = c_begin; c < c_end; c += U) {
-        uint2 raw[U][NT];
-        Frag8 a[U][MT][2];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int k = (c + u) * 32 + q * 8;
-            const int kk = (c + u) < c_end ? k : K;  // past the range: load nothing
-#pragma unroll
-            for (int j = 0; j < NT; ++j) raw[u][j] = load_fp8x8<VEC>(w.data, n0 + j * 8 + g, N, kk, K);
-            load_x_frags<MT, VEC>(a[u], x, ldx, x_rows, m0, M, g, kk, K);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (c + u < c_end) {
-                if (c + u >= next_block) {
-                    flush();
-                    ++block;
-                    next_block += chunks_per_block;
-                }
-                Frag8 b[NT];
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const uint4 v = e4m3x8_to_bf16x8(raw[u][j]);
-                    b[j] = Frag8{{v.x, v.y, v.z, v.w}};
-                }
-                mma_chunk<MT, NT>(part, a[u], b);
-            }
-        }
-    }
-    if (c_begin < c_end) flush();
-}
-
-// The products of a weight operand of either kind (mma_chunks or mma_chunks_fp8).
-template <int MT, int NT, int U, bool VEC>
+// The products of a bf16 weight (mma_chunks); the quantized kinds' overloads are in their own headers
+// (gemm_fp8.cuh, gemm_nvfp4.cuh, gemm_gguf.cuh), found for their weight types where gemm_tile is instantiated.
+template <int MT, int NT, int U, int VEC>
 __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
                                            const bf16_t* __restrict__ w, int m0, int M, int n0, int N, int K,
                                            int c_begin, int c_end, float (&acc)[MT][NT][4]) {
     mma_chunks<MT, NT, U, VEC>(x, ldx, x_rows, w, m0, M, n0, N, K, c_begin, c_end, acc);
 }
-template <int MT, int NT, int U, bool VEC>
-__device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
-                                           const Fp8Weight& w, int m0, int M, int n0, int N, int K, int c_begin,
-                                           int c_end, float (&acc)[MT][NT][4]) {
-    mma_chunks_fp8<MT, NT, U, VEC>(x, ldx, x_rows, w, m0, M, n0, N, K, c_begin, c_end, acc);
-}
-
 // Each warp's sums over its fixed K range for the (MT x 16) x (NT x 8) tile at rows m0.. and columns n0..:
 // partials[warp][fragment][lane], fragment f = (i * NT + j) * 4 + e holding row m0 + 16 i + lane / 4 + (e & 2 ?
 // 8 : 0), column n0 + 8 j + 2 (lane % 4) + (e & 1). The block is synchronised on return; tile_sum adds a
@@ -254,7 +156,7 @@ struct TilePartials {
     float v[GEMM_KSPLIT][MT * NT * 4][32];
 };
 
-template <int MT, int NT, int U, bool VEC, typename W>
+template <int MT, int NT, int U, int VEC, typename W>
 __device__ __forceinline__ void tile_partials(TilePartials<MT, NT>& partials, const bf16_t* __restrict__ x,
                                               long long ldx, const int* __restrict__ x_rows, const W w, int m0, int M,
                                               int n0, int N, int K) {
@@ -289,7 +191,7 @@ __device__ __forceinline__ float tile_sum(const TilePartials<MT, NT>& partials, 
 // One (MT x 16) x (NT x 8) output tile at rows m0.. and columns n0..: rows below M are computed. Row r of the
 // product reads row x_rows[r] of x when x_rows is given (a gather, e.g. tokens grouped by expert), else row r;
 // it is written to row r of out. A row's result depends only on its x row, w and K, never on m0 or M.
-template <int MT, int NT, int U, bool VEC, typename W>
+template <int MT, int NT, int U, int VEC, typename W>
 __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
                                           const W w, const bf16_t* __restrict__ bias,
                                           bf16_t* __restrict__ out, long long ldo, int m0, int M, int n0, int N, int K) {

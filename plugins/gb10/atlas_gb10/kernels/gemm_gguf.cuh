@@ -58,7 +58,7 @@ __device__ __forceinline__ float q8_0_scale(const unsigned char* __restrict__ w,
 }
 
 // mma_chunks over a Q8_0 weight: acc += scale(column, chunk) * (products of chunk c), chunk by chunk in order.
-template <int MT, int NT, int U, bool VEC>
+template <int MT, int NT, int U, int VEC>
 __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
                                            const Q8_0Weight& w, int m0, int M, int n0, int N, int K, int c_begin,
                                            int c_end, float (&acc)[MT][NT][4]) {

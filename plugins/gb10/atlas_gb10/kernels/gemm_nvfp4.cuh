@@ -41,7 +41,7 @@ __device__ __forceinline__ unsigned e4m3_scale_pair(unsigned b) {
 
 // Elements k .. k + 7 of row `row` (k % 8 == 0): their interleaved word and their group's scale pair
 // (e4m3_scale_pair; zeros outside the matrix). VEC: one 4-byte load (rows 4-byte aligned).
-template <bool VEC>
+template <int VEC>
 __device__ __forceinline__ void load_nvfp4x8(const unsigned char* __restrict__ w, int row, int rows, int k, int K,
                                              unsigned& packed, unsigned& scale) {
     packed = 0u;
@@ -68,13 +68,22 @@ __device__ __forceinline__ float nvfp4_factor(const unsigned char* __restrict__ 
 }
 
 // mma_chunks over an NVFP4 weight: acc += factor(column) * (products of the chunks c_begin .. c_end - 1).
-template <int MT, int NT, int U, bool VEC>
+template <int MT, int NT, int U, int VEC>
 __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
                                            const Nvfp4Weight& w, int m0, int M, int n0, int N, int K, int c_begin,
                                            int c_end, float (&acc)[MT][NT][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     float part[MT][NT][4];
     zero_frags<MT, NT>(part);
+    // Chunk c's products from its interleaved words packed[j] and scale pairs scale[j] (n-tile j) and x fragments a.
+    auto multiply = [&](const unsigned (&packed)[NT], const unsigned (&scale)[NT], const Frag8 (&a)[MT][2]) {
+        Frag8 b[NT];
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+            b[j] = Frag8{{e2m1_pair_scaled<0>(packed[j], scale[j]), e2m1_pair_scaled<1>(packed[j], scale[j]),
+                          e2m1_pair_scaled<2>(packed[j], scale[j]), e2m1_pair_scaled<3>(packed[j], scale[j])}};
+        mma_chunk<MT, NT>(part, a, b);
+    };
     for (int c = c_begin; c < c_end; c += U) {
         unsigned packed[U][NT];
         unsigned scale[U][NT];
@@ -84,19 +93,13 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
             const int k = (c + u) * 32 + q * 8;
             const int kk = (c + u) < c_end ? k : K;  // past the range: load nothing
 #pragma unroll
-            for (int j = 0; j < NT; ++j) load_nvfp4x8<VEC>(w.data, n0 + j * 8 + g, N, kk, K, packed[u][j], scale[u][j]);
+            for (int j = 0; j < NT; ++j)
+                load_nvfp4x8<VEC>(w.data, n0 + j * 8 + g, N, kk, K, packed[u][j], scale[u][j]);
             load_x_frags<MT, VEC>(a[u], x, ldx, x_rows, m0, M, g, kk, K);
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (c + u >= c_end) continue;
-            Frag8 b[NT];
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-                b[j] = Frag8{{e2m1_pair_scaled<0>(packed[u][j], scale[u][j]), e2m1_pair_scaled<1>(packed[u][j], scale[u][j]),
-                              e2m1_pair_scaled<2>(packed[u][j], scale[u][j]), e2m1_pair_scaled<3>(packed[u][j], scale[u][j])}};
-            mma_chunk<MT, NT>(part, a[u], b);
-        }
+        for (int u = 0; u < U; ++u)
+            if (c + u < c_end) multiply(packed[u], scale[u], a[u]);
     }
 #pragma unroll
     for (int j = 0; j < NT; ++j)

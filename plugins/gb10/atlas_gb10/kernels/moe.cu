@@ -7,6 +7,7 @@
 // rows of the grouped products (in an arbitrary order inside the group: a product row's result depends
 // only on its own input row, so the order changes no bit) and cuts each group into m-tiles of
 // tile_rows rows, listed in a table the GEMM blocks read.
+#include "gemm_fp8.cuh"
 #include "gemm_gguf.cuh"
 #include "gemm_nvfp4.cuh"
 #include "gemm_tiled.cuh"
@@ -209,7 +210,7 @@ __device__ __forceinline__ bool expert_block(const int* tiles, int max_tiles, co
 // out[row(r), :] = x[x_rows ? x_rows[r] : r, :] @ w[e]^T for the rows r of the block (ExpertBlock), rounded to
 // bf16; with relu2 (the non-gated activation) max(that, 0)^2 in fp32, rounded again. w is [E, N, K].
 // grid.x: n-tiles of NT x 8 columns; grid.y: max_tiles (grouped) or pairs (direct).
-template <int MT, int NT, int U, bool VEC, typename W>
+template <int MT, int NT, int U, int VEC, typename W>
 __device__ __forceinline__ void expert_product(const bf16_t* x, long long ldx, const int* x_rows, const W w,
                                                bf16_t* out, long long ldo, const int* tiles, int max_tiles,
                                                const int* ids, int pairs_per_row, int E, int N, int K, int relu2) {
