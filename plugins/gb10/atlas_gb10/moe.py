@@ -33,7 +33,7 @@ from atlas_core.backends.ops.moe import ExpertActivation, MoEOps, RouterSpec, ch
 from atlas_core.weights.quantized import QuantizedWeight
 from atlas_gb10.arrays import null_or
 from atlas_gb10.backend import TILED_GEMM_BLOCK, CudaBackend, tiled_shared_bytes
-from atlas_gb10.quantized_weights import weight_operand
+from atlas_gb10.quantized_weights import gemm_loads, weight_operand
 
 ROUTE_WARPS = 4
 """Tokens routed per block (a warp each)."""
@@ -52,13 +52,15 @@ TILED_MIN_PAIRS_PER_SM = 32
 class _Groups:
     """Which rows each block of the expert products computes: the m-tiles of `moe_plan` (``tiles[3, blocks]``,
     with each pair's row and each row's token), or, with those three None, a block per pair of ``ids``
-    (a single token)."""
+    (a single token). ``tile_rows``: the most rows a block multiplies (an expert takes a token once, so a plan's
+    tile has at most as many rows as there are tokens)."""
 
     ids: Array
     blocks: int
     tiles: Array | None = None
     pair_rows: Array | None = None
     row_tokens: Array | None = None
+    tile_rows: int = 1
 
 
 class CudaMoEOps(MoEOps):
@@ -177,6 +179,7 @@ class CudaMoEOps(MoEOps):
             cp.empty((3, max_tiles), dtype=np.int32),
             cp.empty(pairs, dtype=np.int32),
             cp.empty(pairs, dtype=np.int32),
+            min(tile_rows, int(ids.shape[0])),
         )
         self._kernel("moe_plan")(
             (1,),
@@ -254,7 +257,7 @@ class CudaMoEOps(MoEOps):
         kind, weight_args, weight_aligned = weight_operand(w)
         vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_aligned
         prefix = "moe_gemm" if kind == "bf16" else f"moe_gemm_{kind}"
-        kernel = self._kernel(f"{prefix}_m{m_tiles}_n{n_tiles}_{'vec' if vec else 'any'}")
+        kernel = self._kernel(f"{prefix}_m{m_tiles}_n{n_tiles}_{gemm_loads(kind, vec, groups.tile_rows)}")
         kernel(
             (math.ceil(n / (8 * n_tiles)), groups.blocks),
             (256,),

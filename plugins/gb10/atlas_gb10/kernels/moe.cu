@@ -234,9 +234,10 @@ __device__ __forceinline__ void expert_product(const bf16_t* x, long long ldx, c
     }
 }
 
-// Each tile shape has a bf16-weight kernel, one over FP8 E4M3 weights with block scales (gemm_core.cuh:
+// Each tile shape has a bf16-weight kernel, one over FP8 E4M3 weights with block scales (gemm_fp8.cuh:
 // Fp8Weight), and one each over NVFP4 (gemm_nvfp4.cuh) and GGUF Q8_0 (gemm_gguf.cuh) weights read as whole rows of
-// bytes, the quantized ones with U_FP8 chunks in flight (their conversion needs registers of its own).
+// bytes, the quantized ones with U_FP8 chunks in flight (their conversion needs registers of its own), and for
+// those also `vec8` kernels (VEC_LOW8, gemm_core.cuh) for blocks of at most 8 rows.
 #define MOE_GEMM_ROWS_KERNEL(NAME, W, MT, NT, U, VEC, SUFFIX, MIN_BLOCKS)                                             \
     extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) NAME##_m##MT##_n##NT##_##SUFFIX(     \
         const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,                                  \
@@ -253,6 +254,8 @@ __device__ __forceinline__ void expert_product(const bf16_t* x, long long ldx, c
         expert_product<MT, NT, U, VEC, const bf16_t*>(x, ldx, x_rows, w, out, ldo, tiles, max_tiles, ids,             \
                                                       pairs_per_row, E, N, K, relu2);                                 \
     }                                                                                                                 \
+    MOE_GEMM_QUANTIZED_KERNELS(MT, NT, U_FP8, VEC, SUFFIX, MIN_BLOCKS)
+#define MOE_GEMM_QUANTIZED_KERNELS(MT, NT, U_FP8, VEC, SUFFIX, MIN_BLOCKS)                                          \
     extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) moe_gemm_fp8_m##MT##_n##NT##_##SUFFIX( \
         const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,                                  \
         const unsigned char* __restrict__ w, const float* __restrict__ scales, int bn, int bk,                        \
@@ -265,6 +268,8 @@ __device__ __forceinline__ void expert_product(const bf16_t* x, long long ldx, c
     MOE_GEMM_ROWS_KERNEL(moe_gemm_gguf_q8_0, Q8_0Weight, MT, NT, U_FP8, VEC, SUFFIX, MIN_BLOCKS)
 
 MOE_GEMM_KERNEL(1, 2, 8, 4, true, vec, 2)
+MOE_GEMM_QUANTIZED_KERNELS(1, 2, 4, VEC_LOW8, vec8, 2)
+MOE_GEMM_QUANTIZED_KERNELS(1, 4, 2, VEC_LOW8, vec8, 2)
 MOE_GEMM_KERNEL(1, 4, 4, 2, true, vec, 2)
 MOE_GEMM_KERNEL(2, 4, 2, 2, true, vec, 1)
 MOE_GEMM_KERNEL(1, 2, 4, 4, false, any, 2)
