@@ -113,29 +113,43 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[MT][NT][4], const Frag8 (
                           b[j].w[2 * s], b[j].w[2 * s + 1]);
 }
 
-// acc[i][j] (this lane's fragments of the tile at rows m0.., columns n0..) += the products of the 32-wide K
-// chunks [c_begin, c_end), chunk after chunk in order, two mma steps each; U chunks are loaded before they
-// are multiplied. Row r of the product reads row x_rows[r] of x when x_rows is given, else row r.
-template <int MT, int NT, int U, int VEC>
-__device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
-                                           const bf16_t* __restrict__ w, int m0, int M, int n0, int N, int K,
-                                           int c_begin, int c_end, float (&acc)[MT][NT][4]) {
+// The chunk loop every weight kind shares: chunks c_begin .. c_end - 1 in order, U at a time, each batch's weight
+// operands (load(k, j): this lane's elements k .. k + 7 of n-tile j's row, a Raw; k = K, past the range: zeros)
+// and x fragments loaded before any is multiplied; multiply(c, raw[NT], a) then takes chunk c. Row r of the
+// product reads row x_rows[r] of x when x_rows is given, else row r.
+template <int MT, int NT, int U, int VEC, typename Raw, typename Load, typename Multiply>
+__device__ __forceinline__ void chunk_batches(const bf16_t* __restrict__ x, long long ldx,
+                                              const int* __restrict__ x_rows, int m0, int M, int K, int c_begin,
+                                              int c_end, Load load, Multiply multiply) {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     for (int c = c_begin; c < c_end; c += U) {
-        Frag8 b[U][NT];
+        Raw raw[U][NT];
         Frag8 a[U][MT][2];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int k = (c + u) * 32 + q * 8;
             const int kk = (c + u) < c_end ? k : K;  // past the range: load nothing
 #pragma unroll
-            for (int j = 0; j < NT; ++j) b[u][j] = load8<VEC>(w, K, n0 + j * 8 + g, N, kk, K);
+            for (int j = 0; j < NT; ++j) raw[u][j] = load(kk, j);
             load_x_frags<MT, VEC>(a[u], x, ldx, x_rows, m0, M, g, kk, K);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u)
-            if (c + u < c_end) mma_chunk<MT, NT>(acc, a[u], b[u]);
+            if (c + u < c_end) multiply(c + u, raw[u], a[u]);
     }
+}
+
+// acc[i][j] (this lane's fragments of the tile at rows m0.., columns n0..) += the products of the 32-wide K
+// chunks [c_begin, c_end) of a bf16 weight, chunk after chunk in order, two mma steps each (chunk_batches).
+template <int MT, int NT, int U, int VEC>
+__device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
+                                           const bf16_t* __restrict__ w, int m0, int M, int n0, int N, int K,
+                                           int c_begin, int c_end, float (&acc)[MT][NT][4]) {
+    const int g = (threadIdx.x & 31) >> 2;
+    chunk_batches<MT, NT, U, VEC, Frag8>(
+        x, ldx, x_rows, m0, M, K, c_begin, c_end,
+        [&](int k, int j) { return load8<VEC>(w, K, n0 + j * 8 + g, N, k, K); },
+        [&](int, const Frag8 (&b)[NT], const Frag8 (&a)[MT][2]) { mma_chunk<MT, NT>(acc, a, b); });
 }
 
 // The products of a bf16 weight (mma_chunks); the quantized kinds' overloads are in their own headers

@@ -88,20 +88,8 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
         }
         mma_chunk<MT, NT>(part, a, b);
     };
-    for (int c = c_begin; c < c_end; c += U) {
-        uint2 raw[U][NT];
-        Frag8 a[U][MT][2];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int k = (c + u) * 32 + q * 8;
-            const int kk = (c + u) < c_end ? k : K;  // past the range: load nothing
-#pragma unroll
-            for (int j = 0; j < NT; ++j) raw[u][j] = load_fp8x8<VEC>(w.data, n0 + j * 8 + g, N, kk, K);
-            load_x_frags<MT, VEC>(a[u], x, ldx, x_rows, m0, M, g, kk, K);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-            if (c + u < c_end) multiply(c + u, raw[u], a[u]);
-    }
+    chunk_batches<MT, NT, U, VEC, uint2>(
+        x, ldx, x_rows, m0, M, K, c_begin, c_end,
+        [&](int k, int j) { return load_fp8x8<VEC>(w.data, n0 + j * 8 + g, N, k, K); }, multiply);
     if (c_begin < c_end) flush();
 }

@@ -63,39 +63,28 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
                                            const Q8_0Weight& w, int m0, int M, int n0, int N, int K, int c_begin,
                                            int c_end, float (&acc)[MT][NT][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    for (int c = c_begin; c < c_end; c += U) {
-        uint2 raw[U][NT];
-        Frag8 a[U][MT][2];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int k = (c + u) * 32 + q * 8;
-            const int kk = (c + u) < c_end ? k : K;  // past the range: load nothing
-#pragma unroll
-            for (int j = 0; j < NT; ++j) raw[u][j] = load_q8_0x8(w.data, n0 + j * 8 + g, N, kk, K);
-            load_x_frags<MT, VEC>(a[u], x, ldx, x_rows, m0, M, g, kk, K);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (c + u >= c_end) continue;
+    chunk_batches<MT, NT, U, VEC, uint2>(
+        x, ldx, x_rows, m0, M, K, c_begin, c_end,
+        [&](int k, int j) { return load_q8_0x8(w.data, n0 + j * 8 + g, N, k, K); },
+        [&](int c, const uint2 (&raw)[NT], const Frag8 (&a)[MT][2]) {
             Frag8 b[NT];
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                i8x4_to_bf16x2(raw[u][j].x, b[j].w[0], b[j].w[1]);
-                i8x4_to_bf16x2(raw[u][j].y, b[j].w[2], b[j].w[3]);
+                i8x4_to_bf16x2(raw[j].x, b[j].w[0], b[j].w[1]);
+                i8x4_to_bf16x2(raw[j].y, b[j].w[2], b[j].w[3]);
             }
             float part[MT][NT][4];
             zero_frags<MT, NT>(part);
-            mma_chunk<MT, NT>(part, a[u], b);
+            mma_chunk<MT, NT>(part, a, b);
 #pragma unroll
             for (int j = 0; j < NT; ++j)
 #pragma unroll
                 for (int p = 0; p < 2; ++p) {
-                    const float d = q8_0_scale(w.data, n0 + j * 8 + 2 * q + p, N, c + u, K);
+                    const float d = q8_0_scale(w.data, n0 + j * 8 + 2 * q + p, N, c, K);
 #pragma unroll
                     for (int i = 0; i < MT; ++i)
 #pragma unroll
                         for (int e = p; e < 4; e += 2) acc[i][j][e] = __fmaf_rn(part[i][j][e], d, acc[i][j][e]);
                 }
-        }
-    }
+        });
 }

@@ -39,22 +39,26 @@ __device__ __forceinline__ unsigned e4m3_scale_pair(unsigned b) {
     return bits | (bits << 16);
 }
 
-// Elements k .. k + 7 of row `row` (k % 8 == 0): their interleaved word and their group's scale pair
-// (e4m3_scale_pair; zeros outside the matrix). VEC: one 4-byte load (rows 4-byte aligned).
+// Elements k .. k + 7 of a row: their interleaved word and their group's scale pair (e4m3_scale_pair).
+struct Nvfp4Chunk {
+    unsigned packed, scale;
+};
+
+// Row `row`'s elements k .. k + 7 (k % 8 == 0; zeros outside the matrix). VEC: one 4-byte load (rows 4-byte
+// aligned).
 template <int VEC>
-__device__ __forceinline__ void load_nvfp4x8(const unsigned char* __restrict__ w, int row, int rows, int k, int K,
-                                             unsigned& packed, unsigned& scale) {
-    packed = 0u;
-    scale = 0u;
-    if (row < 0 || row >= rows || k >= K) return;
+__device__ __forceinline__ Nvfp4Chunk load_nvfp4x8(const unsigned char* __restrict__ w, int row, int rows, int k, int K) {
+    Nvfp4Chunk chunk{0u, 0u};
+    if (row < 0 || row >= rows || k >= K) return chunk;
     const unsigned char* p = w + row * nvfp4_row_bytes(K);
     if (VEC) {
-        packed = __ldg(reinterpret_cast<const unsigned*>(p + k / 2));
+        chunk.packed = __ldg(reinterpret_cast<const unsigned*>(p + k / 2));
     } else {
 #pragma unroll
-        for (int b = 0; b < 4; ++b) packed |= (unsigned)p[k / 2 + b] << (8 * b);
+        for (int b = 0; b < 4; ++b) chunk.packed |= (unsigned)p[k / 2 + b] << (8 * b);
     }
-    scale = e4m3_scale_pair(p[K / 2 + k / 16]);
+    chunk.scale = e4m3_scale_pair(p[K / 2 + k / 16]);
+    return chunk;
 }
 
 // Row `row`'s global factor in float32 times 2^8 (0 past the matrix).
@@ -75,32 +79,19 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     float part[MT][NT][4];
     zero_frags<MT, NT>(part);
-    // Chunk c's products from its interleaved words packed[j] and scale pairs scale[j] (n-tile j) and x fragments a.
-    auto multiply = [&](const unsigned (&packed)[NT], const unsigned (&scale)[NT], const Frag8 (&a)[MT][2]) {
-        Frag8 b[NT];
+    chunk_batches<MT, NT, U, VEC, Nvfp4Chunk>(
+        x, ldx, x_rows, m0, M, K, c_begin, c_end,
+        [&](int k, int j) { return load_nvfp4x8<VEC>(w.data, n0 + j * 8 + g, N, k, K); },
+        [&](int, const Nvfp4Chunk (&chunk)[NT], const Frag8 (&a)[MT][2]) {
+            Frag8 b[NT];
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
-            b[j] = Frag8{{e2m1_pair_scaled<0>(packed[j], scale[j]), e2m1_pair_scaled<1>(packed[j], scale[j]),
-                          e2m1_pair_scaled<2>(packed[j], scale[j]), e2m1_pair_scaled<3>(packed[j], scale[j])}};
-        mma_chunk<MT, NT>(part, a, b);
-    };
-    for (int c = c_begin; c < c_end; c += U) {
-        unsigned packed[U][NT];
-        unsigned scale[U][NT];
-        Frag8 a[U][MT][2];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int k = (c + u) * 32 + q * 8;
-            const int kk = (c + u) < c_end ? k : K;  // past the range: load nothing
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-                load_nvfp4x8<VEC>(w.data, n0 + j * 8 + g, N, kk, K, packed[u][j], scale[u][j]);
-            load_x_frags<MT, VEC>(a[u], x, ldx, x_rows, m0, M, g, kk, K);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-            if (c + u < c_end) multiply(packed[u], scale[u], a[u]);
-    }
+            for (int j = 0; j < NT; ++j) {
+                const unsigned word = chunk[j].packed, s2 = chunk[j].scale;
+                b[j] = Frag8{{e2m1_pair_scaled<0>(word, s2), e2m1_pair_scaled<1>(word, s2),
+                              e2m1_pair_scaled<2>(word, s2), e2m1_pair_scaled<3>(word, s2)}};
+            }
+            mma_chunk<MT, NT>(part, a, b);
+        });
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
