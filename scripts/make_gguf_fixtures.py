@@ -2,9 +2,10 @@
 """Generate the tiny block-quantized GGUF files in ``tests/fixtures/gguf`` (NumPy and gguf; no torch).
 
 * ``llama_q8_0``, ``llama_q4_0`` (``llama`` architecture: llama.cpp's Q/K row interleave), ``qwen2_q4_1``,
-  ``qwen2_q5_0`` (Q/K/V biases), ``qwen3_q5_1`` (Q/K norms): the tiny reference checkpoints of the llama
-  and qwen3 family plugins (docs/tiny-checkpoints.md) converted as llama.cpp's converter does (HF names
-  to GGUF names, Q/K rows interleaved for ``llama``), every 2-D weight quantized by `gguf.quants.quantize`
+  ``qwen2_q5_0`` (Q/K/V biases), ``qwen3_q5_1`` (Q/K norms), ``qwen3moe_q8_0`` (``qwen3moe``: a dense layer
+  and MoE layers, experts stacked into banks): the tiny reference checkpoints of the llama, qwen3 and qwen3-moe
+  family plugins (docs/tiny-checkpoints.md) converted as llama.cpp's converter does (HF names to GGUF names,
+  Q/K rows interleaved for ``llama``), every 2-D weight and expert bank quantized by `gguf.quants.quantize`
   and 1-D tensors kept in F32.
 * ``llama_k_mix``: a llama-architecture model of 2 layers with 256-wide rows (K-quant super-blocks hold
   256 elements, wider than the tiny checkpoints' rows) in a Q4_K_M-like mix of Q4_K, Q5_K and Q6_K
@@ -47,13 +48,19 @@ TINY = {
     "llama": REPOSITORY / "plugins/models/llama/tests/fixtures/tiny/llama",
     "qwen2": REPOSITORY / "plugins/models/llama/tests/fixtures/tiny/qwen2",
     "qwen3": REPOSITORY / "plugins/models/qwen3/tests/fixtures/tiny/qwen3",
+    "qwen3_moe": REPOSITORY / "plugins/models/qwen3-moe/tests/fixtures/tiny/qwen3_moe",
 }
+GGUF_ARCH = {"qwen3_moe": "qwen3moe"}
+"""HF model_type -> llama.cpp's architecture name, where they differ."""
+EXPERT_BANKS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
+"""HF per-expert projection -> llama.cpp's bank of every expert ``[E, out, in]``."""
 FROM_TINY: dict[str, tuple[str, Q]] = {
     "llama_q8_0": ("llama", Q.Q8_0),
     "llama_q4_0": ("llama", Q.Q4_0),
     "qwen2_q4_1": ("qwen2", Q.Q4_1),
     "qwen2_q5_0": ("qwen2", Q.Q5_0),
     "qwen3_q5_1": ("qwen3", Q.Q5_1),
+    "qwen3moe_q8_0": ("qwen3_moe", Q.Q8_0),
 }
 NAMES = (*FROM_TINY, "llama_k_mix")
 K_MIX_LAYERS: list[dict[str, Q]] = [
@@ -124,12 +131,18 @@ def finish(writer: gguf.GGUFWriter) -> None:
 def write_from_tiny(name: str, path: Path) -> None:
     """``FROM_TINY[name]``: a tiny reference checkpoint as a GGUF file with its 2-D weights quantized."""
     source, qtype = FROM_TINY[name]
-    config = json.loads((TINY[source] / "config.json").read_text())
-    tensors = load_file(str(TINY[source] / "model.safetensors"))
+    write_checkpoint(TINY[source], path, qtype)
+
+
+def write_checkpoint(folder: Path, path: Path, qtype: Q | None) -> None:
+    """The HF checkpoint in ``folder`` as a GGUF file, as llama.cpp's converter writes it: its 2-D weights and
+    expert banks (each projection's experts stacked ``[E, out, in]``) as ``qtype`` (None: F32), 1-D tensors F32."""
+    config = json.loads((folder / "config.json").read_text())
+    tensors = load_file(str(folder / "model.safetensors"))
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     writer = gguf_writer(
         path,
-        config["model_type"],
+        GGUF_ARCH.get(config["model_type"], config["model_type"]),
         {
             "layers": config["num_hidden_layers"],
             "hidden": config["hidden_size"],
@@ -142,16 +155,29 @@ def write_from_tiny(name: str, path: Path) -> None:
             "vocab": config["vocab_size"],
         },
     )
+    experts = int(config.get("num_local_experts") or config.get("num_experts") or 0)
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(int(config["num_experts_per_tok"]))
+        writer.add_expert_feed_forward_length(int(config["moe_intermediate_size"]))
+    arrays: dict[str, np.ndarray] = {}
     for hf_name in sorted(tensors):
         values = np.asarray(tensors[hf_name], dtype=np.float32)
         if config["model_type"] == "llama" and ".q_proj." in hf_name:
             values = _interleave_rows(values, heads)
         if config["model_type"] == "llama" and ".k_proj." in hf_name:
             values = _interleave_rows(values, kv_heads)
-        if values.ndim == 2:
-            writer.add_tensor(_gguf_name(hf_name), gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+        parts = hf_name.split(".")
+        if ".mlp.experts." in hf_name:  # model.layers.L.mlp.experts.E.<proj>.weight, stacked below
+            bank = f"blk.{parts[2]}.{EXPERT_BANKS[parts[6]]}.weight"
+            arrays[bank] = np.concatenate([arrays[bank], values[None]]) if bank in arrays else values[None]
         else:
-            writer.add_tensor(_gguf_name(hf_name), values)
+            arrays[_gguf_name(hf_name)] = values
+    for gguf_name, values in arrays.items():
+        if values.ndim >= 2 and qtype is not None:
+            writer.add_tensor(gguf_name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gguf_name, values)
     finish(writer)
 
 

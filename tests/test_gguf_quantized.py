@@ -1,11 +1,13 @@
 """GGUF block-quantized weights kept as their blocks (`atlas_core.weights.gguf_quantized`).
 
 The committed tiny files (``tests/fixtures/gguf``, made by ``scripts/make_gguf_fixtures.py``) cover Q8_0,
-Q4_0, Q4_1, Q5_0, Q5_1 and a Q4_K / Q5_K / Q6_K mix; each must give the logits (and greedy tokens) of the
-same file read as floats at load, while keeping its quantized linear weights as blocks in memory."""
+Q4_0, Q4_1, Q5_0, Q5_1, a Q4_K / Q5_K / Q6_K mix and a Q8_0 mixture-of-experts file (``qwen3moe``); each must
+give the logits (and greedy tokens) of the same file read as floats at load, while keeping its quantized linear
+weights (and expert banks) as blocks in memory."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import ModuleType
 
@@ -32,6 +34,8 @@ HELD = {
     "qwen2_q4_1": (9, {"gguf_q4_1"}),
     "qwen2_q5_0": (9, {"gguf_q5_0"}),
     "qwen3_q5_1": (9, {"gguf_q5_1"}),
+    # a dense layer (QKV, o_proj, gate/up, down) and two MoE layers (QKV, o_proj, router, gate/up and down banks)
+    "qwen3moe_q8_0": (15, {"gguf_q8_0"}),
     # layer 1 fuses Q4_K Q/K with a Q6_K V: that fused weight is dequantized at load
     "llama_k_mix": (8, {"gguf_q4_k", "gguf_q5_k", "gguf_q6_k"}),
 }
@@ -54,6 +58,8 @@ def test_logits_equal_the_file_read_as_floats(name: str) -> None:
     from atlas_core import LLM, SamplingParams
     from atlas_core.testing.quantized import LOGIT_TOLERANCE, prompt_logits, quantized_weights, sample_prompts
 
+    if name.startswith("qwen3moe"):
+        pytest.importorskip("atlas_model_qwen3_moe", reason="the qwen3-moe family builds qwen3moe_q8_0")
     path = FIXTURES / f"{name}.gguf"
     quantized = LLM(path, kv_cache_memory_gib=1 / 64, gguf_weights="quantized")
     reference = LLM(path, kv_cache_memory_gib=1 / 64, gguf_weights="float")
@@ -69,6 +75,38 @@ def test_logits_equal_the_file_read_as_floats(name: str) -> None:
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     got_tokens = [o.outputs[0].token_ids for o in quantized.generate(prompts, params)]
     assert got_tokens == [o.outputs[0].token_ids for o in reference.generate(prompts, params)]
+
+
+def test_a_moe_file_gives_its_checkpoints_logits_and_keeps_expert_banks(tmp_path: Path) -> None:
+    """A ``qwen3moe`` GGUF written from the tiny Qwen3-MoE checkpoint in F32 (as llama.cpp's converter lays it
+    out: expert banks, router ``ffn_gate_inp``) gives the checkpoint's logits; its config has the expert counts
+    and the dense layer; the Q8_0 fixture's banks come as stored, gate and up fused."""
+    pytest.importorskip("atlas_model_qwen3_moe", reason="the qwen3-moe family builds the models")
+    from atlas_core import LLM
+    from atlas_core.testing.quantized import prompt_logits, sample_prompts
+
+    folder = generator().TINY["qwen3_moe"]
+    path = tmp_path / "qwen3moe_f32.gguf"
+    generator().write_checkpoint(folder, path, None)
+    source = GGUFSource(path)
+    hf_config = json.loads((folder / "config.json").read_text())
+    assert source.config["num_experts"] == hf_config["num_local_experts"]
+    for key in ("num_experts_per_tok", "moe_intermediate_size", "mlp_only_layers", "norm_topk_prob"):
+        assert source.config[key] == hf_config[key], key
+    from_gguf, from_checkpoint = LLM(path, kv_cache_memory_gib=1 / 64), LLM(folder, kv_cache_memory_gib=1 / 64)
+    for prompt in sample_prompts(256)[:3]:
+        np.testing.assert_allclose(prompt_logits(from_gguf, prompt), prompt_logits(from_checkpoint, prompt), atol=1e-5)
+
+    fixture = GGUFSource(FIXTURES / "qwen3moe_q8_0.gguf")
+    layer = f"model.layers.{hf_config['num_hidden_layers'] - 1}.mlp."
+    gate_up = fixture.get_quantized(layer + "experts.gate_up_proj")
+    assert isinstance(gate_up, QuantizedWeight) and gate_up.format == "gguf_q8_0"
+    experts, inner = hf_config["num_local_experts"], hf_config["moe_intermediate_size"]
+    assert gate_up.shape == (experts, 2 * inner, hf_config["hidden_size"])
+    np.testing.assert_array_equal(dequantize(gate_up), fixture.get(layer + "experts.gate_up_proj"))
+    np.testing.assert_array_equal(
+        fixture.get(layer + "experts.gate_up_proj")[:, inner:], fixture.get(layer + "experts.up_proj")
+    )
 
 
 def test_source_offers_blocks_with_qk_rows_in_hf_order() -> None:

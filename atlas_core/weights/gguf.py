@@ -11,8 +11,13 @@ llama.cpp's converter interleaves the rows of the Q and K projections of ``llama
 models (rotary pairs ``(2i, 2i+1)`` instead of HF's rotate-half ``(i, i + d/2)``); `get` undoes
 that, so every tensor matches the Hugging Face checkpoint the file was converted from.
 
-Linear weights of the block types in `atlas_core.weights.gguf_quantized.FORMATS` (Q8_0, Q4_0, Q4_1,
-Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) are also offered as stored: `get_quantized` returns their bytes as a
+Mixture-of-experts files (``qwen3moe``) carry each layer's experts as banks ``[E, out, in]`` (``ffn_gate_exps``,
+``ffn_up_exps``, ``ffn_down_exps``): they are offered under HF's fused names (``mlp.experts.gate_up_proj``, gate
+and up concatenated, and ``mlp.experts.down_proj``), the router as ``mlp.gate``, and the config gets the expert
+counts from the metadata (layers without a router are dense: ``mlp_only_layers``).
+
+Linear weights and expert banks of the block types in `atlas_core.weights.gguf_quantized.FORMATS` (Q8_0, Q4_0,
+Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) are also offered as stored: `get_quantized` returns their bytes as a
 `QuantizedWeight` (rows of blocks; the Q/K row permutation is undone on whole rows, which is exact), so
 loaders keep them quantized. F16 / BF16 / F32 tensors and other block types are read as floats.
 """
@@ -42,6 +47,7 @@ _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "mistral": ("mistral", "MistralForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
 }
 """GGUF ``general.architecture`` -> (HF ``model_type``, HF architecture class)."""
 
@@ -65,7 +71,11 @@ _BLOCK_TENSORS = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",
 }
+_EXPERT_TENSORS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+"""A MoE layer's expert banks ``[E, out, in]`` -> HF's fused bank names under ``mlp.experts.`` (no ``.weight``);
+gate and up are also offered fused as ``gate_up_proj`` (`GGUFSource._fused`), what `read_experts` reads."""
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -120,21 +130,30 @@ class GGUFSource:
                 f"supported: {', '.join(sorted(_ARCHITECTURES))}"
             )
         self._tensors: dict[str, GGUFTensorInfo] = {_hf_name(t.name): t for t in self._file.header.tensors.values()}
+        self._fused: dict[str, tuple[str, str]] = {
+            name.removesuffix("gate_proj") + "gate_up_proj": (name, name.removesuffix("gate_proj") + "up_proj")
+            for name in self._tensors
+            if name.endswith(".mlp.experts.gate_proj") and name.removesuffix("gate_proj") + "up_proj" in self._tensors
+        }
+        """Fused expert bank name -> its (gate, up) parts, concatenated along the rows on reading."""
         self.config: dict[str, Any] = self._build_config()
 
     def quantized_elements(self) -> int:
         """How many weights `get_quantized` can offer in their blocks (2-D tensors of a kept format)."""
-        return sum(math.prod(t.shape) for t in self._tensors.values() if t.type in FORMATS and len(t.shape) == 2)
+        return sum(math.prod(t.shape) for t in self._tensors.values() if t.type in FORMATS and len(t.shape) >= 2)
 
     def names(self) -> Iterator[str]:
-        """Every tensor name, in Hugging Face naming (unmapped GGUF tensors keep their GGUF name)."""
-        return iter(self._tensors)
+        """Every tensor name, in Hugging Face naming (unmapped GGUF tensors keep their GGUF name), and the fused
+        expert banks (``mlp.experts.gate_up_proj``) beside their parts."""
+        return iter([*self._tensors, *self._fused])
 
     def __contains__(self, name: str) -> bool:
-        return name in self._tensors
+        return name in self._tensors or name in self._fused
 
     def get(self, name: str) -> np.ndarray:
         """Return tensor `name` as a new C-contiguous float32 array in HF orientation."""
+        if name in self._fused:
+            return np.concatenate([self.get(part) for part in self._fused[name]], axis=-2)
         tensor = self._tensors.get(name)
         if tensor is None:
             raise ModelLoadError(f"{self.path} has no tensor {name!r}")
@@ -144,12 +163,21 @@ class GGUFSource:
 
     def get_quantized(self, name: str) -> QuantizedWeight | None:
         """Tensor ``name`` as a host `QuantizedWeight` of its GGUF blocks (a ``gguf_*`` format, rows in HF
-        order; a view of the file unless rows were reordered) when it is a 2-D tensor of a block type in
-        `FORMATS` and `keep_quantized`; else None (read it with `get`)."""
+        order; a view of the file unless rows were reordered) when it is a 2-D tensor or an expert bank of a block
+        type in `FORMATS` and `keep_quantized` (a fused gate/up bank: both parts of one type); else None (read it
+        with `get`)."""
+        if name in self._fused:
+            gate, up = (self._tensors[part] for part in self._fused[name])
+            if not self.keep_quantized or gate.type not in FORMATS or up.type != gate.type:
+                return None
+            blocks = [gguf_weight(self._file.tensor_bytes(t), t.type, t.shape).data for t in (gate, up)]
+            shape = (*gate.shape[:-2], gate.shape[-2] + up.shape[-2], gate.shape[-1])
+            return gguf_weight(np.concatenate(blocks, axis=-2), gate.type, shape)
         tensor = self._tensors.get(name)
         if tensor is None:
             raise ModelLoadError(f"{self.path} has no tensor {name!r}")
-        if not self.keep_quantized or tensor.type not in FORMATS or len(tensor.shape) != 2:
+        expert_bank = len(tensor.shape) == 3 and ".mlp.experts." in name
+        if not self.keep_quantized or tensor.type not in FORMATS or not (len(tensor.shape) == 2 or expert_bank):
             return None
         weight = gguf_weight(self._file.tensor_bytes(tensor), tensor.type, tensor.shape)
         rows = self._hf_rows(name, weight.data)
@@ -212,6 +240,16 @@ class GGUFSource:
             "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
             "torch_dtype": "float32",
         }
+        if key("expert_count"):
+            dense = [i for i in range(config["num_hidden_layers"]) if f"model.layers.{i}.mlp.gate.weight" not in self]
+            config |= {
+                "num_experts": key("expert_count"),
+                "num_experts_per_tok": key("expert_used_count"),
+                "moe_intermediate_size": key("expert_feed_forward_length"),
+                "norm_topk_prob": True,  # llama.cpp renormalises the chosen experts' weights of this architecture
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": dense,
+            }
         rope_scaling = self._rope_scaling(head_dim, config["rope_theta"])
         if rope_scaling is not None:
             config["rope_scaling"] = rope_scaling
@@ -301,6 +339,8 @@ def _hf_name(gguf_name: str) -> str:
     if stem in _GLOBAL_TENSORS and suffix in ("weight", "bias"):
         return f"{_GLOBAL_TENSORS[stem]}.{suffix}"
     match = _BLOCK_NAME.fullmatch(gguf_name)
+    if match and match.group(2) in _EXPERT_TENSORS and match.group(3) == "weight":
+        return f"model.layers.{match.group(1)}.mlp.experts.{_EXPERT_TENSORS[match.group(2)]}"
     if match and match.group(2) in _BLOCK_TENSORS:
         layer, part, suffix = match.groups()
         return f"model.layers.{layer}.{_BLOCK_TENSORS[part]}.{suffix}"
