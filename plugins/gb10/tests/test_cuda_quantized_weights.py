@@ -21,9 +21,9 @@ from gguf import GGMLQuantizationType as Q
 from atlas_core import LLM
 from atlas_core.backends.ops.moe import MoEOps
 from atlas_core.testing.checkpoints import TinyCheckpoints
+from atlas_core.testing.gguf_blocks import gguf_blocks
 from atlas_core.testing.nvfp4 import dequantized_nvfp4_copy
 from atlas_core.testing.quantized import dequantized_copy, prompt_logits, quantized_weights, sample_prompts
-from atlas_core.weights.gguf_quantized import gguf_weight
 from atlas_core.weights.gguf_quantized import quantize as gguf_quantize
 from atlas_core.weights.nvfp4 import NVFP4, nvfp4_from_float
 from atlas_core.weights.quantized import QuantizedWeight, dequantize, quantize_fp8
@@ -144,20 +144,6 @@ def test_linear_over_gguf_q8_0_is_the_product_of_the_dequantized_weight(
     weight = gguf_quantize(np.random.default_rng(n + k).standard_normal((n, k), dtype=np.float32) * 0.05, Q.Q8_0)
     assert backend.keeps_quantized(weight) and weight.format == GGUF_Q8_0
     assert_product_of_the_dequantized_weight(backend, weight, rows, 34 / 32 + 0.01, case)
-
-
-def gguf_blocks(rng: np.random.Generator, qtype: Q, shape: tuple[int, ...]) -> QuantizedWeight:
-    """A ``shape`` weight in ``qtype``: quantized by the gguf package where it can (32-element blocks), else random
-    K-quant blocks whose f16 super-block scales are set small (d 2^-10, dmin 2^-11; Q6_K's d 2^-12)."""
-    if qtype not in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
-        return gguf_quantize(rng.standard_normal(shape, dtype=np.float32) * 0.05, qtype)
-    block_size, type_size = GGML_QUANT_SIZES[qtype]
-    blocks = rng.integers(0, 256, (int(np.prod(shape)) // block_size, type_size), dtype=np.uint8)
-    if qtype == Q.Q6_K:
-        blocks[:, type_size - 2 :] = np.full((len(blocks), 1), 2.0**-12, dtype=np.float16).view(np.uint8)
-    else:
-        blocks[:, 0:4] = np.tile(np.array([2.0**-10, 2.0**-11], dtype=np.float16), (len(blocks), 1)).view(np.uint8)
-    return gguf_weight(blocks.reshape(*shape[:-1], -1), qtype, shape)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 12, 40])
