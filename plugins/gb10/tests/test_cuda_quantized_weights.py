@@ -55,7 +55,7 @@ GGUF_BLOCK_CASES = {  # format: (N, K) cases; K-quant rows hold 256-element supe
     **{qtype: [(384, 512), (200, 96)] for qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)},
     **{qtype: [(256, 512), (40, 256)] for qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K)},
 }
-GGUF_FIXTURES = ["llama_q8_0", "llama_q4_0", "qwen2_q4_1", "qwen2_q5_0", "qwen3_q5_1", "llama_k_mix"]
+GGUF_FIXTURES = ["llama_q8_0", "llama_q4_0", "qwen2_q4_1", "qwen2_q5_0", "qwen3_q5_1", "llama_k_mix", "qwen3moe_q8_0"]
 NVFP4_CASES = {  # (N, K, row groups of their own global scale): rows of K % 64 != 0 take the scalar kernels
     "aligned rows": (384, 512, 1),
     "fused rows, two global scales": (256, 2048, 2),
