@@ -25,7 +25,14 @@ from atlas_core.weights.quantized import QuantizedWeight
 from atlas_gb10 import attention_inputs, rowwise
 from atlas_gb10.arrays import BF16, FP8_CACHE, element_strides, null_or
 from atlas_gb10.attention import AttentionRunner
-from atlas_gb10.quantized_weights import FORMATS, executes_natively, gemm_loads, upload_native, weight_operand
+from atlas_gb10.quantized_weights import (
+    FORMATS,
+    executes_natively,
+    gemm_loads,
+    gemm_module,
+    upload_native,
+    weight_operand,
+)
 from atlas_gb10.sampling import LogitsOps
 
 GEMM_TILES = ((2, 4), (1, 4), (1, 2), (1, 1))
@@ -184,7 +191,8 @@ class CudaBackend(Backend):
         if kind == "bf16" and vec and self._tiled_gemm_pays(m, n):
             return self._tiled_gemm(x, ldx, weight, bias, out, ldo, m, n, k)
         mt, nt = self.gemm_tile(m, n)
-        kernel = self._kernel("gemm", f"gemm_{kind}_m{mt}_n{nt}_{gemm_loads(kind, vec, m)}")
+        name = f"gemm_{kind}_m{mt}_n{nt}_{gemm_loads(kind, vec, m)}"
+        kernel = self.kernels.function("gemm", name, gemm_module(kind))
         grid = (math.ceil(n / (8 * nt)), math.ceil(m / (16 * mt)))
         kernel(
             grid,

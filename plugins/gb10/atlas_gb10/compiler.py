@@ -19,18 +19,8 @@ from atlas_gb10.registry import KERNEL_DIR, KernelVariant, lookup
 
 log = logging.getLogger("atlas.gb10")
 
-HEADERS = (
-    "common.cuh",
-    "fp8.cuh",
-    "gemm_core.cuh",
-    "gemm_fp8.cuh",
-    "gemm_gguf.cuh",
-    "gemm_nvfp4.cuh",
-    "gemm_tiled.cuh",
-    "paged_kv.cuh",
-    "splits.cuh",
-)
-"""Headers the sources may include; handed to NVRTC by name."""
+HEADERS = tuple(sorted(path.name for path in KERNEL_DIR.glob("*.cuh")))
+"""Headers the sources may include (every .cuh beside them); handed to NVRTC by name."""
 
 CACHE_ENV = "ATLAS_KERNEL_CACHE"
 

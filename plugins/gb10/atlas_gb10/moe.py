@@ -33,7 +33,7 @@ from atlas_core.backends.ops.moe import ExpertActivation, MoEOps, RouterSpec, ch
 from atlas_core.weights.quantized import QuantizedWeight
 from atlas_gb10.arrays import null_or
 from atlas_gb10.backend import TILED_GEMM_BLOCK, CudaBackend, tiled_shared_bytes
-from atlas_gb10.quantized_weights import gemm_loads, weight_operand
+from atlas_gb10.quantized_weights import gemm_loads, gemm_module, weight_operand
 
 ROUTE_WARPS = 4
 """Tokens routed per block (a warp each)."""
@@ -257,7 +257,8 @@ class CudaMoEOps(MoEOps):
         kind, weight_args, weight_aligned = weight_operand(w)
         vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_aligned
         prefix = "moe_gemm" if kind == "bf16" else f"moe_gemm_{kind}"
-        kernel = self._kernel(f"{prefix}_m{m_tiles}_n{n_tiles}_{gemm_loads(kind, vec, groups.tile_rows)}")
+        name = f"{prefix}_m{m_tiles}_n{n_tiles}_{gemm_loads(kind, vec, groups.tile_rows)}"
+        kernel = self.backend.kernels.function("moe", name, gemm_module(kind))
         kernel(
             (math.ceil(n / (8 * n_tiles)), groups.blocks),
             (256,),

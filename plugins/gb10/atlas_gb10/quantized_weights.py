@@ -15,7 +15,7 @@ scales and the row's global factor): 0.5625 bytes a weight plus 8 a row, its ele
 multiply each column's sum by its row's factor. A ``gguf_q8_0`` weight keeps
 llama.cpp's blocks (an f16 scale and 32 int8 codes, 34 bytes): the kernels (``gemm_gguf_q8_0_*``,
 ``moe_gemm_gguf_q8_0_*``, ``kernels/gemm_gguf.cuh``) sum each block's products apart and add them times its scale.
-Other GGUF types are dequantized at load.
+So do Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights (``kernels/gemm_gguf_blocks.cuh``, one module each).
 """
 
 from __future__ import annotations
@@ -26,20 +26,24 @@ from typing import Any
 import numpy as np
 
 from atlas_core.backends.base import Array
+from atlas_core.weights.gguf_quantized import FORMATS as GGUF_FORMATS
 from atlas_core.weights.nvfp4 import NVFP4, row_bytes
 from atlas_core.weights.quantized import FP8_E4M3, QuantizedWeight
 
 GGUF_Q8_0 = "gguf_q8_0"
 """`atlas_core.weights.gguf_quantized`'s format name of llama.cpp's Q8_0 blocks."""
-ROW_FORMATS = frozenset({NVFP4, GGUF_Q8_0})
+GGUF_BLOCK_FORMATS = frozenset(name for name in GGUF_FORMATS.values() if name != GGUF_Q8_0)
+"""The other GGUF block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): each format's kernels are modules of
+their own (the registry's ``gemm`` and ``moe`` entries of that dtype, ``kernels/gemm_gguf_blocks.cuh``)."""
+ROW_FORMATS = frozenset({NVFP4, GGUF_Q8_0, *GGUF_BLOCK_FORMATS})
 """Formats whose kernels (``gemm_<format>_*``) read each row's bytes as stored."""
 FORMATS = frozenset({FP8_E4M3, *ROW_FORMATS})
 """The quantized formats the cuda backend executes natively."""
 
 
 def executes_natively(weight: QuantizedWeight) -> bool:
-    """Whether the kernels take ``weight``: every NVFP4 and Q8_0 weight; FP8 in scale blocks 32k columns wide or all
-    of K."""
+    """Whether the kernels take ``weight``: every NVFP4 and GGUF block weight; FP8 in scale blocks 32k columns wide
+    or all of K."""
     if weight.format in ROW_FORMATS:
         return True
     bk, k = weight.block[1], weight.shape[-1]
@@ -107,3 +111,9 @@ def gemm_loads(kind: str, vec: bool, rows: int) -> str:
     if not vec:
         return "any"
     return "vec8" if kind != "bf16" and rows <= LOW8_ROWS else "vec"
+
+
+def gemm_module(kind: str) -> str:
+    """The registry dtype of the module holding the ``gemm_<kind>_*`` (and ``moe_gemm_<kind>_*``) kernels: the GGUF
+    block formats each have their own (built with their ``GGUF_TYPE``), every other kind is in the ``bf16`` one."""
+    return kind if kind in GGUF_BLOCK_FORMATS else "bf16"

@@ -27,12 +27,20 @@ class KernelVariant:
 
 
 GENERIC = "generic"
+GGUF_BLOCK_TYPES = {"q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q4_k": 12, "q5_k": 13, "q6_k": 14}
+"""GGUF block formats with kernels of their own (besides Q8_0) -> their GGML type id (``GGUF_TYPE``)."""
 
 REGISTRY: dict[tuple[str, str, str], KernelVariant] = {
     (GENERIC, "elementwise", "bf16"): KernelVariant("elementwise.cu"),
     (GENERIC, "attention_inputs", "bf16"): KernelVariant("attention_inputs.cu"),
     (GENERIC, "gemm", "bf16"): KernelVariant("gemm.cu", (("GEMM_KSPLIT", 8),)),
     (GENERIC, "gemm_tiled", "bf16"): KernelVariant("gemm_tiled.cu"),
+    # GGUF block formats besides Q8_0: gemm.cu and moe.cu built with one format's kernels (gemm_gguf_blocks.cuh)
+    **{
+        (GENERIC, op, f"gguf_{name}"): KernelVariant(f"{op}.cu", (("GEMM_KSPLIT", 8), ("GGUF_TYPE", ggml_type)))
+        for op in ("gemm", "moe")
+        for name, ggml_type in GGUF_BLOCK_TYPES.items()
+    },
     (GENERIC, "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 64), ("ATT_SPLIT", 64))),
     (GENERIC, "attention_mma", "bf16"): KernelVariant("attention_mma.cu"),
     # fp8 (E4M3) KV caches: the same kernels reading bytes (paged_kv.cuh's KV_FP8)

@@ -6,7 +6,8 @@ bandwidth ceiling: the weight bytes, read once.
 Prints per (K x N, rows, tile): microseconds per call under graph replay, GB/s of weights, and the
 percentage of the device's measured copy bandwidth. ``default`` is `CudaBackend.gemm_tile`'s choice;
 ``fp8`` the same product over the weight in FP8 E4M3 with 128 x 128 block scales (half the bytes), ``nvfp4`` in
-NVFP4 (0.5625 bytes a weight), ``gguf_q8_0`` in llama.cpp's Q8_0 blocks (1.0625 bytes a weight).
+NVFP4 (0.5625 bytes a weight), ``gguf_*`` in llama.cpp's blocks (Q8_0: 1.0625 bytes a weight, Q4_0: 0.5625, Q4_K:
+0.5625, Q6_K: 0.8203; K-quants from random blocks).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from atlas_gb10.backend import CudaBackend
 from gguf import GGMLQuantizationType
 from timing import copy_bandwidth, report, time_call
 
-from atlas_core.weights.gguf_quantized import quantize as gguf_quantize
+from atlas_core.testing.gguf_blocks import gguf_blocks
 from atlas_core.weights.nvfp4 import nvfp4_from_float
 from atlas_core.weights.quantized import quantize_fp8
 
@@ -30,7 +31,21 @@ SHAPES = [  # (K, N): Qwen3-30B-A3B router, o_proj, q/k/v; Llama-3-8B q/k/v, gat
     (4096, 28672),
     (14336, 4096),
 ]
-TILES: list[tuple[int, int] | str | None] = [None, (1, 1), (1, 2), (1, 4), "fp8", "nvfp4", "gguf_q8_0"]
+GGUF_TYPES = (
+    GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.Q4_0,
+    GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q6_K,
+)
+TILES: list[tuple[int, int] | str | None] = [
+    None,
+    (1, 1),
+    (1, 2),
+    (1, 4),
+    "fp8",
+    "nvfp4",
+    *(f"gguf_{qtype.name.lower()}" for qtype in GGUF_TYPES),
+]
 
 
 def main() -> None:
@@ -45,7 +60,10 @@ def main() -> None:
         quantized = {
             "fp8": backend.upload_quantized(quantize_fp8(host_weight, (128, 128))),
             "nvfp4": backend.upload_quantized(nvfp4_from_float(host_weight)),
-            "gguf_q8_0": backend.upload_quantized(gguf_quantize(host_weight, GGMLQuantizationType.Q8_0)),
+            **{
+                f"gguf_{qtype.name.lower()}": backend.upload_quantized(gguf_blocks(rng, qtype, (n, k)))
+                for qtype in GGUF_TYPES
+            },
         }
         for m in (1, 4, 16):
             x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(BF16)

@@ -1,4 +1,5 @@
-"""FP8 E4M3 (W8A16), NVFP4 (W4A16) and GGUF Q8_0 weights executed as they are on the cuda backend: products over the
+"""FP8 E4M3 (W8A16), NVFP4 (W4A16) and GGUF block weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)
+executed as they are on the cuda backend: products over the
 quantized bytes are at least as close to the exact products of the dequantized weight (float64) as the
 products over its bf16 rounding are (dense and grouped expert GEMMs, vector and scalar kernels; FP8
 block-scaled, per-channel and per-tensor scales, edge blocks; NVFP4 rows of different global scales), the
@@ -13,12 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from atlas_gb10.backend import CudaBackend
-from atlas_gb10.quantized_weights import GGUF_Q8_0
+from atlas_gb10.quantized_weights import GGUF_Q8_0, ROW_FORMATS
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
 from atlas_core import LLM
 from atlas_core.backends.ops.moe import MoEOps
 from atlas_core.testing.checkpoints import TinyCheckpoints
+from atlas_core.testing.gguf_blocks import gguf_blocks
 from atlas_core.testing.nvfp4 import dequantized_nvfp4_copy
 from atlas_core.testing.quantized import dequantized_copy, prompt_logits, quantized_weights, sample_prompts
 from atlas_core.weights.gguf_quantized import quantize as gguf_quantize
@@ -48,6 +51,11 @@ LINEAR_CASES = {  # (N, K, block): the vector kernels need K % 8 == 0
 }
 DEQUANTIZED_AT_LOAD = {"16x16 blocks": (48, 64, (16, 16)), "8x4 blocks": (40, 100, (8, 4))}
 Q8_0_CASES = {"aligned rows": (384, 512), "three blocks a row": (200, 96)}  # (N, K)
+GGUF_BLOCK_CASES = {  # format: (N, K) cases; K-quant rows hold 256-element super-blocks
+    **{qtype: [(384, 512), (200, 96)] for qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)},
+    **{qtype: [(256, 512), (40, 256)] for qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K)},
+}
+GGUF_FIXTURES = ["llama_q8_0", "llama_q4_0", "qwen2_q4_1", "qwen2_q5_0", "qwen3_q5_1", "llama_k_mix", "qwen3moe_q8_0"]
 NVFP4_CASES = {  # (N, K, row groups of their own global scale): rows of K % 64 != 0 take the scalar kernels
     "aligned rows": (384, 512, 1),
     "fused rows, two global scales": (256, 2048, 2),
@@ -138,18 +146,34 @@ def test_linear_over_gguf_q8_0_is_the_product_of_the_dequantized_weight(
     assert_product_of_the_dequantized_weight(backend, weight, rows, 34 / 32 + 0.01, case)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 12, 40])
+@pytest.mark.parametrize(
+    ("qtype", "shape"), [(q, shape) for q, shapes in GGUF_BLOCK_CASES.items() for shape in shapes], ids=str
+)
+def test_linear_over_gguf_blocks_is_the_product_of_the_dequantized_weight(
+    backend: CudaBackend, qtype: Q, shape: tuple[int, int], rows: int
+) -> None:
+    weight = gguf_blocks(np.random.default_rng(sum(shape)), qtype, shape)
+    assert backend.keeps_quantized(weight) and weight.format in ROW_FORMATS
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    assert_product_of_the_dequantized_weight(backend, weight, rows, type_size / block_size + 0.01, qtype.name)
+
+
 @pytest.mark.parametrize("tokens", [1, 6, 300, 600])
-@pytest.mark.parametrize("fmt", ["fp8", NVFP4, GGUF_Q8_0])
+@pytest.mark.parametrize("fmt", ["fp8", NVFP4, GGUF_Q8_0, "gguf_q4_0", "gguf_q5_1", "gguf_q4_k", "gguf_q6_k"])
 def test_expert_products_over_quantized_banks(backend: CudaBackend, tokens: int, fmt: str) -> None:
     """Against the same experts over the bf16-rounded banks (which differ by that rounding only), and
     a token's rows alone against the same rows in the batch."""
-    experts, top_k, hidden, width = 16, 4, 256, 96
+    experts, top_k, hidden, width = 16, 4, 256, 96 if fmt in ("fp8", NVFP4, GGUF_Q8_0) else 256
     rng = np.random.default_rng(tokens)
     if fmt == NVFP4:  # the down bank's rows (K = 96) take the scalar kernels
         w_in, w_out = nvfp4(rng, (experts, 2 * width, hidden)), nvfp4(rng, (experts, hidden, width))
-    elif fmt == GGUF_Q8_0:
-        w_in = gguf_quantize(rng.standard_normal((experts, 2 * width, hidden), dtype=np.float32) * 0.05, Q.Q8_0)
-        w_out = gguf_quantize(rng.standard_normal((experts, hidden, width), dtype=np.float32) * 0.05, Q.Q8_0)
+    elif fmt.startswith("gguf_"):
+        qtype = Q[fmt.removeprefix("gguf_").upper()]
+        w_in, w_out = (
+            gguf_blocks(rng, qtype, (experts, 2 * width, hidden)),
+            gguf_blocks(rng, qtype, (experts, hidden, width)),
+        )
     else:
         w_in = quantize_fp8(rng.standard_normal((experts, 2 * width, hidden), dtype=np.float32) * 0.05, (32, 128))
         w_out = quantize_fp8(rng.standard_normal((experts, hidden, width), dtype=np.float32) * 0.05, (128, 32))
@@ -201,14 +225,15 @@ def test_quantized_checkpoints_give_the_logits_of_their_dequantized_copies(
     assert_logits_close(quantized, reference, int(checkpoints.config(name)["vocab_size"]), name)
 
 
-def test_a_q8_0_gguf_model_runs_its_blocks_as_stored() -> None:
-    """The Q8_0 GGUF fixture kept in its blocks (``gguf_weights="quantized"``) against the same file dequantized at
-    load: the blocks stay 34 bytes per 32 weights on the GPU and give the float copy's logits."""
-    path = Path(__file__).parents[3] / "tests" / "fixtures" / "gguf" / "llama_q8_0.gguf"
+@pytest.mark.parametrize("name", GGUF_FIXTURES)
+def test_gguf_models_run_their_blocks_as_stored(name: str) -> None:
+    """Each block-quantized GGUF fixture kept in its blocks (``gguf_weights="quantized"``) against the same file
+    dequantized at load: its linear weights stay in their blocks on the GPU and give the float copy's logits."""
+    path = Path(__file__).parents[3] / "tests" / "fixtures" / "gguf" / f"{name}.gguf"
     quantized, reference = cuda_llm(path, gguf_weights="quantized"), cuda_llm(path, gguf_weights="float")
     held = quantized_weights(quantized.loaded.model)
-    assert held and all(w.format == GGUF_Q8_0 and w.data.dtype == np.uint8 for w in held)
-    assert_logits_close(quantized, reference, quantized.loaded.model.vocab_size, "llama_q8_0.gguf")
+    assert held and all(w.format in ROW_FORMATS and w.data.dtype == np.uint8 for w in held)
+    assert_logits_close(quantized, reference, quantized.loaded.model.vocab_size, name)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

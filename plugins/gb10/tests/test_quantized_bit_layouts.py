@@ -1,13 +1,18 @@
 """The bit manipulations the quantized GEMM kernels use to turn stored bytes into bf16 operands, replayed in NumPy
 without a GPU: every E4M3 byte (``fp8.cuh``: e4m3x4_to_bf16x2), every int8 code (``gemm_gguf.cuh``:
 i8x4_to_bf16x2), and every E2M1 code times every E4M3 scale in the word order `interleave_nvfp4` gives NVFP4 rows
-(``gemm_nvfp4.cuh``: e2m1_pair_scaled). The GPU suite checks the kernels' products themselves."""
+(``gemm_nvfp4.cuh``: e2m1_pair_scaled), and the GGUF block formats' codes and coefficients per chunk and lane
+(``gemm_gguf_blocks.cuh``) against `gguf.quants.dequantize`. The GPU suite checks the kernels' products
+themselves."""
 
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import pytest
 from atlas_gb10.quantized_weights import interleave_nvfp4
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
 
 from atlas_core.weights.nvfp4 import nvfp4_from_float, row_bytes, split_rows, unpack_e2m1
 
@@ -83,3 +88,89 @@ def test_interleaved_nvfp4_words_give_each_pair_its_scaled_values() -> None:
             product = (half * scale).astype(ml_dtypes.bfloat16).astype(np.float64)  # one bf16 rounding, as fma
             want = elements[:, column::8] * group_scales[:, np.arange(columns // 8) // 2] * 2.0**-8
             np.testing.assert_array_equal(product, want)
+
+
+GGUF_BLOCK_BYTES = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
+"""GGML type id -> (elements, bytes) of a block, as ``gemm_gguf_blocks.cuh``'s GgufBlocks declares them."""
+
+
+def gguf_kernel_values(block: np.ndarray, ggml_type: int) -> np.ndarray:
+    """One block's values as ``gemm_gguf_blocks.cuh`` computes them, step by step: for each 32-wide chunk and lane
+    q, the 8 code bytes and the high bits gguf_chunk reads, the code pairs gguf_operand makes of them (byte_pair,
+    shifts, masks; code - bias), and gguf_coefficients' s (Q6_K: by half), o; value = s * (code - bias) + o."""
+    size, _ = GGUF_BLOCK_BYTES[ggml_type]
+    u8 = block.astype(np.uint32)
+
+    def f16(offset: int) -> float:
+        return float(block[offset : offset + 2].copy().view(np.float16)[0])
+
+    def words(offset: int, count: int = 8) -> np.ndarray:  # little-endian 32-bit words of `count` bytes
+        return block[offset : offset + count].copy().view("<u4").astype(np.uint32)
+
+    def byte_pair(v: np.ndarray, t: int) -> int:
+        return int(byte_perm(v[t // 2], np.uint32(0), 0x4342 if t & 1 else 0x4140))
+
+    values = np.zeros(size)
+    for chunk in range(size // 32):
+        sub = chunk
+        for q in range(4):
+            first = 8 * q
+            high = np.zeros(2, dtype=np.uint32)
+            if ggml_type in (2, 3, 6, 7):
+                codes = words({2: 2, 3: 4, 6: 6, 7: 8}[ggml_type] + (first & 15))
+                if ggml_type in (6, 7):
+                    high[0] = words({6: 2, 7: 4}[ggml_type], 4)[0] >> np.uint32(first)
+                bias = {2: 8, 3: 0, 6: 16, 7: 0}[ggml_type]
+                s = s_hi = f16(0)
+                o = f16(2) if ggml_type in (3, 7) else 0.0
+            elif ggml_type in (12, 13):
+                codes = words((16 if ggml_type == 12 else 48) + 32 * (sub >> 1) + first)
+                if ggml_type == 13:
+                    high = words(16 + first)
+                scales = u8[4:16]
+                if sub < 4:
+                    sc, mn = scales[sub] & 63, scales[sub + 4] & 63
+                else:
+                    sc = (scales[sub + 4] & 0xF) | ((scales[sub - 4] >> 6) << 4)
+                    mn = (scales[sub + 4] >> 4) | ((scales[sub] >> 6) << 4)
+                bias, s, o = 0, f16(0) * float(sc), -(f16(2) * float(mn))
+                s_hi = s
+            else:
+                h, r = sub >> 2, sub & 3
+                codes, high = words(64 * h + 32 * (r & 1) + first), words(128 + 32 * h + first)
+                bias, o = 32, 0.0
+                s = f16(208) * float(block[192 + 8 * h + 2 * r].astype(np.int8))
+                s_hi = f16(208) * float(block[192 + 8 * h + 2 * r + 1].astype(np.int8))
+            for t in range(4):
+                if ggml_type in (2, 3, 6, 7):
+                    n = (byte_pair(codes, t) >> ((q >> 1) * 4)) & 0x000F000F
+                    if ggml_type in (6, 7):
+                        n |= ((int(high[0]) >> (2 * t)) & 1) << 4 | ((int(high[0]) >> (2 * t + 1)) & 1) << 20
+                elif ggml_type in (12, 13):
+                    n = (byte_pair(codes, t) >> (4 * (sub & 1))) & 0x000F000F
+                    if ggml_type == 13:
+                        n |= ((byte_pair(high, t) >> sub) & 0x00010001) << 4
+                else:
+                    n = ((byte_pair(codes, t) >> (4 * (r >> 1))) & 0x000F000F) | (
+                        ((byte_pair(high, t) >> (2 * r)) & 0x00030003) << 4
+                    )
+                for half, code in enumerate((n & 0xFFFF, n >> 16)):
+                    assert code < 128
+                    scale = s_hi if ggml_type == 14 and q >= 2 else s
+                    values[32 * chunk + first + 2 * t + half] = scale * (code - bias) + o
+    return values
+
+
+@pytest.mark.parametrize("ggml_type", sorted(GGUF_BLOCK_BYTES))
+def test_gguf_block_kernels_read_the_values_gguf_defines(ggml_type: int) -> None:
+    qtype = GGMLQuantizationType(ggml_type)
+    size, nbytes = GGUF_BLOCK_BYTES[ggml_type]
+    assert GGML_QUANT_SIZES[qtype] == (size, nbytes)
+    rng = np.random.default_rng(ggml_type)
+    blocks = rng.integers(0, 256, (3, nbytes), dtype=np.uint8)
+    scale_offsets = {14: [208]}.get(ggml_type, [0, 2] if ggml_type in (3, 7, 12, 13) else [0])
+    for offset in scale_offsets:  # finite, modest f16 scales
+        blocks[:, offset : offset + 2] = np.float16(rng.uniform(0.01, 0.1)).reshape(1).view(np.uint8)
+    expected = gguf_dequantize(blocks, qtype).astype(np.float64).reshape(3, size)
+    for block, want in zip(blocks, expected, strict=True):
+        np.testing.assert_allclose(gguf_kernel_values(block, ggml_type), want, rtol=1e-6, atol=1e-7)

@@ -1,8 +1,10 @@
 // out[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) for dense layers: one block per output tile (gemm_core.cuh).
 #include "gemm_fp8.cuh"
 #include "gemm_gguf.cuh"
+#include "gemm_gguf_blocks.cuh"
 #include "gemm_nvfp4.cuh"
 
+#ifndef GGUF_TYPE
 #define GEMM_KERNEL(MT, NT, U, VEC, SUFFIX, MIN_BLOCKS)                                                              \
     extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS)                                      \
         gemm_bf16_m##MT##_n##NT##_##SUFFIX(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ w, \
@@ -46,6 +48,8 @@ GEMM_FP8_KERNEL(1, 2, 4, false, any, 2)
 GEMM_FP8_KERNEL(1, 4, 2, false, any, 2)
 GEMM_FP8_KERNEL(2, 4, 2, false, any, 1)
 
+#endif
+
 // The same products over an NVFP4 weight (gemm_nvfp4.cuh: packed E2M1 rows with their group scales and factor)
 // and over a GGUF Q8_0 weight (gemm_gguf.cuh: 34-byte blocks of an f16 scale and 32 int8 codes): W is the operand.
 #define GEMM_ROWS_KERNEL(NAME, W, MT, NT, U, VEC, SUFFIX, MIN_BLOCKS)                                                \
@@ -67,5 +71,10 @@ GEMM_FP8_KERNEL(2, 4, 2, false, any, 1)
     GEMM_ROWS_KERNEL(NAME, W, 1, 4, 2, false, any, 2)      \
     GEMM_ROWS_KERNEL(NAME, W, 2, 4, 2, false, any, 1)
 
+#ifndef GGUF_TYPE
 GEMM_ROWS_KERNELS(gemm_nvfp4, Nvfp4Weight)
 GEMM_ROWS_KERNELS(gemm_gguf_q8_0, Q8_0Weight)
+#else
+// Built with GGUF_TYPE (a GGML type id, registry dtype gguf_q4_0 ... gguf_q6_k): that format's kernels alone.
+GGUF_KERNELS(GEMM_ROWS_KERNELS)
+#endif

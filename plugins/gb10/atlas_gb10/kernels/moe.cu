@@ -8,7 +8,7 @@
 // only on its own input row, so the order changes no bit) and cuts each group into m-tiles of
 // tile_rows rows, listed in a table the GEMM blocks read.
 #include "gemm_fp8.cuh"
-#include "gemm_gguf.cuh"
+#include "gemm_gguf_blocks.cuh"
 #include "gemm_nvfp4.cuh"
 #include "gemm_tiled.cuh"
 
@@ -267,6 +267,7 @@ __device__ __forceinline__ void expert_product(const bf16_t* x, long long ldx, c
     MOE_GEMM_ROWS_KERNEL(moe_gemm_nvfp4, Nvfp4Weight, MT, NT, U_FP8, VEC, SUFFIX, MIN_BLOCKS)                        \
     MOE_GEMM_ROWS_KERNEL(moe_gemm_gguf_q8_0, Q8_0Weight, MT, NT, U_FP8, VEC, SUFFIX, MIN_BLOCKS)
 
+#ifndef GGUF_TYPE
 MOE_GEMM_KERNEL(1, 2, 8, 4, true, vec, 2)
 MOE_GEMM_QUANTIZED_KERNELS(1, 2, 4, VEC_LOW8, vec8, 2)
 MOE_GEMM_QUANTIZED_KERNELS(1, 4, 2, VEC_LOW8, vec8, 2)
@@ -275,6 +276,19 @@ MOE_GEMM_KERNEL(2, 4, 2, 2, true, vec, 1)
 MOE_GEMM_KERNEL(1, 2, 4, 4, false, any, 2)
 MOE_GEMM_KERNEL(1, 4, 2, 2, false, any, 2)
 MOE_GEMM_KERNEL(2, 4, 2, 2, false, any, 1)
+#else
+// Built with GGUF_TYPE (registry dtype gguf_q4_0 ... gguf_q6_k): that format's expert products, the same tiles.
+#define MOE_GGUF_KERNELS(NAME, W)                                 \
+    MOE_GEMM_ROWS_KERNEL(moe_##NAME, W, 1, 2, 4, VEC_LOW8, vec8, 2) \
+    MOE_GEMM_ROWS_KERNEL(moe_##NAME, W, 1, 4, 2, VEC_LOW8, vec8, 2) \
+    MOE_GEMM_ROWS_KERNEL(moe_##NAME, W, 1, 2, 4, true, vec, 2)      \
+    MOE_GEMM_ROWS_KERNEL(moe_##NAME, W, 1, 4, 2, true, vec, 2)      \
+    MOE_GEMM_ROWS_KERNEL(moe_##NAME, W, 2, 4, 2, true, vec, 1)      \
+    MOE_GEMM_ROWS_KERNEL(moe_##NAME, W, 1, 2, 4, false, any, 2)     \
+    MOE_GEMM_ROWS_KERNEL(moe_##NAME, W, 1, 4, 2, false, any, 2)     \
+    MOE_GEMM_ROWS_KERNEL(moe_##NAME, W, 2, 4, 2, false, any, 1)
+GGUF_KERNELS(MOE_GGUF_KERNELS)
+#endif
 
 // Prefill-sized expert groups (outside the batch-invariant mode): the m-tiles of moe_plan cut at 64 rows, each
 // block 64 rows of one expert by TG_BN columns through gemm_tiled.cuh's tiled product (rows gathered through

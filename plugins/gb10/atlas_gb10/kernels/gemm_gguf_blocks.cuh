@@ -1,0 +1,243 @@
+// GGUF block formats besides Q8_0 for the dense products (gemm.cu built with GGUF_TYPE, one format a module):
+// Q4_0, Q4_1, Q5_0, Q5_1 (blocks of 32 elements) and Q4_K, Q5_K, Q6_K (super-blocks of 256: 8 sub-blocks of
+// 32). `GgufBlocks<T>` (T the GGML type id) keeps llama.cpp's bytes (QuantizedWeight formats gguf_q4_0 ...,
+// atlas_core.weights.gguf_quantized), rows of K / BLOCK blocks of BYTES bytes.
+//
+// A 32-wide K chunk is one block or sub-block. Its codes n (4, 5 or 6 bits) enter the tensor cores as exact bf16
+// values n - bias (each pair through one prmt, masks and one bf16 fma of 128 + n: `codes_to_bf16x2`), and each
+// column adds, in chunk order (batch invariance holds):
+//   s * (chunk's products) + o * (chunk's sum of x)
+// with W[i, j] = s * (n - bias) + o as GGML defines it: Q4_0 d (n - 8); Q4_1 d n + m; Q5_0 d (n - 16); Q5_1
+// d n + m; Q4_K and Q5_K d sc n - dmin mn (6-bit sc, mn of the sub-block); Q6_K d sc (n - 32) with an int8 sc
+// per 16 elements, so a Q6_K chunk is multiplied twice, each time with the other half's codes zeroed (lanes
+// 0-1 hold elements 0-15, lanes 2-3 elements 16-31). x's chunk sums come from one more mma against ones.
+#pragma once
+#include "gemm_gguf.cuh"
+
+#define GGUF_Q4_0 2
+#define GGUF_Q4_1 3
+#define GGUF_Q5_0 6
+#define GGUF_Q5_1 7
+#define GGUF_Q4_K 12
+#define GGUF_Q5_K 13
+#define GGUF_Q6_K 14
+
+template <int T>
+struct GgufBlocks {
+    const unsigned char* data;
+    static constexpr bool K_QUANT = T >= GGUF_Q4_K;
+    static constexpr int BLOCK = K_QUANT ? 256 : 32;
+    static constexpr int BYTES = T == GGUF_Q4_0   ? 18
+                                 : T == GGUF_Q4_1 ? 20
+                                 : T == GGUF_Q5_0 ? 22
+                                 : T == GGUF_Q5_1 ? 24
+                                 : T == GGUF_Q4_K ? 144
+                                 : T == GGUF_Q5_K ? 176
+                                                  : 210;
+    static constexpr bool OFFSET = T == GGUF_Q4_1 || T == GGUF_Q5_1 || T == GGUF_Q4_K || T == GGUF_Q5_K;
+    // bf16 pair of -(128 + bias): codes_to_bf16x2's addend.
+    static constexpr unsigned NEG_BIAS = T == GGUF_Q4_0   ? 0xc308c308u
+                                         : T == GGUF_Q5_0 ? 0xc310c310u
+                                         : T == GGUF_Q6_K ? 0xc320c320u
+                                                          : 0xc300c300u;
+    __device__ __forceinline__ static long long row_bytes(int K) { return (long long)(K / BLOCK) * BYTES; }
+};
+
+template <int T>
+__device__ __forceinline__ GgufBlocks<T> bank_matrix(const GgufBlocks<T>& w, int e, int N, int K) {
+    return GgufBlocks<T>{w.data + (long long)e * N * GgufBlocks<T>::row_bytes(K)};
+}
+
+// This lane's bytes of one chunk and row: `codes` the 8 bytes holding its elements' low bits, `high` those
+// holding their high bits (Q5_K, Q6_K: 8 bytes; Q5_0, Q5_1: the block's 32 high bits shifted to the lane's
+// first element).
+struct GgufChunk {
+    uint2 codes, high;
+};
+
+__device__ __forceinline__ unsigned ld_u16(const unsigned char* p) {
+    return (unsigned)__ldg(reinterpret_cast<const unsigned short*>(p));
+}
+__device__ __forceinline__ unsigned ld_u32_by_halves(const unsigned char* p) { return ld_u16(p) | (ld_u16(p + 2) << 16); }
+__device__ __forceinline__ uint2 ld_8_by_halves(const unsigned char* p) {
+    return make_uint2(ld_u32_by_halves(p), ld_u32_by_halves(p + 4));
+}
+
+// Row `row`'s bytes for elements k .. k + 7 (k % 8 == 0; zeros outside the matrix).
+template <int T>
+__device__ __forceinline__ GgufChunk gguf_chunk(const unsigned char* __restrict__ w, int row, int rows, int k, int K) {
+    GgufChunk c{make_uint2(0u, 0u), make_uint2(0u, 0u)};
+    if (row < 0 || row >= rows || k >= K) return c;
+    using B = GgufBlocks<T>;
+    const unsigned char* block = w + row * B::row_bytes(K) + (long long)(k / B::BLOCK) * B::BYTES;
+    const int l = k & 31, sub = (k % B::BLOCK) >> 5;
+    if constexpr (T == GGUF_Q4_0) {
+        c.codes = ld_8_by_halves(block + 2 + (l & 15));
+    } else if constexpr (T == GGUF_Q4_1) {
+        c.codes = ld_8_by_halves(block + 4 + (l & 15));
+    } else if constexpr (T == GGUF_Q5_0) {
+        c.codes = ld_8_by_halves(block + 6 + (l & 15));
+        c.high.x = ld_u32_by_halves(block + 2) >> l;
+    } else if constexpr (T == GGUF_Q5_1) {
+        c.codes = ld_8_by_halves(block + 8 + (l & 15));
+        c.high.x = ld_u32_by_halves(block + 4) >> l;
+    } else if constexpr (T == GGUF_Q4_K) {
+        c.codes = __ldg(reinterpret_cast<const uint2*>(block + 16 + 32 * (sub >> 1) + l));
+    } else if constexpr (T == GGUF_Q5_K) {
+        c.codes = __ldg(reinterpret_cast<const uint2*>(block + 48 + 32 * (sub >> 1) + l));
+        c.high = __ldg(reinterpret_cast<const uint2*>(block + 16 + l));
+    } else {  // Q6_K: sub-block = half h (128 elements) and quarter r
+        const int h = sub >> 2, r = sub & 3;
+        c.codes = ld_8_by_halves(block + 64 * h + 32 * (r & 1) + l);
+        c.high = ld_8_by_halves(block + 128 + 32 * h + l);
+    }
+    return c;
+}
+
+// Bytes 2t and 2t + 1 of 8 bytes in the low bytes of a pair's two halves.
+__device__ __forceinline__ unsigned byte_pair(uint2 v, int t) {
+    return __byte_perm(t < 2 ? v.x : v.y, 0u, (t & 1) ? 0x4342 : 0x4140);
+}
+
+// A pair of codes (each half below 128) as the bf16 pair of code - bias: 128 + code is a bf16 exactly (0x43 and
+// 7 mantissa bits), and one bf16 fma by 1 adding -(128 + bias) gives the small integer exactly.
+__device__ __forceinline__ unsigned codes_to_bf16x2(unsigned codes, unsigned neg_bias) {
+    unsigned d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(codes | 0x43004300u), "r"(0x3f803f80u), "r"(neg_bias));
+    return d;
+}
+
+// This lane's operand of chunk `sub` (its sub-block within a super-block; 0 for 32-element blocks): elements
+// 2t, 2t + 1 in w[t].
+template <int T>
+__device__ __forceinline__ Frag8 gguf_operand(const GgufChunk& c, int sub, int lane_q) {
+    Frag8 b;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        unsigned n;
+        if constexpr (T == GGUF_Q4_0 || T == GGUF_Q4_1 || T == GGUF_Q5_0 || T == GGUF_Q5_1) {
+            n = (byte_pair(c.codes, t) >> ((lane_q >> 1) * 4)) & 0x000f000fu;  // elements 16-31: high nibbles
+            if constexpr (T == GGUF_Q5_0 || T == GGUF_Q5_1)
+                n |= (((c.high.x >> (2 * t)) & 1u) << 4) | (((c.high.x >> (2 * t + 1)) & 1u) << 20);
+        } else if constexpr (T == GGUF_Q4_K || T == GGUF_Q5_K) {
+            n = (byte_pair(c.codes, t) >> (4 * (sub & 1))) & 0x000f000fu;
+            if constexpr (T == GGUF_Q5_K) n |= ((byte_pair(c.high, t) >> sub) & 0x00010001u) << 4;
+        } else {
+            const int r = sub & 3;
+            n = ((byte_pair(c.codes, t) >> (4 * (r >> 1))) & 0x000f000fu) |
+                (((byte_pair(c.high, t) >> (2 * r)) & 0x00030003u) << 4);
+        }
+        b.w[t] = codes_to_bf16x2(n, GgufBlocks<T>::NEG_BIAS);
+    }
+    return b;
+}
+
+// The 6-bit scale and min of sub-block j of a K-quant super-block (GGML's get_scale_min_k4).
+__device__ __forceinline__ void k_scale_min(const unsigned char* __restrict__ scales, int j, float& sc, float& mn) {
+    if (j < 4) {
+        sc = (float)(__ldg(scales + j) & 63);
+        mn = (float)(__ldg(scales + j + 4) & 63);
+    } else {
+        sc = (float)((__ldg(scales + j + 4) & 0xf) | ((__ldg(scales + j - 4) >> 6) << 4));
+        mn = (float)((__ldg(scales + j + 4) >> 4) | ((__ldg(scales + j) >> 6) << 4));
+    }
+}
+
+// Column `col`'s coefficients for chunk c: s (s_hi for Q6_K's second half) and o (zeros past the matrix).
+template <int T>
+__device__ __forceinline__ void gguf_coefficients(const unsigned char* __restrict__ w, int col, int N, int c, int K,
+                                                  float& s, float& s_hi, float& o) {
+    s = s_hi = o = 0.0f;
+    if (col >= N) return;
+    using B = GgufBlocks<T>;
+    const int k = c * 32;
+    const unsigned char* block = w + col * B::row_bytes(K) + (long long)(k / B::BLOCK) * B::BYTES;
+    const int sub = (k % B::BLOCK) >> 5;
+    if constexpr (T == GGUF_Q6_K) {
+        const float d = f16_bits_to_float(ld_u16(block + 208));
+        const int j = 8 * (sub >> 2) + 2 * (sub & 3);
+        s = d * (float)(signed char)__ldg(block + 192 + j);
+        s_hi = d * (float)(signed char)__ldg(block + 192 + j + 1);
+    } else if constexpr (B::K_QUANT) {
+        float sc, mn;
+        k_scale_min(block + 4, sub, sc, mn);
+        s = f16_bits_to_float(ld_u16(block)) * sc;
+        o = -(f16_bits_to_float(ld_u16(block + 2)) * mn);
+    } else {
+        s = f16_bits_to_float(ld_u16(block));
+        if constexpr (B::OFFSET) o = f16_bits_to_float(ld_u16(block + 2));
+    }
+}
+
+// acc += the products of chunks c_begin .. c_end - 1 of a GGUF block weight, chunk by chunk in order.
+template <int MT, int NT, int U, int VEC, int T>
+__device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
+                                           const GgufBlocks<T>& w, int m0, int M, int n0, int N, int K, int c_begin,
+                                           int c_end, float (&acc)[MT][NT][4]) {
+    using B = GgufBlocks<T>;
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    chunk_batches<MT, NT, U, VEC, GgufChunk>(
+        x, ldx, x_rows, m0, M, K, c_begin, c_end,
+        [&](int k, int j) { return gguf_chunk<T>(w.data, n0 + j * 8 + g, N, k, K); },
+        [&](int c, const GgufChunk (&raw)[NT], const Frag8 (&a)[MT][2]) {
+            const int sub = (c * 32 % B::BLOCK) >> 5;
+            Frag8 b[NT];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) b[j] = gguf_operand<T>(raw[j], sub, q);
+            // parts[0]: the chunk's products (Q6_K: elements 0-15's); parts[1]: Q6_K's elements 16-31, or the
+            // chunk's sums of x (a row's sum in every column) for formats with an offset.
+            float parts[2][MT][NT][4];
+            zero_frags<MT, NT>(parts[0]);
+            zero_frags<MT, NT>(parts[1]);
+            if constexpr (T == GGUF_Q6_K) {
+                Frag8 lo[NT], hi[NT];
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    lo[j] = q < 2 ? b[j] : Frag8{{0u, 0u, 0u, 0u}};
+                    hi[j] = q < 2 ? Frag8{{0u, 0u, 0u, 0u}} : b[j];
+                }
+                mma_chunk<MT, NT>(parts[0], a, lo);
+                mma_chunk<MT, NT>(parts[1], a, hi);
+            } else {
+                mma_chunk<MT, NT>(parts[0], a, b);
+                if constexpr (B::OFFSET) {
+                    Frag8 ones[NT];
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) ones[j] = Frag8{{0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u}};
+                    mma_chunk<MT, NT>(parts[1], a, ones);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int p = 0; p < 2; ++p) {
+                    float s, s_hi, o;
+                    gguf_coefficients<T>(w.data, n0 + j * 8 + 2 * q + p, N, c, K, s, s_hi, o);
+                    const float second = T == GGUF_Q6_K ? s_hi : o;
+#pragma unroll
+                    for (int i = 0; i < MT; ++i)
+#pragma unroll
+                        for (int e = p; e < 4; e += 2)
+                            acc[i][j][e] = __fmaf_rn(parts[1][i][j][e], second,
+                                                     __fmaf_rn(parts[0][i][j][e], s, acc[i][j][e]));
+                }
+        });
+}
+
+#if defined(GGUF_TYPE)
+#if GGUF_TYPE == GGUF_Q4_0
+#define GGUF_KERNELS(ROWS_KERNELS) ROWS_KERNELS(gemm_gguf_q4_0, GgufBlocks<GGUF_Q4_0>)
+#elif GGUF_TYPE == GGUF_Q4_1
+#define GGUF_KERNELS(ROWS_KERNELS) ROWS_KERNELS(gemm_gguf_q4_1, GgufBlocks<GGUF_Q4_1>)
+#elif GGUF_TYPE == GGUF_Q5_0
+#define GGUF_KERNELS(ROWS_KERNELS) ROWS_KERNELS(gemm_gguf_q5_0, GgufBlocks<GGUF_Q5_0>)
+#elif GGUF_TYPE == GGUF_Q5_1
+#define GGUF_KERNELS(ROWS_KERNELS) ROWS_KERNELS(gemm_gguf_q5_1, GgufBlocks<GGUF_Q5_1>)
+#elif GGUF_TYPE == GGUF_Q4_K
+#define GGUF_KERNELS(ROWS_KERNELS) ROWS_KERNELS(gemm_gguf_q4_k, GgufBlocks<GGUF_Q4_K>)
+#elif GGUF_TYPE == GGUF_Q5_K
+#define GGUF_KERNELS(ROWS_KERNELS) ROWS_KERNELS(gemm_gguf_q5_k, GgufBlocks<GGUF_Q5_K>)
+#elif GGUF_TYPE == GGUF_Q6_K
+#define GGUF_KERNELS(ROWS_KERNELS) ROWS_KERNELS(gemm_gguf_q6_k, GgufBlocks<GGUF_Q6_K>)
+#endif
+#endif
