@@ -59,6 +59,10 @@ PACKED_FORMATS: dict[str, PackedFormat] = {}
 """Packed formats by name, filled by `register_packed_format`."""
 
 
+ROW_ALIGNMENT = 16
+"""A packed format's rows may be padded to a multiple of this many bytes on a backend (aligned vector loads)."""
+
+
 def register_packed_format(name: str, dtype: np.dtype, packed: PackedFormat) -> None:
     """Make ``name`` a `QuantizedWeight` format whose ``data`` (of element dtype ``dtype``) is ``packed``."""
     ELEMENT_DTYPES[name] = np.dtype(dtype)
@@ -73,7 +77,8 @@ class QuantizedWeight:
     arrays, or a backend's arrays once uploaded natively). ``scales``: float32 ``[..., ceil(N / bn),
     ceil(K / bk)]``, or None for a `PackedFormat`. ``block``: ``(bn, bk)``, elements of the last two axes
     per scale. ``shape``: the logical shape of the weight it stands for (equal to ``data.shape`` for 8-bit
-    formats; a packed format's ``data_shape`` of it).
+    formats; a packed format's ``data_shape`` of it, or that with rows padded to `ROW_ALIGNMENT` bytes, as a
+    backend may keep them for aligned loads).
     """
 
     format: str
@@ -90,10 +95,12 @@ class QuantizedWeight:
             raise ValueError(f"QuantizedWeight needs at least 2 axes and a positive block, got {shape}, {self.block}")
         packed = PACKED_FORMATS.get(self.format)
         if packed is not None:
-            if self.scales is not None or tuple(self.data.shape) != packed.data_shape(shape):
+            want, got = packed.data_shape(shape), tuple(self.data.shape)
+            padded = got[:-1] == want[:-1] and got[-1] == -(-want[-1] // ROW_ALIGNMENT) * ROW_ALIGNMENT
+            if self.scales is not None or (got != want and not padded):
                 raise ValueError(
-                    f"{self.format} weight of shape {shape} needs data of shape {packed.data_shape(shape)} and no "
-                    f"scales, got {tuple(self.data.shape)} and {type(self.scales).__name__}"
+                    f"{self.format} weight of shape {shape} needs data of shape {want} and no scales, got {got} "
+                    f"and {type(self.scales).__name__}"
                 )
             return
         if tuple(self.data.shape) != shape:

@@ -4,15 +4,16 @@
 device as its bytes (uint8) and float32 scales: one byte a weight instead of bf16's two. The GEMM kernels
 (``gemm_fp8_*``, ``moe_gemm_fp8_*``, W8A16) read those bytes, give the tensor cores each element's exact bf16
 value, sum each scale block's products apart and add them times the block's scale: the products of the
-dequantized weight without rounding it to bf16. Scale blocks must be 32k columns wide or span all of K (every
-published layout: 128 x 128 blocks, per channel, per tensor); a weight in other blocks is dequantized at load
-instead (`executes_natively`).
+dequantized weight without rounding it to bf16. Its rows are reordered at upload so that a kernel lane loads
+its bytes of two chunks at once (`pair_fp8_chunks`). Scale blocks must be 64k columns wide or span all of K
+(every published layout: 128 x 128 blocks, per channel, per tensor); a weight in other blocks is dequantized at
+load instead (`executes_natively`).
 
 An ``nvfp4`` weight keeps its packed rows (`atlas_core.weights.nvfp4`: E2M1 elements two a byte, the E4M3 group
-scales and the row's global factor): 0.5625 bytes a weight plus 8 a row, its elements reordered within each
-4-byte word at upload (`interleave_nvfp4`). The kernels (``gemm_nvfp4_*``, ``moe_gemm_nvfp4_*``, W4A16,
-``kernels/gemm_nvfp4.cuh``) give the tensor cores each element times its group scale, an exact bf16 value, and
-multiply each column's sum by its row's factor. A ``gguf_q8_0`` weight keeps
+scales and the row's global factor): 0.5625 bytes a weight plus 8 a row (padded to 16 bytes on the device), its
+elements reordered at upload for the kernels' loads (`nvfp4_device_rows`). The kernels (``gemm_nvfp4_*``,
+``moe_gemm_nvfp4_*``, W4A16, ``kernels/gemm_nvfp4.cuh``) give the tensor cores each element times its group scale,
+an exact bf16 value, and multiply each column's sum by its row's factor. A ``gguf_q8_0`` weight keeps
 llama.cpp's blocks (an f16 scale and 32 int8 codes, 34 bytes): the kernels (``gemm_gguf_q8_0_*``,
 ``moe_gemm_gguf_q8_0_*``, ``kernels/gemm_gguf.cuh``) sum each block's products apart and add them times its scale.
 So do Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights (``kernels/gemm_gguf_blocks.cuh``, one module each).
@@ -42,19 +43,21 @@ FORMATS = frozenset({FP8_E4M3, *ROW_FORMATS})
 
 
 def executes_natively(weight: QuantizedWeight) -> bool:
-    """Whether the kernels take ``weight``: every NVFP4 and GGUF block weight; FP8 in scale blocks 32k columns wide
-    or all of K."""
+    """Whether the kernels take ``weight``: every NVFP4 and GGUF block weight; FP8 in scale blocks 64k columns wide
+    or all of K (a lane loads two 32-wide chunks at once, and both must share their scale)."""
     if weight.format in ROW_FORMATS:
         return True
     bk, k = weight.block[1], weight.shape[-1]
-    return weight.format == FP8_E4M3 and (bk % 32 == 0 or bk >= k)
+    return weight.format == FP8_E4M3 and (bk % 64 == 0 or bk >= k)
 
 
 def upload_native(backend: Any, weight: QuantizedWeight) -> QuantizedWeight:
     """``weight`` on the device as the kernels read it: its bytes as uint8, and FP8 scales as float32."""
     data = np.ascontiguousarray(np.asarray(weight.data)).view(np.uint8)
     if weight.format == NVFP4:
-        data = interleave_nvfp4(data, weight.shape[-1])
+        data = nvfp4_device_rows(data, weight.shape[-1])
+    if weight.format == FP8_E4M3:
+        data = pair_fp8_chunks(data)
     if weight.format in ROW_FORMATS:
         return replace(weight, data=backend.from_numpy(data, dtype=np.dtype(np.uint8)))
     scales = np.ascontiguousarray(np.asarray(weight.scales, dtype=np.float32))
@@ -65,8 +68,43 @@ def upload_native(backend: Any, weight: QuantizedWeight) -> QuantizedWeight:
     )
 
 
+def pair_fp8_chunks(data: np.ndarray) -> np.ndarray:
+    """FP8 rows (uint8 ``[..., K]``) with each full 64-byte group of two 32-element chunks laid out lane by lane:
+    bytes 8q .. 8q + 7 of the first chunk, then those of the second (q = 0 .. 3), so that one 16-byte load gives
+    a kernel lane its bytes of both (``load_fp8_pair`` in ``kernels/gemm_fp8.cuh``); a last group shorter than 64
+    bytes unchanged. A new array."""
+    rows = np.array(data, dtype=np.uint8, copy=True)
+    full = rows.shape[-1] // 64 * 64
+    groups = rows[..., :full].reshape(*rows.shape[:-1], -1, 2, 4, 8)
+    rows[..., :full] = groups.swapaxes(-3, -2).reshape(*rows.shape[:-1], full)
+    return rows
+
+
 WORD_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 """The element in each nibble of an interleaved NVFP4 word: nibble t holds element 2t, nibble t + 4 element 2t + 1."""
+
+
+def nvfp4_device_rows(data: np.ndarray, columns: int) -> np.ndarray:
+    """NVFP4 rows (uint8 ``[..., row_bytes(columns)]``) as ``kernels/gemm_nvfp4.cuh`` reads them: words
+    interleaved (`interleave_nvfp4`); in each full group of four 32-element chunks, each kernel lane's words of the
+    four chunks made consecutive (lane q's 16 bytes from 16q) and so its four group scales (from 4 (q / 2)); the
+    rest of the row unchanged; rows zero-padded to `device_row_bytes`. A new array."""
+    rows = interleave_nvfp4(data, columns)
+    lead, full = rows.shape[:-1], columns // 128 * 128
+    codes = rows[..., : full // 2].reshape(*lead, -1, 4, 4, 4)  # [group, chunk, lane, byte]
+    rows[..., : full // 2] = codes.swapaxes(-3, -2).reshape(*lead, full // 2)
+    scale_bytes = slice(columns // 2, columns // 2 + full // 16)
+    scales = rows[..., scale_bytes].reshape(*lead, -1, 4, 2)  # [group, chunk, lane pair]
+    rows[..., scale_bytes] = scales.swapaxes(-2, -1).reshape(*lead, full // 16)
+    padded = np.zeros((*lead, device_row_bytes(columns)), dtype=np.uint8)
+    padded[..., : rows.shape[-1]] = rows
+    return padded
+
+
+def device_row_bytes(columns: int) -> int:
+    """An NVFP4 row's bytes on the device: `row_bytes` padded to a multiple of 16, so that rows allow 16-byte loads
+    (``nvfp4_row_bytes`` in ``kernels/gemm_nvfp4.cuh``)."""
+    return -(-row_bytes(columns) // 16) * 16
 
 
 def interleave_nvfp4(data: np.ndarray, columns: int) -> np.ndarray:
@@ -84,18 +122,18 @@ def interleave_nvfp4(data: np.ndarray, columns: int) -> np.ndarray:
 def weight_operand(weight: Array | QuantizedWeight) -> tuple[str, tuple[Any, ...], bool]:
     """How a GEMM kernel takes ``weight`` (``[N, K]`` or a bank ``[E, N, K]``): the kernel kind (``bf16``,
     ``fp8``, ``nvfp4`` or ``gguf_q8_0``), its weight arguments, and whether its rows allow the vector loads of the
-    ``vec`` kernels (16 bytes of bf16, 8 FP8 bytes, 4 NVFP4 bytes; Q8_0 reads 2-byte halves, always aligned; the
-    caller checks K % 8 == 0)."""
+    ``vec`` kernels (16 bytes of bf16, of FP8 (K % 16 == 0) or of NVFP4's padded rows; Q8_0 reads 2-byte halves,
+    always aligned; the caller checks K % 8 == 0)."""
     if isinstance(weight, QuantizedWeight):
         if not executes_natively(weight):
             raise TypeError(
-                f"cuda backend: no kernel for {weight!r} (it executes {sorted(FORMATS)}, FP8 in 32k-wide blocks)"
+                f"cuda backend: no kernel for {weight!r} (it executes {sorted(FORMATS)}, FP8 in 64k-wide blocks)"
             )
         if weight.format in ROW_FORMATS:
-            four_bytes = row_bytes(weight.shape[-1]) % 4 == 0 and weight.data.data.ptr % 4 == 0
-            return weight.format, (weight.data,), weight.format != NVFP4 or four_bytes
+            return weight.format, (weight.data,), weight.format != NVFP4 or weight.data.data.ptr % 16 == 0
         bn, bk = weight.block
-        return "fp8", (weight.data, weight.scales, np.int32(bn), np.int32(bk)), weight.data.data.ptr % 8 == 0
+        aligned = weight.data.data.ptr % 16 == 0 and weight.shape[-1] % 16 == 0
+        return "fp8", (weight.data, weight.scales, np.int32(bn), np.int32(bk)), aligned
     return "bf16", (weight,), weight.data.ptr % 16 == 0
 
 

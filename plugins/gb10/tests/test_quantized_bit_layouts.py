@@ -1,8 +1,9 @@
 """The bit manipulations the quantized GEMM kernels use to turn stored bytes into bf16 operands, replayed in NumPy
 without a GPU: every E4M3 byte (``fp8.cuh``: e4m3x4_to_bf16x2), every int8 code (``gemm_gguf.cuh``:
 i8x4_to_bf16x2), and every E2M1 code times every E4M3 scale in the word order `interleave_nvfp4` gives NVFP4 rows
-(``gemm_nvfp4.cuh``: e2m1_pair_scaled), and the GGUF block formats' codes and coefficients per chunk and lane
-(``gemm_gguf_blocks.cuh``) against `gguf.quants.dequantize`. The GPU suite checks the kernels' products
+(``gemm_nvfp4.cuh``: e2m1_pair_scaled), the upload layouts that give each kernel lane its bytes of several chunks
+in one load (`pair_fp8_chunks`, `nvfp4_device_rows`), and the GGUF block formats' codes and coefficients per chunk
+and lane (``gemm_gguf_blocks.cuh``) against `gguf.quants.dequantize`. The GPU suite checks the kernels' products
 themselves."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from atlas_gb10.quantized_weights import interleave_nvfp4
+from atlas_gb10.quantized_weights import device_row_bytes, interleave_nvfp4, nvfp4_device_rows, pair_fp8_chunks
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
@@ -88,6 +89,55 @@ def test_interleaved_nvfp4_words_give_each_pair_its_scaled_values() -> None:
             product = (half * scale).astype(ml_dtypes.bfloat16).astype(np.float64)  # one bf16 rounding, as fma
             want = elements[:, column::8] * group_scales[:, np.arange(columns // 8) // 2] * 2.0**-8
             np.testing.assert_array_equal(product, want)
+
+
+def lane_chunks(columns: int, group: int) -> list[tuple[int, int, bool]]:
+    """(chunk, lane q, whether in a full group of ``group`` chunks) for every 32-element chunk of a row."""
+    chunks, full = -(-columns // 32), columns // (32 * group) * group
+    return [(c, q, c < full) for c in range(chunks) for q in range(4)]
+
+
+@pytest.mark.parametrize("columns", [64, 160, 200])
+def test_paired_fp8_rows_give_each_lane_its_bytes_of_two_chunks(columns: int) -> None:
+    rows = np.random.default_rng(columns).integers(0, 256, (3, columns), dtype=np.uint8)
+    paired = pair_fp8_chunks(rows)
+    assert paired.shape == rows.shape and not np.shares_memory(paired, rows)
+    for c, q, full in lane_chunks(columns, 2):
+        start = c * 32 + 8 * q  # the lane's elements of chunk c, as x is read
+        want = rows[:, start : min(start + 8, columns)]
+        if full:  # load_fp8_pair: 16 bytes at the group's start + 16 q, chunk c % 2's half
+            group = c // 2 * 64 + 16 * q
+            got = paired[:, group + 8 * (c % 2) : group + 8 * (c % 2) + 8]
+        else:  # the row's last chunk alone, as stored
+            got = paired[:, start : min(start + 8, columns)]
+        np.testing.assert_array_equal(got, want, err_msg=f"chunk {c}, lane {q}")
+
+
+@pytest.mark.parametrize("columns", [128, 208, 2048])
+def test_nvfp4_device_rows_give_each_lane_its_words_and_scales_of_four_chunks(columns: int) -> None:
+    weight = nvfp4_from_float(np.random.default_rng(columns).standard_normal((3, columns)).astype(np.float32))
+    stored = np.asarray(weight.data).view(np.uint8)
+    words, scales = (
+        interleave_nvfp4(stored, columns)[:, : columns // 2],
+        stored[:, columns // 2 : columns // 2 + columns // 16],
+    )
+    device = nvfp4_device_rows(stored, columns)
+    assert device.shape == (3, device_row_bytes(columns)) and device.shape[-1] % 16 == 0
+    np.testing.assert_array_equal(device[:, columns // 2 + columns // 16 : row_bytes(columns)], stored[:, -8:])
+    assert not device[:, row_bytes(columns) :].any()
+    for c, q, full in lane_chunks(columns, 4):
+        start = c * 32 + 8 * q
+        if start >= columns:
+            continue
+        want_word, want_scale = words[:, start // 2 : start // 2 + 4], scales[:, start // 16]
+        if full:  # nvfp4_quad_at: 16 bytes of codes from the group's 16 q, 4 scale bytes from its 4 (q / 2)
+            base = c // 4 * 64 + 16 * q + 4 * (c % 4)
+            got_word = device[:, base : base + 4]
+            got_scale = device[:, columns // 2 + c // 4 * 8 + 4 * (q // 2) + c % 4]
+        else:  # load_nvfp4x8: the interleaved word and the group's scale where they are stored
+            got_word, got_scale = device[:, start // 2 : start // 2 + 4], device[:, columns // 2 + start // 16]
+        np.testing.assert_array_equal(got_word, want_word, err_msg=f"chunk {c}, lane {q}")
+        np.testing.assert_array_equal(got_scale, want_scale, err_msg=f"chunk {c}, lane {q}")
 
 
 GGUF_BLOCK_BYTES = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 12: (256, 144), 13: (256, 176), 14: (256, 210)}

@@ -38,7 +38,7 @@ GEMM_KERNEL(2, 4, 2, false, any, 1)
     }
 
 GEMM_FP8_KERNEL(1, 1, 8, VEC_LOW8, vec8, 2)
-GEMM_FP8_KERNEL(1, 2, 4, VEC_LOW8, vec8, 2)
+GEMM_FP8_KERNEL(1, 2, 8, VEC_LOW8, vec8, 2)
 GEMM_FP8_KERNEL(1, 1, 8, true, vec, 2)
 GEMM_FP8_KERNEL(1, 2, 4, true, vec, 2)
 GEMM_FP8_KERNEL(1, 4, 2, true, vec, 2)

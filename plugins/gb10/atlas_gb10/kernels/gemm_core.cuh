@@ -4,7 +4,7 @@
 //
 // Batch invariance: every output element is computed the same way whatever M is and wherever its row
 // sits. The K axis is cut into 32-wide chunks; warp w of the block (GEMM_KSPLIT warps) sums a fixed
-// contiguous range of chunks that depends only on K, in order; the block then adds the warps' partial
+// contiguous range of chunks that depends only on K (and the weight kind's ChunksPerLoad), in order; the block then adds the warps' partial
 // sums in warp order. The tile shape (MT x 16 rows, NT x 8 columns) only decides which elements a block
 // computes together, so the host picks it freely for occupancy.
 //
@@ -66,6 +66,12 @@ __device__ __forceinline__ Frag8 load8(const bf16_t* base, long long ld, int row
     return f;
 }
 
+// The 16 bytes at p (16-byte aligned) as a fragment, without tests.
+__device__ __forceinline__ Frag8 frag_at(const void* p) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    return Frag8{{v.x, v.y, v.z, v.w}};
+}
+
 // Matrix e of a bank [E, N, K].
 __device__ __forceinline__ const bf16_t* bank_matrix(const bf16_t* w, int e, int N, int K) {
     return w + (long long)e * N * K;
@@ -86,19 +92,45 @@ __device__ __forceinline__ void zero_frags(float (&acc)[MT][NT][4]) {
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 }
 
-// This lane's x fragments of chunk column kk (K: nothing) for the MT m-tiles at rows m0..: rows g and g + 8 of each.
+// This lane's x rows for the MT m-tiles at rows m0..: rows g and g + 8 of each (nullptr: no row, zeros; rows
+// g + 8 are compile-time zeros for VEC_LOW8), resolved once per tile.
 template <int MT, int VEC>
-__device__ __forceinline__ void load_x_frags(Frag8 (&a)[MT][2], const bf16_t* __restrict__ x, long long ldx,
-                                             const int* __restrict__ x_rows, int m0, int M, int g, int kk, int K) {
+struct XRows {
+    const bf16_t* row[MT][2];
+
+    __device__ __forceinline__ XRows(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
+                                     int m0, int M, int g) {
 #pragma unroll
-    for (int i = 0; i < MT; ++i) {
-        a[i][0] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g, M), 0x7fffffff, kk, K);
-        if constexpr (VEC == VEC_LOW8)
-            a[i][1] = Frag8{{0u, 0u, 0u, 0u}};
-        else
-            a[i][1] = load8<VEC>(x, ldx, gathered_row(x_rows, m0 + i * 16 + g + 8, M), 0x7fffffff, kk, K);
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = gathered_row(x_rows, m0 + i * 16 + g + 8 * h, M);
+                row[i][h] = (VEC == VEC_LOW8 && h == 1) || r < 0 ? nullptr : x + (long long)r * ldx;
+            }
     }
-}
+
+    // The fragments of elements k .. k + 7 (k = K: zeros). Checked: elements past K read as zeros; unchecked
+    // (VEC kernels, k + 8 <= K): one 16-byte load a row.
+    template <bool Checked>
+    __device__ __forceinline__ void load(Frag8 (&a)[MT][2], int k, int K) const {
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                if (Checked || !row[i][h])
+                    a[i][h] = load8<VEC>(row[i][h], 0, row[i][h] ? 0 : -1, 1, k, K);
+                else
+                    a[i][h] = frag_at(row[i][h] + k);
+            }
+    }
+};
+
+// A compile-time flag for the chunk loop's loads: Checked<true> tests rows and K, Checked<false> (a batch whose
+// chunks, groups and rows all lie inside the matrix) does not.
+template <bool B>
+struct Checked {
+    static constexpr bool value = B;
+};
 
 // acc[i][j] += one 32-wide chunk's products of x fragments a and weight fragments b, two mma steps.
 template <int MT, int NT>
@@ -113,29 +145,56 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[MT][NT][4], const Frag8 (
                           b[j].w[2 * s], b[j].w[2 * s + 1]);
 }
 
-// The chunk loop every weight kind shares: chunks c_begin .. c_end - 1 in order, U at a time, each batch's weight
-// operands (load(k, j): this lane's elements k .. k + 7 of n-tile j's row, a Raw; k = K, past the range: zeros)
-// and x fragments loaded before any is multiplied; multiply(c, raw[NT], a) then takes chunk c. Row r of the
+// How many consecutive chunks one weight load of a lane covers (`chunk_batches`' G) for weight type W: 1 for
+// bf16 (16 bytes a chunk already); the quantized kinds specialise it so that a lane's load is 16 bytes.
+template <typename W>
+struct ChunksPerLoad {
+    static constexpr int value = 1;
+};
+
+// This lane's first element of chunk c (elements c * 32 + 8q .. + 7; q = lane % 4); K, nothing, for c < 0.
+__device__ __forceinline__ int lane_k(int c, int K) { return c < 0 ? K : c * 32 + (threadIdx.x & 3) * 8; }
+
+// The chunk loop every weight kind shares: chunks c_begin .. c_end - 1 in order, max(U, G) at a time (c_begin a
+// multiple of G, and U too when larger), each batch's weight operands and x fragments loaded before any is
+// multiplied. load(c, j, raw, checked) fills raw[0 .. G - 1] with this lane's operands of chunks c .. c + G - 1
+// for n-tile j (one load where the kind can: `ChunksPerLoad`); c = -1 past the range: zeros; checked is
+// Checked<false> only where the batch's chunks lie inside K and the tile's weight rows inside the matrix
+// (rows_inside), so that the load needs no tests. multiply(c, raw[NT], a) then takes chunk c. Row r of the
 // product reads row x_rows[r] of x when x_rows is given, else row r.
-template <int MT, int NT, int U, int VEC, typename Raw, typename Load, typename Multiply>
+template <int MT, int NT, int U, int G, int VEC, typename Raw, typename Load, typename Multiply>
 __device__ __forceinline__ void chunk_batches(const bf16_t* __restrict__ x, long long ldx,
                                               const int* __restrict__ x_rows, int m0, int M, int K, int c_begin,
-                                              int c_end, Load load, Multiply multiply) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    for (int c = c_begin; c < c_end; c += U) {
-        Raw raw[U][NT];
-        Frag8 a[U][MT][2];
+                                              int c_end, bool rows_inside, Load load, Multiply multiply) {
+    constexpr int B = U < G ? G : U;  // chunks a batch
+    static_assert(B % G == 0, "a batch holds whole loads");
+    const XRows<MT, VEC> xr(x, ldx, x_rows, m0, M, (threadIdx.x & 31) >> 2);
+    auto batch = [&](int c, auto checked) {
+        constexpr bool CHECKED = decltype(checked)::value;
+        Raw raw[B][NT];
+        Frag8 a[B][MT][2];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int k = (c + u) * 32 + q * 8;
-            const int kk = (c + u) < c_end ? k : K;  // past the range: load nothing
+        for (int u = 0; u < B; u += G) {
 #pragma unroll
-            for (int j = 0; j < NT; ++j) raw[u][j] = load(kk, j);
-            load_x_frags<MT, VEC>(a[u], x, ldx, x_rows, m0, M, g, kk, K);
+            for (int j = 0; j < NT; ++j) {
+                Raw loaded[G];
+                load(!CHECKED || c + u < c_end ? c + u : -1, j, loaded, checked);
+#pragma unroll
+                for (int h = 0; h < G; ++h) raw[u + h][j] = loaded[h];
+            }
+#pragma unroll
+            for (int h = 0; h < G; ++h)
+                xr.template load<CHECKED>(a[u + h], lane_k(!CHECKED || c + u + h < c_end ? c + u + h : -1, K), K);
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-            if (c + u < c_end) multiply(c + u, raw[u], a[u]);
+        for (int u = 0; u < B; ++u)
+            if (!CHECKED || c + u < c_end) multiply(c + u, raw[u], a[u]);
+    };
+    for (int c = c_begin; c < c_end; c += B) {
+        if (VEC && rows_inside && c + B <= c_end && (c + B) * 32 <= K)
+            batch(c, Checked<false>{});
+        else
+            batch(c, Checked<true>{});
     }
 }
 
@@ -146,9 +205,17 @@ __device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long lo
                                            const bf16_t* __restrict__ w, int m0, int M, int n0, int N, int K,
                                            int c_begin, int c_end, float (&acc)[MT][NT][4]) {
     const int g = (threadIdx.x & 31) >> 2;
-    chunk_batches<MT, NT, U, VEC, Frag8>(
-        x, ldx, x_rows, m0, M, K, c_begin, c_end,
-        [&](int k, int j) { return load8<VEC>(w, K, n0 + j * 8 + g, N, k, K); },
+    const bf16_t* w_rows[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) w_rows[j] = w + (long long)min(n0 + j * 8 + g, N - 1) * K;
+    chunk_batches<MT, NT, U, 1, VEC, Frag8>(
+        x, ldx, x_rows, m0, M, K, c_begin, c_end, n0 + NT * 8 <= N,
+        [&](int c, int j, Frag8(&b)[1], auto checked) {
+            if constexpr (decltype(checked)::value)
+                b[0] = load8<VEC>(w, K, n0 + j * 8 + g, N, lane_k(c, K), K);
+            else
+                b[0] = frag_at(w_rows[j] + lane_k(c, K));
+        },
         [&](int, const Frag8 (&b)[NT], const Frag8 (&a)[MT][2]) { mma_chunk<MT, NT>(acc, a, b); });
 }
 
@@ -176,7 +243,8 @@ __device__ __forceinline__ void tile_partials(TilePartials<MT, NT>& partials, co
                                               int n0, int N, int K) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int chunks = (K + 31) / 32;
-    const int per_warp = (chunks + GEMM_KSPLIT - 1) / GEMM_KSPLIT;
+    constexpr int G = ChunksPerLoad<W>::value;
+    const int per_warp = ((chunks + GEMM_KSPLIT - 1) / GEMM_KSPLIT + G - 1) / G * G;
     const int c_begin = warp * per_warp;
     const int c_end = min(chunks, c_begin + per_warp);
 

@@ -5,6 +5,10 @@
 // products are summed apart, and the block's sum is multiplied by its scale into the accumulator, in chunk order
 // (the same fixed order whatever M, so batch invariance holds). Blocks are 32k columns wide, or span all of K
 // (per-channel and per-tensor scales).
+//
+// Rows are stored as uploaded (atlas_gb10.quantized_weights.pair_fp8_chunks): in each full 64-byte group of two
+// chunks, lane q's 8 bytes of the first chunk are followed by its 8 bytes of the second, so one 16-byte load
+// brings a lane both; a row's last chunk of K % 64 elements keeps its order.
 #pragma once
 #include "gemm_core.cuh"
 
@@ -14,6 +18,11 @@ struct Fp8Weight {
     const unsigned char* data;
     const float* scales;
     int bn, bk;
+};
+
+template <>
+struct ChunksPerLoad<Fp8Weight> {
+    static constexpr int value = 2;
 };
 
 __device__ __forceinline__ Fp8Weight bank_matrix(const Fp8Weight& w, int e, int N, int K) {
@@ -40,8 +49,30 @@ __device__ __forceinline__ uint2 load_fp8x8(const unsigned char* __restrict__ w,
     return v;
 }
 
+// This lane's bytes of chunks c, c + 1 of row `row` (c even; c = -1: zeros). A full 64-byte group is paired
+// (16 bytes from 16q); VEC: one 16-byte load (K % 16 == 0). A row's last chunk alone keeps its order.
+template <int VEC>
+__device__ __forceinline__ void load_fp8_pair(const unsigned char* __restrict__ w, int row, int rows, int c, int K,
+                                              uint2 (&out)[2]) {
+    const int q = threadIdx.x & 3;
+    if (c < 0 || (c + 2) * 32 > K || row < 0 || row >= rows) {
+        out[0] = load_fp8x8<VEC>(w, row, rows, lane_k(c, K), K);
+        out[1] = load_fp8x8<VEC>(w, row, rows, lane_k(c < 0 ? c : c + 1, K), K);
+        return;
+    }
+    const unsigned char* p = w + (long long)row * K + c * 32 + 16 * q;
+    if (VEC) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+        out[0] = make_uint2(v.x, v.y);
+        out[1] = make_uint2(v.z, v.w);
+    } else {
+        out[0] = load_fp8x8<0>(p, 0, 1, 0, 8);
+        out[1] = load_fp8x8<0>(p + 8, 0, 1, 0, 8);
+    }
+}
+
 // acc += scale(block) * (products of the block's chunks c_begin .. c_end - 1), block by block in chunk order.
-// Needs bk % 32 == 0 or bk >= K (the host keeps other layouts in bf16).
+// Needs bk % 64 == 0 or bk >= K (the host keeps other layouts in bf16).
 template <int MT, int NT, int U, int VEC>
 __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
                                            const Fp8Weight& w, int m0, int M, int n0, int N, int K, int c_begin,
@@ -61,6 +92,15 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
     zero_frags<MT, NT>(part);
     int block = c_begin / chunks_per_block;
     int next_block = (block + 1) * chunks_per_block;
+    // The current block's scales, loaded as the block starts so that its flush does not wait for them.
+    float scale[NT][2];
+    auto load_scales = [&](int b) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int p = 0; p < 2; ++p) scale[j][p] = scale_rows[j][p] && b < scale_cols ? scale_rows[j][p][b] : 0.0f;
+    };
+    load_scales(block);
     auto flush = [&]() {
 #pragma unroll
         for (int i = 0; i < MT; ++i)
@@ -68,8 +108,7 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
             for (int j = 0; j < NT; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const float* row = scale_rows[j][e & 1];
-                    acc[i][j][e] = __fmaf_rn(part[i][j][e], row ? row[block] : 0.0f, acc[i][j][e]);
+                    acc[i][j][e] = __fmaf_rn(part[i][j][e], scale[j][e & 1], acc[i][j][e]);
                     part[i][j][e] = 0.0f;
                 }
     };
@@ -77,7 +116,7 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
     auto multiply = [&](int c, const uint2 (&raw)[NT], const Frag8 (&a)[MT][2]) {
         if (c >= next_block) {
             flush();
-            ++block;
+            load_scales(++block);
             next_block += chunks_per_block;
         }
         Frag8 b[NT];
@@ -88,8 +127,20 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
         }
         mma_chunk<MT, NT>(part, a, b);
     };
-    chunk_batches<MT, NT, U, VEC, uint2>(
-        x, ldx, x_rows, m0, M, K, c_begin, c_end,
-        [&](int k, int j) { return load_fp8x8<VEC>(w.data, n0 + j * 8 + g, N, k, K); }, multiply);
+    const unsigned char* w_rows[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) w_rows[j] = w.data + (long long)min(n0 + j * 8 + g, N - 1) * K + 16 * q;
+    chunk_batches<MT, NT, U, 2, VEC, uint2>(
+        x, ldx, x_rows, m0, M, K, c_begin, c_end, n0 + NT * 8 <= N,
+        [&](int c, int j, uint2(&raw)[2], auto checked) {
+            if constexpr (decltype(checked)::value) {
+                load_fp8_pair<VEC>(w.data, n0 + j * 8 + g, N, c, K, raw);
+            } else {
+                const Frag8 f = frag_at(w_rows[j] + c * 32);
+                raw[0] = make_uint2(f.w[0], f.w[1]);
+                raw[1] = make_uint2(f.w[2], f.w[3]);
+            }
+        },
+        multiply);
     if (c_begin < c_end) flush();
 }

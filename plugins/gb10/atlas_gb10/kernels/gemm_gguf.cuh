@@ -63,9 +63,9 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
                                            const Q8_0Weight& w, int m0, int M, int n0, int N, int K, int c_begin,
                                            int c_end, float (&acc)[MT][NT][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    chunk_batches<MT, NT, U, VEC, uint2>(
-        x, ldx, x_rows, m0, M, K, c_begin, c_end,
-        [&](int k, int j) { return load_q8_0x8(w.data, n0 + j * 8 + g, N, k, K); },
+    chunk_batches<MT, NT, U, 1, VEC, uint2>(
+        x, ldx, x_rows, m0, M, K, c_begin, c_end, false,
+        [&](int c, int j, uint2(&raw)[1], auto) { raw[0] = load_q8_0x8(w.data, n0 + j * 8 + g, N, lane_k(c, K), K); },
         [&](int c, const uint2 (&raw)[NT], const Frag8 (&a)[MT][2]) {
             Frag8 b[NT];
 #pragma unroll

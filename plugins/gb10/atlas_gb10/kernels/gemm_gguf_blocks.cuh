@@ -176,9 +176,9 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
                                            int c_end, float (&acc)[MT][NT][4]) {
     using B = GgufBlocks<T>;
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    chunk_batches<MT, NT, U, VEC, GgufChunk>(
-        x, ldx, x_rows, m0, M, K, c_begin, c_end,
-        [&](int k, int j) { return gguf_chunk<T>(w.data, n0 + j * 8 + g, N, k, K); },
+    chunk_batches<MT, NT, U, 1, VEC, GgufChunk>(
+        x, ldx, x_rows, m0, M, K, c_begin, c_end, false,
+        [&](int c, int j, GgufChunk(&raw)[1], auto) { raw[0] = gguf_chunk<T>(w.data, n0 + j * 8 + g, N, lane_k(c, K), K); },
         [&](int c, const GgufChunk (&raw)[NT], const Frag8 (&a)[MT][2]) {
             const int sub = (c * 32 % B::BLOCK) >> 5;
             Frag8 b[NT];

@@ -3,9 +3,13 @@
 //
 // The weight keeps QuantizedWeight's NVFP4 rows (atlas_core.weights.nvfp4: per row, K / 2 bytes of packed E2M1
 // elements, K / 16 E4M3 group scales, then the row's global factor as a little-endian float64; K % 16 == 0), with
-// one change made at upload (atlas_gb10.quantized_weights.interleave_nvfp4): within each 4-byte word of 8
-// elements, nibble t holds element 2t and nibble t + 4 element 2t + 1 (t = 0 .. 3), so that one shift and two
-// masks put a pair's codes in the two halves of a bf16 pair. Each element enters the tensor cores as e2m1 x its
+// three changes made at upload (atlas_gb10.quantized_weights.nvfp4_device_rows):
+// - within each 4-byte word of 8 elements, nibble t holds element 2t and nibble t + 4 element 2t + 1 (t = 0 ..
+//   3), so that one shift and two masks put a pair's codes in the two halves of a bf16 pair;
+// - in each full group of four 32-element chunks (64 bytes of codes, 8 scales), lane q's words of the four
+//   chunks are consecutive (16 bytes from 16q) and so are its four scales (4 bytes from 4 (q / 2)), so a lane
+//   loads its share of four chunks at once; a row's last chunks past the last full group keep their order;
+// - rows are padded to a multiple of 16 bytes (`nvfp4_row_bytes`). Each element enters the tensor cores as e2m1 x its
 // group's E4M3 scale x 2^-8, a bf16 value exactly (2 and 4 significant bits), and a column's sum is multiplied by
 // its row's factor (rounded to float32) x 2^8 at the end: the product of W[i, j] = e2m1 * e4m3 * factor up to
 // the factor's float32 rounding, in the same fixed chunk order as every other weight, so batch invariance holds.
@@ -16,7 +20,13 @@ struct Nvfp4Weight {
     const unsigned char* data;
 };
 
-__device__ __forceinline__ long long nvfp4_row_bytes(int K) { return K / 2 + K / 16 + 8; }
+// A row's bytes on the device: codes, scales and factor, padded to 16.
+__device__ __forceinline__ long long nvfp4_row_bytes(int K) { return (K / 2 + K / 16 + 8 + 15) / 16 * 16; }
+
+template <>
+struct ChunksPerLoad<Nvfp4Weight> {
+    static constexpr int value = 4;
+};
 
 __device__ __forceinline__ Nvfp4Weight bank_matrix(const Nvfp4Weight& w, int e, int N, int K) {
     return Nvfp4Weight{w.data + (long long)e * N * nvfp4_row_bytes(K)};
@@ -44,8 +54,8 @@ struct Nvfp4Chunk {
     unsigned packed, scale;
 };
 
-// Row `row`'s elements k .. k + 7 (k % 8 == 0; zeros outside the matrix). VEC: one 4-byte load (rows 4-byte
-// aligned).
+// Row `row`'s elements k .. k + 7 (k % 8 == 0; zeros outside the matrix), outside full groups. VEC: one 4-byte
+// load.
 template <int VEC>
 __device__ __forceinline__ Nvfp4Chunk load_nvfp4x8(const unsigned char* __restrict__ w, int row, int rows, int k, int K) {
     Nvfp4Chunk chunk{0u, 0u};
@@ -59,6 +69,44 @@ __device__ __forceinline__ Nvfp4Chunk load_nvfp4x8(const unsigned char* __restri
     }
     chunk.scale = e4m3_scale_pair(p[K / 2 + k / 16]);
     return chunk;
+}
+
+// This lane's elements of chunks c .. c + 3 (a full group, c % 4 == 0) of the row at p, rows 16-byte aligned: one
+// 16-byte load of codes and one 4-byte load of scales, without tests.
+__device__ __forceinline__ void nvfp4_quad_at(const unsigned char* p, int c, int K, Nvfp4Chunk (&out)[4]) {
+    const int q = threadIdx.x & 3;
+    const Frag8 words = frag_at(p + c * 16 + 16 * q);
+    const unsigned scales = __ldg(reinterpret_cast<const unsigned*>(p + K / 2 + c * 2 + 4 * (q >> 1)));
+#pragma unroll
+    for (int h = 0; h < 4; ++h) out[h] = Nvfp4Chunk{words.w[h], e4m3_scale_pair((scales >> (8 * h)) & 0xffu)};
+}
+
+// This lane's elements of chunks c .. c + 3 of row `row` (c % 4 == 0; c = -1: zeros): from a full group one
+// 16-byte load of codes (VEC; rows 16-byte aligned) and one 4-byte load of scales; otherwise chunk by chunk.
+template <int VEC>
+__device__ __forceinline__ void load_nvfp4_quad(const unsigned char* __restrict__ w, int row, int rows, int c, int K,
+                                                Nvfp4Chunk (&out)[4]) {
+    if (c < 0 || (c + 4) * 32 > K || row < 0 || row >= rows) {
+#pragma unroll
+        for (int h = 0; h < 4; ++h) out[h] = load_nvfp4x8<VEC>(w, row, rows, lane_k(c < 0 ? c : c + h, K), K);
+        return;
+    }
+    const unsigned char* p = w + row * nvfp4_row_bytes(K);
+    if (VEC) {
+        nvfp4_quad_at(p, c, K, out);
+        return;
+    }
+    const int q = threadIdx.x & 3;
+    unsigned words[4], scales = 0u;
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+        words[h] = 0u;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) words[h] |= (unsigned)p[c * 16 + 16 * q + 4 * h + b] << (8 * b);
+        scales |= (unsigned)p[K / 2 + c * 2 + 4 * (q >> 1) + h] << (8 * h);
+    }
+#pragma unroll
+    for (int h = 0; h < 4; ++h) out[h] = Nvfp4Chunk{words[h], e4m3_scale_pair((scales >> (8 * h)) & 0xffu)};
 }
 
 // Row `row`'s global factor in float32 times 2^8 (0 past the matrix).
@@ -79,9 +127,17 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     float part[MT][NT][4];
     zero_frags<MT, NT>(part);
-    chunk_batches<MT, NT, U, VEC, Nvfp4Chunk>(
-        x, ldx, x_rows, m0, M, K, c_begin, c_end,
-        [&](int k, int j) { return load_nvfp4x8<VEC>(w.data, n0 + j * 8 + g, N, k, K); },
+    const unsigned char* w_rows[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) w_rows[j] = w.data + min(n0 + j * 8 + g, N - 1) * nvfp4_row_bytes(K);
+    chunk_batches<MT, NT, U, 4, VEC, Nvfp4Chunk>(
+        x, ldx, x_rows, m0, M, K, c_begin, c_end, n0 + NT * 8 <= N,
+        [&](int c, int j, Nvfp4Chunk(&raw)[4], auto checked) {
+            if constexpr (decltype(checked)::value)
+                load_nvfp4_quad<VEC>(w.data, n0 + j * 8 + g, N, c, K, raw);
+            else
+                nvfp4_quad_at(w_rows[j], c, K, raw);
+        },
         [&](int, const Nvfp4Chunk (&chunk)[NT], const Frag8 (&a)[MT][2]) {
             Frag8 b[NT];
 #pragma unroll
