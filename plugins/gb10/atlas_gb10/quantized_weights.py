@@ -14,7 +14,8 @@ scales and the row's global factor): 0.5625 bytes a weight plus 8 a row (padded 
 elements reordered at upload for the kernels' loads (`nvfp4_device_rows`). The kernels (``gemm_nvfp4_*``,
 ``moe_gemm_nvfp4_*``, W4A16, ``kernels/gemm_nvfp4.cuh``) give the tensor cores each element times its group scale,
 an exact bf16 value, and multiply each column's sum by its row's factor. A ``gguf_q8_0`` weight keeps
-llama.cpp's blocks (an f16 scale and 32 int8 codes, 34 bytes): the kernels (``gemm_gguf_q8_0_*``,
+llama.cpp's bytes (an f16 scale and 32 int8 codes a block), codes and scales apart on the device
+(`q8_0_device_rows`): the kernels (``gemm_gguf_q8_0_*``,
 ``moe_gemm_gguf_q8_0_*``, ``kernels/gemm_gguf.cuh``) sum each block's products apart and add them times its scale.
 So do Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights (``kernels/gemm_gguf_blocks.cuh``, one module each).
 """
@@ -58,6 +59,8 @@ def upload_native(backend: Any, weight: QuantizedWeight) -> QuantizedWeight:
         data = nvfp4_device_rows(data, weight.shape[-1])
     if weight.format == FP8_E4M3:
         data = pair_fp8_chunks(data)
+    if weight.format == GGUF_Q8_0:
+        data = q8_0_device_rows(data)
     if weight.format in ROW_FORMATS:
         return replace(weight, data=backend.from_numpy(data, dtype=np.dtype(np.uint8)))
     scales = np.ascontiguousarray(np.asarray(weight.scales, dtype=np.float32))
@@ -77,6 +80,19 @@ def pair_fp8_chunks(data: np.ndarray) -> np.ndarray:
     full = rows.shape[-1] // 64 * 64
     groups = rows[..., :full].reshape(*rows.shape[:-1], -1, 2, 4, 8)
     rows[..., :full] = groups.swapaxes(-3, -2).reshape(*rows.shape[:-1], full)
+    return rows
+
+
+def q8_0_device_rows(data: np.ndarray) -> np.ndarray:
+    """GGUF Q8_0 rows (uint8 ``[..., K / 32 * 34]``: blocks of an f16 scale and 32 int8 codes) as
+    ``kernels/gemm_gguf.cuh`` reads them, the same bytes apart: the K codes (full 64-byte groups laid out as
+    `pair_fp8_chunks` lays out FP8 rows), then the K / 32 scales, zero-padded to a multiple of 16 bytes. A new
+    array."""
+    blocks = np.asarray(data, dtype=np.uint8).reshape(*data.shape[:-1], -1, 34)
+    lead, columns = blocks.shape[:-2], blocks.shape[-2] * 32
+    rows = np.zeros((*lead, -(-(columns + columns // 16) // 16) * 16), dtype=np.uint8)
+    rows[..., :columns] = pair_fp8_chunks(blocks[..., 2:].reshape(*lead, columns))
+    rows[..., columns : columns + columns // 16] = blocks[..., :2].reshape(*lead, columns // 16)
     return rows
 
 
@@ -122,15 +138,16 @@ def interleave_nvfp4(data: np.ndarray, columns: int) -> np.ndarray:
 def weight_operand(weight: Array | QuantizedWeight) -> tuple[str, tuple[Any, ...], bool]:
     """How a GEMM kernel takes ``weight`` (``[N, K]`` or a bank ``[E, N, K]``): the kernel kind (``bf16``,
     ``fp8``, ``nvfp4`` or ``gguf_q8_0``), its weight arguments, and whether its rows allow the vector loads of the
-    ``vec`` kernels (16 bytes of bf16, of FP8 (K % 16 == 0) or of NVFP4's padded rows; Q8_0 reads 2-byte halves,
-    always aligned; the caller checks K % 8 == 0)."""
+    ``vec`` kernels (16 bytes of bf16, of FP8 (K % 16 == 0) or of NVFP4's and Q8_0's padded rows; the other GGUF
+    blocks read 2-byte halves, always aligned; the caller checks K % 8 == 0)."""
     if isinstance(weight, QuantizedWeight):
         if not executes_natively(weight):
             raise TypeError(
                 f"cuda backend: no kernel for {weight!r} (it executes {sorted(FORMATS)}, FP8 in 64k-wide blocks)"
             )
         if weight.format in ROW_FORMATS:
-            return weight.format, (weight.data,), weight.format != NVFP4 or weight.data.data.ptr % 16 == 0
+            aligned = weight.format not in (NVFP4, GGUF_Q8_0) or weight.data.data.ptr % 16 == 0
+            return weight.format, (weight.data,), aligned
         bn, bk = weight.block
         aligned = weight.data.data.ptr % 16 == 0 and weight.shape[-1] % 16 == 0
         return "fp8", (weight.data, weight.scales, np.int32(bn), np.int32(bk)), aligned

@@ -11,7 +11,13 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from atlas_gb10.quantized_weights import device_row_bytes, interleave_nvfp4, nvfp4_device_rows, pair_fp8_chunks
+from atlas_gb10.quantized_weights import (
+    device_row_bytes,
+    interleave_nvfp4,
+    nvfp4_device_rows,
+    pair_fp8_chunks,
+    q8_0_device_rows,
+)
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
@@ -111,6 +117,18 @@ def test_paired_fp8_rows_give_each_lane_its_bytes_of_two_chunks(columns: int) ->
         else:  # the row's last chunk alone, as stored
             got = paired[:, start : min(start + 8, columns)]
         np.testing.assert_array_equal(got, want, err_msg=f"chunk {c}, lane {q}")
+
+
+@pytest.mark.parametrize("columns", [64, 96, 256])
+def test_q8_0_device_rows_give_each_lane_its_codes_and_each_block_its_scale(columns: int) -> None:
+    blocks = np.random.default_rng(columns).integers(0, 256, (3, columns // 32, 34), dtype=np.uint8)
+    device = q8_0_device_rows(blocks.reshape(3, -1))
+    assert device.shape[-1] % 16 == 0 and device.shape[-1] - (columns + columns // 16) < 16
+    for c, q, full in lane_chunks(columns, 2):
+        want = blocks[:, c, 2 + 8 * q : 2 + 8 * q + 8]  # the lane's codes of block c
+        start = c // 2 * 64 + 16 * q + 8 * (c % 2) if full else c * 32 + 8 * q
+        np.testing.assert_array_equal(device[:, start : start + 8], want, err_msg=f"chunk {c}, lane {q}")
+        np.testing.assert_array_equal(device[:, columns + 2 * c : columns + 2 * c + 2], blocks[:, c, :2])
 
 
 @pytest.mark.parametrize("columns", [128, 208, 2048])

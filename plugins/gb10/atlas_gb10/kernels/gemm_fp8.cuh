@@ -8,7 +8,7 @@
 //
 // Rows are stored as uploaded (atlas_gb10.quantized_weights.pair_fp8_chunks): in each full 64-byte group of two
 // chunks, lane q's 8 bytes of the first chunk are followed by its 8 bytes of the second, so one 16-byte load
-// brings a lane both; a row's last chunk of K % 64 elements keeps its order.
+// brings a lane both (`fp8_pair_in_rows`); a row's last chunk of K % 64 elements keeps its order.
 #pragma once
 #include "gemm_core.cuh"
 
@@ -30,44 +30,42 @@ __device__ __forceinline__ Fp8Weight bank_matrix(const Fp8Weight& w, int e, int 
     return Fp8Weight{w.data + (long long)e * N * K, w.scales + e * scale_rows * scale_cols, w.bn, w.bk};
 }
 
-// Bytes k .. k+7 of row `row` of an FP8 matrix [rows, K] (zeros outside). VEC: one 8-byte load (K % 8 == 0).
+// Bytes k .. k+7 of the row at p (zeros from K on). VEC: one 8-byte load (K % 8 == 0).
 template <int VEC>
-__device__ __forceinline__ uint2 load_fp8x8(const unsigned char* __restrict__ w, int row, int rows, int k, int K) {
+__device__ __forceinline__ uint2 load_bytes8(const unsigned char* __restrict__ p, int k, int K) {
     uint2 v = make_uint2(0u, 0u);
-    if (row >= 0 && row < rows && k < K) {
-        const unsigned char* p = w + (long long)row * K + k;
-        if (VEC) {
-            v = __ldg(reinterpret_cast<const uint2*>(p));
-        } else {
+    if (k >= K) return v;
+    if (VEC) return __ldg(reinterpret_cast<const uint2*>(p + k));
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if (k + e < K) v.x |= (unsigned)p[e] << (8 * e);
-                if (k + 4 + e < K) v.y |= (unsigned)p[4 + e] << (8 * e);
-            }
-        }
+    for (int e = 0; e < 4; ++e) {
+        if (k + e < K) v.x |= (unsigned)p[k + e] << (8 * e);
+        if (k + 4 + e < K) v.y |= (unsigned)p[k + 4 + e] << (8 * e);
     }
     return v;
 }
 
-// This lane's bytes of chunks c, c + 1 of row `row` (c even; c = -1: zeros). A full 64-byte group is paired
-// (16 bytes from 16q); VEC: one 16-byte load (K % 16 == 0). A row's last chunk alone keeps its order.
+// This lane's bytes of chunks c, c + 1 of row `row` of byte rows `stride` apart holding K elements from their
+// start (c even; c = -1 or a row past the matrix: zeros). A full 64-byte group is paired (16 bytes from 16q);
+// VEC: one 16-byte load (rows 16-byte aligned). A row's last chunk alone keeps its order.
 template <int VEC>
-__device__ __forceinline__ void load_fp8_pair(const unsigned char* __restrict__ w, int row, int rows, int c, int K,
-                                              uint2 (&out)[2]) {
-    const int q = threadIdx.x & 3;
-    if (c < 0 || (c + 2) * 32 > K || row < 0 || row >= rows) {
-        out[0] = load_fp8x8<VEC>(w, row, rows, lane_k(c, K), K);
-        out[1] = load_fp8x8<VEC>(w, row, rows, lane_k(c < 0 ? c : c + 1, K), K);
+__device__ __forceinline__ void fp8_pair_in_rows(const unsigned char* __restrict__ w, long long stride, int row,
+                                                 int rows, int c, int K, uint2 (&out)[2]) {
+    out[0] = out[1] = make_uint2(0u, 0u);
+    if (c < 0 || row < 0 || row >= rows) return;
+    const unsigned char* p = w + row * stride;
+    if ((c + 2) * 32 > K) {
+        out[0] = load_bytes8<VEC>(p, lane_k(c, K), K);
+        out[1] = load_bytes8<VEC>(p, lane_k(c + 1, K), K);
         return;
     }
-    const unsigned char* p = w + (long long)row * K + c * 32 + 16 * q;
+    const int q = threadIdx.x & 3;
     if (VEC) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-        out[0] = make_uint2(v.x, v.y);
-        out[1] = make_uint2(v.z, v.w);
+        const Frag8 f = frag_at(p + c * 32 + 16 * q);
+        out[0] = make_uint2(f.w[0], f.w[1]);
+        out[1] = make_uint2(f.w[2], f.w[3]);
     } else {
-        out[0] = load_fp8x8<0>(p, 0, 1, 0, 8);
-        out[1] = load_fp8x8<0>(p + 8, 0, 1, 0, 8);
+        out[0] = load_bytes8<0>(p + c * 32 + 16 * q, 0, 8);
+        out[1] = load_bytes8<0>(p + c * 32 + 16 * q + 8, 0, 8);
     }
 }
 
@@ -134,7 +132,7 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
         x, ldx, x_rows, m0, M, K, c_begin, c_end, n0 + NT * 8 <= N,
         [&](int c, int j, uint2(&raw)[2], auto checked) {
             if constexpr (decltype(checked)::value) {
-                load_fp8_pair<VEC>(w.data, n0 + j * 8 + g, N, c, K, raw);
+                fp8_pair_in_rows<VEC>(w.data, K, n0 + j * 8 + g, N, c, K, raw);
             } else {
                 const Frag8 f = frag_at(w_rows[j] + c * 32);
                 raw[0] = make_uint2(f.w[0], f.w[1]);

@@ -1,20 +1,27 @@
 // GGUF Q8_0 weights (W8A16) for gemm_core.cuh's products: `Q8_0Weight`, its bank matrices and its `accumulate`,
 // found for W = Q8_0Weight where gemm_tile / expert_product are instantiated (gemm.cu, moe.cu).
 //
-// The weight stays in llama.cpp's blocks (QuantizedWeight format gguf_q8_0, atlas_core.weights.gguf_quantized):
-// per row, K / 32 blocks of 34 bytes, an f16 scale d then 32 int8 codes; W[i, j] = d * q. A 32-wide K chunk is
-// one block: its codes enter the tensor cores as exact bf16 values, the chunk's products are summed apart and
-// added times each row's block scale, in chunk order (the fixed order of every weight: batch invariance holds).
+// llama.cpp's blocks (QuantizedWeight format gguf_q8_0, atlas_core.weights.gguf_quantized: per row, K / 32 blocks
+// of 34 bytes, an f16 scale d then 32 int8 codes; W[i, j] = d * q) are laid out apart at upload
+// (atlas_gb10.quantized_weights.q8_0_device_rows), the same bytes: per row the K codes, in each full 64-byte group
+// lane by lane as FP8 rows are (gemm_fp8.cuh: one 16-byte load gives a lane its codes of two chunks), then the
+// K / 32 scales, the row padded to 16 bytes. A 32-wide K chunk is one block: its codes enter the tensor cores as
+// exact bf16 values, the chunk's products are summed apart and added times each row's block scale, in chunk
+// order (the fixed order of every weight: batch invariance holds).
 #pragma once
-#include "gemm_core.cuh"
-
-#define Q8_0_BLOCK_BYTES 34
+#include "gemm_fp8.cuh"
 
 struct Q8_0Weight {
     const unsigned char* data;
 };
 
-__device__ __forceinline__ long long q8_0_row_bytes(int K) { return (long long)(K / 32) * Q8_0_BLOCK_BYTES; }
+template <>
+struct ChunksPerLoad<Q8_0Weight> {
+    static constexpr int value = 2;
+};
+
+// A row's bytes on the device: K codes and K / 32 f16 scales, padded to 16.
+__device__ __forceinline__ long long q8_0_row_bytes(int K) { return ((long long)K + K / 16 + 15) / 16 * 16; }
 
 __device__ __forceinline__ Q8_0Weight bank_matrix(const Q8_0Weight& w, int e, int N, int K) {
     return Q8_0Weight{w.data + (long long)e * N * q8_0_row_bytes(K)};
@@ -40,21 +47,11 @@ __device__ __forceinline__ void i8x4_to_bf16x2(unsigned word, unsigned& lo, unsi
     hi = __byte_perm(__float_as_uint(c2), __float_as_uint(c3), 0x7632);
 }
 
-// Codes k .. k + 7 of row `row` (k % 8 == 0; zeros outside the matrix), by 2-byte loads (blocks are 2-aligned).
-__device__ __forceinline__ uint2 load_q8_0x8(const unsigned char* __restrict__ w, int row, int rows, int k, int K) {
-    if (row < 0 || row >= rows || k >= K) return make_uint2(0u, 0u);
-    const unsigned short* p = reinterpret_cast<const unsigned short*>(
-        w + row * q8_0_row_bytes(K) + (k >> 5) * Q8_0_BLOCK_BYTES + 2 + (k & 31));
-    return make_uint2((unsigned)__ldg(p) | ((unsigned)__ldg(p + 1) << 16),
-                      (unsigned)__ldg(p + 2) | ((unsigned)__ldg(p + 3) << 16));
-}
-
 // Row `row`'s scale of block `block` (0 past the matrix).
 __device__ __forceinline__ float q8_0_scale(const unsigned char* __restrict__ w, int row, int rows, int block, int K) {
     if (row >= rows) return 0.0f;
-    const unsigned short* p =
-        reinterpret_cast<const unsigned short*>(w + row * q8_0_row_bytes(K) + block * Q8_0_BLOCK_BYTES);
-    return f16_bits_to_float(__ldg(p));
+    const unsigned short* p = reinterpret_cast<const unsigned short*>(w + row * q8_0_row_bytes(K) + K);
+    return f16_bits_to_float(__ldg(p + block));
 }
 
 // mma_chunks over a Q8_0 weight: acc += scale(column, chunk) * (products of chunk c), chunk by chunk in order.
@@ -63,9 +60,20 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
                                            const Q8_0Weight& w, int m0, int M, int n0, int N, int K, int c_begin,
                                            int c_end, float (&acc)[MT][NT][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    chunk_batches<MT, NT, U, 1, VEC, uint2>(
-        x, ldx, x_rows, m0, M, K, c_begin, c_end, false,
-        [&](int c, int j, uint2(&raw)[1], auto) { raw[0] = load_q8_0x8(w.data, n0 + j * 8 + g, N, lane_k(c, K), K); },
+    const unsigned char* w_rows[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) w_rows[j] = w.data + min(n0 + j * 8 + g, N - 1) * q8_0_row_bytes(K) + 16 * q;
+    chunk_batches<MT, NT, U, 2, VEC, uint2>(
+        x, ldx, x_rows, m0, M, K, c_begin, c_end, n0 + NT * 8 <= N,
+        [&](int c, int j, uint2(&raw)[2], auto checked) {
+            if constexpr (decltype(checked)::value) {
+                fp8_pair_in_rows<VEC>(w.data, q8_0_row_bytes(K), n0 + j * 8 + g, N, c, K, raw);
+            } else {
+                const Frag8 f = frag_at(w_rows[j] + c * 32);
+                raw[0] = make_uint2(f.w[0], f.w[1]);
+                raw[1] = make_uint2(f.w[2], f.w[3]);
+            }
+        },
         [&](int c, const uint2 (&raw)[NT], const Frag8 (&a)[MT][2]) {
             Frag8 b[NT];
 #pragma unroll
