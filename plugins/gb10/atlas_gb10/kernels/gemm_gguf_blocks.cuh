@@ -169,6 +169,23 @@ __device__ __forceinline__ void gguf_coefficients(const unsigned char* __restric
     }
 }
 
+// Q4_K / Q5_K: a column's super-block header (d, dmin and the 12 packed scale bytes: the block's first 16 bytes,
+// 16-byte aligned as the blocks are 144 and 176 bytes), loaded once for the block's 8 chunks; zeros past the matrix.
+__device__ __forceinline__ uint4 k_quant_header(const unsigned char* __restrict__ w, long long row_bytes, int col,
+                                                int N, int block, int bytes) {
+    return col < N ? __ldg(reinterpret_cast<const uint4*>(w + col * row_bytes + (long long)block * bytes))
+                   : make_uint4(0u, 0u, 0u, 0u);
+}
+
+// Sub-block j's s = d sc and o = -dmin mn from a header (GGML's get_scale_min_k4 on the bytes in registers).
+__device__ __forceinline__ void k_quant_coefficients(const uint4& h, int j, float& s, float& o) {
+    auto byte = [&](int i) { return ((i < 4 ? h.y : i < 8 ? h.z : h.w) >> (8 * (i & 3))) & 0xffu; };
+    const unsigned sc = j < 4 ? byte(j) & 63u : (byte(j + 4) & 0xfu) | ((byte(j - 4) >> 6) << 4);
+    const unsigned mn = j < 4 ? byte(j + 4) & 63u : (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+    s = f16_bits_to_float(h.x & 0xffffu) * (float)sc;
+    o = -(f16_bits_to_float(h.x >> 16) * (float)mn);
+}
+
 // acc += the products of chunks c_begin .. c_end - 1 of a GGUF block weight, chunk by chunk in order.
 template <int MT, int NT, int U, int VEC, int T>
 __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
@@ -176,11 +193,25 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
                                            int c_end, float (&acc)[MT][NT][4]) {
     using B = GgufBlocks<T>;
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    // Q4_K / Q5_K: the columns' headers of the current super-block (header_block), reloaded as a block starts.
+    uint4 header[NT][2];
+    int header_block = -1;
     chunk_batches<MT, NT, U, 1, VEC, GgufChunk>(
         x, ldx, x_rows, m0, M, K, c_begin, c_end, false,
         [&](int c, int j, GgufChunk(&raw)[1], auto) { raw[0] = gguf_chunk<T>(w.data, n0 + j * 8 + g, N, lane_k(c, K), K); },
         [&](int c, const GgufChunk (&raw)[NT], const Frag8 (&a)[MT][2]) {
             const int sub = (c * 32 % B::BLOCK) >> 5;
+            if constexpr (T == GGUF_Q4_K || T == GGUF_Q5_K) {
+                if (c / 8 != header_block) {
+                    header_block = c / 8;
+#pragma unroll
+                    for (int j = 0; j < NT; ++j)
+#pragma unroll
+                        for (int p = 0; p < 2; ++p)
+                            header[j][p] = k_quant_header(w.data, B::row_bytes(K), n0 + j * 8 + 2 * q + p, N,
+                                                          header_block, B::BYTES);
+                }
+            }
             Frag8 b[NT];
 #pragma unroll
             for (int j = 0; j < NT; ++j) b[j] = gguf_operand<T>(raw[j], sub, q);
@@ -212,7 +243,10 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
 #pragma unroll
                 for (int p = 0; p < 2; ++p) {
                     float s, s_hi, o;
-                    gguf_coefficients<T>(w.data, n0 + j * 8 + 2 * q + p, N, c, K, s, s_hi, o);
+                    if constexpr (T == GGUF_Q4_K || T == GGUF_Q5_K)
+                        k_quant_coefficients(header[j][p], sub, s, o);
+                    else
+                        gguf_coefficients<T>(w.data, n0 + j * 8 + 2 * q + p, N, c, K, s, s_hi, o);
                     const float second = T == GGUF_Q6_K ? s_hi : o;
 #pragma unroll
                     for (int i = 0; i < MT; ++i)
