@@ -63,13 +63,12 @@ __device__ __forceinline__ uint2 ld_8_by_halves(const unsigned char* p) {
     return make_uint2(ld_u32_by_halves(p), ld_u32_by_halves(p + 4));
 }
 
-// Row `row`'s bytes for elements k .. k + 7 (k % 8 == 0; zeros outside the matrix).
+// The bytes for elements k .. k + 7 (k % 8 == 0, inside the row) of the row starting at `row`, without tests.
 template <int T>
-__device__ __forceinline__ GgufChunk gguf_chunk(const unsigned char* __restrict__ w, int row, int rows, int k, int K) {
+__device__ __forceinline__ GgufChunk gguf_chunk_in(const unsigned char* __restrict__ row, int k) {
     GgufChunk c{make_uint2(0u, 0u), make_uint2(0u, 0u)};
-    if (row < 0 || row >= rows || k >= K) return c;
     using B = GgufBlocks<T>;
-    const unsigned char* block = w + row * B::row_bytes(K) + (long long)(k / B::BLOCK) * B::BYTES;
+    const unsigned char* block = row + (long long)(k / B::BLOCK) * B::BYTES;
     const int l = k & 31, sub = (k % B::BLOCK) >> 5;
     if constexpr (T == GGUF_Q4_0) {
         c.codes = ld_8_by_halves(block + 2 + (l & 15));
@@ -92,6 +91,13 @@ __device__ __forceinline__ GgufChunk gguf_chunk(const unsigned char* __restrict_
         c.high = ld_8_by_halves(block + 128 + 32 * h + l);
     }
     return c;
+}
+
+// Row `row`'s bytes for elements k .. k + 7 (k % 8 == 0; zeros outside the matrix).
+template <int T>
+__device__ __forceinline__ GgufChunk gguf_chunk(const unsigned char* __restrict__ w, int row, int rows, int k, int K) {
+    if (row < 0 || row >= rows || k >= K) return GgufChunk{make_uint2(0u, 0u), make_uint2(0u, 0u)};
+    return gguf_chunk_in<T>(w + row * GgufBlocks<T>::row_bytes(K), k);
 }
 
 // Bytes 2t and 2t + 1 of 8 bytes in the low bytes of a pair's two halves.
@@ -196,9 +202,17 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
     // Q4_K / Q5_K: the columns' headers of the current super-block (header_block), reloaded as a block starts.
     uint4 header[NT][2];
     int header_block = -1;
+    const unsigned char* w_rows[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) w_rows[j] = w.data + min(n0 + j * 8 + g, N - 1) * B::row_bytes(K);
     chunk_batches<MT, NT, U, 1, VEC, GgufChunk>(
-        x, ldx, x_rows, m0, M, K, c_begin, c_end, false,
-        [&](int c, int j, GgufChunk(&raw)[1], auto) { raw[0] = gguf_chunk<T>(w.data, n0 + j * 8 + g, N, lane_k(c, K), K); },
+        x, ldx, x_rows, m0, M, K, c_begin, c_end, n0 + NT * 8 <= N,
+        [&](int c, int j, GgufChunk(&raw)[1], auto checked) {
+            if constexpr (decltype(checked)::value)
+                raw[0] = gguf_chunk<T>(w.data, n0 + j * 8 + g, N, lane_k(c, K), K);
+            else
+                raw[0] = gguf_chunk_in<T>(w_rows[j], lane_k(c, K));
+        },
         [&](int c, const GgufChunk (&raw)[NT], const Frag8 (&a)[MT][2]) {
             const int sub = (c * 32 % B::BLOCK) >> 5;
             if constexpr (T == GGUF_Q4_K || T == GGUF_Q5_K) {
