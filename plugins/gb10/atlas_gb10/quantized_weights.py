@@ -37,6 +37,9 @@ GGUF_Q8_0 = "gguf_q8_0"
 GGUF_BLOCK_FORMATS = frozenset(name for name in GGUF_FORMATS.values() if name != GGUF_Q8_0)
 """The other GGUF block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): each format's kernels are modules of
 their own (the registry's ``gemm`` and ``moe`` entries of that dtype, ``kernels/gemm_gguf_blocks.cuh``)."""
+GGUF_APART = {"gguf_q4_0": (0, 2), "gguf_q4_1": (0, 4), "gguf_q5_0": (2, 2), "gguf_q5_1": (4, 4)}
+"""The 32-element GGUF formats laid out apart at upload (`gguf_device_rows`): format -> (offset of the block's 4
+high-bit bytes, 0 without them; bytes of its coefficients, d or d and m, at the block's start)."""
 ROW_FORMATS = frozenset({NVFP4, GGUF_Q8_0, *GGUF_BLOCK_FORMATS})
 """Formats whose kernels (``gemm_<format>_*``) read each row's bytes as stored."""
 FORMATS = frozenset({FP8_E4M3, *ROW_FORMATS})
@@ -61,6 +64,8 @@ def upload_native(backend: Any, weight: QuantizedWeight) -> QuantizedWeight:
         data = pair_fp8_chunks(data)
     if weight.format == GGUF_Q8_0:
         data = q8_0_device_rows(data)
+    if weight.format in GGUF_APART:
+        data = gguf_device_rows(data, weight.format)
     if weight.format in ROW_FORMATS:
         return replace(weight, data=backend.from_numpy(data, dtype=np.dtype(np.uint8)))
     scales = np.ascontiguousarray(np.asarray(weight.scales, dtype=np.float32))
@@ -93,6 +98,24 @@ def q8_0_device_rows(data: np.ndarray) -> np.ndarray:
     rows = np.zeros((*lead, -(-(columns + columns // 16) // 16) * 16), dtype=np.uint8)
     rows[..., :columns] = pair_fp8_chunks(blocks[..., 2:].reshape(*lead, columns))
     rows[..., columns : columns + columns // 16] = blocks[..., :2].reshape(*lead, columns // 16)
+    return rows
+
+
+def gguf_device_rows(data: np.ndarray, fmt: str) -> np.ndarray:
+    """Q4_0, Q4_1, Q5_0 or Q5_1 rows (uint8 ``[..., blocks * block bytes]``) as ``kernels/gemm_gguf_blocks.cuh``
+    reads them, the same bytes apart: the blocks' 16 code bytes each, then (Q5) their 4 high-bit bytes each, then
+    their coefficients (d, or d and m), zero-padded to a multiple of 16 bytes. A new array."""
+    high_at, coefficients = GGUF_APART[fmt]
+    size = 16 + coefficients + (4 if high_at else 0)
+    blocks = np.asarray(data, dtype=np.uint8).reshape(*data.shape[:-1], -1, size)
+    lead, count = blocks.shape[:-2], blocks.shape[-2]
+    parts = [
+        blocks[..., size - 16 :],
+        *([blocks[..., high_at : high_at + 4]] if high_at else []),
+        blocks[..., :coefficients],
+    ]
+    rows = np.zeros((*lead, -(-(count * size) // 16) * 16), dtype=np.uint8)
+    rows[..., : count * size] = np.concatenate([part.reshape(*lead, -1) for part in parts], axis=-1)
     return rows
 
 
@@ -138,15 +161,16 @@ def interleave_nvfp4(data: np.ndarray, columns: int) -> np.ndarray:
 def weight_operand(weight: Array | QuantizedWeight) -> tuple[str, tuple[Any, ...], bool]:
     """How a GEMM kernel takes ``weight`` (``[N, K]`` or a bank ``[E, N, K]``): the kernel kind (``bf16``,
     ``fp8``, ``nvfp4`` or ``gguf_q8_0``), its weight arguments, and whether its rows allow the vector loads of the
-    ``vec`` kernels (16 bytes of bf16, of FP8 (K % 16 == 0) or of NVFP4's and Q8_0's padded rows; the other GGUF
-    blocks read 2-byte halves, always aligned; the caller checks K % 8 == 0)."""
+    ``vec`` kernels (16 bytes of bf16, of FP8 (K % 16 == 0) or of NVFP4's and Q8_0's padded rows; the 32-element
+    GGUF formats' padded rows; the K-quants read as their blocks allow, always aligned; the caller checks K % 8 ==
+    0)."""
     if isinstance(weight, QuantizedWeight):
         if not executes_natively(weight):
             raise TypeError(
                 f"cuda backend: no kernel for {weight!r} (it executes {sorted(FORMATS)}, FP8 in 64k-wide blocks)"
             )
         if weight.format in ROW_FORMATS:
-            aligned = weight.format not in (NVFP4, GGUF_Q8_0) or weight.data.data.ptr % 16 == 0
+            aligned = weight.format not in (NVFP4, GGUF_Q8_0, *GGUF_APART) or weight.data.data.ptr % 16 == 0
             return weight.format, (weight.data,), aligned
         bn, bk = weight.block
         aligned = weight.data.data.ptr % 16 == 0 and weight.shape[-1] % 16 == 0

@@ -12,7 +12,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 from atlas_gb10.quantized_weights import (
+    GGUF_APART,
     device_row_bytes,
+    gguf_device_rows,
     interleave_nvfp4,
     nvfp4_device_rows,
     pair_fp8_chunks,
@@ -129,6 +131,24 @@ def test_q8_0_device_rows_give_each_lane_its_codes_and_each_block_its_scale(colu
         start = c // 2 * 64 + 16 * q + 8 * (c % 2) if full else c * 32 + 8 * q
         np.testing.assert_array_equal(device[:, start : start + 8], want, err_msg=f"chunk {c}, lane {q}")
         np.testing.assert_array_equal(device[:, columns + 2 * c : columns + 2 * c + 2], blocks[:, c, :2])
+
+
+@pytest.mark.parametrize("fmt", sorted(GGUF_APART))
+def test_gguf_device_rows_put_each_block_where_the_kernels_read_it(fmt: str) -> None:
+    high_at, coefficients = GGUF_APART[fmt]
+    size, columns = 16 + coefficients + (4 if high_at else 0), 96
+    blocks = np.random.default_rng(size).integers(0, 256, (3, columns // 32, size), dtype=np.uint8)
+    device = gguf_device_rows(blocks.reshape(3, -1), fmt)
+    assert device.shape[-1] % 16 == 0 and device.shape[-1] - columns // 32 * size < 16
+    high_start, coefficient_start = columns // 2, columns // 2 + (columns // 8 if high_at else 0)
+    for b in range(columns // 32):  # gguf_chunk_in's and gguf_coefficients' offsets for block b
+        np.testing.assert_array_equal(device[:, 16 * b : 16 * b + 16], blocks[:, b, size - 16 :])
+        if high_at:
+            np.testing.assert_array_equal(
+                device[:, high_start + 4 * b : high_start + 4 * b + 4], blocks[:, b, high_at : high_at + 4]
+            )
+        at = coefficient_start + coefficients * b
+        np.testing.assert_array_equal(device[:, at : at + coefficients], blocks[:, b, :coefficients])
 
 
 @pytest.mark.parametrize("columns", [128, 208, 2048])

@@ -1,7 +1,8 @@
 // GGUF block formats besides Q8_0 for the dense products (gemm.cu built with GGUF_TYPE, one format a module):
 // Q4_0, Q4_1, Q5_0, Q5_1 (blocks of 32 elements) and Q4_K, Q5_K, Q6_K (super-blocks of 256: 8 sub-blocks of
 // 32). `GgufBlocks<T>` (T the GGML type id) keeps llama.cpp's bytes (QuantizedWeight formats gguf_q4_0 ...,
-// atlas_core.weights.gguf_quantized), rows of K / BLOCK blocks of BYTES bytes.
+// atlas_core.weights.gguf_quantized): the K-quants' rows of K / BLOCK blocks of BYTES bytes as stored, the
+// 32-element formats' rows laid out apart at upload (codes, high bits, coefficients: `GgufBlocks::APART`).
 //
 // A 32-wide K chunk is one block or sub-block. Its codes n (4, 5 or 6 bits) enter the tensor cores as exact bf16
 // values n - bias (each pair through one prmt, masks and one bf16 fma of 128 + n: `codes_to_bf16x2`), and each
@@ -40,7 +41,16 @@ struct GgufBlocks {
                                          : T == GGUF_Q5_0 ? 0xc310c310u
                                          : T == GGUF_Q6_K ? 0xc320c320u
                                                           : 0xc300c300u;
-    __device__ __forceinline__ static long long row_bytes(int K) { return (long long)(K / BLOCK) * BYTES; }
+    // Q4_0, Q4_1, Q5_0, Q5_1 rows are laid out apart at upload (atlas_gb10.quantized_weights.gguf_device_rows): the
+    // K / 2 code bytes (a block's 16 at 16 b), then Q5's K / 8 high-bit bytes (4 a block), then the coefficients
+    // (d, or d and m: 2 or 4 bytes a block), the row padded to 16 bytes; the K-quants keep llama.cpp's blocks.
+    static constexpr bool APART = !K_QUANT;
+    static constexpr bool HIGH_BITS = T == GGUF_Q5_0 || T == GGUF_Q5_1;
+    __device__ __forceinline__ static long long row_bytes(int K) {
+        return APART ? ((long long)(K / BLOCK) * BYTES + 15) / 16 * 16 : (long long)(K / BLOCK) * BYTES;
+    }
+    __device__ __forceinline__ static int high_bits_at(int K) { return K / 2; }
+    __device__ __forceinline__ static int coefficients_at(int K) { return K / 2 + (HIGH_BITS ? K / 8 : 0); }
 };
 
 template <int T>
@@ -65,21 +75,15 @@ __device__ __forceinline__ uint2 ld_8_by_halves(const unsigned char* p) {
 
 // The bytes for elements k .. k + 7 (k % 8 == 0, inside the row) of the row starting at `row`, without tests.
 template <int T>
-__device__ __forceinline__ GgufChunk gguf_chunk_in(const unsigned char* __restrict__ row, int k) {
+__device__ __forceinline__ GgufChunk gguf_chunk_in(const unsigned char* __restrict__ row, int k, int K) {
     GgufChunk c{make_uint2(0u, 0u), make_uint2(0u, 0u)};
     using B = GgufBlocks<T>;
     const unsigned char* block = row + (long long)(k / B::BLOCK) * B::BYTES;
     const int l = k & 31, sub = (k % B::BLOCK) >> 5;
-    if constexpr (T == GGUF_Q4_0) {
-        c.codes = ld_8_by_halves(block + 2 + (l & 15));
-    } else if constexpr (T == GGUF_Q4_1) {
-        c.codes = ld_8_by_halves(block + 4 + (l & 15));
-    } else if constexpr (T == GGUF_Q5_0) {
-        c.codes = ld_8_by_halves(block + 6 + (l & 15));
-        c.high.x = ld_u32_by_halves(block + 2) >> l;
-    } else if constexpr (T == GGUF_Q5_1) {
-        c.codes = ld_8_by_halves(block + 8 + (l & 15));
-        c.high.x = ld_u32_by_halves(block + 4) >> l;
+    if constexpr (B::APART) {
+        c.codes = __ldg(reinterpret_cast<const uint2*>(row + (k >> 5) * 16 + (l & 15)));
+        if constexpr (B::HIGH_BITS)
+            c.high.x = __ldg(reinterpret_cast<const unsigned*>(row + B::high_bits_at(K) + (k >> 5) * 4)) >> l;
     } else if constexpr (T == GGUF_Q4_K) {
         c.codes = __ldg(reinterpret_cast<const uint2*>(block + 16 + 32 * (sub >> 1) + l));
     } else if constexpr (T == GGUF_Q5_K) {
@@ -97,7 +101,7 @@ __device__ __forceinline__ GgufChunk gguf_chunk_in(const unsigned char* __restri
 template <int T>
 __device__ __forceinline__ GgufChunk gguf_chunk(const unsigned char* __restrict__ w, int row, int rows, int k, int K) {
     if (row < 0 || row >= rows || k >= K) return GgufChunk{make_uint2(0u, 0u), make_uint2(0u, 0u)};
-    return gguf_chunk_in<T>(w + row * GgufBlocks<T>::row_bytes(K), k);
+    return gguf_chunk_in<T>(w + row * GgufBlocks<T>::row_bytes(K), k, K);
 }
 
 // Bytes 2t and 2t + 1 of 8 bytes in the low bytes of a pair's two halves.
@@ -169,9 +173,10 @@ __device__ __forceinline__ void gguf_coefficients(const unsigned char* __restric
         k_scale_min(block + 4, sub, sc, mn);
         s = f16_bits_to_float(ld_u16(block)) * sc;
         o = -(f16_bits_to_float(ld_u16(block + 2)) * mn);
-    } else {
-        s = f16_bits_to_float(ld_u16(block));
-        if constexpr (B::OFFSET) o = f16_bits_to_float(ld_u16(block + 2));
+    } else {  // laid out apart: the chunk's block's d (and m) among the row's coefficients
+        const unsigned char* d = w + col * B::row_bytes(K) + B::coefficients_at(K) + c * (B::OFFSET ? 4 : 2);
+        s = f16_bits_to_float(ld_u16(d));
+        if constexpr (B::OFFSET) o = f16_bits_to_float(ld_u16(d + 2));
     }
 }
 
@@ -211,7 +216,7 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
             if constexpr (decltype(checked)::value)
                 raw[0] = gguf_chunk<T>(w.data, n0 + j * 8 + g, N, lane_k(c, K), K);
             else
-                raw[0] = gguf_chunk_in<T>(w_rows[j], lane_k(c, K));
+                raw[0] = gguf_chunk_in<T>(w_rows[j], lane_k(c, K), K);
         },
         [&](int c, const GgufChunk (&raw)[NT], const Frag8 (&a)[MT][2]) {
             const int sub = (c * 32 % B::BLOCK) >> 5;
