@@ -30,7 +30,7 @@ import numpy as np
 from atlas_core.backends.base import Array
 from atlas_core.weights.gguf_quantized import FORMATS as GGUF_FORMATS
 from atlas_core.weights.nvfp4 import NVFP4, row_bytes
-from atlas_core.weights.quantized import FP8_E4M3, QuantizedWeight
+from atlas_core.weights.quantized import FP8_E4M3, ROW_ALIGNMENT, QuantizedWeight
 
 GGUF_Q8_0 = "gguf_q8_0"
 """`atlas_core.weights.gguf_quantized`'s format name of llama.cpp's Q8_0 blocks."""
@@ -41,7 +41,8 @@ GGUF_APART = {"gguf_q4_0": (0, 2), "gguf_q4_1": (0, 4), "gguf_q5_0": (2, 2), "gg
 """The 32-element GGUF formats laid out apart at upload (`gguf_device_rows`): format -> (offset of the block's 4
 high-bit bytes, 0 without them; bytes of its coefficients, d or d and m, at the block's start)."""
 ROW_FORMATS = frozenset({NVFP4, GGUF_Q8_0, *GGUF_BLOCK_FORMATS})
-"""Formats whose kernels (``gemm_<format>_*``) read each row's bytes as stored."""
+"""Formats whose kernels (``gemm_<format>_*``) take the weight as rows of bytes alone (no separate scales); some are
+laid out for the kernels at upload (`upload_native`)."""
 FORMATS = frozenset({FP8_E4M3, *ROW_FORMATS})
 """The quantized formats the cuda backend executes natively."""
 
@@ -60,11 +61,11 @@ def upload_native(backend: Any, weight: QuantizedWeight) -> QuantizedWeight:
     data = np.ascontiguousarray(np.asarray(weight.data)).view(np.uint8)
     if weight.format == NVFP4:
         data = nvfp4_device_rows(data, weight.shape[-1])
-    if weight.format == FP8_E4M3:
+    elif weight.format == FP8_E4M3:
         data = pair_fp8_chunks(data)
-    if weight.format == GGUF_Q8_0:
+    elif weight.format == GGUF_Q8_0:
         data = q8_0_device_rows(data)
-    if weight.format in GGUF_APART:
+    elif weight.format in GGUF_APART:
         data = gguf_device_rows(data, weight.format)
     if weight.format in ROW_FORMATS:
         return replace(weight, data=backend.from_numpy(data, dtype=np.dtype(np.uint8)))
@@ -79,7 +80,7 @@ def upload_native(backend: Any, weight: QuantizedWeight) -> QuantizedWeight:
 def pair_fp8_chunks(data: np.ndarray) -> np.ndarray:
     """FP8 rows (uint8 ``[..., K]``) with each full 64-byte group of two 32-element chunks laid out lane by lane:
     bytes 8q .. 8q + 7 of the first chunk, then those of the second (q = 0 .. 3), so that one 16-byte load gives
-    a kernel lane its bytes of both (``load_fp8_pair`` in ``kernels/gemm_fp8.cuh``); a last group shorter than 64
+    a kernel lane its bytes of both (``fp8_pair_in_rows`` in ``kernels/gemm_fp8.cuh``); a last group shorter than 64
     bytes unchanged. A new array."""
     rows = np.array(data, dtype=np.uint8, copy=True)
     full = rows.shape[-1] // 64 * 64
@@ -95,10 +96,7 @@ def q8_0_device_rows(data: np.ndarray) -> np.ndarray:
     array."""
     blocks = np.asarray(data, dtype=np.uint8).reshape(*data.shape[:-1], -1, 34)
     lead, columns = blocks.shape[:-2], blocks.shape[-2] * 32
-    rows = np.zeros((*lead, -(-(columns + columns // 16) // 16) * 16), dtype=np.uint8)
-    rows[..., :columns] = pair_fp8_chunks(blocks[..., 2:].reshape(*lead, columns))
-    rows[..., columns : columns + columns // 16] = blocks[..., :2].reshape(*lead, columns // 16)
-    return rows
+    return padded_rows(lead, pair_fp8_chunks(blocks[..., 2:].reshape(*lead, columns)), blocks[..., :2])
 
 
 def gguf_device_rows(data: np.ndarray, fmt: str) -> np.ndarray:
@@ -108,15 +106,12 @@ def gguf_device_rows(data: np.ndarray, fmt: str) -> np.ndarray:
     high_at, coefficients = GGUF_APART[fmt]
     size = 16 + coefficients + (4 if high_at else 0)
     blocks = np.asarray(data, dtype=np.uint8).reshape(*data.shape[:-1], -1, size)
-    lead, count = blocks.shape[:-2], blocks.shape[-2]
     parts = [
         blocks[..., size - 16 :],
         *([blocks[..., high_at : high_at + 4]] if high_at else []),
         blocks[..., :coefficients],
     ]
-    rows = np.zeros((*lead, -(-(count * size) // 16) * 16), dtype=np.uint8)
-    rows[..., : count * size] = np.concatenate([part.reshape(*lead, -1) for part in parts], axis=-1)
-    return rows
+    return padded_rows(blocks.shape[:-2], *parts)
 
 
 WORD_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -135,15 +130,23 @@ def nvfp4_device_rows(data: np.ndarray, columns: int) -> np.ndarray:
     scale_bytes = slice(columns // 2, columns // 2 + full // 16)
     scales = rows[..., scale_bytes].reshape(*lead, -1, 4, 2)  # [group, chunk, lane pair]
     rows[..., scale_bytes] = scales.swapaxes(-2, -1).reshape(*lead, full // 16)
-    padded = np.zeros((*lead, device_row_bytes(columns)), dtype=np.uint8)
-    padded[..., : rows.shape[-1]] = rows
-    return padded
+    return padded_rows(lead, rows)
+
+
+def padded_rows(lead: tuple[int, ...], *parts: np.ndarray) -> np.ndarray:
+    """Rows (leading axes ``lead``) of each of ``parts``' bytes after those axes, one part after the other,
+    zero-padded to a multiple of `ROW_ALIGNMENT` bytes (rows the kernels load 16 bytes at a time). A new array."""
+    flat = [part.reshape(*lead, -1) for part in parts]
+    width = sum(part.shape[-1] for part in flat)
+    rows = np.zeros((*lead, -(-width // ROW_ALIGNMENT) * ROW_ALIGNMENT), dtype=np.uint8)
+    rows[..., :width] = np.concatenate(flat, axis=-1)
+    return rows
 
 
 def device_row_bytes(columns: int) -> int:
     """An NVFP4 row's bytes on the device: `row_bytes` padded to a multiple of 16, so that rows allow 16-byte loads
     (``nvfp4_row_bytes`` in ``kernels/gemm_nvfp4.cuh``)."""
-    return -(-row_bytes(columns) // 16) * 16
+    return -(-row_bytes(columns) // ROW_ALIGNMENT) * ROW_ALIGNMENT
 
 
 def interleave_nvfp4(data: np.ndarray, columns: int) -> np.ndarray:

@@ -4,9 +4,9 @@
 //
 // Batch invariance: every output element is computed the same way whatever M is and wherever its row
 // sits. The K axis is cut into 32-wide chunks; warp w of the block (GEMM_KSPLIT warps) sums a fixed
-// contiguous range of chunks that depends only on K (and the weight kind's ChunksPerLoad), in order; the block then adds the warps' partial
-// sums in warp order. The tile shape (MT x 16 rows, NT x 8 columns) only decides which elements a block
-// computes together, so the host picks it freely for occupancy.
+// contiguous range of chunks that depends only on K (and the weight kind's ChunksPerLoad), in order; the block
+// then adds the warps' partial sums in warp order. The tile shape (MT x 16 rows, NT x 8 columns) only decides
+// which elements a block computes together, so the host picks it freely for occupancy.
 //
 // Fragments are loaded straight from global memory, 16 bytes per thread: thread (g = lane / 4,
 // q = lane % 4) holds elements k0 + 8q .. k0 + 8q + 7 of its row. The mma's logical k index is permuted

@@ -3,7 +3,7 @@
 //
 // An FP8 element enters the tensor cores as its exact bf16 value (every E4M3 value is one), each scale block's
 // products are summed apart, and the block's sum is multiplied by its scale into the accumulator, in chunk order
-// (the same fixed order whatever M, so batch invariance holds). Blocks are 32k columns wide, or span all of K
+// (the same fixed order whatever M, so batch invariance holds). Blocks are 64k columns wide, or span all of K
 // (per-channel and per-tensor scales).
 //
 // Rows are stored as uploaded (atlas_gb10.quantized_weights.pair_fp8_chunks): in each full 64-byte group of two
@@ -44,6 +44,13 @@ __device__ __forceinline__ uint2 load_bytes8(const unsigned char* __restrict__ p
     return v;
 }
 
+// The 16 bytes at p (16-byte aligned): this lane's 8 bytes of a chunk and its 8 of the next.
+__device__ __forceinline__ void pair_at(const unsigned char* p, uint2 (&out)[2]) {
+    const Frag8 f = frag_at(p);
+    out[0] = make_uint2(f.w[0], f.w[1]);
+    out[1] = make_uint2(f.w[2], f.w[3]);
+}
+
 // This lane's bytes of chunks c, c + 1 of row `row` of byte rows `stride` apart holding K elements from their
 // start (c even; c = -1 or a row past the matrix: zeros). A full 64-byte group is paired (16 bytes from 16q);
 // VEC: one 16-byte load (rows 16-byte aligned). A row's last chunk alone keeps its order.
@@ -60,9 +67,7 @@ __device__ __forceinline__ void fp8_pair_in_rows(const unsigned char* __restrict
     }
     const int q = threadIdx.x & 3;
     if (VEC) {
-        const Frag8 f = frag_at(p + c * 32 + 16 * q);
-        out[0] = make_uint2(f.w[0], f.w[1]);
-        out[1] = make_uint2(f.w[2], f.w[3]);
+        pair_at(p + c * 32 + 16 * q, out);
     } else {
         out[0] = load_bytes8<0>(p + c * 32 + 16 * q, 0, 8);
         out[1] = load_bytes8<0>(p + c * 32 + 16 * q + 8, 0, 8);
@@ -134,9 +139,7 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
             if constexpr (decltype(checked)::value) {
                 fp8_pair_in_rows<VEC>(w.data, K, n0 + j * 8 + g, N, c, K, raw);
             } else {
-                const Frag8 f = frag_at(w_rows[j] + c * 32);
-                raw[0] = make_uint2(f.w[0], f.w[1]);
-                raw[1] = make_uint2(f.w[2], f.w[3]);
+                pair_at(w_rows[j] + c * 32, raw);
             }
         },
         multiply);

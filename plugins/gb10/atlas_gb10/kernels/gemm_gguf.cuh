@@ -69,9 +69,7 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
             if constexpr (decltype(checked)::value) {
                 fp8_pair_in_rows<VEC>(w.data, q8_0_row_bytes(K), n0 + j * 8 + g, N, c, K, raw);
             } else {
-                const Frag8 f = frag_at(w_rows[j] + c * 32);
-                raw[0] = make_uint2(f.w[0], f.w[1]);
-                raw[1] = make_uint2(f.w[2], f.w[3]);
+                pair_at(w_rows[j] + c * 32, raw);
             }
         },
         [&](int c, const uint2 (&raw)[NT], const Frag8 (&a)[MT][2]) {

@@ -142,41 +142,27 @@ __device__ __forceinline__ Frag8 gguf_operand(const GgufChunk& c, int sub, int l
     return b;
 }
 
-// The 6-bit scale and min of sub-block j of a K-quant super-block (GGML's get_scale_min_k4).
-__device__ __forceinline__ void k_scale_min(const unsigned char* __restrict__ scales, int j, float& sc, float& mn) {
-    if (j < 4) {
-        sc = (float)(__ldg(scales + j) & 63);
-        mn = (float)(__ldg(scales + j + 4) & 63);
-    } else {
-        sc = (float)((__ldg(scales + j + 4) & 0xf) | ((__ldg(scales + j - 4) >> 6) << 4));
-        mn = (float)((__ldg(scales + j + 4) >> 4) | ((__ldg(scales + j) >> 6) << 4));
-    }
-}
-
-// Column `col`'s coefficients for chunk c: s (s_hi for Q6_K's second half) and o (zeros past the matrix).
+// Column `col`'s coefficients for chunk c of a Q6_K weight or one laid out apart (Q4_0 ... Q5_1): s, and the
+// factor of the chunk's second part (Q6_K: s of its second half; else o, the offset m or 0); zeros past the
+// matrix. Q4_K / Q5_K take theirs from cached headers (`k_quant_coefficients`).
 template <int T>
 __device__ __forceinline__ void gguf_coefficients(const unsigned char* __restrict__ w, int col, int N, int c, int K,
-                                                  float& s, float& s_hi, float& o) {
-    s = s_hi = o = 0.0f;
-    if (col >= N) return;
+                                                  float& s, float& second) {
     using B = GgufBlocks<T>;
-    const int k = c * 32;
-    const unsigned char* block = w + col * B::row_bytes(K) + (long long)(k / B::BLOCK) * B::BYTES;
-    const int sub = (k % B::BLOCK) >> 5;
+    static_assert(T == GGUF_Q6_K || B::APART, "Q4_K / Q5_K: k_quant_coefficients");
+    s = second = 0.0f;
+    if (col >= N) return;
     if constexpr (T == GGUF_Q6_K) {
+        const int k = c * 32, sub = (k % B::BLOCK) >> 5;
+        const unsigned char* block = w + col * B::row_bytes(K) + (long long)(k / B::BLOCK) * B::BYTES;
         const float d = f16_bits_to_float(ld_u16(block + 208));
         const int j = 8 * (sub >> 2) + 2 * (sub & 3);
         s = d * (float)(signed char)__ldg(block + 192 + j);
-        s_hi = d * (float)(signed char)__ldg(block + 192 + j + 1);
-    } else if constexpr (B::K_QUANT) {
-        float sc, mn;
-        k_scale_min(block + 4, sub, sc, mn);
-        s = f16_bits_to_float(ld_u16(block)) * sc;
-        o = -(f16_bits_to_float(ld_u16(block + 2)) * mn);
-    } else {  // laid out apart: the chunk's block's d (and m) among the row's coefficients
+        second = d * (float)(signed char)__ldg(block + 192 + j + 1);
+    } else {  // the chunk's block's d (and m) among the row's coefficients
         const unsigned char* d = w + col * B::row_bytes(K) + B::coefficients_at(K) + c * (B::OFFSET ? 4 : 2);
         s = f16_bits_to_float(ld_u16(d));
-        if constexpr (B::OFFSET) o = f16_bits_to_float(ld_u16(d + 2));
+        if constexpr (B::OFFSET) second = f16_bits_to_float(ld_u16(d + 2));
     }
 }
 
@@ -261,12 +247,11 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
             for (int j = 0; j < NT; ++j)
 #pragma unroll
                 for (int p = 0; p < 2; ++p) {
-                    float s, s_hi, o;
+                    float s, second;
                     if constexpr (T == GGUF_Q4_K || T == GGUF_Q5_K)
-                        k_quant_coefficients(header[j][p], sub, s, o);
+                        k_quant_coefficients(header[j][p], sub, s, second);
                     else
-                        gguf_coefficients<T>(w.data, n0 + j * 8 + 2 * q + p, N, c, K, s, s_hi, o);
-                    const float second = T == GGUF_Q6_K ? s_hi : o;
+                        gguf_coefficients<T>(w.data, n0 + j * 8 + 2 * q + p, N, c, K, s, second);
 #pragma unroll
                     for (int i = 0; i < MT; ++i)
 #pragma unroll
