@@ -1,8 +1,9 @@
 """Run-time compilation of the package's CUDA sources with NVRTC, cached on disk.
 
 A module is compiled once per (source text, included header, constants, target arch, NVRTC version);
-the cubin is kept under ``$ATLAS_KERNEL_CACHE`` (default ``~/.cache/atlas-gb10/kernels``), so a warm
-start compiles nothing. `KernelLibrary.compiled` counts the modules this process compiled.
+the cubin is kept under ``$ATLAS_KERNEL_CACHE`` (default ``~/.cache/atlas-gb10/kernels``), beside the names
+of its kernels that wait for their inputs (`waiting_entries`), so a warm start compiles nothing.
+`KernelLibrary.compiled` counts the modules this process compiled.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from atlas_gb10.hardware import HardwareProfile
+from atlas_gb10.launch import Kernel, supports_programmatic_launch
 from atlas_gb10.registry import KERNEL_DIR, KernelVariant, lookup
 
 log = logging.getLogger("atlas.gb10")
@@ -44,6 +49,20 @@ class KernelCompileError(RuntimeError):
     """NVRTC rejected a kernel source; the message holds its log."""
 
 
+def waiting_entries(ptx: str) -> frozenset[str]:
+    """The kernels of a module's PTX whose code waits for the kernels before them (``griddepcontrol.wait``,
+    ``await_inputs()`` in ``common.cuh``): the only ones that may be launched programmatically."""
+    entries = re.split(r"\.entry\s+", ptx)[1:]
+    return frozenset(entry.split("(", 1)[0].strip() for entry in entries if "griddepcontrol.wait" in entry)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:  # atomic for concurrent starts
+        tmp.write(data)
+    os.replace(tmp.name, path)
+
+
 class KernelLibrary:
     """Compiled modules of one hardware target; kernels looked up through the registry."""
 
@@ -51,19 +70,37 @@ class KernelLibrary:
         self.cupy = cupy
         self.profile = profile
         self.compiled = 0
-        self._modules: dict[tuple[str, str], Any] = {}
+        self.programmatic = False
+        """Launch the kernels that wait for their inputs programmatically (`launch.py`); set by
+        `programmatic_launches`."""
+        self._modules: dict[tuple[str, str], tuple[Any, frozenset[str]]] = {}
+        self._kernels: dict[tuple[str, str, str], Kernel] = {}
+
+    @contextmanager
+    def programmatic_launches(self) -> Iterator[None]:
+        """Within: kernel launches are programmatic where the device has them (decode graph captures)."""
+        previous = self.programmatic
+        self.programmatic = supports_programmatic_launch(self.profile.arch)
+        try:
+            yield
+        finally:
+            self.programmatic = previous
 
     def variant(self, op: str, dtype: str = "bf16") -> KernelVariant:
         return lookup(self.profile.name, op, dtype)
 
-    def function(self, op: str, name: str, dtype: str = "bf16") -> Any:
+    def function(self, op: str, name: str, dtype: str = "bf16") -> Kernel:
         """The kernel ``name`` of the module registered for (this target, ``op``, ``dtype``)."""
-        key = (op, dtype)
-        if key not in self._modules:
-            self._modules[key] = self._load(self.variant(op, dtype))
-        return self._modules[key].get_function(name)
+        key = (op, dtype, name)
+        if key not in self._kernels:
+            if (op, dtype) not in self._modules:
+                self._modules[op, dtype] = self._load(self.variant(op, dtype))
+            module, waiting = self._modules[op, dtype]
+            self._kernels[key] = Kernel(module.get_function(name), name in waiting, self)
+        return self._kernels[key]
 
-    def _load(self, variant: KernelVariant) -> Any:
+    def _load(self, variant: KernelVariant) -> tuple[Any, frozenset[str]]:
+        """The module of ``variant`` and its kernels that wait for their inputs, from the cache or compiled."""
         from cupy_backends.cuda.libs import nvrtc
 
         source = (KERNEL_DIR / variant.source).read_text()
@@ -73,18 +110,20 @@ class KernelLibrary:
             "\0".join([source, *headers, *options, ".".join(map(str, nvrtc.getVersion()))]).encode()
         ).hexdigest()[:32]
         path = cache_dir() / f"{Path(variant.source).stem}-{self.profile.arch}-{digest}.cubin"
-        if not path.exists():
-            cubin = self._compile(nvrtc, variant.source, source, headers, options)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:  # atomic for concurrent starts
-                tmp.write(cubin)
-            os.replace(tmp.name, path)
+        waits_path = path.with_suffix(".waits")
+        if not (path.exists() and waits_path.exists()):
+            cubin, ptx = self._compile(nvrtc, variant.source, source, headers, options)
+            _write_atomically(waits_path, "\n".join(sorted(waiting_entries(ptx))).encode())
+            _write_atomically(path, cubin)
             self.compiled += 1
             log.info("compiled %s for %s (%s)", variant.source, self.profile.arch, path.name)
-        return self.cupy.RawModule(path=str(path))
+        return self.cupy.RawModule(path=str(path)), frozenset(waits_path.read_text().split())
 
     @staticmethod
-    def _compile(nvrtc: Any, name: str, source: str, headers: tuple[str, ...], options: tuple[str, ...]) -> bytes:
+    def _compile(
+        nvrtc: Any, name: str, source: str, headers: tuple[str, ...], options: tuple[str, ...]
+    ) -> tuple[bytes, str]:
+        """(cubin, PTX) of one source."""
         program = nvrtc.createProgram(
             source, name, tuple(h.encode() for h in headers), tuple(n.encode() for n in HEADERS)
         )
@@ -93,6 +132,6 @@ class KernelLibrary:
                 nvrtc.compileProgram(program, options)
             except nvrtc.NVRTCError as exc:
                 raise KernelCompileError(f"{name} ({' '.join(options)}):\n{nvrtc.getProgramLog(program)}") from exc
-            return nvrtc.getCUBIN(program)
+            return nvrtc.getCUBIN(program), nvrtc.getPTX(program).decode(errors="replace")
         finally:
             nvrtc.destroyProgram(program)

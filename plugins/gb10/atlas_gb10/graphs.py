@@ -15,6 +15,8 @@ allocated from the shared pool and the buffers stay owned by the graph. Each gra
 one graph's scratch memory must never overlap the logits or the work list that another graph keeps
 between replays.
 A model whose forward cannot be captured (a host fallback op, say) runs eagerly, with one log line.
+Kernels are captured as programmatic launches where the device has them (`launch.py`): in a replay each
+kernel's launch overlaps the tail of the one before it.
 
 Steps of several tokens per sequence, as many for each (`ForwardBatch.tokens_per_seq`: speculative
 decoding's verify steps, the recompute after a rejected draft, short prefill chunks), replay graphs of
@@ -208,8 +210,9 @@ class CudaDecodeGraphs:
                 self.stream.synchronize()
                 self.stream.begin_capture()
                 try:
-                    hidden = self.model.forward(batch, self.kv)
-                    logits = self.model.compute_logits(hidden)
+                    with self.backend.kernels.programmatic_launches():
+                        hidden = self.model.forward(batch, self.kv)
+                        logits = self.model.compute_logits(hidden)
                 finally:
                     graph = self.stream.end_capture()
                 graph.upload(self.stream)

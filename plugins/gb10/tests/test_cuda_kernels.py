@@ -272,3 +272,24 @@ def test_warm_kernel_cache_compiles_nothing(tmp_path: Path) -> None:
         assert run.returncode == 0, run.stderr
     assert runs[0].stdout.split()[-1] == "3", runs[0].stdout
     assert runs[1].stdout.split()[-1] == "0", runs[1].stdout
+
+
+@pytest.mark.parametrize(
+    ("op", "name"),
+    [
+        ("elementwise", "rms_norm_block_vec_bf16"),
+        ("gemm", "gemm_bf16_m1_n2_vec"),
+        ("attention", "attention_m16_d4"),
+        ("moe", "moe_route"),
+        ("recurrent", "gated_delta_rule_bf16"),
+    ],
+)
+def test_kernels_wait_for_their_inputs_where_launches_are_programmatic(
+    backend: CudaBackend, op: str, name: str
+) -> None:
+    """On compute capability 9.0 and later a kernel's code holds ``await_inputs()``'s wait, so decode graphs
+    capture it as a programmatic launch (`launch.py`); elsewhere the launch stays CuPy's."""
+    from atlas_gb10.launch import supports_programmatic_launch
+
+    kernel = backend.kernels.function(op, name)
+    assert kernel.waits == supports_programmatic_launch(backend.profile.arch)

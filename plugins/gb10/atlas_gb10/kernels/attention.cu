@@ -284,7 +284,7 @@ __device__ __forceinline__ void attention_body(
         const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work,                         \
         bf16_t* __restrict__ out, long long o_s0, long long o_s1, float* __restrict__ ws_acc,                         \
         float2* __restrict__ ws_ml, int splits, int q_heads, int kv_heads, int d, int block_size, float scale,        \
-        float v_scale, int window, int q_vec, const int* __restrict__ visible_end) {                                  \
+        float v_scale, int window, int q_vec, const int* __restrict__ visible_end) { await_inputs();                  \
         attention_body<TM, DPT>(q, q_s0, q_s1, k_cache, v_cache, query_start, seq_lens, block_tables, table_width,     \
                                 work, out, o_s0, o_s1, ws_acc, ws_ml, splits, q_heads, kv_heads, d, block_size,       \
                                 scale, v_scale, window, q_vec, visible_end);                                          \
@@ -305,5 +305,6 @@ ATTENTION_KERNEL(64, 8)
 extern "C" __global__ void attention_combine(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml,
                                              int splits, bf16_t* __restrict__ out, long long o_s0, long long o_s1,
                                              int q_heads, int d, long long rows, float v_scale) {
+    await_inputs();
     combine_splits<COMBINE_MAX_DPT>(ws_acc, ws_ml, splits, out, o_s0, o_s1, q_heads, d, rows, v_scale);
 }

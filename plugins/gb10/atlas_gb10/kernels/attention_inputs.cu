@@ -11,6 +11,7 @@ extern "C" __global__ void rope_bf16(bf16_t* __restrict__ q, long long q_s0, lon
                                      bf16_t* __restrict__ k, long long k_s0, long long k_s1, int k_heads,
                                      const int* __restrict__ positions, const float* __restrict__ cos_t,
                                      const float* __restrict__ sin_t, int half) {
+    await_inputs();
     const long long t = blockIdx.x;
     const long long pos = positions[t];
     const float* c = cos_t + pos * half;
@@ -58,7 +59,7 @@ __device__ __forceinline__ void write_kv_body(KV* __restrict__ k_cache, KV* __re
     extern "C" __global__ void NAME(KV* __restrict__ k_cache, KV* __restrict__ v_cache, const bf16_t* __restrict__ k, \
                                     long long k_s0, long long k_s1, const bf16_t* __restrict__ v, long long v_s0,    \
                                     long long v_s1, const int* __restrict__ slots, int kv_heads, int d,             \
-                                    float k_scale, float v_scale) {                                                 \
+                                    float k_scale, float v_scale) { await_inputs();                                 \
         write_kv_body(k_cache, v_cache, k, k_s0, k_s1, v, v_s0, v_s1, slots, kv_heads, d, k_scale, v_scale);         \
     }
 
@@ -141,7 +142,7 @@ __device__ __forceinline__ void qk_norm_rope_write_kv_body(
         const bf16_t* __restrict__ q_weight, const bf16_t* __restrict__ k_weight, float eps,                         \
         const int* __restrict__ positions, const float* __restrict__ cos_t, const float* __restrict__ sin_t,         \
         int half, bf16_t* __restrict__ q_out, KV* __restrict__ k_cache, KV* __restrict__ v_cache,                    \
-        const int* __restrict__ slots, int d, float k_scale, float v_scale) {                                        \
+        const int* __restrict__ slots, int d, float k_scale, float v_scale) { await_inputs();                        \
         qk_norm_rope_write_kv_body(q, q_s0, q_s1, q_heads, k, k_s0, k_s1, v, v_s0, v_s1, kv_heads, q_weight,         \
                                    k_weight, eps, positions, cos_t, sin_t, half, q_out, k_cache, v_cache, slots, d,  \
                                    k_scale, v_scale);                                                                \

@@ -256,7 +256,7 @@ __device__ __forceinline__ void attention_mma_body(
         const kv_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,      \
         const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work,                         \
         bf16_t* __restrict__ out, long long o_s0, long long o_s1, int q_heads, int kv_heads, int d, int block_size,   \
-        float scale, float v_scale, int window, int q_vec, const int* __restrict__ visible_end) {                     \
+        float scale, float v_scale, int window, int q_vec, const int* __restrict__ visible_end) { await_inputs();     \
         attention_mma_body<DK>(q, q_s0, q_s1, k_cache, v_cache, query_start, seq_lens, block_tables, table_width,      \
                                work, out, o_s0, o_s1, q_heads, kv_heads, d, block_size, scale, v_scale, window,      \
                                q_vec, visible_end);                                                                   \

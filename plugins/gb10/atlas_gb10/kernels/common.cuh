@@ -33,3 +33,16 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 #define NEG_INF (__int_as_float(0xff800000))
+
+// The first statement of every kernel. Decode graphs launch kernels programmatically (Hopper and later:
+// `launch.py`), so a kernel's blocks may start while the kernel before it still runs; this waits until the
+// kernels before it have finished and their writes are visible, then lets the next kernel's blocks start (they
+// wait here in turn), which overlaps a launch with the previous kernel's tail. Without a programmatic launch,
+// and before sm_90, it does nothing. The loader launches programmatically only kernels whose code holds the
+// wait (`compiler.py`).
+__device__ __forceinline__ void await_inputs() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}

@@ -9,6 +9,7 @@
 // out[t, :] = weight[ids[t], :]; one block per token.
 extern "C" __global__ void embedding_bf16(const bf16_t* __restrict__ weight, const int* __restrict__ ids,
                                           bf16_t* __restrict__ out, int hidden) {
+    await_inputs();
     const long long t = blockIdx.x;
     const bf16_t* src = weight + (long long)ids[t] * hidden;
     bf16_t* dst = out + t * hidden;
@@ -59,6 +60,7 @@ extern "C" __global__ void rms_norm_warp_bf16(const bf16_t* __restrict__ x, long
                                               const bf16_t* __restrict__ res, long long r_so, long long r_si, int inner_count,
                                               const bf16_t* __restrict__ weight, bf16_t* __restrict__ normed,
                                               bf16_t* __restrict__ summed, float eps, int d, long long rows) {
+    await_inputs();
     const long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (r >= rows) return;
     const int lane = threadIdx.x & 31;
@@ -74,6 +76,7 @@ extern "C" __global__ void rms_norm_block_bf16(const bf16_t* __restrict__ x, lon
                                                const bf16_t* __restrict__ res, long long r_so, long long r_si, int inner_count,
                                                const bf16_t* __restrict__ weight, bf16_t* __restrict__ normed,
                                                bf16_t* __restrict__ summed, float eps, int d, long long rows) {
+    await_inputs();
     __shared__ float partial[8];
     const long long r = blockIdx.x;
     const bf16_t* xr = x + row_offset(x_so, x_si, inner_count, r);
@@ -115,11 +118,13 @@ __device__ void gated_mul(const bf16_t* __restrict__ x, long long ldx, bf16_t* _
 
 extern "C" __global__ void silu_mul_bf16(const bf16_t* __restrict__ x, long long ldx, bf16_t* __restrict__ out,
                                          long long ldo, int inner, long long rows) {
+    await_inputs();
     gated_mul(x, ldx, out, ldo, inner, rows, Silu{});
 }
 
 extern "C" __global__ void gelu_tanh_mul_bf16(const bf16_t* __restrict__ x, long long ldx, bf16_t* __restrict__ out,
                                               long long ldo, int inner, long long rows) {
+    await_inputs();
     gated_mul(x, ldx, out, ldo, inner, rows, GeluTanh{});
 }
 
@@ -132,6 +137,7 @@ extern "C" __global__ void decode_inputs(const int* __restrict__ ids, const int*
                                          int b, int* __restrict__ d_ids, int* __restrict__ d_positions,
                                          int* __restrict__ d_seq_lens, int* __restrict__ d_slots,
                                          int* __restrict__ d_state_slots, int* __restrict__ d_tables, int table_stride) {
+    await_inputs();
     const int row = blockIdx.x;
     const bool real = row < b;
     if (threadIdx.x == 0) {
@@ -226,6 +232,7 @@ extern "C" __global__ void rms_norm_warp_vec_bf16(const bf16_t* __restrict__ x, 
                                                   int inner_count, const bf16_t* __restrict__ weight,
                                                   bf16_t* __restrict__ normed, bf16_t* __restrict__ summed, float eps,
                                                   int d, long long rows) {
+    await_inputs();
     const long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (r >= rows) return;
     rms_norm_vec<32>(x, x_so, x_si, res, r_so, r_si, inner_count, weight, normed, summed, eps, d, r, threadIdx.x & 31);
@@ -236,6 +243,7 @@ extern "C" __global__ void rms_norm_block_vec_bf16(const bf16_t* __restrict__ x,
                                                    int inner_count, const bf16_t* __restrict__ weight,
                                                    bf16_t* __restrict__ normed, bf16_t* __restrict__ summed, float eps,
                                                    int d, long long rows) {
+    await_inputs();
     rms_norm_vec<256>(x, x_so, x_si, res, r_so, r_si, inner_count, weight, normed, summed, eps, d, blockIdx.x, threadIdx.x);
 }
 
@@ -243,6 +251,7 @@ extern "C" __global__ void rms_norm_block_vec_bf16(const bf16_t* __restrict__ x,
 extern "C" __global__ void sigmoid_gate_bf16(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ gate,
                                              long long ldg, int gate_cols, bf16_t* __restrict__ out, int cols,
                                              long long rows) {
+    await_inputs();
     const long long total = rows * cols;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
         const long long r = i / cols;
@@ -288,7 +297,8 @@ __device__ void map_rows(const bf16_t* __restrict__ x, long long ldx, const bf16
 
 #define MAP_KERNEL(NAME, OP)                                                                                         \
     extern "C" __global__ void NAME(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ y,       \
-                                    long long ldy, bf16_t* __restrict__ out, int cols, long long rows, float value) { \
+                                    long long ldy, bf16_t* __restrict__ out, int cols, long long rows, float value) {  \
+        await_inputs();                                                                                                \
         map_rows(x, ldx, y, ldy, out, cols, rows, OP);                                                               \
     }
 
@@ -327,6 +337,7 @@ __device__ __forceinline__ float block_sum(float v, float* partial) {
 extern "C" __global__ void __launch_bounds__(LN_THREADS) layer_norm_bf16(
     const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ weight, const bf16_t* __restrict__ bias,
     bf16_t* __restrict__ out, int cols, float eps) {
+    await_inputs();
     __shared__ float partial[LN_THREADS / 32];
     const bf16_t* row = x + (long long)blockIdx.x * ldx;
     float sum = 0.0f;
@@ -351,6 +362,7 @@ extern "C" __global__ void __launch_bounds__(LN_THREADS) layer_norm_bf16(
 // x [patches, C] with row stride ldx, out contiguous [outputs, C].
 extern "C" __global__ void gemma_clamp_bf16(const bf16_t* __restrict__ x, long long ldx, bf16_t* __restrict__ out,
                                             int cols, long long rows, float low, float high) {
+    await_inputs();
     const long long n = rows * cols;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const long long r = i / cols;
@@ -362,6 +374,7 @@ extern "C" __global__ void gemma_clamp_bf16(const bf16_t* __restrict__ x, long l
 extern "C" __global__ void gemma_pool_patches_bf16(const bf16_t* __restrict__ x, long long ldx,
                                                    const int* __restrict__ first, const int* __restrict__ width,
                                                    bf16_t* __restrict__ out, int channels, long long outputs, int kernel) {
+    await_inputs();
     const long long n = outputs * channels;
     const float count = (float)(kernel * kernel);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {

@@ -9,7 +9,7 @@
     extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS)                                      \
         gemm_bf16_m##MT##_n##NT##_##SUFFIX(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ w, \
                                           const bf16_t* __restrict__ bias, bf16_t* __restrict__ out, long long ldo,   \
-                                          int M, int N, int K) {                                                      \
+                                          int M, int N, int K) { await_inputs();                                      \
         gemm_tile<MT, NT, U, VEC, const bf16_t*>(x, ldx, nullptr, w, bias, out, ldo, blockIdx.y * (MT * 16), M,    \
                                   blockIdx.x * (NT * 8), N, K);                                                       \
     }
@@ -32,7 +32,7 @@ GEMM_KERNEL(2, 4, 2, false, any, 1)
     extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) gemm_fp8_m##MT##_n##NT##_##SUFFIX(    \
         const bf16_t* __restrict__ x, long long ldx, const unsigned char* __restrict__ w,                            \
         const float* __restrict__ scales, int bn, int bk, const bf16_t* __restrict__ bias, bf16_t* __restrict__ out, \
-        long long ldo, int M, int N, int K) {                                                                         \
+        long long ldo, int M, int N, int K) { await_inputs();                                                         \
         gemm_tile<MT, NT, U, VEC, Fp8Weight>(x, ldx, nullptr, Fp8Weight{w, scales, bn, bk}, bias, out, ldo,           \
                                              blockIdx.y * (MT * 16), M, blockIdx.x * (NT * 8), N, K);                \
     }
@@ -55,7 +55,8 @@ GEMM_FP8_KERNEL(2, 4, 2, false, any, 1)
 #define GEMM_ROWS_KERNEL(NAME, W, MT, NT, U, VEC, SUFFIX, MIN_BLOCKS)                                                \
     extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) NAME##_m##MT##_n##NT##_##SUFFIX(     \
         const bf16_t* __restrict__ x, long long ldx, const unsigned char* __restrict__ w,                            \
-        const bf16_t* __restrict__ bias, bf16_t* __restrict__ out, long long ldo, int M, int N, int K) {              \
+        const bf16_t* __restrict__ bias, bf16_t* __restrict__ out, long long ldo, int M, int N, int K) {               \
+        await_inputs();                                                                                                \
         gemm_tile<MT, NT, U, VEC, W>(x, ldx, nullptr, W{w}, bias, out, ldo, blockIdx.y * (MT * 16), M,                \
                                      blockIdx.x * (NT * 8), N, K);                                                    \
     }

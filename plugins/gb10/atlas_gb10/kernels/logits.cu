@@ -42,9 +42,11 @@ __device__ __forceinline__ void argmax_row(const T* __restrict__ logits, long lo
 }
 
 extern "C" __global__ void argmax_bf16(const bf16_t* logits, long long ld, int vocab, int* out) {
+    await_inputs();
     argmax_row<bf16_t>(logits, ld, vocab, out);
 }
 extern "C" __global__ void argmax_f32(const float* logits, long long ld, int vocab, int* out) {
+    await_inputs();
     argmax_row<float>(logits, ld, vocab, out);
 }
 
@@ -84,9 +86,11 @@ __device__ __forceinline__ void log_softmax_row(const T* __restrict__ logits, lo
 }
 
 extern "C" __global__ void log_softmax_bf16(const bf16_t* logits, long long ld, int vocab, float* out) {
+    await_inputs();
     log_softmax_row<bf16_t>(logits, ld, vocab, out);
 }
 extern "C" __global__ void log_softmax_f32(const float* logits, long long ld, int vocab, float* out) {
+    await_inputs();
     log_softmax_row<float>(logits, ld, vocab, out);
 }
 
@@ -94,6 +98,7 @@ extern "C" __global__ void log_softmax_f32(const float* logits, long long ld, in
 extern "C" __global__ void apply_penalties_bf16(bf16_t* logits, long long ld, int entries, const int* rows,
                                                 const int* tokens, const int* counts, const unsigned char* in_prompt,
                                                 const float* repetition, const float* presence, const float* frequency) {
+    await_inputs();
     const int e = blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= entries) return;
     const int r = rows[e];
@@ -112,6 +117,7 @@ extern "C" __global__ void apply_penalties_bf16(bf16_t* logits, long long ld, in
 // One thread per bias entry; (row, token) pairs are distinct (the host sums duplicates first).
 extern "C" __global__ void add_biases_bf16(bf16_t* logits, long long ld, int entries, const int* rows,
                                            const int* tokens, const float* values) {
+    await_inputs();
     const int e = blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= entries) return;
     bf16_t* slot = logits + (long long)rows[e] * ld + tokens[e];

@@ -46,7 +46,7 @@ __device__ __forceinline__ void head_linear_tile(const bf16_t* __restrict__ x, l
 #define HEAD_LINEAR_KERNEL(MT, NT, U, VEC, SUFFIX)                                                                   \
     extern "C" __global__ void __launch_bounds__(128) mla_head_linear_m##MT##_n##NT##_##SUFFIX(                     \
         const bf16_t* __restrict__ x, long long x_s0, long long x_s1, const bf16_t* __restrict__ w,                  \
-        bf16_t* __restrict__ out, long long o_s0, long long o_s1, int M, int N, int K) {                            \
+        bf16_t* __restrict__ out, long long o_s0, long long o_s1, int M, int N, int K) { await_inputs();            \
         const long long h = blockIdx.z;                                                                              \
         head_linear_tile<MT, NT, U, VEC>(x + h * x_s1, x_s0, w + h * N * K, out + h * o_s1, o_s0,                   \
                                          blockIdx.y * (MT * 16), M, (blockIdx.x * 4 + (threadIdx.x >> 5)) * (NT * 8), \
@@ -66,6 +66,7 @@ extern "C" __global__ void mla_write_latent_bf16(bf16_t* __restrict__ cache, con
                                                  long long l_s0, long long l_s1, const bf16_t* __restrict__ rope,
                                                  long long r_s0, long long r_s1, const int* __restrict__ slots, int L,
                                                  int R) {
+    await_inputs();
     const long long t = blockIdx.x;
     const long long slot = slots[t];
     if (slot < 0) return;
@@ -394,7 +395,7 @@ __device__ __forceinline__ void mla_attention_body(
         const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int table_width,                      \
         const int4* __restrict__ work, bf16_t* __restrict__ out, long long o_s0, long long o_s1,                      \
         float* __restrict__ ws_acc, float2* __restrict__ ws_ml, int splits, int heads, int hpt, int L, int R,         \
-        int block_size, float scale, const float* __restrict__ row_scale, int buffers) {                              \
+        int block_size, float scale, const float* __restrict__ row_scale, int buffers) { await_inputs();              \
         mla_attention_body<MT, NW>(q_lat, ql_s0, ql_s1, q_rope, qr_s0, qr_s1, cache, query_start, seq_lens,           \
                                    block_tables, table_width, work, out, o_s0, o_s1, ws_acc, ws_ml, splits, heads,    \
                                    hpt, L, R, block_size, scale, row_scale, buffers);                                 \
@@ -416,5 +417,6 @@ MLA_ATTENTION_KERNEL(2, 16)
 extern "C" __global__ void mla_combine(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml, int splits,
                                        bf16_t* __restrict__ out, long long o_s0, long long o_s1, int heads, int L,
                                        long long rows) {
+    await_inputs();
     combine_splits<16>(ws_acc, ws_ml, splits, out, o_s0, o_s1, heads, L, rows, 1.0f);
 }

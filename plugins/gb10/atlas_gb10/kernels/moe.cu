@@ -43,6 +43,7 @@ __device__ __forceinline__ void warp_best(float& v, int& i) {
 extern "C" __global__ void moe_route(const bf16_t* __restrict__ logits, long long ld, const float* __restrict__ bias,
                                      float* __restrict__ weights, int* __restrict__ ids, int T, int E, int k,
                                      int sigmoid_scoring, int groups, int top_groups, int normalize, float scaling) {
+    await_inputs();
     extern __shared__ float route_smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int t = blockIdx.x * (blockDim.x >> 5) + warp;
@@ -143,6 +144,7 @@ extern "C" __global__ void moe_route(const bf16_t* __restrict__ logits, long lon
 extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS) moe_plan(
     const int* __restrict__ ids, int P, int k, int E, int tile_rows, int max_tiles, int* __restrict__ tiles,
     int* __restrict__ pair_rows, int* __restrict__ row_tokens) {
+    await_inputs();
     __shared__ int counts[MOE_PLAN_THREADS];
     __shared__ int rows_scan[MOE_PLAN_THREADS];
     __shared__ int tiles_scan[MOE_PLAN_THREADS];
@@ -242,7 +244,8 @@ __device__ __forceinline__ void expert_product(const bf16_t* x, long long ldx, c
     extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) NAME##_m##MT##_n##NT##_##SUFFIX(     \
         const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,                                  \
         const unsigned char* __restrict__ w, bf16_t* __restrict__ out, long long ldo, const int* __restrict__ tiles,  \
-        int max_tiles, const int* __restrict__ ids, int pairs_per_row, int E, int N, int K, int relu2) {              \
+        int max_tiles, const int* __restrict__ ids, int pairs_per_row, int E, int N, int K, int relu2) {               \
+        await_inputs();                                                                                                \
         expert_product<MT, NT, U, VEC, W>(x, ldx, x_rows, W{w}, out, ldo, tiles, max_tiles, ids, pairs_per_row, E, N, \
                                           K, relu2);                                                                  \
     }
@@ -250,7 +253,7 @@ __device__ __forceinline__ void expert_product(const bf16_t* x, long long ldx, c
     extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, MIN_BLOCKS) moe_gemm_m##MT##_n##NT##_##SUFFIX( \
         const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows, const bf16_t* __restrict__ w,    \
         bf16_t* __restrict__ out, long long ldo, const int* __restrict__ tiles, int max_tiles,                        \
-        const int* __restrict__ ids, int pairs_per_row, int E, int N, int K, int relu2) {                             \
+        const int* __restrict__ ids, int pairs_per_row, int E, int N, int K, int relu2) { await_inputs();             \
         expert_product<MT, NT, U, VEC, const bf16_t*>(x, ldx, x_rows, w, out, ldo, tiles, max_tiles, ids,             \
                                                       pairs_per_row, E, N, K, relu2);                                 \
     }                                                                                                                 \
@@ -260,7 +263,7 @@ __device__ __forceinline__ void expert_product(const bf16_t* x, long long ldx, c
         const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,                                  \
         const unsigned char* __restrict__ w, const float* __restrict__ scales, int bn, int bk,                        \
         bf16_t* __restrict__ out, long long ldo, const int* __restrict__ tiles, int max_tiles,                        \
-        const int* __restrict__ ids, int pairs_per_row, int E, int N, int K, int relu2) {                             \
+        const int* __restrict__ ids, int pairs_per_row, int E, int N, int K, int relu2) { await_inputs();             \
         expert_product<MT, NT, U_FP8, VEC, Fp8Weight>(x, ldx, x_rows, Fp8Weight{w, scales, bn, bk}, out, ldo, tiles,  \
                                                       max_tiles, ids, pairs_per_row, E, N, K, relu2);                 \
     }                                                                                                                 \
@@ -297,6 +300,7 @@ extern "C" __global__ void __launch_bounds__(TG_THREADS, 2)
     moe_gemm_tiled(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
                    const bf16_t* __restrict__ w, bf16_t* __restrict__ out, long long ldo, const int* __restrict__ tiles,
                    int max_tiles, int E, int N, int K, int relu2) {
+    await_inputs();
     ExpertBlock b;
     if (!expert_block(tiles, max_tiles, nullptr, 1, E, b)) return;
     tiled_product<2>(x, ldx, x_rows, bank_matrix(w, b.e, N, K), nullptr, out, ldo, b.m0, b.M, blockIdx.x * TG_BN, N,
@@ -310,6 +314,7 @@ extern "C" __global__ void __launch_bounds__(TG_THREADS, 2)
 extern "C" __global__ void moe_combine(const bf16_t* __restrict__ y, long long ldy, const int* __restrict__ pair_rows,
                                        const int* __restrict__ ids, int E, const float* __restrict__ weights,
                                        bf16_t* __restrict__ out, long long ldo, int k, int H) {
+    await_inputs();
     const int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= H) return;
     float acc = 0.0f;

@@ -57,6 +57,7 @@ extern "C" __global__ void conv1d_sequences_bf16(const bf16_t* __restrict__ x, l
                                                  bf16_t* __restrict__ state, const int* __restrict__ starts,
                                                  const int* __restrict__ slots, bf16_t* __restrict__ out, int channels,
                                                  int taps, int outputs) {
+    await_inputs();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= channels) return;
     const int r0 = starts[blockIdx.y], r1 = starts[blockIdx.y + 1];
@@ -88,6 +89,7 @@ extern "C" __global__ void conv1d_tokens_bf16(const bf16_t* __restrict__ x, long
                                               const bf16_t* __restrict__ bias, const bf16_t* __restrict__ state,
                                               const int* __restrict__ starts, const int* __restrict__ slots,
                                               bf16_t* __restrict__ out, int channels, int taps, int num_seqs, int tokens) {
+    await_inputs();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= channels) return;
     float tap[CONV_MAX_K];
@@ -118,6 +120,7 @@ extern "C" __global__ void conv1d_tokens_bf16(const bf16_t* __restrict__ x, long
 extern "C" __global__ void gdn_gates_bf16(const bf16_t* __restrict__ a, long long lda, const bf16_t* __restrict__ b,
                                           long long ldb, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                                           float* __restrict__ g, float* __restrict__ beta, int heads, long long rows) {
+    await_inputs();
     const long long total = rows * heads;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
         const long long r = i / heads;
@@ -143,6 +146,7 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_WARPS * 32, 1) gated_delta_
     const float* __restrict__ beta, float* __restrict__ state, const int* __restrict__ starts,
     const int* __restrict__ slots, bf16_t* __restrict__ out, int key_heads, int value_heads, int dk, int dv,
     float scale, int l2norm) {
+    await_inputs();
     __shared__ float qs[2][GDN_ROWS * GDN_MAX_WARPS], ks[2][GDN_ROWS * GDN_MAX_WARPS];
     __shared__ float partial[2][GDN_MAX_WARPS][32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
@@ -314,7 +318,8 @@ __device__ __forceinline__ void ssm_scan(const bf16_t* __restrict__ x, long long
         const float* __restrict__ A, const float* __restrict__ D, const float* __restrict__ dt_bias,                 \
         const bf16_t* __restrict__ B, long long b_s0, long long b_s1, const bf16_t* __restrict__ C, long long c_s0,   \
         long long c_s1, float* __restrict__ state, const int* __restrict__ starts, const int* __restrict__ slots,    \
-        bf16_t* __restrict__ out, int heads, int groups, int head_dim, int state_size, float dt_min, float dt_max) { \
+        bf16_t* __restrict__ out, int heads, int groups, int head_dim, int state_size, float dt_min, float dt_max) {   \
+        await_inputs();                                                                                                \
         ssm_scan<NPL>(x, x_s0, x_s1, dt, dt_s0, A, D, dt_bias, B, b_s0, b_s1, C, c_s0, c_s1, state, starts, slots,   \
                       out, heads, groups, head_dim, state_size, dt_min, dt_max);                                     \
     }
@@ -332,6 +337,7 @@ extern "C" __global__ void gated_rms_norm_bf16(const bf16_t* __restrict__ x, lon
                                                const bf16_t* __restrict__ gate, long long g_so, long long g_si,
                                                int inner_count, const bf16_t* __restrict__ weight, long long w_si,
                                                bf16_t* __restrict__ out, float eps, int d, long long rows, int gate_first) {
+    await_inputs();
     const long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;
     const int lane = threadIdx.x & 31;
@@ -359,6 +365,7 @@ extern "C" __global__ void gated_rms_norm_bf16(const bf16_t* __restrict__ x, lon
 // out = max(x, 0)^2 for x [rows, cols] (row stride ldx) into out (row stride ldo).
 extern "C" __global__ void relu_squared_bf16(const bf16_t* __restrict__ x, long long ldx, bf16_t* __restrict__ out,
                                              long long ldo, int cols, long long rows) {
+    await_inputs();
     const long long total = rows * cols;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
         const long long r = i / cols;
