@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
@@ -99,6 +100,11 @@ class Backend(ABC):
         """Copy a host array to the backend. ``dtype`` forces the stored dtype; otherwise
         ``weight=True`` stores floats in the backend's weight dtype, other floats become
         ``activation_dtype``, and integers int32."""
+
+    def upload_int32(self, arrays: Sequence[np.ndarray]) -> list[Array]:
+        """int32 copies of several small host integer arrays (a step's metadata), in order and of the same
+        shapes. Backends with a cost per copy override it to send them together."""
+        return [self.from_numpy(np.asarray(array), dtype=np.dtype(np.int32)) for array in arrays]
 
     def keeps_quantized(self, weight: QuantizedWeight) -> bool:
         """Whether `upload_quantized` keeps ``weight`` quantized: its format is in `quantized_formats` (a

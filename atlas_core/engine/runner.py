@@ -165,23 +165,32 @@ class ModelRunner:
                 slots.append(slots_for(seq.table.blocks, self.kv.block_size, end, end + len(chunk.draft)))
             starts.append(first_row + chunk.num_tokens + len(chunk.draft))
             seq_lens.append(end + len(chunk.draft))
-        upload = self.backend.from_numpy
+        query_start, lengths, block_tables, slot_mapping, input_ids, token_positions, slot_ids = (
+            self.backend.upload_int32(
+                [
+                    np.asarray(starts),
+                    np.asarray(seq_lens),
+                    tables,
+                    np.concatenate(slots),
+                    np.asarray(ids),
+                    np.concatenate(positions),
+                    np.asarray(state_slots),
+                ]
+            )
+        )
         meta = AttentionMetadata(
-            query_start_loc=upload(np.asarray(starts, dtype=np.int32)),
-            seq_lens=upload(np.asarray(seq_lens, dtype=np.int32)),
-            block_tables=upload(tables),
-            slot_mapping=upload(np.concatenate(slots).astype(np.int32)),
+            query_start_loc=query_start, seq_lens=lengths, block_tables=block_tables, slot_mapping=slot_mapping
         )
         visible_end = images.visible_end()
         if visible_end is not None:
-            meta.visible_end = upload(visible_end)
+            meta.visible_end = self.backend.from_numpy(visible_end)
         visual, rope_rows = images.finish(self.backend)
         batch = ForwardBatch(
-            input_ids=upload(np.asarray(ids, dtype=np.int32)),
-            positions=upload(np.concatenate(positions)),
+            input_ids=input_ids,
+            positions=token_positions,
             attention=meta,
             logits_rows=np.asarray(logits_rows, dtype=np.int64),
-            state_slots=upload(np.asarray(state_slots, dtype=np.int32)),
+            state_slots=slot_ids,
             is_pure_decode=all(c.num_tokens == 1 and c.seq.is_decoding and not c.draft for c in chunks)
             and not rows.prompt_rows,
             tokens_per_seq=_tokens_per_seq(chunks) if visual is None else 0,

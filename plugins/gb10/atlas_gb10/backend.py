@@ -9,6 +9,7 @@ and captured decode graphs reproduce the eager forward bit for bit.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -113,6 +114,10 @@ class CudaBackend(Backend):
         else:
             target = BF16
         return self.uploader.upload(array, target)
+
+    def upload_int32(self, arrays: Sequence[np.ndarray]) -> list[Array]:
+        """One pinned copy for all of a step's metadata (`PinnedUploader.upload_int32`)."""
+        return self.uploader.upload_int32(arrays)
 
     def keeps_quantized(self, weight: QuantizedWeight) -> bool:
         """NVFP4, and FP8 in scale blocks the kernels take (`atlas_gb10.quantized_weights.executes_natively`)."""

@@ -9,6 +9,7 @@ not wait for the copy; a slot is reused only once its last copy is done.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -71,23 +72,49 @@ class PinnedUploader:
         self._stream.synchronize()
         return out
 
+    def upload_int32(self, arrays: Sequence[np.ndarray]) -> list[Any]:
+        """int32 copies of small host arrays through one pinned slot and one asynchronous copy: views of one device
+        buffer, each starting on a 16-byte boundary, of the arrays' shapes. One by one (`upload`) while capturing
+        or when together they do not fit a slot."""
+        cp = self.cp
+        hosts = [np.asarray(array) for array in arrays]
+        offsets = np.cumsum([0] + [-(-host.size // 4) * 4 for host in hosts])
+        total = int(offsets[-1])
+        if total * 4 > SLOT_BYTES or cp.cuda.get_current_stream().is_capturing():
+            return [self.upload(host, np.dtype(np.int32)) for host in hosts]
+        flat = cp.empty(max(total, 1), dtype=np.int32)
+        index, staged = self._slot(np.dtype(np.int32), total)
+        for host, offset in zip(hosts, offsets, strict=False):
+            staged[offset : offset + host.size] = host.reshape(-1)
+        self._send(flat, index, staged, total * 4)
+        return [
+            flat[offset : offset + host.size].reshape(host.shape) for host, offset in zip(hosts, offsets, strict=False)
+        ]
+
     def _upload_small(self, host: np.ndarray, dtype: np.dtype) -> Any:
         """Through the next pinned slot, asynchronously on the current stream."""
-        cp = self.cp
-        out = cp.empty(host.shape, dtype=dtype)
+        out = self.cp.empty(host.shape, dtype=dtype)
         if out.size == 0:
             return out
+        index, staged = self._slot(dtype, out.size)
+        staged[...] = np.asarray(host).reshape(-1)
+        self._send(out, index, staged, out.nbytes)
+        return out
+
+    def _slot(self, dtype: np.dtype, count: int) -> tuple[int, np.ndarray]:
+        """The next pinned slot, once its previous copy is done, as ``count`` elements of ``dtype``."""
         if self._slots is None:
-            self._slots = cp.cuda.alloc_pinned_memory(SLOT_BYTES * SLOTS)
+            self._slots = self.cp.cuda.alloc_pinned_memory(SLOT_BYTES * SLOTS)
         index = self._next_slot
         self._next_slot = (index + 1) % SLOTS
         if self._slot_events[index] is not None:
-            self._slot_events[index].synchronize()  # the slot's previous copy has been done
-        staged = np.frombuffer(self._slots, dtype=dtype, count=out.size, offset=index * SLOT_BYTES)
-        staged[...] = np.asarray(host).reshape(-1)
-        stream = cp.cuda.get_current_stream()
-        out.data.copy_from_host_async(staged.ctypes.data, out.nbytes, stream)
-        event = cp.cuda.Event()
+            self._slot_events[index].synchronize()
+        return index, np.frombuffer(self._slots, dtype=dtype, count=count, offset=index * SLOT_BYTES)
+
+    def _send(self, out: Any, index: int, staged: np.ndarray, nbytes: int) -> None:
+        """Copy slot ``index`` (``staged``) into ``out`` on the current stream; the slot is free once it is done."""
+        stream = self.cp.cuda.get_current_stream()
+        out.data.copy_from_host_async(staged.ctypes.data, nbytes, stream)
+        event = self.cp.cuda.Event()
         event.record(stream)
         self._slot_events[index] = event
-        return out

@@ -293,3 +293,21 @@ def test_kernels_wait_for_their_inputs_where_launches_are_programmatic(
 
     kernel = backend.kernels.function(op, name)
     assert kernel.waits == supports_programmatic_launch(backend.profile.arch)
+
+
+def test_a_steps_metadata_uploads_in_one_copy(backend: CudaBackend) -> None:
+    """`upload_int32` sends several small arrays through one pinned slot: each comes back with its values and
+    shape, 16-byte aligned, also when the slot ring has gone round and for empty arrays; too much for one slot
+    goes one by one."""
+    rng = np.random.default_rng(5)
+    for _ in range(80):  # more than the ring's slots
+        hosts = [rng.integers(-(2**31), 2**31, size=n, dtype=np.int64).astype(np.int32) for n in rng.integers(0, 40, 5)]
+        hosts.append(rng.integers(-1, 1000, size=(3, 7)))
+        uploaded = backend.upload_int32(hosts)
+        for host, device in zip(hosts, uploaded, strict=True):
+            assert device.dtype == np.int32 and device.shape == host.shape
+            assert device.data.ptr % 16 == 0
+            np.testing.assert_array_equal(backend.to_numpy(device), host.astype(np.int32))
+    large = [np.arange(20000), np.arange(3)]
+    for host, device in zip(large, backend.upload_int32(large), strict=True):
+        np.testing.assert_array_equal(backend.to_numpy(device), host)
