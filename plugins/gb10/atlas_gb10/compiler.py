@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from atlas_gb10.hardware import HardwareProfile
-from atlas_gb10.launch import Kernel, supports_programmatic_launch
+from atlas_gb10.launch import Kernel, programmatic_launch_available
 from atlas_gb10.registry import KERNEL_DIR, KernelVariant, lookup
 
 log = logging.getLogger("atlas.gb10")
@@ -78,9 +78,10 @@ class KernelLibrary:
 
     @contextmanager
     def programmatic_launches(self) -> Iterator[None]:
-        """Within: kernel launches are programmatic where the device has them (decode graph captures)."""
+        """Within: kernel launches are programmatic where the device and driver have them (decode graph
+        captures)."""
         previous = self.programmatic
-        self.programmatic = supports_programmatic_launch(self.profile.arch)
+        self.programmatic = programmatic_launch_available(self.profile.arch)
         try:
             yield
         finally:

@@ -27,6 +27,17 @@ def supports_programmatic_launch(arch: str) -> bool:
     return bool(digits) and int(digits) >= 90
 
 
+def programmatic_launch_available(arch: str) -> bool:
+    """Whether programmatic launches can be used here: the target has them and the CUDA driver library offers
+    ``cuLaunchKernelEx`` (CUDA 12 and later)."""
+    if not supports_programmatic_launch(arch):
+        return False
+    try:
+        return hasattr(_driver(), "cuLaunchKernelEx")
+    except (OSError, AttributeError):
+        return False
+
+
 class _LaunchAttribute(ctypes.Structure):
     """``CUlaunchAttribute``: a 4-byte id, padding to 8, a 64-byte value union."""
 
@@ -52,6 +63,7 @@ class _LaunchConfig(ctypes.Structure):
 
 @functools.cache
 def _driver() -> Any:
+    """The CUDA driver library with ``cuLaunchKernelEx``'s signature (AttributeError where it lacks it)."""
     driver = ctypes.CDLL("libcuda.so.1")
     driver.cuLaunchKernelEx.argtypes = [
         ctypes.POINTER(_LaunchConfig),

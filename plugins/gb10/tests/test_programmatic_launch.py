@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from atlas_gb10.compiler import KernelLibrary, waiting_entries
 from atlas_gb10.hardware import GB10, HOPPER, generic_profile
-from atlas_gb10.launch import Kernel, kernel_argument, supports_programmatic_launch
+from atlas_gb10.launch import Kernel, kernel_argument, programmatic_launch_available, supports_programmatic_launch
 from atlas_gb10.registry import KERNEL_DIR
 
 KERNEL_START = re.compile(r'extern "C" __global__[^{]*\{[\s\\]*(\S+)')
@@ -98,7 +98,8 @@ class _RawKernel:
         self.calls.append((grid, block, args, shared_mem))
 
 
-def test_launches_go_through_cupy_outside_programmatic_captures() -> None:
+def test_launches_go_through_cupy_outside_programmatic_captures(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("atlas_gb10.compiler.programmatic_launch_available", supports_programmatic_launch)
     library = KernelLibrary(cupy=None, profile=HOPPER)
     raw = _RawKernel()
     kernel = Kernel(raw, waits=True, library=library)
@@ -117,3 +118,11 @@ def test_devices_before_compute_capability_9_never_launch_programmatically() -> 
     library = KernelLibrary(cupy=None, profile=generic_profile(8, 9))
     with library.programmatic_launches():
         assert not library.programmatic
+
+
+def test_without_a_driver_that_has_them_launches_are_not_programmatic(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_driver() -> None:
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setattr("atlas_gb10.launch._driver", no_driver)
+    assert not programmatic_launch_available(HOPPER.arch)
