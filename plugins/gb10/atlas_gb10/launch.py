@@ -101,8 +101,9 @@ def kernel_argument(value: Any) -> ctypes._SimpleCData:
     raise TypeError(f"kernel argument of type {type(value).__name__} cannot be passed to a kernel")
 
 
-def _dims(dims: int | Sequence[int]) -> tuple[int, int, int]:
-    values = (dims,) if isinstance(dims, int) else tuple(int(d) for d in dims)
+def launch_dims(dims: int | Sequence[int]) -> tuple[int, int, int]:
+    """A grid or block shape as CuPy takes it (a number, or up to three) in three dimensions."""
+    values = (int(dims),) if isinstance(dims, int | np.integer) else tuple(int(d) for d in dims)
     return (*values, *(1,) * (3 - len(values)))  # type: ignore[return-value]
 
 
@@ -133,8 +134,8 @@ class Kernel:
         values = [kernel_argument(arg) for arg in args]
         params = (ctypes.c_void_p * max(len(values), 1))(*(ctypes.addressof(v) for v in values))
         config = _LaunchConfig(
-            *_dims(grid),
-            *_dims(block),
+            *launch_dims(grid),
+            *launch_dims(block),
             shared_mem,
             self.library.cupy.cuda.get_current_stream().ptr,
             ctypes.pointer(_programmatic_attribute()),

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 from atlas_gb10.compiler import KernelLibrary, waiting_entries
 from atlas_gb10.hardware import GB10, HOPPER, generic_profile
-from atlas_gb10.launch import Kernel, kernel_argument, programmatic_launch_available, supports_programmatic_launch
+from atlas_gb10.launch import (
+    Kernel,
+    kernel_argument,
+    launch_dims,
+    programmatic_launch_available,
+    supports_programmatic_launch,
+)
 from atlas_gb10.registry import KERNEL_DIR
 
 KERNEL_START = re.compile(r'extern "C" __global__[^{]*\{[\s\\]*(\S+)')
@@ -126,3 +132,10 @@ def test_without_a_driver_that_has_them_launches_are_not_programmatic(monkeypatc
 
     monkeypatch.setattr("atlas_gb10.launch._driver", no_driver)
     assert not programmatic_launch_available(HOPPER.arch)
+
+
+def test_grid_and_block_shapes_take_three_dimensions() -> None:
+    assert launch_dims(7) == (7, 1, 1)
+    assert launch_dims(np.int64(7)) == (7, 1, 1)
+    assert launch_dims((4, np.int32(2))) == (4, 2, 1)
+    assert launch_dims((1, 2, 3)) == (1, 2, 3)
