@@ -63,6 +63,11 @@ ROW_ALIGNMENT = 16
 """A packed format's rows may be padded to a multiple of this many bytes on a backend (aligned vector loads)."""
 
 
+def padded_row_bytes(width: int) -> int:
+    """``width`` bytes rounded up to a multiple of `ROW_ALIGNMENT`."""
+    return -(-width // ROW_ALIGNMENT) * ROW_ALIGNMENT
+
+
 def register_packed_format(name: str, dtype: np.dtype, packed: PackedFormat) -> None:
     """Make ``name`` a `QuantizedWeight` format whose ``data`` (of element dtype ``dtype``) is ``packed``."""
     ELEMENT_DTYPES[name] = np.dtype(dtype)
@@ -96,7 +101,7 @@ class QuantizedWeight:
         packed = PACKED_FORMATS.get(self.format)
         if packed is not None:
             want, got = packed.data_shape(shape), tuple(self.data.shape)
-            padded = got[:-1] == want[:-1] and got[-1] == -(-want[-1] // ROW_ALIGNMENT) * ROW_ALIGNMENT
+            padded = got[:-1] == want[:-1] and got[-1] == padded_row_bytes(want[-1])
             if self.scales is not None or (got != want and not padded):
                 raise ValueError(
                     f"{self.format} weight of shape {shape} needs data of shape {want} and no scales, got {got} "

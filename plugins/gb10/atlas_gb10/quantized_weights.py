@@ -30,7 +30,7 @@ import numpy as np
 from atlas_core.backends.base import Array
 from atlas_core.weights.gguf_quantized import FORMATS as GGUF_FORMATS
 from atlas_core.weights.nvfp4 import NVFP4, row_bytes
-from atlas_core.weights.quantized import FP8_E4M3, ROW_ALIGNMENT, QuantizedWeight
+from atlas_core.weights.quantized import FP8_E4M3, QuantizedWeight, padded_row_bytes
 
 GGUF_Q8_0 = "gguf_q8_0"
 """`atlas_core.weights.gguf_quantized`'s format name of llama.cpp's Q8_0 blocks."""
@@ -135,10 +135,10 @@ def nvfp4_device_rows(data: np.ndarray, columns: int) -> np.ndarray:
 
 def padded_rows(lead: tuple[int, ...], *parts: np.ndarray) -> np.ndarray:
     """Rows (leading axes ``lead``) of each of ``parts``' bytes after those axes, one part after the other,
-    zero-padded to a multiple of `ROW_ALIGNMENT` bytes (rows the kernels load 16 bytes at a time). A new array."""
+    zero-padded to `padded_row_bytes` (rows the kernels load 16 bytes at a time). A new array."""
     flat = [part.reshape(*lead, -1) for part in parts]
     width = sum(part.shape[-1] for part in flat)
-    rows = np.zeros((*lead, -(-width // ROW_ALIGNMENT) * ROW_ALIGNMENT), dtype=np.uint8)
+    rows = np.zeros((*lead, padded_row_bytes(width)), dtype=np.uint8)
     rows[..., :width] = np.concatenate(flat, axis=-1)
     return rows
 
@@ -146,7 +146,7 @@ def padded_rows(lead: tuple[int, ...], *parts: np.ndarray) -> np.ndarray:
 def device_row_bytes(columns: int) -> int:
     """An NVFP4 row's bytes on the device: `row_bytes` padded to a multiple of 16, so that rows allow 16-byte loads
     (``nvfp4_row_bytes`` in ``kernels/gemm_nvfp4.cuh``)."""
-    return -(-row_bytes(columns) // ROW_ALIGNMENT) * ROW_ALIGNMENT
+    return padded_row_bytes(row_bytes(columns))
 
 
 def interleave_nvfp4(data: np.ndarray, columns: int) -> np.ndarray:

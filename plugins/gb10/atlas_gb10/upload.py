@@ -84,12 +84,11 @@ class PinnedUploader:
             return [self.upload(host, np.dtype(np.int32)) for host in hosts]
         flat = cp.empty(max(total, 1), dtype=np.int32)
         index, staged = self._slot(np.dtype(np.int32), total)
-        for host, offset in zip(hosts, offsets, strict=False):
-            staged[offset : offset + host.size] = host.reshape(-1)
-        self._send(flat, index, staged, total * 4)
-        return [
-            flat[offset : offset + host.size].reshape(host.shape) for host, offset in zip(hosts, offsets, strict=False)
-        ]
+        starts = offsets[:-1]
+        for host, start in zip(hosts, starts, strict=True):
+            staged[start : start + host.size] = host.reshape(-1)
+        self._send(flat, index, staged)
+        return [flat[start : start + host.size].reshape(host.shape) for host, start in zip(hosts, starts, strict=True)]
 
     def _upload_small(self, host: np.ndarray, dtype: np.dtype) -> Any:
         """Through the next pinned slot, asynchronously on the current stream."""
@@ -98,7 +97,7 @@ class PinnedUploader:
             return out
         index, staged = self._slot(dtype, out.size)
         staged[...] = np.asarray(host).reshape(-1)
-        self._send(out, index, staged, out.nbytes)
+        self._send(out, index, staged)
         return out
 
     def _slot(self, dtype: np.dtype, count: int) -> tuple[int, np.ndarray]:
@@ -111,10 +110,11 @@ class PinnedUploader:
             self._slot_events[index].synchronize()
         return index, np.frombuffer(self._slots, dtype=dtype, count=count, offset=index * SLOT_BYTES)
 
-    def _send(self, out: Any, index: int, staged: np.ndarray, nbytes: int) -> None:
-        """Copy slot ``index`` (``staged``) into ``out`` on the current stream; the slot is free once it is done."""
+    def _send(self, out: Any, index: int, staged: np.ndarray) -> None:
+        """Copy slot ``index``'s staged bytes into the start of ``out`` on the current stream; the slot is free once
+        the copy is done."""
         stream = self.cp.cuda.get_current_stream()
-        out.data.copy_from_host_async(staged.ctypes.data, nbytes, stream)
+        out.data.copy_from_host_async(staged.ctypes.data, staged.nbytes, stream)
         event = self.cp.cuda.Event()
         event.record(stream)
         self._slot_events[index] = event
