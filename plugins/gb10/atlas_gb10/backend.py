@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,31 @@ def tiled_shared_bytes(rows: int) -> int:
 
 
 """(m-tiles of 16 rows, n-tiles of 8 columns) per GEMM block, largest first."""
+GEMM_KSPLIT = 8
+"""Warps of a gemm.cu block, each summing its own run of the 32-wide K chunks (the registry's define)."""
+DECODE_CHUNKS_IN_FLIGHT = 16
+"""gemm.cu's decode kernels (one m-tile; 1, 2 or 4 n-tiles) load 16 / n-tiles chunks a warp at a time: a lane
+has 16 weight loads in flight when its run of chunks is long enough."""
+
+
+def decode_n_tiles(n: int, k: int, sm_count: int) -> int:
+    """n-tiles per block of a decode-sized bf16 product (gemm.cu's ``m1`` kernels, two blocks an SM): the fewest
+    serial rounds of weight loads, a round being one batch of a warp's chunk loop, times the waves of blocks (a
+    fraction, at least one); ties go to fewer blocks. Four n-tiles only where their blocks fit one wave (on
+    wider products they were never faster). This picks the fastest tile of every decode shape measured on H100
+    (K 1,024 to 14,336; docs/benchmarks.md), where one n-tile everywhere lost up to a third on small K (few
+    chunks a warp, two waves of blocks)."""
+    chunks_per_warp = -(-(-(-k // 32)) // GEMM_KSPLIT)
+    slots = 2 * sm_count
+
+    def blocks(n_tiles: int) -> int:
+        return -(-n // (8 * n_tiles))
+
+    def cost(n_tiles: int) -> tuple[Fraction, int]:
+        batches = -(-chunks_per_warp // (DECODE_CHUNKS_IN_FLIGHT // n_tiles))
+        return batches * max(Fraction(1), Fraction(blocks(n_tiles), slots)), blocks(n_tiles)
+
+    return min((n_tiles for n_tiles in (1, 2, 4) if n_tiles < 4 or blocks(4) <= slots), key=cost)
 
 
 class CudaBackend(Backend):
@@ -195,7 +221,7 @@ class CudaBackend(Backend):
         vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_aligned
         if kind == "bf16" and vec and self._tiled_gemm_pays(m, n):
             return self._tiled_gemm(x, ldx, weight, bias, out, ldo, m, n, k)
-        mt, nt = self.gemm_tile(m, n)
+        mt, nt = self.gemm_tile(m, n, k, kind)
         name = f"gemm_{kind}_m{mt}_n{nt}_{gemm_loads(kind, vec, m)}"
         kernel = self.kernels.function("gemm", name, gemm_module(kind))
         grid = (math.ceil(n / (8 * nt)), math.ceil(m / (16 * mt)))
@@ -222,12 +248,13 @@ class CudaBackend(Backend):
         kernel(grid, (256,), args, shared_mem=smem)
         return out
 
-    def gemm_tile(self, m: int, n: int) -> tuple[int, int]:
-        """The block tile for an ``[m, n]`` output (results do not depend on it). Decode-sized products
-        (m <= 16) stream the weights fastest with one n-tile per block, or two for very wide outputs
-        (measured on H100: 4 n-tiles per block was never faster); larger m takes the largest tile
-        that still gives every SM a block."""
+    def gemm_tile(self, m: int, n: int, k: int, kind: str = "bf16") -> tuple[int, int]:
+        """The block tile for an ``[m, n]`` output over ``k`` (results do not depend on it). Decode-sized bf16
+        products (m <= 16) take `decode_n_tiles`; the quantized kinds one n-tile per block, or two for very
+        wide outputs; larger m takes the largest tile that still gives every SM a block."""
         if m <= 16:
+            if kind == "bf16":
+                return 1, decode_n_tiles(n, k, self.profile.sm_count)
             return (1, 2) if n >= 64 * self.profile.sm_count else (1, 1)
         for mt, nt in GEMM_TILES:
             if math.ceil(n / (8 * nt)) * math.ceil(m / (16 * mt)) >= self.profile.sm_count:

@@ -69,7 +69,7 @@ def profile(name: str) -> None:
         w = cp.asarray(rng.standard_normal((n, k), dtype=np.float32)).astype(backend.activation_dtype)
         for tile in ((1, 1), (1, 2), (1, 4)):
             x = cp.asarray(rng.standard_normal((1, k), dtype=np.float32)).astype(backend.activation_dtype)
-            backend.gemm_tile = lambda m, n, tile=tile: tile
+            backend.gemm_tile = lambda m, n, k, kind="bf16", tile=tile: tile
             ms = gpu_ms(cp, lambda x=x, w=w: backend.linear(x, w), repeats=200)
             del backend.gemm_tile
             print(
@@ -80,7 +80,7 @@ def profile(name: str) -> None:
             x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(backend.activation_dtype)
             out = cp.empty((m, n), dtype=backend.activation_dtype)
             ms = gpu_ms(cp, lambda x=x, w=w, out=out: backend.linear(x, w, out=out))
-            tile = backend.gemm_tile(m, n)
+            tile = backend.gemm_tile(m, n, k)
             print(
                 f"  linear {label:8} M={m:<4} N={n:<7} K={k:<6} tile {tile}: {1e3 * ms:8.1f} us, "
                 f"{w.nbytes / ms / 1e6:7.1f} GB/s, {2 * m * n * k / ms / 1e9:7.1f} TFLOP/s"

@@ -82,3 +82,24 @@ def test_every_kernel_compiles_for_hopper_and_gb10() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "sm_90a" in result.stdout and "sm_121" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "n_tiles"),
+    [  # the fastest decode tile of each shape measured on H100 (132 SMs; docs/benchmarks.md)
+        (1024, 4096, 4),
+        (1024, 6144, 4),
+        (2048, 1024, 2),
+        (3072, 1024, 1),
+        (2048, 4608, 2),
+        (4096, 2048, 1),
+        (2048, 128, 2),
+        (4096, 6144, 2),
+        (14336, 4096, 2),
+        (4096, 28672, 2),
+    ],
+)
+def test_decode_tile_is_the_measured_fastest(k: int, n: int, n_tiles: int) -> None:
+    from atlas_gb10.backend import decode_n_tiles
+
+    assert decode_n_tiles(n, k, sm_count=132) == n_tiles

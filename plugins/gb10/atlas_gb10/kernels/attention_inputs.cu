@@ -111,23 +111,40 @@ __device__ __forceinline__ void qk_norm_rope_write_kv_body(
             else
                 store_kv(k_dst + i, x, k_scale);
         };
-        float sq = 0.0f;
-        for (int i = lane; i < d; i += 32) {
-            const float x = bf16_to_float(src[i]);
-            buf[i] = x;
-            sq = __fmaf_rn(x, x, sq);
+        // every global read of the head first (one memory round trip), then the arithmetic
+        constexpr int PER_LANE = QKR_MAX_D / 32;
+        float xs[PER_LANE], ws[PER_LANE], cs[PER_LANE / 2], ss[PER_LANE / 2];
+#pragma unroll
+        for (int m = 0; m < PER_LANE; ++m) {
+            const int i = lane + 32 * m;
+            xs[m] = i < d ? bf16_to_float(src[i]) : 0.0f;
+            ws[m] = weight && i < d ? bf16_to_float(weight[i]) : 0.0f;
         }
-        if (weight) {
-            sq = __shfl_sync(0xffffffffu, warp_sum(sq), 0);
-            const float inv = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(sq, (float)d), eps));
-            for (int i = lane; i < d; i += 32)
-                buf[i] = bf16_to_float(float_to_bf16(__fmul_rn(__fmul_rn(buf[i], inv), bf16_to_float(weight[i]))));
+#pragma unroll
+        for (int m = 0; m < PER_LANE / 2; ++m) {
+            const int j = lane + 32 * m;
+            cs[m] = j < half ? c[j] : 0.0f;
+            ss[m] = j < half ? s[j] : 0.0f;
+        }
+        float sq = 0.0f;
+#pragma unroll
+        for (int m = 0; m < PER_LANE; ++m) sq = __fmaf_rn(xs[m], xs[m], sq);  // zeros past d add nothing
+        const float inv = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(__shfl_sync(0xffffffffu, warp_sum(sq), 0), (float)d), eps));
+#pragma unroll
+        for (int m = 0; m < PER_LANE; ++m) {
+            const int i = lane + 32 * m;
+            if (i < d)
+                buf[i] = weight ? bf16_to_float(float_to_bf16(__fmul_rn(__fmul_rn(xs[m], inv), ws[m]))) : xs[m];
         }
         __syncwarp();
-        for (int j = lane; j < half; j += 32) {
-            const float a = buf[j], b = buf[j + half];
-            put(j, float_to_bf16(__fsub_rn(__fmul_rn(a, c[j]), __fmul_rn(b, s[j]))));
-            put(j + half, float_to_bf16(__fadd_rn(__fmul_rn(b, c[j]), __fmul_rn(a, s[j]))));
+#pragma unroll
+        for (int m = 0; m < PER_LANE / 2; ++m) {
+            const int j = lane + 32 * m;
+            if (j < half) {
+                const float a = buf[j], b = buf[j + half];
+                put(j, float_to_bf16(__fsub_rn(__fmul_rn(a, cs[m]), __fmul_rn(b, ss[m]))));
+                put(j + half, float_to_bf16(__fadd_rn(__fmul_rn(b, cs[m]), __fmul_rn(a, ss[m]))));
+            }
         }
         for (int i = 2 * half + lane; i < d; i += 32) put(i, float_to_bf16(buf[i]));
         __syncwarp();
@@ -142,7 +159,10 @@ __device__ __forceinline__ void qk_norm_rope_write_kv_body(
         const bf16_t* __restrict__ q_weight, const bf16_t* __restrict__ k_weight, float eps,                         \
         const int* __restrict__ positions, const float* __restrict__ cos_t, const float* __restrict__ sin_t,         \
         int half, bf16_t* __restrict__ q_out, KV* __restrict__ k_cache, KV* __restrict__ v_cache,                    \
-        const int* __restrict__ slots, int d, float k_scale, float v_scale) { await_inputs();                        \
+        const int* __restrict__ slots, int d, float k_scale, float v_scale) {                                        \
+        prefetch_l2(q_weight, 2LL * d, threadIdx.x, blockDim.x);                                                     \
+        prefetch_l2(k_weight, 2LL * d, threadIdx.x, blockDim.x);                                                     \
+        await_inputs();                                                                                              \
         qk_norm_rope_write_kv_body(q, q_s0, q_s1, q_heads, k, k_s0, k_s1, v, v_s0, v_s1, kv_heads, q_weight,         \
                                    k_weight, eps, positions, cos_t, sin_t, half, q_out, k_cache, v_cache, slots, d,  \
                                    k_scale, v_scale);                                                                \

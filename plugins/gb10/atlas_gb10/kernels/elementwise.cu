@@ -166,12 +166,15 @@ __device__ __forceinline__ void rms_norm_vec(const bf16_t* __restrict__ x, long 
     const uint4* xr = reinterpret_cast<const uint4*>(x + row_offset(x_so, x_si, inner_count, r));
     const uint4* rr = res ? reinterpret_cast<const uint4*>(res + row_offset(r_so, r_si, inner_count, r)) : nullptr;
     const int chunks = d / 8;
+    const uint4* wr = reinterpret_cast<const uint4*>(weight);
     float v[RMS_CHUNKS][8];
+    uint4 wv[RMS_CHUNKS];  // loaded with the row: one memory round trip before the sum
     float sq = 0.0f;
 #pragma unroll
     for (int k = 0; k < RMS_CHUNKS; ++k) {
         const int ch = t + k * THREADS;
         if (ch < chunks) {
+            wv[k] = wr[ch];
             const uint4 a = xr[ch];
             const unsigned aw[4] = {a.x, a.y, a.z, a.w};
             unsigned bw[4] = {0u, 0u, 0u, 0u};
@@ -200,15 +203,13 @@ __device__ __forceinline__ void rms_norm_vec(const bf16_t* __restrict__ x, long 
         sq = __shfl_sync(0xffffffffu, sq, 0);
     }
     const float inv = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(sq, (float)d), eps));
-    const uint4* wr = reinterpret_cast<const uint4*>(weight);
     uint4* nr = reinterpret_cast<uint4*>(normed + r * d);
     uint4* sr = summed ? reinterpret_cast<uint4*>(summed + r * d) : nullptr;
 #pragma unroll
     for (int k = 0; k < RMS_CHUNKS; ++k) {
         const int ch = t + k * THREADS;
         if (ch < chunks) {
-            const uint4 wv = wr[ch];
-            const unsigned ww[4] = {wv.x, wv.y, wv.z, wv.w};
+            const unsigned ww[4] = {wv[k].x, wv[k].y, wv[k].z, wv[k].w};
             unsigned out[4], sum[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -232,6 +233,7 @@ extern "C" __global__ void rms_norm_warp_vec_bf16(const bf16_t* __restrict__ x, 
                                                   int inner_count, const bf16_t* __restrict__ weight,
                                                   bf16_t* __restrict__ normed, bf16_t* __restrict__ summed, float eps,
                                                   int d, long long rows) {
+    prefetch_l2(weight, 2LL * d, threadIdx.x, blockDim.x);
     await_inputs();
     const long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (r >= rows) return;
@@ -243,6 +245,7 @@ extern "C" __global__ void rms_norm_block_vec_bf16(const bf16_t* __restrict__ x,
                                                    int inner_count, const bf16_t* __restrict__ weight,
                                                    bf16_t* __restrict__ normed, bf16_t* __restrict__ summed, float eps,
                                                    int d, long long rows) {
+    prefetch_l2(weight, 2LL * d, threadIdx.x, blockDim.x);
     await_inputs();
     rms_norm_vec<256>(x, x_so, x_si, res, r_so, r_si, inner_count, weight, normed, summed, eps, d, blockIdx.x, threadIdx.x);
 }
