@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 def rms_norm(
     backend: CudaBackend, x: Array, weight: Array, eps: float, residual: Array | None = None
 ) -> tuple[Array, Array]:
-    """`Backend.rms_norm`: one warp per row up to 1024 wide, a block per row beyond; 16-byte loads where rows allow."""
+    """`Backend.rms_norm`: 16-byte loads where rows allow, a warp per row up to 256 wide, 128 threads a row up
+    to 1024, 256 beyond (unaligned rows: a warp per row up to 1024 wide, 256 threads beyond)."""
     backend.require_bf16("rms_norm", x, weight, residual)
     shape, d = x.shape, x.shape[-1]
     if x.ndim > 3 or x.strides[-1] != x.itemsize:
@@ -55,7 +56,9 @@ def rms_norm(
             )
         )
         suffix = "_vec_bf16" if aligned else "_bf16"
-        if d <= 1024:
+        if aligned and 256 < d <= 1024:
+            backend._kernel("elementwise", "rms_norm_quad" + suffix)((rows,), (128,), args)
+        elif d <= 1024:
             backend._kernel("elementwise", "rms_norm_warp" + suffix)((math.ceil(rows / 4),), (128,), args)
         else:
             backend._kernel("elementwise", "rms_norm_block" + suffix)((rows,), (256,), args)

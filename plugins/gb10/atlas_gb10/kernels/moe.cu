@@ -36,6 +36,25 @@ __device__ __forceinline__ void warp_best(float& v, int& i) {
     }
 }
 
+// The key that orders choices as `route_beats` does by value, one reduction instruction a round: larger floats
+// give larger unsigned keys (-0 counts as +0), and every float's key is above 0, an empty lane's.
+__device__ __forceinline__ unsigned route_key(float v) {
+    const unsigned bits = __float_as_uint(v == 0.0f ? 0.0f : v);
+    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+__device__ __forceinline__ unsigned warp_reduce_max(unsigned v) {
+    unsigned out;
+    asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(out) : "r"(v));
+    return out;
+}
+
+__device__ __forceinline__ unsigned warp_reduce_min(unsigned v) {
+    unsigned out;
+    asm volatile("redux.sync.min.u32 %0, %1, 0xffffffff;" : "=r"(out) : "r"(v));
+    return out;
+}
+
 // One warp per token (RouterSpec in atlas_core.backends.ops.moe): scores (softmax or sigmoid), the
 // selection-only correction bias, group-limited selection, top-k by (choice desc, id asc), weights
 // from the unbiased scores, renormalised and scaled. Lane l owns experts l, l + 32, ...; E <= 1024.
@@ -111,15 +130,16 @@ extern "C" __global__ void moe_route(const bf16_t* __restrict__ logits, long lon
     float picked_weight = 0.0f, picked_sum = 0.0f;
     int picked_id = 0;
     for (int slot = 0; slot < k; ++slot) {
-        float best = NEG_INF;
-        int best_id = -1;
+        unsigned lane_key = 0u, lane_id = 0xffffffffu;  // this lane's best untaken expert (lowest id on ties)
         for (int e = lane, i = 0; e < E; e += 32, ++i) {
-            if (!(taken & (1u << i)) && route_beats(choice[e], e, best, best_id)) {
-                best = choice[e];
-                best_id = e;
+            const unsigned key = route_key(choice[e]);
+            if (!(taken & (1u << i)) && key > lane_key) {
+                lane_key = key;
+                lane_id = (unsigned)e;
             }
         }
-        warp_best(best, best_id);
+        const unsigned top = warp_reduce_max(lane_key);
+        const int best_id = (int)warp_reduce_min(lane_key == top ? lane_id : 0xffffffffu);
         if ((best_id & 31) == lane) taken |= 1u << (best_id >> 5);
         const float w = scores[best_id];
         picked_sum += w;
