@@ -207,6 +207,7 @@ __device__ __forceinline__ void attention_body(
                 cp_async_commit();
             }
         }
+        cp_async_wait_all();  // an empty split never waited for the query rows' copies (load_q_rows)
         __syncthreads();  // m_split / l_split final for this split
         if (only_split >= 0) {
 #pragma unroll

@@ -230,6 +230,7 @@ __device__ __forceinline__ void attention_mma_body(
         }
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
+    cp_async_wait_all();  // without key tiles, nothing waited for the query rows' copies (load_q_rows)
 
     const float L0 = quad_sum(l0), L1 = quad_sum(l1);
     // v_scale: 1 for bf16 caches (the same bits as 1 / L), the layer's value scale for fp8 ones

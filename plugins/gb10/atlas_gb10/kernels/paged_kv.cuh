@@ -149,7 +149,8 @@ __device__ __forceinline__ void tile_values(const unsigned char* row, int d0, fl
 
 // Query rows of a work item into shared memory: row r (< rows) is query token `first_token + r / group`, head
 // `hk * group + r % group`; `chunks` 8-element chunks of each of `tile_rows` rows (columns from d on, and rows
-// from `rows` on, become zeros). q_vec: 16-byte loads (d % 8 == 0 and aligned rows).
+// from `rows` on, become zeros). q_vec: 16-byte asynchronous copies (d % 8 == 0 and aligned rows), which the
+// caller's next cp.async commit and wait cover (the first key tile's), so that they overlap the block-table reads.
 template <int THREADS>
 __device__ __forceinline__ void load_q_rows(bf16_t* Qs, int stride, const bf16_t* __restrict__ q, long long q_s0,
                                             long long q_s1, long long first_token, int tile_rows, int rows,
@@ -160,7 +161,8 @@ __device__ __forceinline__ void load_q_rows(bf16_t* Qs, int stride, const bf16_t
         if (r < rows && j < d) {
             const bf16_t* src = q + (first_token + r / group) * q_s0 + (long long)(hk * group + r % group) * q_s1 + j;
             if (q_vec) {
-                v = *reinterpret_cast<const uint4*>(src);
+                cp_async16(Qs + r * stride + j, src);
+                continue;
             } else {
                 unsigned w[4];
 #pragma unroll

@@ -75,8 +75,10 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // Merge the split partials of every (token, head) row in split order and write the output: row =
 // t * q_heads + h, its split s at ws_ml[row * splits + s] (max, sum) and ws_acc[(row * splits + s) * d ..].
 // One warp per row; head dims up to 32 * MAX_DPT. The lanes read the (max, sum) of 32 splits at once and
-// share them by shuffles, so empty splits (past a context, m = -inf) cost no memory round trip; each
-// lane merges its dims in split order (the same bits as a kernel's direct mode), then scales by v_scale.
+// share them by shuffles, so empty splits (past a context, m = -inf) cost no memory round trip, and the
+// accumulators of COMBINE_BATCH splits with keys are read together; each lane merges its dims in split order
+// (the same bits as a kernel's direct mode), then scales by v_scale.
+#define COMBINE_BATCH 4
 template <int MAX_DPT>
 __device__ __forceinline__ void combine_splits(const float* __restrict__ ws_acc, const float2* __restrict__ ws_ml,
                                                int splits, bf16_t* __restrict__ out, long long o_s0, long long o_s1,
@@ -95,21 +97,34 @@ __device__ __forceinline__ void combine_splits(const float* __restrict__ ws_acc,
         mine.x = NEG_INF;
         mine.y = 0.0f;
         if (s0 + lane < splits) mine = ws_ml[row * splits + s0 + lane];
-        const int count = min(32, splits - s0);
-        for (int k = 0; k < count; ++k) {
-            const float m = __shfl_sync(0xffffffffu, mine.x, k);
-            const float l = __shfl_sync(0xffffffffu, mine.y, k);
-            if (m == NEG_INF) continue;  // the same for every lane
-            float a, b, M_new;
-            merge_factors(M, m, &a, &b, &M_new);
-            const float* acc = ws_acc + (row * splits + s0 + k) * d;
+        unsigned live = __ballot_sync(0xffffffffu, mine.x != NEG_INF);  // splits with keys: the same in every lane
+        while (live) {  // COMBINE_BATCH live splits' accumulators in flight at once, then merged in split order
+            int ks[COMBINE_BATCH];
+            float values[COMBINE_BATCH][MAX_DPT];
 #pragma unroll
-            for (int i = 0; i < MAX_DPT; ++i) {
-                const int j = lane + 32 * i;
-                if (j < d) O[i] = merge_value(O[i], a, acc[j], b);
+            for (int n = 0; n < COMBINE_BATCH; ++n) {
+                ks[n] = live ? __ffs(live) - 1 : -1;
+                live &= live - 1u;
+                const float* acc = ws_acc + (row * splits + s0 + max(ks[n], 0)) * d;
+#pragma unroll
+                for (int i = 0; i < MAX_DPT; ++i) {
+                    const int j = lane + 32 * i;
+                    values[n][i] = ks[n] >= 0 && j < d ? acc[j] : 0.0f;
+                }
             }
-            L = merge_value(L, a, l, b);
-            M = M_new;
+#pragma unroll
+            for (int n = 0; n < COMBINE_BATCH; ++n) {
+                if (ks[n] < 0) break;
+                const float m = __shfl_sync(0xffffffffu, mine.x, ks[n]);
+                const float l = __shfl_sync(0xffffffffu, mine.y, ks[n]);
+                float a, b, M_new;
+                merge_factors(M, m, &a, &b, &M_new);
+#pragma unroll
+                for (int i = 0; i < MAX_DPT; ++i)
+                    if (lane + 32 * i < d) O[i] = merge_value(O[i], a, values[n][i], b);
+                L = merge_value(L, a, l, b);
+                M = M_new;
+            }
         }
     }
 #pragma unroll
