@@ -63,14 +63,14 @@ def decode_n_tiles(n: int, k: int, sm_count: int) -> int:
     wider products they were never faster). This picks the fastest tile of every decode shape measured on H100
     (K 1,024 to 14,336; docs/benchmarks.md), where one n-tile everywhere lost up to a third on small K (few
     chunks a warp, two waves of blocks)."""
-    chunks_per_warp = -(-(-(-k // 32)) // GEMM_KSPLIT)
+    chunks_per_warp = math.ceil(math.ceil(k / 32) / GEMM_KSPLIT)
     slots = 2 * sm_count
 
     def blocks(n_tiles: int) -> int:
-        return -(-n // (8 * n_tiles))
+        return math.ceil(n / (8 * n_tiles))
 
     def cost(n_tiles: int) -> tuple[Fraction, int]:
-        batches = -(-chunks_per_warp // (DECODE_CHUNKS_IN_FLIGHT // n_tiles))
+        batches = math.ceil(chunks_per_warp / (DECODE_CHUNKS_IN_FLIGHT // n_tiles))
         return batches * max(Fraction(1), Fraction(blocks(n_tiles), slots)), blocks(n_tiles)
 
     return min((n_tiles for n_tiles in (1, 2, 4) if n_tiles < 4 or blocks(4) <= slots), key=cost)

@@ -69,7 +69,8 @@ def main() -> None:
             x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(BF16)
             for tile in TILES:
                 fixed = tile if isinstance(tile, tuple) else None
-                CudaBackend.gemm_tile = default_tile if fixed is None else (lambda self, m, n, k, kind="bf16", t=fixed: t)  # type: ignore[method-assign]
+                forced = default_tile if fixed is None else (lambda self, m, n, k, kind="bf16", t=fixed: t)
+                CudaBackend.gemm_tile = forced  # type: ignore[method-assign]
                 operand = quantized[tile] if isinstance(tile, str) else weight
                 us = time_call(lambda: backend.linear(x, operand))  # noqa: B023 - timed at once, in this iteration
                 label = tile if isinstance(tile, str) else "default" if tile is None else f"m{tile[0]} n{tile[1]}"

@@ -240,28 +240,22 @@ extern "C" __global__ void rms_norm_warp_vec_bf16(const bf16_t* __restrict__ x, 
     rms_norm_vec<32>(x, x_so, x_si, res, r_so, r_si, inner_count, weight, normed, summed, eps, d, r, threadIdx.x & 31);
 }
 
-// A 128-thread block per row (rows of 33 to 128 chunks): measured faster than a warp a row on an H100 even at
-// one row (the sum's serial chain is a quarter as long), and the same kernel for every batch keeps rows batch
-// invariant.
-extern "C" __global__ void rms_norm_quad_vec_bf16(const bf16_t* __restrict__ x, long long x_so, long long x_si,
-                                                  const bf16_t* __restrict__ res, long long r_so, long long r_si,
-                                                  int inner_count, const bf16_t* __restrict__ weight,
-                                                  bf16_t* __restrict__ normed, bf16_t* __restrict__ summed, float eps,
-                                                  int d, long long rows) {
-    prefetch_l2(weight, 2LL * d, threadIdx.x, blockDim.x);
-    await_inputs();
-    rms_norm_vec<128>(x, x_so, x_si, res, r_so, r_si, inner_count, weight, normed, summed, eps, d, blockIdx.x, threadIdx.x);
-}
+// A block of THREADS per row: 128 for rows of 33 to 128 chunks (measured faster than a warp a row on an H100 even
+// at one row: the sum's serial chain is a quarter as long; the same kernel for every batch keeps rows batch
+// invariant), 256 for wider rows.
+#define RMS_NORM_BLOCK_VEC_KERNEL(NAME, THREADS)                                                                      \
+    extern "C" __global__ void NAME(const bf16_t* __restrict__ x, long long x_so, long long x_si,                   \
+                                    const bf16_t* __restrict__ res, long long r_so, long long r_si, int inner_count, \
+                                    const bf16_t* __restrict__ weight, bf16_t* __restrict__ normed,                  \
+                                    bf16_t* __restrict__ summed, float eps, int d, long long rows) {                 \
+        prefetch_l2(weight, 2LL * d, threadIdx.x, blockDim.x);                                                       \
+        await_inputs();                                                                                              \
+        rms_norm_vec<THREADS>(x, x_so, x_si, res, r_so, r_si, inner_count, weight, normed, summed, eps, d,           \
+                              blockIdx.x, threadIdx.x);                                                              \
+    }
 
-extern "C" __global__ void rms_norm_block_vec_bf16(const bf16_t* __restrict__ x, long long x_so, long long x_si,
-                                                   const bf16_t* __restrict__ res, long long r_so, long long r_si,
-                                                   int inner_count, const bf16_t* __restrict__ weight,
-                                                   bf16_t* __restrict__ normed, bf16_t* __restrict__ summed, float eps,
-                                                   int d, long long rows) {
-    prefetch_l2(weight, 2LL * d, threadIdx.x, blockDim.x);
-    await_inputs();
-    rms_norm_vec<256>(x, x_so, x_si, res, r_so, r_si, inner_count, weight, normed, summed, eps, d, blockIdx.x, threadIdx.x);
-}
+RMS_NORM_BLOCK_VEC_KERNEL(rms_norm_quad_vec_bf16, 128)
+RMS_NORM_BLOCK_VEC_KERNEL(rms_norm_block_vec_bf16, 256)
 
 // out[r, c] = x[r, c] * sigmoid(gate[r, gate_cols == 1 ? 0 : c]), fp32 math (Backend.sigmoid_gate).
 extern "C" __global__ void sigmoid_gate_bf16(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ gate,
