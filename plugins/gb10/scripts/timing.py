@@ -34,6 +34,23 @@ def time_call(fn: Callable[[], object], iterations: int = 200) -> float:
         return replay_us(graph, iterations)
 
 
+def time_rotating(calls: list[Callable[[], object]], backend: object, iterations: int = 50) -> float:
+    """Microseconds of GPU time per call of ``calls`` (the same product over distinct copies of its weight, so
+    that no weight is read from L2), captured in order into one CUDA graph as ``backend``'s programmatic launches
+    (as a decode graph runs them) and replayed back to back."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        for call in calls:
+            call()  # compile and allocate outside the capture
+        stream.synchronize()
+        stream.begin_capture()
+        with backend.kernels.programmatic_launches():  # type: ignore[attr-defined]
+            for call in calls:
+                call()
+        graph = stream.end_capture()
+        return replay_us(graph, iterations) / len(calls)
+
+
 def replay_us(graph: object, iterations: int = 200) -> float:
     """Microseconds of GPU time per replay of a captured CUDA graph, replayed back to back on the current
     stream after a few warm-up replays."""
