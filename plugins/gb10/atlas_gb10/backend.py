@@ -35,9 +35,11 @@ from atlas_gb10.quantized_weights import (
     upload_native,
     weight_operand,
 )
+from atlas_gb10.registry import GENERIC, lookup
 from atlas_gb10.sampling import LogitsOps
 
 GEMM_TILES = ((2, 4), (1, 4), (1, 2), (1, 1))
+"""(m-tiles of 16 rows, n-tiles of 8 columns) per GEMM block, largest first."""
 TILED_GEMM_BLOCK = 128
 """gemm_tiled.cu's output tile (rows and columns)."""
 
@@ -48,9 +50,8 @@ def tiled_shared_bytes(rows: int) -> int:
     return 3 * (rows + TILED_GEMM_BLOCK) * (32 + 8) * 2
 
 
-"""(m-tiles of 16 rows, n-tiles of 8 columns) per GEMM block, largest first."""
-GEMM_KSPLIT = 8
-"""Warps of a gemm.cu block, each summing its own run of the 32-wide K chunks (the registry's define)."""
+GEMM_KSPLIT = lookup(GENERIC, "gemm", "bf16").define("GEMM_KSPLIT", 8)
+"""Warps of a gemm.cu block, each summing its own run of the 32-wide K chunks."""
 DECODE_CHUNKS_IN_FLIGHT = 16
 """gemm.cu's decode kernels (one m-tile; 1, 2 or 4 n-tiles) load 16 / n-tiles chunks a warp at a time: a lane
 has 16 weight loads in flight when its run of chunks is long enough."""
