@@ -32,7 +32,8 @@ from atlas_core.backends.base import Array
 from atlas_core.backends.ops.moe import ExpertActivation, MoEOps, RouterSpec, check_expert_shapes
 from atlas_core.weights.quantized import QuantizedWeight
 from atlas_gb10.arrays import null_or
-from atlas_gb10.backend import TILED_GEMM_BLOCK, CudaBackend, tiled_shared_bytes
+from atlas_gb10.backend import CudaBackend
+from atlas_gb10.gemm_shapes import TILED_GEMM_BLOCK, tiled_shared_bytes
 from atlas_gb10.quantized_weights import gemm_loads, gemm_module, weight_operand
 
 ROUTE_WARPS = 4

@@ -100,6 +100,6 @@ def test_every_kernel_compiles_for_hopper_and_gb10() -> None:
     ],
 )
 def test_decode_tile_is_the_measured_fastest(k: int, n: int, n_tiles: int) -> None:
-    from atlas_gb10.backend import decode_n_tiles
+    from atlas_gb10.gemm_shapes import decode_n_tiles
 
     assert decode_n_tiles(n, k, sm_count=132) == n_tiles

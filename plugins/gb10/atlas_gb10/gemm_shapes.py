@@ -1,0 +1,61 @@
+"""Block shapes of the dense products: gemm.cu's tile for a product (the decode tile model included) and
+gemm_tiled.cu's shared memory. Results never depend on the tile (`gemm_core.cuh`: a row's K order is fixed)."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+from atlas_gb10.registry import GENERIC, lookup
+
+GEMM_TILES = ((2, 4), (1, 4), (1, 2), (1, 1))
+"""(m-tiles of 16 rows, n-tiles of 8 columns) per GEMM block, largest first."""
+TILED_GEMM_BLOCK = 128
+"""gemm_tiled.cu's output tile (rows and columns)."""
+
+
+def tiled_shared_bytes(rows: int) -> int:
+    """gemm_tiled.cuh's shared memory for tiles of ``rows`` x 128: 3 stages of both operands' 32-wide slices, in
+    rows padded to 40 bf16."""
+    return 3 * (rows + TILED_GEMM_BLOCK) * (32 + 8) * 2
+
+
+GEMM_KSPLIT = lookup(GENERIC, "gemm", "bf16").define("GEMM_KSPLIT", 8)
+"""Warps of a gemm.cu block, each summing its own run of the 32-wide K chunks."""
+DECODE_CHUNKS_IN_FLIGHT = 16
+"""gemm.cu's decode kernels (one m-tile; 1, 2 or 4 n-tiles) load 16 / n-tiles chunks a warp at a time: a lane
+has 16 weight loads in flight when its run of chunks is long enough."""
+
+
+def decode_n_tiles(n: int, k: int, sm_count: int) -> int:
+    """n-tiles per block of a decode-sized bf16 product (gemm.cu's ``m1`` kernels, two blocks an SM): the fewest
+    serial rounds of weight loads, a round being one batch of a warp's chunk loop, times the waves of blocks (a
+    fraction, at least one); ties go to fewer blocks. Four n-tiles only where their blocks fit one wave (on
+    wider products they were never faster). This picks the fastest tile of every decode shape measured on H100
+    (K 1,024 to 14,336; docs/benchmarks.md), where one n-tile everywhere lost up to a third on small K (few
+    chunks a warp, two waves of blocks)."""
+    chunks_per_warp = math.ceil(math.ceil(k / 32) / GEMM_KSPLIT)
+    slots = 2 * sm_count
+
+    def blocks(n_tiles: int) -> int:
+        return math.ceil(n / (8 * n_tiles))
+
+    def cost(n_tiles: int) -> tuple[Fraction, int]:
+        batches = math.ceil(chunks_per_warp / (DECODE_CHUNKS_IN_FLIGHT // n_tiles))
+        return batches * max(Fraction(1), Fraction(blocks(n_tiles), slots)), blocks(n_tiles)
+
+    return min((n_tiles for n_tiles in (1, 2, 4) if n_tiles < 4 or blocks(4) <= slots), key=cost)
+
+
+def gemm_tile(m: int, n: int, k: int, kind: str, sm_count: int) -> tuple[int, int]:
+    """gemm.cu's block tile (m-tiles, n-tiles) for an ``[m, n]`` output over ``k`` of weight kind ``kind``.
+    Decode-sized bf16 products (m <= 16) take `decode_n_tiles`; the quantized kinds one n-tile per block, or two
+    for very wide outputs; larger m takes the largest tile that still gives every SM a block."""
+    if m <= 16:
+        if kind == "bf16":
+            return 1, decode_n_tiles(n, k, sm_count)
+        return (1, 2) if n >= 64 * sm_count else (1, 1)
+    for mt, nt in GEMM_TILES:
+        if math.ceil(n / (8 * nt)) * math.ceil(m / (16 * mt)) >= sm_count:
+            return mt, nt
+    return GEMM_TILES[-1]
