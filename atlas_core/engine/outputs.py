@@ -42,7 +42,9 @@ class RequestOutput:
     """A request's prompt and its completions. ``prompt_logprobs[0]`` is None (no context).
     ``num_cached_tokens`` prompt tokens were served from the prefix cache; ``error`` is set when
     the request failed (its completions then finish with reason ``"error"``). ``embedding``: the
-    pooled final hidden state ``[H]`` (float32) of a finished pooling request, else None."""
+    pooled final hidden state ``[H]`` (float32) of a finished pooling request, else None.
+    ``prompt_token_ids`` is the request's own list, the same object in each of its outputs (a long prompt
+    is not copied at every step): read it, do not modify it."""
 
     request_id: str
     prompt: str | None

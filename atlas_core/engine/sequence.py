@@ -219,7 +219,7 @@ class Request:
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
-            prompt_token_ids=list(self.prompt_ids),
+            prompt_token_ids=self.prompt_ids,  # shared, not copied: each step's outputs would copy the whole prompt
             outputs=[seq.completion() for seq in self.seqs],
             finished=self.finished,
             prompt_logprobs=self.prompt_logprobs,
