@@ -1,5 +1,5 @@
-"""Shared fixtures: the family plugins' tiny reference checkpoints, borrowed as test models, and a
-cached default-model `LLM`."""
+"""Shared fixtures: the family plugins' tiny reference checkpoints, borrowed as test models, a cached
+default-model `LLM`, and the in-memory tokenizers' backends."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from atlas_core.testing.checkpoints import TinyCheckpoints, require_family
+from tests.tokenizer_backends import byte_level_backend, sentencepiece_backend
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPOSITORY = Path(__file__).parent.parent
@@ -46,6 +47,18 @@ def default_llm() -> object:
     from atlas_core import LLM
 
     return LLM(backend="numpy")
+
+
+@pytest.fixture(scope="module")
+def byte_backend() -> object:
+    """`byte_level_backend`, built once per module."""
+    return byte_level_backend()
+
+
+@pytest.fixture(scope="module")
+def sp_backend() -> object:
+    """`sentencepiece_backend`, built once per module."""
+    return sentencepiece_backend()
 
 
 def use_hub_cache(monkeypatch: pytest.MonkeyPatch, cache: Path, *, offline: bool) -> None:

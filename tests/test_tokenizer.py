@@ -8,22 +8,11 @@ from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as Backend
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from atlas_core.errors import InvalidRequestError, ModelLoadError
-from atlas_core.tokenizer import ChatTemplate, IncrementalDetokenizer, Tokenizer
+from atlas_core.tokenizer import ChatTemplate, Tokenizer
+from tests.tokenizer_backends import CHATML, make, write_folder
 
-SPECIALS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>", "<pad>"]
-CORPUS = [
-    "Hello world, this is a test of the tokenizer.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Atlas runs language models with NumPy.",
-]
-CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
-    " + '<|im_end|>' + '\\n'}}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 # Block tags on their own lines: renders the same as CHATML only with trim_blocks and lstrip_blocks.
 CHATML_THINKING = """\
 {% for message in messages %}
@@ -40,68 +29,6 @@ CHATML_THINKING = """\
     {% endif %}
 {% endif %}
 """
-MULTIBYTE_TEXTS = ["Atlas 😀 says 世界 and 🎉!", "日本語のテキスト", "é😀x👍🏽y", "🇫🇷 Paris ½ ∑ 中"]
-
-
-def byte_level_backend() -> Backend:
-    """A GPT-2 style byte-level BPE trained on ASCII text, so emoji and CJK split into byte tokens."""
-    backend = Backend(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(CORPUS, trainer)
-    return backend
-
-
-def sentencepiece_backend() -> Backend:
-    """A Llama-style SentencePiece BPE: ``▁`` word marker, byte fallback, leading-space strip,
-    and a post-processor that adds ``<s>``."""
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for b in range(256):
-        vocab[f"<0x{b:02X}>"] = len(vocab)
-    for piece in ["▁", *"abcdefghijklmnopqrstuvwxyz", "▁h", "▁he", "ll", "▁hell", "▁hello"]:
-        vocab[piece] = len(vocab)
-    merges = [("▁", "h"), ("▁h", "e"), ("l", "l"), ("▁he", "ll"), ("▁hell", "o")]
-    backend = Backend(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
-    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    backend.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
-    )
-    backend.add_special_tokens(["<unk>", "<s>", "</s>"])
-    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    return backend
-
-
-@pytest.fixture(scope="module")
-def byte_backend() -> Backend:
-    return byte_level_backend()
-
-
-@pytest.fixture(scope="module")
-def sp_backend() -> Backend:
-    return sentencepiece_backend()
-
-
-def make(backend: Backend, **kwargs) -> Tokenizer:
-    settings = dict(bos_token_id=backend.token_to_id("<s>"), eos_token_ids=[backend.token_to_id("</s>")])
-    settings.setdefault("chat_template", None)
-    settings.update(kwargs)
-    return Tokenizer(backend, **settings)
-
-
-def write_folder(folder: Path, backend: Backend, **files: object) -> Path:
-    """A model folder with tokenizer.json plus each keyword as a file (dots as ``__``)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    backend.save(str(folder / "tokenizer.json"))
-    for name, content in files.items():
-        text = content if isinstance(content, str) else json.dumps(content)
-        (folder / name.replace("__", ".")).write_text(text, encoding="utf-8")
-    return folder
 
 
 # --- encode / decode -------------------------------------------------------------------------
@@ -344,66 +271,3 @@ def test_jinja_extras() -> None:
         "|{{ strftime_now('%Y') }}|{% generation %}{{ messages[1].content }}{% endgeneration %}"
     )
     assert ChatTemplate(source).render(MESSAGES) == f"Be brief.|{datetime.now():%Y}|Hi"
-
-
-# --- incremental detokenization --------------------------------------------------------------
-
-
-def stream(detok: IncrementalDetokenizer, ids: list[int]) -> list[str]:
-    return [detok.push(i) for i in ids]
-
-
-@pytest.mark.parametrize("text", MULTIBYTE_TEXTS)
-def test_byte_level_stream_matches_full_decode(byte_backend: Backend, text: str) -> None:
-    tok = make(byte_backend)
-    ids = tok.encode(text, add_special_tokens=False)
-    assert len(ids) > len(text)  # multi-byte characters really are split across tokens
-    detok = IncrementalDetokenizer(tok)
-    deltas = stream(detok, ids)
-    assert "" in deltas  # partial characters were held back...
-    assert all("\ufffd" not in d for d in deltas)  # ...and never emitted
-    assert detok.flush() == ""
-    assert "".join(deltas) == detok.text == tok.decode(ids) == text
-
-
-@pytest.mark.parametrize("text", MULTIBYTE_TEXTS)
-def test_stream_after_prompt(byte_backend: Backend, text: str) -> None:
-    tok = make(byte_backend)
-    prompt = tok.encode("The quick brown 😀", add_special_tokens=False)
-    ids = tok.encode(" " + text, add_special_tokens=False)
-    detok = IncrementalDetokenizer(tok, prompt)
-    deltas = stream(detok, ids)
-    assert all("\ufffd" not in d for d in deltas)
-    assert detok.text == " " + text
-
-
-def test_sentencepiece_leading_space_and_byte_fallback(sp_backend: Backend) -> None:
-    tok = make(sp_backend, add_bos_token=False)
-    ids = tok.encode("hello wörld 世", add_special_tokens=False)
-    assert "<0xC3>" in [tok.token_to_str(i) for i in ids]
-    detok = IncrementalDetokenizer(tok)
-    deltas = stream(detok, ids)
-    assert deltas[:2] == ["hello", " "]
-    assert all("\ufffd" not in d for d in deltas)
-    assert detok.text == tok.decode(ids) == "hello wörld 世"
-    after_prompt = IncrementalDetokenizer(tok, tok.encode("hello"))
-    assert stream(after_prompt, ids)[0] == " hello"  # a word after the prompt keeps its space
-
-
-def test_flush_emits_incomplete_character(byte_backend: Backend) -> None:
-    tok = make(byte_backend)
-    ids = tok.encode("ok 😀", add_special_tokens=False)
-    detok = IncrementalDetokenizer(tok)
-    assert "".join(stream(detok, ids[:-2])) == "ok "
-    tail = detok.flush()
-    assert tail and tail.endswith("\ufffd")
-    assert detok.text == "ok " + tail
-
-
-def test_special_tokens_in_stream(byte_backend: Backend) -> None:
-    tok = make(byte_backend)
-    ids = [*tok.encode("Hello", add_special_tokens=False), byte_backend.token_to_id("</s>")]
-    skipped = IncrementalDetokenizer(tok)
-    assert stream(skipped, ids)[-1] == "" and skipped.text == "Hello"
-    kept = IncrementalDetokenizer(tok, skip_special_tokens=False)
-    assert stream(kept, ids)[-1] == "</s>" and kept.text == "Hello</s>"
