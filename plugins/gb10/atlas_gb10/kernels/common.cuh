@@ -34,12 +34,12 @@ __device__ __forceinline__ float warp_max(float v) {
 
 #define NEG_INF (__int_as_float(0xff800000))
 
-// The first statement of every kernel (after `prefetch_l2` of its weights, if any). Decode graphs launch kernels programmatically (Hopper and later:
-// `launch.py`), so a kernel's blocks may start while the kernel before it still runs; this waits until the
-// kernels before it have finished and their writes are visible, then lets the next kernel's blocks start (they
-// wait here in turn), which overlaps a launch with the previous kernel's tail. Without a programmatic launch,
-// and before sm_90, it does nothing. The loader launches programmatically only kernels whose code holds the
-// wait (`compiler.py`).
+// The first statement of every kernel (after `prefetch_l2` of its weights, if any). Decode graphs launch kernels
+// programmatically (Hopper and later: `launch.py`), so a kernel's blocks may start while the kernel before it
+// still runs; this waits until the kernels before it have finished and their writes are visible, then lets the
+// next kernel's blocks start (they wait here in turn), which overlaps a launch with the previous kernel's tail.
+// Without a programmatic launch, and before sm_90, it does nothing. The loader launches programmatically only
+// kernels whose code holds the wait (`compiler.py`).
 __device__ __forceinline__ void await_inputs() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -47,12 +47,11 @@ __device__ __forceinline__ void await_inputs() {
 #endif
 }
 
-// Warm the L2 with the `bytes` at p (nothing for a null p), its 128-byte lines spread over `threads` threads (t: this one). For constant
-// parameters only (weights, which no kernel writes): the one thing a kernel may do before `await_inputs()`, so
-// that under a programmatic launch their reads overlap the previous kernel's tail.
+// Warm the L2 with the `bytes` at p (nothing for a null p), its 128-byte lines spread over `threads` threads (t:
+// this one). For constant parameters only (weights, which no kernel writes): the one thing a kernel may do before
+// `await_inputs()`, so that under a programmatic launch their reads overlap the previous kernel's tail.
 __device__ __forceinline__ void prefetch_l2(const void* p, long long bytes, int t, int threads) {
     if (!p) return;
     for (long long offset = 128LL * t; offset < bytes; offset += 128LL * threads)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + offset));
 }
-
