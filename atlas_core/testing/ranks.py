@@ -4,13 +4,15 @@
 calls ``fn(address, *args)`` in each with its `WorldAddress` (all meeting on a free local port), and
 returns their results in rank order. A rank that raises fails the call with that rank's traceback;
 a rank that ends without either, or does neither within ``timeout_s``, fails it too. ``fn`` must be importable
-(a module-level function), and its arguments and result picklable.
+(a module-level function), and its arguments and result picklable. ``run_rank_threads`` runs ranks as threads
+of this process instead, for tests whose transport is simulated in memory.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import queue
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -73,3 +75,26 @@ def run_ranks(
     if failures:
         raise AssertionError("\n".join(failures))
     return [outcomes[rank][1] for rank in range(world_size)]
+
+
+def run_rank_threads(world_size: int, fn: Callable[[int], Any], timeout_s: float = 30.0) -> list[Any]:
+    """``fn(rank)`` for ranks ``0 .. world_size - 1``, each on its own thread of this process (for collectives
+    whose transport a test simulates in memory); the results in rank order. The first exception a rank raises is
+    raised here."""
+    results: list[Any] = [None] * world_size
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = fn(rank)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout_s)
+    if errors:
+        raise errors[0]
+    return results

@@ -11,7 +11,8 @@ equal parts from every rank. After each collective the rank waits for it to fini
 most ``timeout_s`` (the replica's ``comm_timeout``): a peer that died or hangs makes it raise `CommError`
 instead of blocking forever, and the communicator is aborted. A collective called while the stream is
 being captured into a CUDA graph is only recorded (nothing runs then): the ranks replay their graphs in
-step, and each calls `wait` after a replay.
+step, and each calls `wait` after a replay. Small all-reduces (a decode step's) take a one-shot kernel through
+peer memory where the ranks can map each other's (`atlas_comm_nccl.peer_reduce`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from atlas_comm_nccl.peer_reduce import PeerAllReduce
 from atlas_core.comm import CommBackend, CommError
 from atlas_core.comm.rendezvous import Rendezvous
 
@@ -49,10 +51,21 @@ class NcclComm(CommBackend):
     ``communicator``: a ``cupy.cuda.nccl.NcclCommunicator``; ``nccl``: the module holding the data-type
     constants; ``xp``: the array module (CuPy), whose current stream the collectives run on."""
 
-    def __init__(self, rank: int, world_size: int, communicator: Any, nccl: Any, xp: Any, timeout_s: float) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        communicator: Any,
+        nccl: Any,
+        xp: Any,
+        timeout_s: float,
+        peer: PeerAllReduce | None = None,
+    ) -> None:
+        """``peer``: the one-shot kernel that sums small arrays through peer memory (None: NCCL sums all)."""
         self.rank, self.world_size = rank, world_size
         self.communicator, self.nccl, self.xp = communicator, nccl, xp
         self.timeout_s = timeout_s
+        self.peer = peer
 
     @classmethod
     def connect(cls, rendezvous: Rendezvous, backend: Any) -> NcclComm:
@@ -77,10 +90,18 @@ class NcclComm(CommBackend):
                 communicator = nccl.NcclCommunicator(rendezvous.world_size, comm_id, rendezvous.rank)
         except Exception as exc:  # NcclError: the message names NCCL's reason
             raise CommError(f"rank {rendezvous.rank}: NCCL could not set up the communicator: {exc}") from exc
-        return cls(rendezvous.rank, rendezvous.world_size, communicator, nccl, cupy, rendezvous.address.timeout_s)
+        timeout_s = rendezvous.address.timeout_s
+        peer = PeerAllReduce.connect(rendezvous, cupy)
+        return cls(rendezvous.rank, rendezvous.world_size, communicator, nccl, cupy, timeout_s, peer)
 
     def all_reduce(self, x: Any) -> Any:
+        """Sum ``x`` over the ranks in place: small arrays through peer memory where the replica has it
+        (`PeerAllReduce`), others through NCCL."""
         count, dtype = self._buffer(x)
+        peer = self.peer
+        if peer is not None and peer.takes(x):
+            self._run("all_reduce", lambda _stream: peer.all_reduce(x, self.timeout_s))
+            return x
         sum_op = self.nccl.NCCL_SUM
         self._run("all_reduce", lambda s: self.communicator.allReduce(_ptr(x), _ptr(x), count, dtype, sum_op, s))
         return x
@@ -111,6 +132,9 @@ class NcclComm(CommBackend):
         return x
 
     def close(self) -> None:
+        if self.peer is not None:
+            self.peer.close()
+            self.peer = None
         if self.communicator is not None:
             self.communicator.destroy()
             self.communicator = None

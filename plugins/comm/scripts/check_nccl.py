@@ -6,11 +6,12 @@
    all-reduce (float32, bfloat16), all-gather along two axes, broadcast, and an all-reduce captured into
    a CUDA graph and replayed twice.
 2. Two GPUs or more: two processes, one GPU each: every collective against its definition, all-reduce
-   results bitwise equal on both ranks, and the all-reduce bus bandwidth of 256 MiB of bfloat16.
+   results bitwise equal on both ranks, and the all-reduce bus bandwidth of 256 MiB of bfloat16; the
+   peer-memory all-reduce set up, equal to NCCL's bit for bit, and both timed on a decode step's row.
 3. Two GPUs or more: the tiny checkpoints on the ``cuda`` backend split over two ranks (TP=2 on llama and
    qwen3, EP=2 and TP=2 x EP=2 on qwen3_moe) against one rank: greedy tokens identical, and the largest
    log-probability difference printed (bfloat16 tolerance: 0.05); the split runs' decode steps replay
-   CUDA graphs on every rank (the count of rank 0's replays is printed).
+   CUDA graphs on every rank (the count of rank 0's replays is printed), posted through shared memory.
 
 Run from the repository root with atlas-core, the model families, atlas-gb10 and atlas-comm-nccl installed.
 """
@@ -36,6 +37,7 @@ TINY = {
 SPLITS = [("llama", 2, 1), ("qwen3", 2, 1), ("qwen3_moe", 1, 2), ("qwen3_moe", 2, 2)]
 LOGPROB_TOLERANCE = 0.05
 BANDWIDTH_BYTES = 256 * 2**20
+GRAPH_SUMS = 64
 
 failures: list[str] = []
 
@@ -132,6 +134,7 @@ def two_rank_collectives(address: Any) -> dict[str, Any]:
     cupy.cuda.Device(address.rank).use()
     comm = NcclComm.connect(Rendezvous.meet(address, {}), None)
     out: dict[str, Any] = dict(collectives(comm))
+    out |= peer_against_nccl(comm)
     x = cupy.ones(BANDWIDTH_BYTES // 2, dtype=cupy.float16)
     for _ in range(3):
         comm.all_reduce(x)
@@ -146,12 +149,58 @@ def two_rank_collectives(address: Any) -> dict[str, Any]:
     return out
 
 
+def peer_against_nccl(comm: Any) -> dict[str, Any]:
+    """The peer-memory all-reduce (when the ranks set it up) against NCCL's: random bfloat16 decode-sized sums, and
+    the time of one all-reduce of a 4,096-wide bfloat16 row in a CUDA graph of `GRAPH_SUMS` of them, each way."""
+    import cupy
+    import ml_dtypes
+
+    out: dict[str, Any] = {"peer": comm.peer is not None}
+    peer = comm.peer
+    rows = np.random.default_rng(10 + comm.rank).standard_normal((64, 4096)).astype(ml_dtypes.bfloat16)
+    x, y = cupy.asarray(rows), cupy.asarray(rows)
+    comm.all_reduce(x)
+    comm.peer = None
+    comm.all_reduce(y)
+    comm.peer = peer
+    out["peer_equals_nccl"] = bool((x.view(cupy.uint16) == y.view(cupy.uint16)).all())
+    for name, use in (("nccl", None), ("peer", peer)):
+        if name == "peer" and peer is None:
+            continue
+        comm.peer = use
+        row = cupy.ones(4096, dtype=ml_dtypes.bfloat16)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            comm.all_reduce(row)
+            stream.begin_capture()
+            for _ in range(GRAPH_SUMS):
+                comm.all_reduce(row)
+            graph = stream.end_capture()
+            for _ in range(3):
+                graph.launch(stream)
+                comm.wait()
+            start = time.perf_counter()
+            for _ in range(20):
+                graph.launch(stream)
+            comm.wait()
+            out[f"{name}_us"] = (time.perf_counter() - start) / 20 / GRAPH_SUMS * 1e6
+        del graph
+    comm.peer = peer
+    return out
+
+
 def two_ranks() -> None:
     from atlas_core.testing.ranks import run_ranks
 
     print("2. nccl over two processes, one GPU each", flush=True)
     results = run_ranks(2, two_rank_collectives, timeout_s=300)
-    check_collectives([{k: v for k, v in r.items() if k != "bus_gbps"} for r in results])
+    extra = ("bus_gbps", "peer", "peer_equals_nccl", "nccl_us", "peer_us")
+    check_collectives([{k: v for k, v in r.items() if k not in extra} for r in results])
+    for rank, r in enumerate(results):
+        check(r["peer"], f"rank {rank}: small all-reduces go through peer memory")
+        check(r["peer_equals_nccl"], f"rank {rank}: peer all-reduce of 64 x 4096 bfloat16 == NCCL's, bit for bit")
+        timings = ", ".join(f"{name} {r[f'{name}_us']:.2f} us" for name in ("nccl", "peer") if f"{name}_us" in r)
+        print(f"  rank {rank}: one all-reduce of 4096 bfloat16 in a graph of {GRAPH_SUMS}: {timings}", flush=True)
     print(
         f"  all-reduce of {BANDWIDTH_BYTES >> 20} MiB (float16), bus bandwidth: "
         + ", ".join(f"rank {rank} {r['bus_gbps']:.1f} GB/s" for rank, r in enumerate(results)),
@@ -170,6 +219,9 @@ def generate(folder: Path, tokens: int, **engine: Any) -> tuple[list[tuple[list[
         outputs = llm.generate(prompts, params)
         graphs = llm.engine.runner.decode_graphs
         replays = int(getattr(getattr(graphs, "graphs", graphs), "replays", 0))
+        mirror = llm.loaded.model.mirror
+        if mirror is not None:
+            check(mirror.world.rendezvous.ring is not None, "rank 0 posts the steps through shared memory")
     finally:
         llm.close()
         del llm

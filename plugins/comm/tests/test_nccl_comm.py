@@ -19,9 +19,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 from atlas_comm_nccl.nccl import NcclComm
+from atlas_comm_nccl.peer_reduce import ENABLE_ENV
 
 from atlas_core.comm import CommError
 from atlas_core.plugins import get_registry
+from atlas_core.testing.ranks import run_rank_threads
 
 CODES = {
     "NCCL_INT8": np.int8,
@@ -154,23 +156,7 @@ def on_ranks(size: int, fn: Callable[[NcclComm], Any], stream: Stream | None = N
     """``fn(comm)`` on ``size`` ranks (threads) of one fake clique; the results in rank order."""
     world, xp = FakeWorld(size), fake_cupy(stream)
     comms = [NcclComm(rank, size, FakeCommunicator(world, rank), fake_nccl(world), xp, 5.0) for rank in range(size)]
-    results: list[Any] = [None] * size
-    errors: list[BaseException] = []
-
-    def run(rank: int) -> None:
-        try:
-            results[rank] = fn(comms[rank])
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    if errors:
-        raise errors[0]
-    return results
+    return run_rank_threads(size, lambda rank: fn(comms[rank]))
 
 
 def part(rank: int, dtype: Any = np.float32) -> DeviceArray:
@@ -276,6 +262,8 @@ class FakeRendezvous:
 
 
 def install_fake_cupy(monkeypatch: pytest.MonkeyPatch, nccl: Any) -> None:
+    """CuPy and NCCL replaced; the peer-memory all-reduce off (`test_peer_reduce.py` checks its setup)."""
+    monkeypatch.setenv(ENABLE_ENV, "0")
     cupy = fake_cupy()
     cupy.cuda.nccl = nccl
     monkeypatch.setitem(sys.modules, "cupy", cupy)
