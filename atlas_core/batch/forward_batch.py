@@ -39,6 +39,10 @@ class ForwardBatch:
     rope_rows: multimodal RoPE (M-RoPE) of a batch with image tokens: per-token ``(cos, sin)`` rows
     ``[T, R/2]`` (float32) and the row indices ``arange(T)`` (int32), which replace ``positions`` and the
     layers' own tables for this batch (`rotary`). None: ``positions`` index the tables.
+    host_inputs: the host int32 arrays the batch's ``input_ids``, ``positions``, ``query_start_loc``,
+    ``seq_lens``, ``block_tables``, ``slot_mapping`` and ``state_slots`` were uploaded from, in that order, when
+    the engine built it on the host (a split replica posts these instead of reading the device arrays back);
+    None: read them from the device.
     """
 
     input_ids: Array
@@ -51,6 +55,7 @@ class ForwardBatch:
     input_hidden: Array | None = None
     visual: VisualRows | None = None
     rope_rows: tuple[Array, Array, Array] | None = None
+    host_inputs: tuple[np.ndarray, ...] | None = None
 
     def rotary(self, cos: Array, sin: Array) -> tuple[Array, Array, Array]:
         """``(positions, cos, sin)`` for `Backend.rope` of a layer whose tables are ``cos`` / ``sin``: the

@@ -165,18 +165,17 @@ class ModelRunner:
                 slots.append(slots_for(seq.table.blocks, self.kv.block_size, end, end + len(chunk.draft)))
             starts.append(first_row + chunk.num_tokens + len(chunk.draft))
             seq_lens.append(end + len(chunk.draft))
-        query_start, lengths, block_tables, slot_mapping, input_ids, token_positions, slot_ids = (
-            self.backend.upload_int32(
-                [
-                    np.asarray(starts),
-                    np.asarray(seq_lens),
-                    tables,
-                    np.concatenate(slots),
-                    np.asarray(ids),
-                    np.concatenate(positions),
-                    np.asarray(state_slots),
-                ]
-            )
+        host = (
+            np.asarray(ids, dtype=np.int32),
+            np.concatenate(positions).astype(np.int32, copy=False),
+            np.asarray(starts, dtype=np.int32),
+            np.asarray(seq_lens, dtype=np.int32),
+            tables,
+            np.concatenate(slots).astype(np.int32, copy=False),
+            np.asarray(state_slots, dtype=np.int32),
+        )
+        input_ids, token_positions, query_start, lengths, block_tables, slot_mapping, slot_ids = (
+            self.backend.upload_int32(host)
         )
         meta = AttentionMetadata(
             query_start_loc=query_start, seq_lens=lengths, block_tables=block_tables, slot_mapping=slot_mapping
@@ -196,6 +195,7 @@ class ModelRunner:
             tokens_per_seq=_tokens_per_seq(chunks) if visual is None else 0,
             visual=visual,
             rope_rows=rope_rows,
+            host_inputs=host,
         )
         return batch, rows
 

@@ -18,8 +18,8 @@ from atlas_core.backends.base import Array, AttentionMetadata, Backend
 from atlas_core.batch.forward_batch import ForwardBatch, VisualRows
 
 BATCH_ARRAYS = ("input_ids", "positions", "query_start_loc", "seq_lens", "block_tables", "slot_mapping", "state_slots")
-"""The backend arrays every posted batch has, in message order (its host ``logits_rows`` follows them, then
-the optional arrays the header's ``extras`` names)."""
+"""The backend arrays every posted batch has, in message order and in `ForwardBatch.host_inputs`' order (its host
+``logits_rows`` follows them, then the optional arrays the header's ``extras`` names)."""
 
 ROPE_ROWS = ("rope_cos", "rope_sin", "rope_rows")
 """Wire names of `ForwardBatch.rope_rows`'s three arrays."""
@@ -42,25 +42,35 @@ def batch_extras(batch: ForwardBatch) -> dict[str, Array]:
 
 
 def encode_batch(backend: Backend, batch: ForwardBatch) -> tuple[dict[str, Any], list[np.ndarray]]:
-    """``batch`` as one message: a header and host arrays (`decode_batch` reverses it)."""
+    """``batch`` as one message: a header and host arrays (`decode_batch` reverses it). The `BATCH_ARRAYS` are
+    the batch's ``host_inputs`` when it has them (no reads from the device)."""
     meta = batch.attention
-    device = [batch.input_ids, batch.positions, meta.query_start_loc, meta.seq_lens, meta.block_tables]
-    device += [meta.slot_mapping, batch.state_slots]
+    if batch.host_inputs is not None:
+        arrays = list(batch.host_inputs)
+    else:
+        device = [batch.input_ids, batch.positions, meta.query_start_loc, meta.seq_lens, meta.block_tables]
+        device += [meta.slot_mapping, batch.state_slots]
+        arrays = [np.asarray(backend.to_numpy(array)) for array in device]
     extras = batch_extras(batch)
-    arrays = [np.asarray(backend.to_numpy(array)) for array in device] + [np.asarray(batch.logits_rows)]
+    arrays.append(np.asarray(batch.logits_rows))
     arrays += [np.asarray(backend.to_numpy(array)) for array in extras.values()]
     header = {"is_pure_decode": batch.is_pure_decode, "tokens_per_seq": batch.tokens_per_seq, "extras": list(extras)}
     return header, arrays
 
 
 def decode_batch(backend: Backend, header: dict[str, Any], arrays: list[np.ndarray]) -> ForwardBatch:
-    """The `ForwardBatch` that `encode_batch` sent, its arrays uploaded to ``backend`` in their sent dtypes."""
+    """The `ForwardBatch` that `encode_batch` sent, its arrays uploaded to ``backend`` in their sent dtypes (the
+    int32 `BATCH_ARRAYS` together, `Backend.upload_int32`), with the `BATCH_ARRAYS` kept as its ``host_inputs``."""
 
     def upload(array: np.ndarray) -> Array:
         return backend.from_numpy(array, dtype=array.dtype)
 
     count = len(BATCH_ARRAYS)
-    ids, positions, starts, seq_lens, tables, slots, state_slots = (upload(a) for a in arrays[:count])
+    host = tuple(arrays[:count])
+    if all(array.dtype == np.int32 for array in host):
+        ids, positions, starts, seq_lens, tables, slots, state_slots = backend.upload_int32(host)
+    else:
+        ids, positions, starts, seq_lens, tables, slots, state_slots = (upload(a) for a in host)
     names = list(header.get("extras", []))
     extras = {name: upload(array) for name, array in zip(names, arrays[count + 1 :], strict=True)}
     visual = None
@@ -86,4 +96,5 @@ def decode_batch(backend: Backend, header: dict[str, Any], arrays: list[np.ndarr
         input_hidden=extras.get("input_hidden"),
         visual=visual,
         rope_rows=rope,
+        host_inputs=host,
     )

@@ -78,17 +78,22 @@ class PinnedUploader:
         or when together they do not fit a slot."""
         cp = self.cp
         hosts = [np.asarray(array) for array in arrays]
-        offsets = np.cumsum([0] + [-(-host.size // 4) * 4 for host in hosts])
-        total = int(offsets[-1])
+        starts, total = [], 0
+        for host in hosts:
+            starts.append(total)
+            total += -(-host.size // 4) * 4
         if total * 4 > SLOT_BYTES or cp.cuda.get_current_stream().is_capturing():
             return [self.upload(host, np.dtype(np.int32)) for host in hosts]
         flat = cp.empty(max(total, 1), dtype=np.int32)
         index, staged = self._slot(np.dtype(np.int32), total)
-        starts = offsets[:-1]
         for host, start in zip(hosts, starts, strict=True):
             staged[start : start + host.size] = host.reshape(-1)
         self._send(flat, index, staged)
-        return [flat[start : start + host.size].reshape(host.shape) for host, start in zip(hosts, starts, strict=True)]
+        views = []
+        for host, start in zip(hosts, starts, strict=True):
+            view = flat[start : start + host.size]
+            views.append(view if host.ndim == 1 else view.reshape(host.shape))
+        return views
 
     def _upload_small(self, host: np.ndarray, dtype: np.dtype) -> Any:
         """Through the next pinned slot, asynchronously on the current stream."""
@@ -115,6 +120,7 @@ class PinnedUploader:
         the copy is done."""
         stream = self.cp.cuda.get_current_stream()
         out.data.copy_from_host_async(staged.ctypes.data, staged.nbytes, stream)
-        event = self.cp.cuda.Event()
+        event = self._slot_events[index]
+        if event is None:
+            event = self._slot_events[index] = self.cp.cuda.Event(disable_timing=True)
         event.record(stream)
-        self._slot_events[index] = event
