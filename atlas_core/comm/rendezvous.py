@@ -4,7 +4,8 @@ settings) before any weights are read.
 
 The connections stay open after the meeting: `Rendezvous.exchange` is a small all-gather of JSON
 values (listener addresses for the CPU comm backend, the NCCL unique id), and rank 0 sends each
-step's work to the other ranks over them (`post` / `receive`, `atlas_core.parallel`).
+step's work to the other ranks over them (`post` / `receive`, `atlas_core.parallel`), or through shared
+memory when all ranks run on one host (`share_posts`, `atlas_core.comm.post_ring`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from atlas_core.comm import CommError
-from atlas_core.comm.wire import recv_message, send_message
+from atlas_core.comm.post_ring import PostRing
+from atlas_core.comm.wire import decode_message, encode_message, recv_message, send_message, send_parts
 
 CONNECT_RETRY_S = 0.05
 GONE_POLL_S = 0.2
@@ -61,6 +64,8 @@ class Rendezvous:
         self.rank, self.world_size = address.rank, address.world_size
         self.peers = peers
         """Rank 0: the connection to each other rank; other ranks: ``{0: the connection to rank 0}``."""
+        self.ring: PostRing | None = None
+        """Where `post` writes and `receive` reads when every rank is on rank 0's host (`share_posts`)."""
 
     @classmethod
     def meet(
@@ -96,23 +101,60 @@ class Rendezvous:
         send_message(self.peers[0], {"value": value})
         return list(self._receive_from(0)[0]["values"])
 
+    def share_posts(self, spin_s: float) -> bool:
+        """Every rank at once: carry `post` / `receive` through shared memory (`PostRing`) when all ranks run on
+        rank 0's host, waiting ranks polling it for ``spin_s`` after each post (0: they wait on their sockets,
+        reading the ring every millisecond). Whether the ring is used (the same answer on every rank)."""
+        if self.world_size == 1:
+            return False
+        path = None
+        if self.rank == 0:
+            try:
+                self.ring, created = PostRing.create(self.world_size, spin_s)
+                path = str(created)
+            except OSError:
+                path = None
+        path = self.exchange(path)[0]
+        if self.rank != 0 and path is not None:
+            try:
+                self.ring = PostRing.attach(path, self.world_size, self.rank, spin_s)
+            except OSError:
+                self.ring = None
+        shared = all(self.exchange(self.ring is not None))
+        if self.rank == 0 and path is not None:
+            Path(path).unlink(missing_ok=True)  # every rank has mapped it (or will not): nothing left behind
+        if not shared and self.ring is not None:
+            self.ring.close()
+            self.ring = None
+        return shared
+
     def post(self, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
         """Rank 0: send one message to every other rank."""
+        parts = encode_message(header, arrays)
+        if self.ring is not None and self.ring.write(parts, self.address.timeout_s):
+            return
         for rank in range(1, self.world_size):
             try:
-                send_message(self.peers[rank], header, arrays)
+                send_parts(self.peers[rank], parts)
             except CommError as exc:
                 raise CommError(f"rank {rank} stopped taking work: {exc}") from exc
 
     def receive(self) -> tuple[dict[str, Any], list[np.ndarray]]:
         """Other ranks: the next message rank 0 posts (waits as long as it takes; `CommError` when rank 0 ends)."""
         self.peers[0].settimeout(None)
+        if self.ring is not None:
+            data = self.ring.read(self.peers[0])
+            if data is not None:
+                return decode_message(data)
         return recv_message(self.peers[0])
 
     def close(self) -> None:
         for sock in self.peers.values():
             sock.close()
         self.peers = {}
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
 
     def _receive_from(self, rank: int) -> tuple[dict[str, Any], list[np.ndarray]]:
         sock = self.peers[rank]

@@ -29,16 +29,25 @@ class PeerTimeoutError(CommError):
     """The other end sent nothing within the time allowed."""
 
 
-def send_message(sock: socket.socket, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
-    """Send ``header`` (JSON-serialisable) and ``arrays`` as one message; `PeerLostError` if the peer is gone."""
+def encode_message(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> list[memoryview]:
+    """``header`` (JSON-serialisable) and ``arrays`` as the buffers of one message, in order (`decode_message`
+    reads them back joined)."""
     contiguous = [np.ascontiguousarray(array) for array in arrays]
     meta = {"header": header, "arrays": [[array.dtype.name, list(array.shape)] for array in contiguous]}
     encoded = json.dumps(meta).encode()
+    parts = [memoryview(LENGTH.pack(len(encoded)) + encoded)]
+    return parts + [array.reshape(-1).view(np.uint8).data for array in contiguous if array.size]
+
+
+def send_message(sock: socket.socket, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
+    """Send ``header`` (JSON-serialisable) and ``arrays`` as one message; `PeerLostError` if the peer is gone."""
+    send_parts(sock, encode_message(header, arrays))
+
+
+def send_parts(sock: socket.socket, parts: list[memoryview]) -> None:
+    """Send the buffers of an encoded message (`encode_message`); `PeerLostError` if the peer is gone."""
     try:
-        sock.sendall(LENGTH.pack(len(encoded)) + encoded)
-        for array in contiguous:
-            if array.size:
-                sock.sendall(array.reshape(-1).view(np.uint8).data)
+        _send_parts(sock, list(parts))
     except TimeoutError as exc:
         raise PeerTimeoutError("timed out sending to a peer that stopped reading") from exc
     except OSError as exc:
@@ -49,19 +58,52 @@ def recv_message(sock: socket.socket) -> tuple[dict[str, Any], list[np.ndarray]]
     """The next message: ``(header, arrays)``. `PeerLostError` at end of stream, `PeerTimeoutError`
     when the socket's timeout passes first."""
     (length,) = LENGTH.unpack(_recv_exact(sock, LENGTH.size))
+    header, layout = _meta(length, lambda: _recv_exact(sock, length))
+    return header, _arrays(layout, _recv_exact(sock, sum(dtype.itemsize * count for dtype, _, count in layout)))
+
+
+def decode_message(data: bytes | bytearray) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """The ``(header, arrays)`` of one encoded message whose buffers are joined in ``data``."""
+    (length,) = LENGTH.unpack_from(data)
+    start = LENGTH.size + length
+    header, layout = _meta(length, lambda: data[LENGTH.size : start])
+    if len(data) - start != sum(dtype.itemsize * count for dtype, _, count in layout):
+        raise CommError("a peer sent a message whose arrays do not match its header")
+    return header, _arrays(layout, memoryview(data)[start:])
+
+
+def _meta(length: int, read: Any) -> tuple[dict[str, Any], list[tuple[np.dtype, tuple[int, ...], int]]]:
+    """A message's header and its arrays' (dtype, shape, element count), from ``read()``: its ``length``-byte
+    JSON."""
     if length > MAX_HEADER_BYTES:
         raise CommError(f"a peer sent a {length}-byte message header; is something else listening on this port?")
     try:
-        meta = json.loads(_recv_exact(sock, length))
+        meta = json.loads(read())
         layout = [(np.dtype(name), tuple(shape)) for name, shape in meta["arrays"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise CommError(f"a peer sent a malformed message header ({exc})") from exc
-    arrays = []
-    for dtype, shape in layout:
-        count = int(np.prod(shape, dtype=np.int64))
-        data = _recv_exact(sock, count * dtype.itemsize)
-        arrays.append(np.frombuffer(data, dtype=dtype, count=count).reshape(shape))
-    return meta["header"], arrays
+    return meta["header"], [(dtype, shape, int(np.prod(shape, dtype=np.int64))) for dtype, shape in layout]
+
+
+def _arrays(layout: list[tuple[np.dtype, tuple[int, ...], int]], data: Any) -> list[np.ndarray]:
+    """The arrays of ``layout`` over their bytes ``data`` (one after another); each aligned for its dtype."""
+    arrays, offset = [], 0
+    for dtype, shape, count in layout:
+        array = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
+        arrays.append(array if offset % dtype.alignment == 0 else array.copy())
+        offset += count * dtype.itemsize
+    return arrays
+
+
+def _send_parts(sock: socket.socket, parts: list[memoryview]) -> None:
+    """Send the buffers ``parts`` in order, with as few system calls as the socket takes (one for a step's batch)."""
+    while parts:
+        sent = sock.sendmsg(parts)
+        while parts and sent >= parts[0].nbytes:
+            sent -= parts[0].nbytes
+            parts.pop(0)
+        if sent:
+            parts[0] = parts[0][sent:]
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytearray:

@@ -19,6 +19,10 @@ from atlas_core.parallel.settings import ReplicaSettings
 from atlas_core.plugins import PluginRegistry
 from atlas_core.version import __version__
 
+POST_SPIN_S = 0.05
+"""Ranks on a device backend poll for rank 0's next post this long after each one (`Rendezvous.share_posts`): a
+decode step's post comes within it, and is seen at once rather than after a wake-up. Host backends wait on the
+socket (their steps are long, and on a small machine a polling rank would take a core from rank 0)."""
 IDENTITY_SETTINGS = ("max_seq_len", "gguf_weights", "load_format")
 """Load settings every rank must share (they shape the weights each rank holds)."""
 
@@ -93,6 +97,7 @@ def join_world(
     rendezvous = Rendezvous.meet(address, full_identity, gone)
     try:
         comm: CommBackend = comm_class.connect(rendezvous, backend)
+        rendezvous.share_posts(0.0 if backend.device_memory() is None else POST_SPIN_S)
     except BaseException:
         rendezvous.close()
         raise
