@@ -63,7 +63,10 @@ def test_every_collective_matches_its_definition(world: int) -> None:
 def reduce_random(address: WorldAddress) -> np.ndarray:
     comm = connect(address)
     values = np.random.default_rng(address.rank).standard_normal((64, 33)).astype(ml_dtypes.bfloat16)
-    return comm.all_reduce(values).view(np.uint16)
+    try:
+        return comm.all_reduce(values).view(np.uint16)
+    finally:
+        comm.close()  # its senders finish: a rank that got every part must not end before the others got its own
 
 
 def test_all_reduce_gives_every_rank_bitwise_the_same_sum() -> None:
