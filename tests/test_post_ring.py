@@ -5,6 +5,7 @@ over the ring."""
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import threading
@@ -87,6 +88,26 @@ def test_a_slot_whose_bytes_do_not_match_its_crc_is_not_taken(ring_pair: tuple) 
     assert decode_message(taken[0])[0] == {"op": "graph"}
 
 
+def test_rank_0s_last_post_is_taken_after_its_connection_closed(ring_pair: tuple) -> None:
+    writer, reader, ours, theirs = ring_pair
+    writer.write(encode_message({"op": "stop"}), timeout_s=1.0)
+    ours.close()
+    assert decode_message(reader.read(theirs))[0] == {"op": "stop"}
+    with pytest.raises(PeerLostError):
+        reader.read(theirs)
+
+
+def test_rank_0_stops_waiting_for_a_slot_when_a_rank_is_gone(ring_pair: tuple) -> None:
+    writer, _, ours, theirs = ring_pair
+    for step in range(SLOTS):
+        writer.write(encode_message({"step": step}), timeout_s=1.0)
+    theirs.close()  # the rank that never took them ended
+    started = time.monotonic()
+    with pytest.raises(PeerLostError, match="connection closed"):
+        writer.write(encode_message({"step": SLOTS}), timeout_s=30.0, peers=[ours])
+    assert time.monotonic() - started < 5
+
+
 def test_a_waiting_rank_notices_that_rank_0_is_gone(ring_pair: tuple) -> None:
     _, reader, ours, theirs = ring_pair
     ours.close()
@@ -130,3 +151,31 @@ def test_ranks_that_cannot_share_a_ring_post_over_their_sockets(monkeypatch: pyt
     for thread in threads:
         thread.join(timeout=20)
     assert results == {1: {"op": "stop"}, -1: False, -2: False}
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"\x01", "shorter than its length field"),
+        (b"".join(encode_message({"op": "x"}, [np.ones(2, np.int32)]))[:-1], "do not match its header"),
+        (struct.pack("<Q", 13) + b'{"arrays": []}'[:13], "malformed message header"),
+        (struct.pack("<Q", 30) + b'{"header": {}, "arrays": [["int32", [-1]]]}'[:30], "malformed"),
+    ],
+)
+def test_a_message_that_is_not_one_is_refused_by_name(data: bytes, problem: str) -> None:
+    with pytest.raises(CommError, match=problem):
+        decode_message(bytearray(data))
+
+
+def test_negative_sizes_and_huge_arrays_are_refused() -> None:
+    for shape, problem in (([-1], "negative size"), ([2**40], "bytes of arrays")):
+        encoded = json.dumps({"header": {}, "arrays": [["int32", shape]]}).encode()
+        with pytest.raises(CommError, match=problem):
+            decode_message(bytearray(struct.pack("<Q", len(encoded)) + encoded))
+
+
+def test_arrays_decoded_from_one_buffer_are_aligned() -> None:
+    parts = encode_message({"op": "graph", "x": "odd length"}, [np.arange(3, dtype=np.int64), np.ones(5, np.int32)])
+    _, arrays = decode_message(bytearray(b"".join(parts)))
+    assert all(array.flags.aligned for array in arrays)
+    assert parts[0].nbytes % 16 == 0

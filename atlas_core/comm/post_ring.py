@@ -28,6 +28,7 @@ import struct
 import tempfile
 import time
 import zlib
+from collections.abc import Sequence as Seq
 from pathlib import Path
 
 from atlas_core.comm import CommError
@@ -92,16 +93,19 @@ class PostRing:
         self.buffer.release()
         self.mapping.close()
 
-    def write(self, parts: list[memoryview], timeout_s: float) -> bool:
+    def write(self, parts: list[memoryview], timeout_s: float, peers: Seq[socket.socket] = ()) -> bool:
         """Rank 0: post the message whose buffers are ``parts``; False when it is too large for a slot (its place in
-        the ring says so, and the caller sends it over the sockets next). `CommError` when a rank has not taken
-        the post that last used the slot within ``timeout_s``."""
+        the ring says so, and the caller sends it over the sockets next). When every slot holds a post some rank
+        has not taken, wait: `PeerLostError` as soon as one of the ranks' connections ``peers`` closes, `CommError`
+        when a rank has taken nothing for ``timeout_s``."""
         number = self.next
         deadline = time.monotonic() + timeout_s
         while min(self._acknowledged(rank) for rank in range(1, self.world_size)) + SLOTS < number:
             if time.monotonic() > deadline:
                 raise CommError(f"a rank took no post from rank 0 within {timeout_s:g} s; it is gone or stuck")
-            os.sched_yield()
+            if any(_closed(sock) for sock in select.select(list(peers), [], [], 0)[0]):
+                raise PeerLostError("a rank's connection closed while rank 0 waited for it to take a post")
+            time.sleep(POLL_S)
         length = sum(part.nbytes for part in parts)
         fits = length <= SLOT_BYTES
         start = self._slot(number) + HEADER_BYTES
@@ -122,6 +126,7 @@ class PostRing:
         ``sock`` closes while this rank waits."""
         number, slot = self.next, self._slot(self.next)
         spin_until = time.monotonic() + self.spin_s
+        closed = False  # rank 0's connection closed: one more look at the ring (its last post may be there)
         while True:
             seen, length, crc = SLOT_HEADER.unpack_from(self.buffer, slot)
             if seen == number:
@@ -133,16 +138,38 @@ class PostRing:
                     return data
             elif seen > number:
                 raise CommError(f"rank {self.rank} missed post {number} of rank 0 (the ring holds post {seen})")
+            if closed:
+                raise PeerLostError("the peer closed the connection (its process ended)")
             if time.monotonic() < spin_until:
                 os.sched_yield()
-            elif select.select([sock], [], [], POLL_S)[0] and not sock.recv(1, socket.MSG_PEEK):
-                raise PeerLostError("the peer closed the connection (its process ended)")
+            else:
+                closed = bool(select.select([sock], [], [], POLL_S)[0]) and _closed(sock)
 
     def _slot(self, number: int) -> int:
         return self.world_size * LINE_BYTES + ((number - 1) % SLOTS) * (HEADER_BYTES + SLOT_BYTES)
 
     def _acknowledged(self, rank: int) -> int:
         return int(struct.unpack_from("<Q", self.buffer, rank * LINE_BYTES)[0])
+
+
+def this_host() -> str:
+    """This machine, as the ranks compare it before mapping rank 0's ring (a shared temporary directory on
+    another host holds a file of the same name that is not the same memory): its name and boot id."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether readable ``sock`` is at its end (the peer's process ended), without taking any of its bytes."""
+    try:
+        return not sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 def _crc(number: int, length: int, payload: bytes | bytearray | memoryview) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from atlas_core.comm import CommError
-from atlas_core.comm.post_ring import PostRing
+from atlas_core.comm.post_ring import PostRing, this_host
 from atlas_core.comm.wire import decode_message, encode_message, recv_message, send_message, send_parts
 
 CONNECT_RETRY_S = 0.05
@@ -114,8 +114,8 @@ class Rendezvous:
                 path = str(created)
             except OSError:
                 path = None
-        path = self.exchange(path)[0]
-        if self.rank != 0 and path is not None:
+        path, host = self.exchange([path, this_host()])[0]
+        if self.rank != 0 and path is not None and host == this_host():  # a file of the same name elsewhere is not it
             try:
                 self.ring = PostRing.attach(path, self.world_size, self.rank, spin_s)
             except OSError:
@@ -131,7 +131,7 @@ class Rendezvous:
     def post(self, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
         """Rank 0: send one message to every other rank."""
         parts = encode_message(header, arrays)
-        if self.ring is not None and self.ring.write(parts, self.address.timeout_s):
+        if self.ring is not None and self.ring.write(parts, self.address.timeout_s, list(self.peers.values())):
             return
         for rank in range(1, self.world_size):
             try:

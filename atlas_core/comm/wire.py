@@ -21,6 +21,10 @@ from atlas_core.comm import CommError
 
 LENGTH = struct.Struct("<Q")
 MAX_HEADER_BYTES = 64 * 2**20
+MAX_ARRAY_BYTES = 2**40
+"""More array bytes than this in one message means the stream is not Atlas's (a refusal, not an allocation)."""
+ALIGN = 16
+"""A message's arrays start at this multiple of bytes from its start."""
 
 
 class PeerLostError(CommError):
@@ -37,6 +41,7 @@ def encode_message(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) ->
     contiguous = [np.ascontiguousarray(array) for array in arrays]
     meta = {"header": header, "arrays": [[_dtype_name(array.dtype), list(array.shape)] for array in contiguous]}
     encoded = json.dumps(meta).encode()
+    encoded += b" " * (-(LENGTH.size + len(encoded)) % ALIGN)  # the arrays start aligned (JSON allows the spaces)
     parts = [memoryview(LENGTH.pack(len(encoded)) + encoded)]
     return parts + [array.reshape(-1).view(np.uint8).data for array in contiguous if array.size]
 
@@ -73,30 +78,43 @@ def recv_message(sock: socket.socket) -> tuple[dict[str, Any], list[np.ndarray]]
     when the socket's timeout passes first."""
     (length,) = LENGTH.unpack(_recv_exact(sock, LENGTH.size))
     header, layout = _meta(length, lambda: _recv_exact(sock, length))
-    return header, _arrays(layout, _recv_exact(sock, sum(dtype.itemsize * count for dtype, _, count in layout)))
+    return header, _arrays(layout, _recv_exact(sock, _array_bytes(layout)))
 
 
 def decode_message(data: bytes | bytearray) -> tuple[dict[str, Any], list[np.ndarray]]:
-    """The ``(header, arrays)`` of one encoded message whose buffers are joined in ``data``."""
+    """The ``(header, arrays)`` of one encoded message whose buffers are joined in ``data``; `CommError` when
+    ``data`` is not such a message."""
+    if len(data) < LENGTH.size:
+        raise CommError(f"a peer sent a {len(data)}-byte message, shorter than its length field")
     (length,) = LENGTH.unpack_from(data)
     start = LENGTH.size + length
     header, layout = _meta(length, lambda: data[LENGTH.size : start])
-    if len(data) - start != sum(dtype.itemsize * count for dtype, _, count in layout):
+    if len(data) - start != _array_bytes(layout):
         raise CommError("a peer sent a message whose arrays do not match its header")
     return header, _arrays(layout, memoryview(data)[start:])
 
 
 def _meta(length: int, read: Any) -> tuple[dict[str, Any], list[tuple[np.dtype, tuple[int, ...], int]]]:
     """A message's header and its arrays' (dtype, shape, element count), from ``read()``: its ``length``-byte
-    JSON."""
+    JSON. `CommError` for anything else (a malformed header, negative sizes, more than `MAX_ARRAY_BYTES`)."""
     if length > MAX_HEADER_BYTES:
         raise CommError(f"a peer sent a {length}-byte message header; is something else listening on this port?")
     try:
         meta = json.loads(read())
+        header = meta["header"]
         layout = [(_dtype(name), tuple(int(size) for size in shape)) for name, shape in meta["arrays"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise CommError(f"a peer sent a malformed message header ({exc})") from exc
-    return meta["header"], [(dtype, shape, math.prod(shape)) for dtype, shape in layout]
+    if any(size < 0 for _, shape in layout for size in shape):
+        raise CommError("a peer sent an array of negative size")
+    counted = [(dtype, shape, math.prod(shape)) for dtype, shape in layout]
+    if _array_bytes(counted) > MAX_ARRAY_BYTES:
+        raise CommError(f"a peer announced {_array_bytes(counted)} bytes of arrays; is something else on this port?")
+    return header, counted
+
+
+def _array_bytes(layout: list[tuple[np.dtype, tuple[int, ...], int]]) -> int:
+    return sum(dtype.itemsize * count for dtype, _, count in layout)
 
 
 def _arrays(layout: list[tuple[np.dtype, tuple[int, ...], int]], data: Any) -> list[np.ndarray]:

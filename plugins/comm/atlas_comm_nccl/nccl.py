@@ -100,7 +100,8 @@ class NcclComm(CommBackend):
         count, dtype = self._buffer(x)
         peer = self.peer
         if peer is not None and peer.takes(x):
-            self._run("all_reduce", lambda _stream: peer.all_reduce(x, self.timeout_s))
+            # the kernel gives up later than this rank's wait, which ends the replica with a `CommError` first
+            self._run("all_reduce", lambda _stream: peer.all_reduce(x, 2 * self.timeout_s))
             return x
         sum_op = self.nccl.NCCL_SUM
         self._run("all_reduce", lambda s: self.communicator.allReduce(_ptr(x), _ptr(x), count, dtype, sum_op, s))

@@ -2,7 +2,7 @@
 // Compiled by NVRTC at run time (`peer_reduce.py`), without system or CUDA headers.
 //
 // Every rank owns one allocation that the other ranks have mapped: FLAG_BYTES of arrival flags
-// ([BLOCKS][MAX_RANKS] counters, written by the peers), then two halves (by the call's parity) of one slot of
+// ([BLOCKS][MAX_RANKS] 64-bit call counts, written by the peers: they never wrap), then two halves (by the call's parity) of one slot of
 // `slot_bytes` per rank. A call runs BLOCKS blocks on every rank; block b of every rank handles the same
 // 16-byte vectors, and blocks past the vectors (a call of fewer than BLOCKS * THREADS) only count the call,
 // so that every block's count, and so the call's parity, stays the same. It writes its vectors of `in` into its own slot of every rank's allocation (stores to
@@ -21,17 +21,18 @@
 #endif
 #define THREADS 256
 #define FLAG_BYTES 4096
+static_assert(BLOCKS * MAX_RANKS * 8 <= FLAG_BYTES, "the arrival flags must fit their region");
 
 typedef unsigned short half_bits_t;
 
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ unsigned long long load_acquire(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
 
-__device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void store_release(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -101,25 +102,26 @@ __device__ __forceinline__ uint4 pack(const float* in) {
     return make_uint4(words[0], words[1], words[2], words[3]);
 }
 
-// bases[r]: rank r's allocation as this rank maps it. counters[b]: how many calls block b has made here.
+// bases[r]: rank r's allocation as this rank maps it. counters[b]: how many calls block b has made here (64-bit:
+// a block that waits out 2^32 calls idle must not read an old flag as this call's).
 // timeout_ns: a rank that has not arrived by then is gone or stuck: the kernel traps (the rank's CUDA work
 // fails) instead of waiting forever.
 template <int KIND>
 __device__ __forceinline__ void peer_all_reduce(const uint4* in, uint4* out, long long vectors,
-                                                const unsigned long long* bases, unsigned* counters, int rank,
+                                                const unsigned long long* bases, unsigned long long* counters, int rank,
                                                 int world, long long slot_bytes, unsigned long long timeout_ns) {
     constexpr int VALUES = KIND == 0 ? 4 : 8;
-    __shared__ unsigned call;
+    __shared__ unsigned long long call;
     if (threadIdx.x == 0) {
-        const unsigned next = counters[blockIdx.x] + 1;
+        const unsigned long long next = counters[blockIdx.x] + 1;
         counters[blockIdx.x] = next;
         call = next;
     }
     __syncthreads();
     const long long active = min((long long)BLOCKS, (vectors + THREADS - 1) / THREADS);
     if (blockIdx.x >= active) return;  // no vectors for this block: it only counts the call
-    const unsigned flag = call;
-    const long long half = FLAG_BYTES + (long long)(flag & 1u) * world * slot_bytes;
+    const unsigned long long flag = call;
+    const long long half = FLAG_BYTES + (long long)(flag & 1ull) * world * slot_bytes;
     const long long stride = active * THREADS;
     const long long first = (long long)blockIdx.x * THREADS + threadIdx.x;
     for (long long v = first; v < vectors; v += stride) {
@@ -129,10 +131,11 @@ __device__ __forceinline__ void peer_all_reduce(const uint4* in, uint4* out, lon
     }
     __syncthreads();
     if (threadIdx.x < world) {
-        store_release(reinterpret_cast<unsigned*>(bases[threadIdx.x]) + blockIdx.x * MAX_RANKS + rank, flag);
-        const unsigned* arrived = reinterpret_cast<const unsigned*>(bases[rank]) + blockIdx.x * MAX_RANKS + threadIdx.x;
+        store_release(reinterpret_cast<unsigned long long*>(bases[threadIdx.x]) + blockIdx.x * MAX_RANKS + rank, flag);
+        const unsigned long long* arrived =
+            reinterpret_cast<const unsigned long long*>(bases[rank]) + blockIdx.x * MAX_RANKS + threadIdx.x;
         const unsigned long long start = global_ns();
-        while ((int)(load_acquire(arrived) - flag) < 0) {
+        while (load_acquire(arrived) < flag) {
             if (global_ns() - start > timeout_ns) __trap();
         }
     }
@@ -152,7 +155,7 @@ __device__ __forceinline__ void peer_all_reduce(const uint4* in, uint4* out, lon
 
 #define PEER_ALL_REDUCE(NAME, KIND)                                                                             \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                       \
-        NAME(const uint4* in, uint4* out, long long vectors, const unsigned long long* bases, unsigned* counters, \
+        NAME(const uint4* in, uint4* out, long long vectors, const unsigned long long* bases, unsigned long long* counters, \
              int rank, int world, long long slot_bytes, unsigned long long timeout_ns) {                         \
         peer_all_reduce<KIND>(in, out, vectors, bases, counters, rank, world, slot_bytes, timeout_ns);           \
     }

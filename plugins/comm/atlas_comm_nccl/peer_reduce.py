@@ -55,7 +55,7 @@ class PeerAllReduce:
         self.xp, self.rank, self.world_size = xp, rank, world_size
         self.own, self.opened = own, opened
         self.bases = xp.asarray(np.asarray(bases, dtype=np.uint64))
-        self.counters = xp.zeros(BLOCKS, dtype=np.uint32)
+        self.counters = xp.zeros(BLOCKS, dtype=np.uint64)
         source = (Path(__file__).parent / "peer_all_reduce.cu").read_text()
         module = xp.RawModule(code=source, options=(f"-DBLOCKS={BLOCKS}",))
         self.kernels = {dtype: module.get_function(name) for dtype, name in KERNELS.items()}
@@ -65,17 +65,19 @@ class PeerAllReduce:
         """Set up this rank's part with the other ranks of ``rendezvous`` (every rank calls it, at the same point);
         None on every rank when some rank cannot take part, with a log line saying why."""
         world, rank = rendezvous.world_size, rendezvous.rank
-        if world == 1 or world > MAX_RANKS or os.environ.get(ENABLE_ENV, "1") == "0":
+        if world == 1 or world > MAX_RANKS:  # every rank knows this alike: no need to agree
             return None
-        runtime = xp.cuda.runtime
         own, handle, reason = 0, None, ""
-        try:
-            size = FLAG_BYTES + 2 * world * MAX_BYTES  # flags, then a slot per rank in each of two halves
-            own = runtime.malloc(size)
-            runtime.memset(own, 0, size)
-            handle = list(runtime.ipcGetMemHandle(own))
-        except Exception as exc:  # noqa: BLE001 - any CUDA error: this rank cannot share memory
-            reason = f"rank {rank} cannot share device memory ({exc})"
+        if switched_off():  # this rank's setting: the others hear of it below
+            reason = f"rank {rank} has {ENABLE_ENV}=0"
+        else:
+            try:
+                size = FLAG_BYTES + 2 * world * MAX_BYTES  # flags, then a slot per rank in each of two halves
+                own = xp.cuda.runtime.malloc(size)
+                xp.cuda.runtime.memset(own, 0, size)
+                handle = list(xp.cuda.runtime.ipcGetMemHandle(own))
+            except Exception as exc:  # noqa: BLE001 - any CUDA error: this rank cannot share memory
+                reason = f"rank {rank} cannot share device memory ({exc})"
         handles = rendezvous.exchange(handle)
         opened: list[int] = []
         reducer = None
@@ -83,32 +85,37 @@ class PeerAllReduce:
             try:
                 for peer, peer_handle in enumerate(handles):
                     if peer != rank:
-                        flags = runtime.cudaIpcMemLazyEnablePeerAccess
-                        opened.append(runtime.ipcOpenMemHandle(bytes(peer_handle), flags))
+                        flags = xp.cuda.runtime.cudaIpcMemLazyEnablePeerAccess
+                        opened.append(xp.cuda.runtime.ipcOpenMemHandle(bytes(peer_handle), flags))
                 reducer = cls(xp, rank, world, own, opened, opened[:rank] + [own] + opened[rank:])
             except Exception as exc:  # noqa: BLE001 - no peer access between these devices, or no compiler
                 reason = f"rank {rank} cannot map another rank's memory or build the kernel ({exc})"
         if _refused(rendezvous, reason) or reducer is None:
-            _release(runtime, own, opened)
+            _release(xp.cuda.runtime, own, opened)
             return None
-        if _refused(rendezvous, "" if reducer.check() else f"rank {rank}: the first sum through peer memory was wrong"):
+        try:
+            checked = reducer.check()
+        except BaseException:
+            reducer.close()
+            raise
+        if _refused(rendezvous, "" if checked else f"rank {rank}: the first sum through peer memory was wrong"):
             reducer.close()
             return None
         return reducer
 
     def takes(self, x: Any) -> bool:
-        """Whether ``x`` (a C-contiguous CuPy array) is summed here: a dtype of `KERNELS`, at most `MAX_BYTES`, and
-        whole 16-byte vectors at a 16-byte aligned address."""
-        return (
-            np.dtype(x.dtype) in self.kernels
-            and 0 < x.nbytes <= MAX_BYTES
-            and x.nbytes % 16 == 0
-            and x.data.ptr % 16 == 0
-        )
+        """Whether ``x`` (a C-contiguous CuPy array) is summed here: a dtype of `KERNELS`, at most `MAX_BYTES`, in
+        whole 16-byte vectors. It depends only on what every rank's array has alike (not on its address)."""
+        return np.dtype(x.dtype) in self.kernels and 0 < x.nbytes <= MAX_BYTES and x.nbytes % 16 == 0
 
     def all_reduce(self, x: Any, timeout_s: float) -> Any:
         """Sum ``x`` over the ranks in place, on the current stream (enqueued only; every rank must call it with an
         array of the same size and dtype). A rank missing for ``timeout_s`` makes the kernel trap."""
+        if x.data.ptr % 16:  # the kernel moves 16 bytes at a time: sum an aligned copy
+            aligned = x.copy()
+            self.all_reduce(aligned, timeout_s)
+            x[...] = aligned
+            return x
         kernel = self.kernels[np.dtype(x.dtype)]
         vectors, timeout_ns = np.int64(x.nbytes // 16), np.uint64(int(timeout_s * 1e9))
         rank, world = np.int32(self.rank), np.int32(self.world_size)
@@ -138,6 +145,11 @@ class PeerAllReduce:
         self.xp.cuda.Device().synchronize()
         _release(self.xp.cuda.runtime, self.own, self.opened)
         self.own, self.opened = 0, []
+
+
+def switched_off() -> bool:
+    """Whether this process was told to sum through NCCL only (``ATLAS_PEER_ALL_REDUCE=0``)."""
+    return os.environ.get(ENABLE_ENV, "1") == "0"
 
 
 def _refused(rendezvous: Rendezvous, reason: str) -> bool:

@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from atlas_comm_nccl.nccl import NcclComm
-from atlas_comm_nccl.peer_reduce import ENABLE_ENV
+from atlas_comm_nccl.peer_reduce import PeerAllReduce
 
 from atlas_core.comm import CommError
 from atlas_core.plugins import get_registry
@@ -262,8 +262,8 @@ class FakeRendezvous:
 
 
 def install_fake_cupy(monkeypatch: pytest.MonkeyPatch, nccl: Any) -> None:
-    """CuPy and NCCL replaced; the peer-memory all-reduce off (`test_peer_reduce.py` checks its setup)."""
-    monkeypatch.setenv(ENABLE_ENV, "0")
+    """CuPy and NCCL replaced; no peer-memory all-reduce (`test_peer_reduce.py` checks its setup)."""
+    monkeypatch.setattr(PeerAllReduce, "connect", classmethod(lambda cls, rendezvous, xp: None))
     cupy = fake_cupy()
     cupy.cuda.nccl = nccl
     monkeypatch.setitem(sys.modules, "cupy", cupy)

@@ -13,6 +13,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from atlas_comm_nccl import peer_reduce
 from atlas_comm_nccl.nccl import NcclComm
 from atlas_comm_nccl.peer_reduce import MAX_BYTES, PeerAllReduce
 
@@ -97,7 +98,7 @@ def fake_xp(rank: int, sums: FakeSums, released: list[tuple[int, str, int]], fai
     return SimpleNamespace(
         asarray=np.asarray,
         zeros=np.zeros,
-        full=np.full,
+        full=lambda shape, value, dtype: Host(np.full(shape, value, dtype)),
         RawModule=lambda code, options: module,
         cuda=SimpleNamespace(
             runtime=runtime, get_current_stream=lambda: stream, Device=lambda: SimpleNamespace(synchronize=lambda: None)
@@ -142,6 +143,24 @@ def test_one_rank_or_the_switch_off_sets_up_nothing(monkeypatch: pytest.MonkeyPa
     assert connect_all(2)[0] == [None, None]
 
 
+def test_the_switch_off_on_one_rank_alone_turns_every_rank_to_nccl(caplog: pytest.LogCaptureFixture) -> None:
+    """Each rank reads its own environment: a rank with the switch off still takes part in the agreement."""
+    caplog.set_level(logging.INFO, "atlas.comm")
+    rendezvous, sums, released = ThreadRendezvous(2), FakeSums(2), []
+
+    off = threading.local()  # each rank (thread) its own environment
+
+    def connect(rank: int) -> Any:
+        off.value = rank == 1
+        return PeerAllReduce.connect(rendezvous.rank(rank), fake_xp(rank, sums, released, False))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(peer_reduce, "switched_off", lambda: off.value)
+        assert run_rank_threads(2, connect) == [None, None]
+    assert "rank 1 has ATLAS_PEER_ALL_REDUCE=0" in caplog.text
+    assert (0, "free", 100) in released
+
+
 def test_a_sum_that_never_finishes_names_the_switch() -> None:
     reducer = PeerAllReduce.__new__(PeerAllReduce)
     reducer.rank, reducer.world_size = 1, 2
@@ -161,7 +180,7 @@ def test_a_sum_that_never_finishes_names_the_switch() -> None:
         (np.zeros(4096, ml_dtypes.bfloat16), 4096, True),  # a decode step's hidden row
         (np.zeros(8, np.float32), 4096, True),
         (np.zeros(4, np.float16), 4096, False),  # 8 bytes: not a whole vector
-        (np.zeros(4096, ml_dtypes.bfloat16), 4098, False),  # not 16-byte aligned
+        (np.zeros(4096, ml_dtypes.bfloat16), 4098, True),  # summed as an aligned copy: the same path on every rank
         (np.zeros(MAX_BYTES // 2 + 8, ml_dtypes.bfloat16), 4096, False),  # larger than the peer buffers
         (np.zeros(64, np.int32), 4096, False),  # no kernel for it
     ],
