@@ -19,6 +19,7 @@ from atlas_core.batch.kv_cache import KVCache, slots_for
 from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.engine.images import BatchImages
 from atlas_core.engine.logprobs import position_logprobs
+from atlas_core.engine.lookahead import DecodeLookahead
 from atlas_core.engine.sampling_inputs import logit_adjustments, sampling_tensors
 from atlas_core.engine.sequence import Sequence
 from atlas_core.engine.spec.proposer import HiddenObserver, HiddenSpan
@@ -113,8 +114,17 @@ class ModelRunner:
         self.hidden_observer = hidden_observer
         self.spec_stats = SpeculationStats()
         self._accepted: dict[Sequence, int] = {}
+        self.lookahead: DecodeLookahead | None = DecodeLookahead(backend, kv.block_size)
+        """Prepares each pure-decode step's successor while it runs (None: every batch is built afresh)."""
 
     def build_batch(self, chunks: list[ScheduledChunk]) -> tuple[ForwardBatch, _Rows]:
+        prepared = self.lookahead.take(chunks) if self.lookahead is not None else None
+        if prepared is not None:  # every chunk decodes one token: a row each, sampled
+            rows = _Rows()
+            for row, chunk in enumerate(chunks):
+                rows.hidden_spans.append(HiddenSpan(chunk.seq, row, chunk.seq.num_computed, 1))
+                rows.sample_rows.append((chunk.seq, row, chunk.draft))
+            return prepared, rows
         ids: list[int] = []
         positions: list[np.ndarray] = []
         slots: list[np.ndarray] = []
@@ -210,6 +220,9 @@ class ModelRunner:
         for chunk in chunks:
             for seq in (chunk.seq, *chunk.followers):
                 seq.num_computed += chunk.num_tokens
+        guided = self.guided is not None and self.guided.active
+        if self.lookahead is not None and batch.is_pure_decode and logits is not None and not guided:
+            self.lookahead.prepare(chunks)  # while the device runs this step
         pooled = self._pool(rows, hidden)
         if logits is None:
             self._observe(hidden, rows)
@@ -284,7 +297,10 @@ class ModelRunner:
         adjustments = logit_adjustments(seqs, bans, drafted)
         if adjustments is not None:  # logprobs above are of the unadjusted distribution
             self.backend.adjust_logits(logits, adjustments)
-        tokens = self.backend.to_numpy(self.backend.sample(logits, sampling_tensors(seqs, offsets))).tolist()
+        sampled = self.backend.sample(logits, sampling_tensors(seqs, offsets))
+        if self.lookahead is not None:
+            self.lookahead.sampled(None if forced else sampled)
+        tokens = self.backend.to_numpy(sampled).tolist()
         for row, token in forced.items():
             tokens[row] = token
         first = 0

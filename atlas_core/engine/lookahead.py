@@ -1,0 +1,136 @@
+"""The next decode step's inputs, prepared while the device runs the current one.
+
+Between two decode steps the device waits for the host: the sampled tokens come back, the engine keeps its
+books, schedules, builds the next batch's metadata and uploads it. Most of that batch is known before the
+tokens are: when every sequence of a pure-decode step goes on decoding, the next step runs the same
+sequences, each at the next position, in the same KV blocks. `DecodeLookahead.prepare` builds those
+inputs and uploads them (ordered after the running step on the device's stream) while the step's forward
+runs; the step's sampled tokens, still on the device, are the next step's token ids. `take` hands the
+prepared batch to the next step when its chunks are exactly the predicted ones, and None otherwise (a
+sequence finished or joined, a new KV block, drafts, forks, images, forced tokens): that step builds its
+batch as usual. The prepared batch holds the same values as one built afresh, so the outputs are too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from atlas_core.backends.base import Array, AttentionMetadata, Backend
+from atlas_core.batch.forward_batch import ForwardBatch
+from atlas_core.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from atlas_core.engine.runner import ScheduledChunk
+
+
+@dataclass
+class _Prediction:
+    """The next step as predicted: its sequences in batch order, each one's position, blocks and state slot,
+    and the metadata (host arrays without the token ids, and their device copies)."""
+
+    seqs: list[Sequence]
+    positions: list[int]
+    blocks: list[list[int]]
+    state_slots: list[int]
+    host: tuple[np.ndarray, ...]
+    device: list[Array]
+    tokens: Array | None = None  # the running step's sampled tokens, on the device (`sampled`)
+
+
+class DecodeLookahead:
+    """Predicts, prepares and hands over the next pure-decode batch (see the module's docstring)."""
+
+    def __init__(self, backend: Backend, block_size: int) -> None:
+        self.backend, self.block_size = backend, block_size
+        self._next: _Prediction | None = None
+        self.hits = 0
+        """Steps that ran the prepared batch."""
+
+    def prepare(self, chunks: Seq[ScheduledChunk]) -> None:
+        """After the forward of ``chunks`` was launched (and each sequence's ``num_computed`` advanced): prepare the
+        step in which each of them decodes its next token, if the step is one that can be predicted."""
+        self._next = None
+        bs = self.block_size
+        seqs, positions, blocks, state_slots = [], [], [], []
+        for chunk in chunks:
+            seq = chunk.seq
+            position = seq.num_computed
+            if (
+                chunk.num_tokens != 1
+                or chunk.draft
+                or chunk.followers
+                or len(seq.token_ids) != position  # this step samples the token at ``position``
+                or seq.request.images is not None
+                or seq.request.pooler is not None
+                or position // bs >= len(seq.table.blocks)  # the next token needs a new block
+            ):
+                return
+            seqs.append(seq)
+            positions.append(position)
+            blocks.append(list(seq.table.blocks))
+            state_slots.append(-1 if seq.state_slot is None else seq.state_slot)
+        if not seqs:
+            return
+        count = len(seqs)
+        tables = np.full((count, max(len(b) for b in blocks)), -1, dtype=np.int32)
+        for row, table in enumerate(blocks):
+            tables[row, : len(table)] = table
+        at = np.asarray(positions, dtype=np.int32)
+        slots = np.asarray([table[p // bs] * bs + p % bs for table, p in zip(blocks, positions, strict=True)])
+        host = (
+            at,
+            np.arange(count + 1, dtype=np.int32),
+            at + 1,
+            tables,
+            slots.astype(np.int32),
+            np.asarray(state_slots, dtype=np.int32),
+        )
+        self._next = _Prediction(seqs, positions, blocks, state_slots, host, self.backend.upload_int32(host))
+
+    def sampled(self, tokens: Array | None) -> None:
+        """The running step's sampled tokens (one per sequence, in batch order, on the device), which are the
+        next step's token ids; None when some were not sampled there (forced by a grammar): no next batch."""
+        if self._next is not None:
+            if tokens is None or getattr(tokens, "dtype", None) != np.int32 or tokens.shape != (len(self._next.seqs),):
+                self._next = None
+            else:
+                self._next.tokens = tokens
+
+    def take(self, chunks: Seq[ScheduledChunk]) -> ForwardBatch | None:
+        """The prepared batch when ``chunks`` are exactly the predicted step, else None; either way the prediction
+        is used up."""
+        prediction, self._next = self._next, None
+        if prediction is None or prediction.tokens is None or len(chunks) != len(prediction.seqs):
+            return None
+        for chunk, seq, position, table, slot in zip(
+            chunks, prediction.seqs, prediction.positions, prediction.blocks, prediction.state_slots, strict=True
+        ):
+            if (
+                chunk.seq is not seq
+                or chunk.num_tokens != 1
+                or chunk.draft
+                or chunk.followers
+                or seq.num_computed != position
+                or len(seq.token_ids) != position + 1
+                or seq.table.blocks != table
+                or (-1 if seq.state_slot is None else seq.state_slot) != slot
+            ):
+                return None
+        ids = np.asarray([seq.token_ids[-1] for seq in prediction.seqs], dtype=np.int32)
+        positions, starts, lengths, tables, slots, state_slots = prediction.device
+        self.hits += 1
+        return ForwardBatch(
+            input_ids=prediction.tokens,
+            positions=positions,
+            attention=AttentionMetadata(
+                query_start_loc=starts, seq_lens=lengths, block_tables=tables, slot_mapping=slots
+            ),
+            logits_rows=np.arange(len(ids), dtype=np.int64),
+            state_slots=state_slots,
+            is_pure_decode=True,
+            host_inputs=(ids, *prediction.host),
+        )

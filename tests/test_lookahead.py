@@ -1,0 +1,74 @@
+"""The next decode step prepared while the current one runs (`atlas_core.engine.lookahead`): the steps that run
+a prepared batch give the tokens and log-probabilities of batches built afresh, and a step whose chunks are not
+the predicted ones (a request joined, one finished, a new KV block) is built afresh."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from atlas_core import LLM, SamplingParams
+from tests.conftest import TINY
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [11] * 20]
+PARAMS = [
+    SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True),  # crosses KV blocks
+    SamplingParams(max_tokens=25, temperature=0.8, seed=3, ignore_eos=True),  # finishes first
+    SamplingParams(max_tokens=33, temperature=0.0, ignore_eos=True, logprobs=2, repetition_penalty=1.3),
+]
+
+
+def run(lookahead: bool, steps: Any = None) -> tuple[list[Any], int]:
+    """Each request's tokens and log-probabilities (a fresh engine), and the steps that ran a prepared batch.
+    ``steps(engine, step)``: called before each engine step (to add requests on the way)."""
+    llm = LLM(TINY / "llama", backend="numpy", max_seq_len=256)
+    engine = llm.engine
+    if not lookahead:
+        engine.runner.lookahead = None
+    for index, (prompt, params) in enumerate(zip(PROMPTS, PARAMS, strict=True)):
+        if steps is None or index < 2:
+            engine.add_request(str(index), None, prompt, params)
+    outputs: dict[str, Any] = {}
+    step = 0
+    while engine.has_unfinished() or (steps is not None and step < 6):
+        if steps is not None:
+            steps(engine, step)
+        for output in engine.step():
+            outputs[output.request_id] = output
+        step += 1
+    results = []
+    for request_id in sorted(outputs):
+        completion = outputs[request_id].outputs[0]
+        logprobs = [sorted((t, e.logprob) for t, e in entry.items()) for entry in completion.logprobs or []]
+        results.append((completion.token_ids, logprobs))
+    hits = engine.runner.lookahead.hits if engine.runner.lookahead is not None else 0
+    return results, hits
+
+
+def same(a: list[Any], b: list[Any]) -> None:
+    for (tokens_a, logprobs_a), (tokens_b, logprobs_b) in zip(a, b, strict=True):
+        assert tokens_a == tokens_b
+        for entry_a, entry_b in zip(logprobs_a, logprobs_b, strict=True):
+            assert [t for t, _ in entry_a] == [t for t, _ in entry_b]
+            np.testing.assert_array_equal([p for _, p in entry_a], [p for _, p in entry_b])
+
+
+def test_prepared_steps_give_the_outputs_of_batches_built_afresh() -> None:
+    prepared, hits = run(lookahead=True)
+    afresh, none = run(lookahead=False)
+    same(prepared, afresh)
+    assert none == 0
+    # 98 tokens over 3 requests: most decode steps ran prepared; those after a finish or into a new block did not
+    assert 20 < hits < 40
+
+
+def test_a_request_that_joins_is_built_afresh_and_changes_nothing() -> None:
+    def join(engine: Any, step: int) -> None:
+        if step == 5:
+            engine.add_request("2", None, PROMPTS[2], PARAMS[2])
+
+    prepared, hits = run(lookahead=True, steps=join)
+    afresh, _ = run(lookahead=False, steps=join)
+    same(prepared, afresh)
+    assert hits > 0
