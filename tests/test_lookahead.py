@@ -19,14 +19,14 @@ PARAMS = [
 ]
 
 
-def run(lookahead: bool, steps: Any = None) -> tuple[list[Any], int]:
-    """Each request's tokens and log-probabilities (a fresh engine), and the steps that ran a prepared batch.
-    ``steps(engine, step)``: called before each engine step (to add requests on the way)."""
+def run(lookahead: bool, steps: Any = None, count: int = len(PROMPTS)) -> tuple[list[Any], int]:
+    """The first ``count`` requests' tokens and log-probabilities (a fresh engine), and the steps that ran a
+    prepared batch. ``steps(engine, step)``: called before each engine step (to add requests on the way)."""
     llm = LLM(TINY / "llama", backend="numpy", max_seq_len=256)
     engine = llm.engine
     if not lookahead:
         engine.runner.lookahead = None
-    for index, (prompt, params) in enumerate(zip(PROMPTS, PARAMS, strict=True)):
+    for index, (prompt, params) in enumerate(zip(PROMPTS[:count], PARAMS[:count], strict=True)):
         if steps is None or index < 2:
             engine.add_request(str(index), None, prompt, params)
     outputs: dict[str, Any] = {}
@@ -59,8 +59,16 @@ def test_prepared_steps_give_the_outputs_of_batches_built_afresh() -> None:
     afresh, none = run(lookahead=False)
     same(prepared, afresh)
     assert none == 0
-    # 98 tokens over 3 requests: most decode steps ran prepared; those after a finish or into a new block did not
-    assert 20 < hits < 40
+    # 40 steps: the prefill, the first decode step (nothing prepared yet), the two after a request finished
+    # (another set of sequences), and 36 prepared, KV block boundaries included
+    assert hits == 36
+
+
+def test_a_lone_sequence_decodes_from_prepared_steps_across_kv_blocks() -> None:
+    prepared, hits = run(lookahead=True, count=1)
+    afresh, _ = run(lookahead=False, count=1)
+    same(prepared, afresh)
+    assert hits == 38  # 40 tokens: the first from the prefill, the second from a step built afresh
 
 
 def test_a_request_that_joins_is_built_afresh_and_changes_nothing() -> None:

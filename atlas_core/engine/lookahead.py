@@ -3,11 +3,12 @@
 Between two decode steps the device waits for the host: the sampled tokens come back, the engine keeps its
 books, schedules, builds the next batch's metadata and uploads it. Most of that batch is known before the
 tokens are: when every sequence of a pure-decode step goes on decoding, the next step runs the same
-sequences, each at the next position, in the same KV blocks. `DecodeLookahead.prepare` builds those
-inputs and uploads them (ordered after the running step on the device's stream) while the step's forward
-runs; the step's sampled tokens, still on the device, are the next step's token ids. `take` hands the
+sequences, each at the next position, in the same KV blocks (plus a new one where the token starts one).
+`DecodeLookahead.prepare` builds those inputs and uploads them (ordered after the running step on the
+device's stream) while the step's forward runs; the step's sampled tokens, still on the device, are the next
+step's token ids. `take` hands the
 prepared batch to the next step when its chunks are exactly the predicted ones, and None otherwise (a
-sequence finished or joined, a new KV block, drafts, forks, images, forced tokens): that step builds its
+sequence finished or joined, other KV blocks, drafts, forks, images, forced tokens): that step builds its
 batch as usual. The prepared batch holds the same values as one built afresh, so the outputs are too.
 """
 
@@ -52,7 +53,8 @@ class DecodeLookahead:
 
     def prepare(self, chunks: Seq[ScheduledChunk]) -> None:
         """After the forward of ``chunks`` was launched (and each sequence's ``num_computed`` advanced): prepare the
-        step in which each of them decodes its next token, if the step is one that can be predicted."""
+        step in which each of them decodes its next token, if the step is one that can be predicted. A sequence
+        whose next token starts a new KV block gets the block the scheduler gives it (`take`)."""
         self._next = None
         bs = self.block_size
         seqs, positions, blocks, state_slots = [], [], [], []
@@ -66,7 +68,7 @@ class DecodeLookahead:
                 or len(seq.token_ids) != position  # this step samples the token at ``position``
                 or seq.request.images is not None
                 or seq.request.pooler is not None
-                or position // bs >= len(seq.table.blocks)  # the next token needs a new block
+                or position // bs > len(seq.table.blocks)
             ):
                 return
             seqs.append(seq)
@@ -76,19 +78,15 @@ class DecodeLookahead:
         if not seqs:
             return
         count = len(seqs)
-        tables = np.full((count, max(len(b) for b in blocks)), -1, dtype=np.int32)
-        for row, table in enumerate(blocks):
+        width = max(max(len(table), p // bs + 1) for table, p in zip(blocks, positions, strict=True))
+        tables = np.full((count, width), -1, dtype=np.int32)
+        slots = np.full(count, -1, dtype=np.int32)
+        for row, (table, position) in enumerate(zip(blocks, positions, strict=True)):
             tables[row, : len(table)] = table
+            if position // bs < len(table):  # else: a new block, filled in by `take`
+                slots[row] = table[position // bs] * bs + position % bs
         at = np.asarray(positions, dtype=np.int32)
-        slots = np.asarray([table[p // bs] * bs + p % bs for table, p in zip(blocks, positions, strict=True)])
-        host = (
-            at,
-            np.arange(count + 1, dtype=np.int32),
-            at + 1,
-            tables,
-            slots.astype(np.int32),
-            np.asarray(state_slots, dtype=np.int32),
-        )
+        host = (at, np.arange(count + 1, dtype=np.int32), at + 1, tables, slots, np.asarray(state_slots, np.int32))
         self._next = _Prediction(seqs, positions, blocks, state_slots, host, self.backend.upload_int32(host))
 
     def sampled(self, tokens: Array | None) -> None:
@@ -101,14 +99,17 @@ class DecodeLookahead:
                 self._next.tokens = tokens
 
     def take(self, chunks: Seq[ScheduledChunk]) -> ForwardBatch | None:
-        """The prepared batch when ``chunks`` are exactly the predicted step, else None; either way the prediction
-        is used up."""
+        """The prepared batch when ``chunks`` are exactly the predicted step (a sequence may have got the one new
+        block its token needs), else None; either way the prediction is used up."""
         prediction, self._next = self._next, None
         if prediction is None or prediction.tokens is None or len(chunks) != len(prediction.seqs):
             return None
-        for chunk, seq, position, table, slot in zip(
-            chunks, prediction.seqs, prediction.positions, prediction.blocks, prediction.state_slots, strict=True
+        bs = self.block_size
+        grown: list[tuple[int, int]] = []  # (row, new block)
+        for row, (chunk, seq, position, table, slot) in enumerate(
+            zip(chunks, prediction.seqs, prediction.positions, prediction.blocks, prediction.state_slots, strict=True)
         ):
+            blocks = seq.table.blocks
             if (
                 chunk.seq is not seq
                 or chunk.num_tokens != 1
@@ -116,12 +117,24 @@ class DecodeLookahead:
                 or chunk.followers
                 or seq.num_computed != position
                 or len(seq.token_ids) != position + 1
-                or seq.table.blocks != table
                 or (-1 if seq.state_slot is None else seq.state_slot) != slot
             ):
                 return None
+            if len(blocks) != len(table):  # the token starts a block: only that one may be new
+                if position // bs != len(table) or len(blocks) != len(table) + 1 or blocks[:-1] != table:
+                    return None
+                grown.append((row, blocks[-1]))
+            elif blocks != table:
+                return None
         ids = np.asarray([seq.token_ids[-1] for seq in prediction.seqs], dtype=np.int32)
         positions, starts, lengths, tables, slots, state_slots = prediction.device
+        host = prediction.host
+        if grown:  # the new blocks' table entries and KV slots, uploaded now
+            host_tables, host_slots = host[3], host[4]
+            for row, block in grown:
+                host_tables[row, prediction.positions[row] // bs] = block
+                host_slots[row] = block * bs
+            tables, slots = self.backend.upload_int32([host_tables, host_slots])
         self.hits += 1
         return ForwardBatch(
             input_ids=prediction.tokens,
@@ -132,5 +145,5 @@ class DecodeLookahead:
             logits_rows=np.arange(len(ids), dtype=np.int64),
             state_slots=state_slots,
             is_pure_decode=True,
-            host_inputs=(ids, *prediction.host),
+            host_inputs=(ids, *host),
         )
