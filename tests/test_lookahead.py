@@ -80,3 +80,27 @@ def test_a_request_that_joins_is_built_afresh_and_changes_nothing() -> None:
     afresh, _ = run(lookahead=False, steps=join)
     same(prepared, afresh)
     assert hits > 0
+
+
+def test_a_backend_can_keep_its_steps_from_being_prepared(monkeypatch: Any) -> None:
+    from atlas_core.backends.numpy_backend import NumpyBackend
+
+    monkeypatch.setattr(NumpyBackend, "prepares_decode_steps", False)
+    llm = LLM(TINY / "llama", backend="numpy", max_seq_len=256)
+    assert llm.engine.runner.lookahead is None
+    assert llm.generate([PROMPTS[0]], PARAMS[0])[0].outputs[0].token_ids == run(lookahead=False, count=1)[0][0][0]
+
+
+def test_sampled_tokens_that_cannot_be_the_next_token_ids_drop_the_prepared_step() -> None:
+    from atlas_core.backends.numpy_backend import NumpyBackend
+    from atlas_core.engine.lookahead import DecodeLookahead, _Prediction
+
+    lookahead = DecodeLookahead(NumpyBackend(), block_size=16)
+    device = [np.zeros(2, np.int32)] * 6
+    for tokens in (np.zeros(2, np.int64), np.zeros(4, np.int32)[::2], [0, 0], np.zeros(3, np.int32)):
+        lookahead._next = _Prediction([object(), object()], [1, 1], [[0], [1]], [-1, -1], (), device)  # type: ignore[list-item]
+        lookahead.sampled(tokens)
+        assert lookahead._next is None
+    lookahead._next = _Prediction([object(), object()], [1, 1], [[0], [1]], [-1, -1], (), device)  # type: ignore[list-item]
+    lookahead.sampled(np.zeros(2, np.int32))
+    assert lookahead._next is not None and lookahead._next.tokens is not None

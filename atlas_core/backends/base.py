@@ -60,6 +60,10 @@ class Backend(ABC):
     its KV cache in besides its activation dtype (``auto``): its `write_kv` and `attention` take caches of
     those dtypes, and for ``fp8`` it implements `write_kv_scaled` and `attention_scaled`. The engine refuses
     others with a `ConfigError`."""
+    prepares_decode_steps: ClassVar[bool] = True
+    """Whether the engine may prepare each pure-decode step while the one before runs
+    (`atlas_core.engine.lookahead`). It relies on what `sample` and `upload_int32` promise about the arrays they
+    return; a backend that cannot keep those promises sets it False."""
     batch_invariant: bool = False
     """Set by the engine (``EngineConfig.batch_invariant``): True keeps every row's arithmetic independent of
     the rest of the batch (a backend whose fastest kernels trade that away keeps to its invariant ones)."""
@@ -103,7 +107,8 @@ class Backend(ABC):
 
     def upload_int32(self, arrays: Sequence[np.ndarray]) -> list[Array]:
         """int32 copies of several small host integer arrays (a step's metadata), in order and of the same
-        shapes. Backends with a cost per copy override it to send them together."""
+        shapes. Backends with a cost per copy override it to send them together. The copies are the caller's:
+        later uploads must not reuse their memory (the engine prepares a step's metadata a step early)."""
         return [self.from_numpy(np.asarray(array), dtype=np.dtype(np.int32)) for array in arrays]
 
     def keeps_quantized(self, weight: QuantizedWeight) -> bool:
@@ -310,4 +315,7 @@ class Backend(ABC):
         top_p (the token crossing it included); then tokens with ``p >= min_p * max(p)``;
         renormalise and return the token where the cumulative mass first exceeds
         ``uniform * total``.
+
+        The result is a new contiguous array of this backend's own type, which nothing later overwrites: the
+        engine feeds it to the next decode step as its token ids (`atlas_core.engine.lookahead`).
         """

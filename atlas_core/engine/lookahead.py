@@ -92,11 +92,19 @@ class DecodeLookahead:
     def sampled(self, tokens: Array | None) -> None:
         """The running step's sampled tokens (one per sequence, in batch order, on the device), which are the
         next step's token ids; None when some were not sampled there (forced by a grammar): no next batch."""
-        if self._next is not None:
-            if tokens is None or getattr(tokens, "dtype", None) != np.int32 or tokens.shape != (len(self._next.seqs),):
-                self._next = None
+        prediction = self._next
+        if prediction is not None:
+            usable = (
+                tokens is not None
+                and type(tokens) is type(prediction.device[0])  # the backend's own arrays, as its uploads are
+                and getattr(tokens, "dtype", None) == np.int32
+                and tokens.shape == (len(prediction.seqs),)
+                and bool(getattr(getattr(tokens, "flags", None), "c_contiguous", False))
+            )
+            if usable:
+                prediction.tokens = tokens
             else:
-                self._next.tokens = tokens
+                self._next = None
 
     def take(self, chunks: Seq[ScheduledChunk]) -> ForwardBatch | None:
         """The prepared batch when ``chunks`` are exactly the predicted step (a sequence may have got the one new
@@ -119,6 +127,8 @@ class DecodeLookahead:
                 or len(seq.token_ids) != position + 1
                 or (-1 if seq.state_slot is None else seq.state_slot) != slot
             ):
+                return None
+            if position // bs >= len(blocks):  # no block for the token (a fresh build would fail loudly too)
                 return None
             if len(blocks) != len(table):  # the token starts a block: only that one may be new
                 if position // bs != len(table) or len(blocks) != len(table) + 1 or blocks[:-1] != table:

@@ -114,8 +114,9 @@ class ModelRunner:
         self.hidden_observer = hidden_observer
         self.spec_stats = SpeculationStats()
         self._accepted: dict[Sequence, int] = {}
-        self.lookahead: DecodeLookahead | None = DecodeLookahead(backend, kv.block_size)
-        """Prepares each pure-decode step's successor while it runs (None: every batch is built afresh)."""
+        self.lookahead = DecodeLookahead(backend, kv.block_size) if backend.prepares_decode_steps else None
+        """Prepares each pure-decode step's successor while it runs (None: every batch is built afresh). Using it,
+        `build_batch` takes up the prepared step."""
 
     def build_batch(self, chunks: list[ScheduledChunk]) -> tuple[ForwardBatch, _Rows]:
         prepared = self.lookahead.take(chunks) if self.lookahead is not None else None
