@@ -257,9 +257,14 @@ class KVCache:
         scatter_rows(self.backend, self.arrays, blocks, arrays)
 
 
+def slot_of(blocks: list[int], block_size: int, position: int) -> int:
+    """The flat KV slot of token position ``position`` of a sequence owning ``blocks``."""
+    return blocks[position // block_size] * block_size + position % block_size
+
+
 def slots_for(blocks: list[int], block_size: int, start: int, end: int) -> np.ndarray:
     """Flat KV slots (int64) of token positions ``start..end-1`` of a sequence owning ``blocks``."""
     if end - start == 1:  # a decode token: no array arithmetic (0.4 instead of 2.4 us of host time a sequence)
-        return np.array([blocks[start // block_size] * block_size + start % block_size], dtype=np.int64)
+        return np.array([slot_of(blocks, block_size, start)], dtype=np.int64)
     positions = np.arange(start, end)
     return np.asarray(blocks, dtype=np.int64)[positions // block_size] * block_size + positions % block_size

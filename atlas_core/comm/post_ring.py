@@ -108,16 +108,16 @@ class PostRing:
             time.sleep(POLL_S)
         length = sum(part.nbytes for part in parts)
         fits = length <= SLOT_BYTES
-        start = self._slot(number) + HEADER_BYTES
+        slot = self._slot(number)
+        start = end = slot + HEADER_BYTES
         if fits:
             for part in parts:
-                self.buffer[start : start + part.nbytes] = part.cast("B")
-                start += part.nbytes
+                self.buffer[end : end + part.nbytes] = part.cast("B")
+                end += part.nbytes
         else:
             length = ON_SOCKET
-        payload = self.buffer[self._slot(number) + HEADER_BYTES : start]
-        struct.pack_into("<QI", self.buffer, self._slot(number) + 8, length, _crc(number, length, payload))
-        struct.pack_into("<Q", self.buffer, self._slot(number), number)
+        struct.pack_into("<QI", self.buffer, slot + 8, length, _crc(number, length, self.buffer[start:end]))
+        struct.pack_into("<Q", self.buffer, slot, number)
         self.next += 1
         return fits
 

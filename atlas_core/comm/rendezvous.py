@@ -114,8 +114,9 @@ class Rendezvous:
                 path = str(created)
             except OSError:
                 path = None
-        path, host = self.exchange([path, this_host()])[0]
-        if self.rank != 0 and path is not None and host == this_host():  # a file of the same name elsewhere is not it
+        here = this_host()
+        path, host = self.exchange([path, here])[0]
+        if self.rank != 0 and path is not None and host == here:  # a file of the same name elsewhere is not it
             try:
                 self.ring = PostRing.attach(path, self.world_size, self.rank, spin_s)
             except OSError:

@@ -22,6 +22,7 @@ import numpy as np
 
 from atlas_core.backends.base import Array, AttentionMetadata, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
+from atlas_core.batch.kv_cache import slot_of
 from atlas_core.engine.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class DecodeLookahead:
         for row, (table, position) in enumerate(zip(blocks, positions, strict=True)):
             tables[row, : len(table)] = table
             if position // bs < len(table):  # else: a new block, filled in by `take`
-                slots[row] = table[position // bs] * bs + position % bs
+                slots[row] = slot_of(table, bs, position)
         at = np.asarray(positions, dtype=np.int32)
         host = (at, np.arange(count + 1, dtype=np.int32), at + 1, tables, slots, np.asarray(state_slots, np.int32))
         self._next = _Prediction(seqs, positions, blocks, state_slots, host, self.backend.upload_int32(host))
@@ -143,7 +144,7 @@ class DecodeLookahead:
             host_tables, host_slots = host[3], host[4]
             for row, block in grown:
                 host_tables[row, prediction.positions[row] // bs] = block
-                host_slots[row] = block * bs
+                host_slots[row] = slot_of(prediction.seqs[row].table.blocks, bs, prediction.positions[row])
             tables, slots = self.backend.upload_int32([host_tables, host_slots])
         self.hits += 1
         return ForwardBatch(
