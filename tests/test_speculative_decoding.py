@@ -101,9 +101,9 @@ def test_greedy_tokens_identical_with_rejections_batched_and_cached(name: str) -
     spec.engine.speculation.proposer = proposer
     execute, verified = spec.engine.runner.execute, []
 
-    def recording(chunks: list[ScheduledChunk], copies: list[tuple[int, int]]) -> list[Sequence]:
+    def recording(chunks: list[ScheduledChunk], copies: list[tuple[int, int]], run_ahead: bool) -> list[Sequence]:
         verified.extend((chunk.num_tokens, len(chunk.draft)) for chunk in chunks if chunk.draft)
-        return execute(chunks, copies)
+        return execute(chunks, copies, run_ahead)
 
     spec.engine.runner.execute = recording  # type: ignore[method-assign]
     for _ in range(2):  # the second run hits the prefix cache the first filled

@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
-from atlas_core.backends.inputs import AttentionMetadata, LogitAdjustments, SamplingTensors
+from atlas_core.backends.inputs import (
+    AttentionMetadata,
+    Download,
+    LogitAdjustments,
+    ReadyDownload,
+    SamplingTensors,
+)
 from atlas_core.backends.ops import OpGroup, on_host
 from atlas_core.weights.quantized import QuantizedWeight, dequantize
 
@@ -37,7 +43,7 @@ log = logging.getLogger("atlas.backends")
 
 Array = Any
 """A backend's array type (``numpy.ndarray`` for the reference, ``cupy.ndarray`` on CUDA)."""
-__all__ = ["Array", "AttentionMetadata", "Backend", "LogitAdjustments", "SamplingTensors"]
+__all__ = ["Array", "AttentionMetadata", "Backend", "Download", "LogitAdjustments", "ReadyDownload", "SamplingTensors"]
 """What the contract names; the ops' input records are defined in `atlas_core.backends.inputs`."""
 
 
@@ -64,6 +70,11 @@ class Backend(ABC):
     """Whether the engine may prepare each pure-decode step while the one before runs
     (`atlas_core.engine.lookahead`). It relies on what `sample` and `upload_int32` promise about the arrays they
     return; a backend that cannot keep those promises sets it False."""
+    queues_work: ClassVar[bool] = False
+    """Whether calls return before the device has run them (work is queued on a stream, as on CUDA). The engine
+    then launches a predictable decode step before it reads the tokens of the step before
+    (`atlas_core.engine.ahead`), through `download_async`. Backends that compute as they are called leave it
+    False."""
     batch_invariant: bool = False
     """Set by the engine (``EngineConfig.batch_invariant``): True keeps every row's arithmetic independent of
     the rest of the batch (a backend whose fastest kernels trade that away keeps to its invariant ones)."""
@@ -142,6 +153,12 @@ class Backend(ABC):
     @abstractmethod
     def to_numpy(self, x: Array) -> np.ndarray:
         """Copy to the host (synchronises)."""
+
+    def download_async(self, x: Array) -> Download:
+        """Start copying ``x`` to the host, ordered after the work queued so far: the result's ``result()`` waits for
+        that copy alone, not for work queued after this call. Backends that queue work override it; this one copies
+        at once."""
+        return ReadyDownload(self.to_numpy(x))
 
     @abstractmethod
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype | type) -> Array:

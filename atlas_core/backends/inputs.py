@@ -1,10 +1,12 @@
 """The input records of the backend ops (`atlas_core.backends.base`): where a flattened paged batch's queries and
 keys live (`AttentionMetadata`), per-row sampling parameters (`SamplingTensors`) and logit penalties and biases
-(`LogitAdjustments`). `atlas_core.backends.base` re-exports them."""
+(`LogitAdjustments`); and the copies to the host that `Backend.download_async` starts (`Download`).
+`atlas_core.backends.base` re-exports them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -107,3 +109,21 @@ class LogitAdjustments:
     def is_empty(self) -> bool:
         """True when there is neither a penalty entry nor a bias entry: the logits stay as they are."""
         return len(self.penalty_rows) == 0 and len(self.bias_rows) == 0
+
+
+class Download(Protocol):
+    """A copy to the host started by `Backend.download_async`."""
+
+    def result(self) -> np.ndarray:
+        """The copied array, once the copy is done (waits for it alone)."""
+        ...
+
+
+@dataclass
+class ReadyDownload:
+    """A `Download` whose array was copied when it was made (backends that compute as they are called)."""
+
+    array: np.ndarray
+
+    def result(self) -> np.ndarray:
+        return self.array

@@ -17,7 +17,7 @@ from atlas_core.engine.kv_tiers import build_offload
 from atlas_core.engine.outputs import RequestOutput
 from atlas_core.engine.runner import ModelRunner, ScheduledChunk
 from atlas_core.engine.sampling_params import SamplingParams
-from atlas_core.engine.scheduler import Scheduler, SchedulerConfig
+from atlas_core.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from atlas_core.engine.sequence import Request, Sequence
 from atlas_core.engine.spec.speculation import Speculation
 from atlas_core.engine.spec.verify import RecurrentRollback
@@ -265,7 +265,7 @@ class LLMEngine:
         try:
             if self.offload is not None:
                 self.offload.before_forward()
-            sampled = self.runner.execute(step.chunks, step.block_copies)
+            sampled = self.runner.execute(step.chunks, step.block_copies, self._decodes_again(step))
             self._copy_state_to_forks(step.chunks)
         except Exception as exc:  # a failed forward fails the requests in it, never the engine
             log.exception("forward step failed")
@@ -289,6 +289,18 @@ class LLMEngine:
                 self.requests.pop(request_id, None)
             outputs.append(request.output())
         return outputs
+
+    def _decodes_again(self, step: ScheduledStep) -> bool:
+        """Whether the step after ``step`` is expected to decode its sequences again: nothing waits and every
+        running sequence runs in it, with no speculation, storage tier or split replica in the way. The runner
+        may then launch that step before it reads this one's tokens (`atlas_core.engine.ahead`)."""
+        return (
+            not self.speculation
+            and self.offload is None
+            and self.runner.model.mirror is None
+            and not self.scheduler.waiting
+            and len(step.chunks) == len(self.scheduler.running)
+        )
 
     def close(self) -> None:
         """Finish the storage tiers' transfers and close them (with ``kv_spill_persist``, after writing the

@@ -138,14 +138,28 @@ class DecodeLookahead:
             elif blocks != table:
                 return None
         ids = np.asarray([seq.token_ids[-1] for seq in prediction.seqs], dtype=np.int32)
-        positions, starts, lengths, tables, slots, state_slots = prediction.device
         host = prediction.host
         if grown:  # the new blocks' table entries and KV slots, uploaded now
             host_tables, host_slots = host[3], host[4]
             for row, block in grown:
                 host_tables[row, prediction.positions[row] // bs] = block
                 host_slots[row] = slot_of(prediction.seqs[row].table.blocks, bs, prediction.positions[row])
-            tables, slots = self.backend.upload_int32([host_tables, host_slots])
+            prediction.device[3:5] = self.backend.upload_int32([host_tables, host_slots])
+        return self._batch(prediction, ids)
+
+    def take_ahead(self) -> tuple[list[Sequence], ForwardBatch] | None:
+        """The prepared batch before the running step's tokens are read (`atlas_core.engine.ahead`): its sequences
+        and the batch, whose input ids are those tokens on the device; None when nothing is prepared or some
+        sequence's token starts a KV block (which the scheduler has not given yet). The prediction is used up."""
+        prediction, self._next = self._next, None
+        if prediction is None or prediction.tokens is None or bool((prediction.host[4] < 0).any()):
+            return None
+        return prediction.seqs, self._batch(prediction, None)
+
+    def _batch(self, prediction: _Prediction, ids: np.ndarray | None) -> ForwardBatch:
+        """The prepared batch; ``ids``: the tokens on the host, when they are known there."""
+        assert prediction.tokens is not None  # `take` and `take_ahead` hand over predictions with tokens only
+        positions, starts, lengths, tables, slots, state_slots = prediction.device
         self.hits += 1
         return ForwardBatch(
             input_ids=prediction.tokens,
@@ -153,8 +167,8 @@ class DecodeLookahead:
             attention=AttentionMetadata(
                 query_start_loc=starts, seq_lens=lengths, block_tables=tables, slot_mapping=slots
             ),
-            logits_rows=np.arange(len(ids), dtype=np.int64),
+            logits_rows=np.arange(len(prediction.seqs), dtype=np.int64),
             state_slots=state_slots,
             is_pure_decode=True,
-            host_inputs=(ids, *host),
+            host_inputs=None if ids is None else (ids, *prediction.host),
         )

@@ -16,6 +16,7 @@ import numpy as np
 from atlas_core.backends.base import Array, AttentionMetadata, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache, slots_for
+from atlas_core.engine.ahead import AheadQueue
 from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.engine.images import BatchImages
 from atlas_core.engine.logprobs import position_logprobs
@@ -117,6 +118,13 @@ class ModelRunner:
         self.lookahead = DecodeLookahead(backend, kv.block_size) if backend.prepares_decode_steps else None
         """Prepares each pure-decode step's successor while it runs (None: every batch is built afresh). Using it,
         `build_batch` takes up the prepared step."""
+        self.ahead = (
+            AheadQueue(self.lookahead, backend, kv.block_size, self._forward)
+            if self.lookahead is not None and backend.queues_work and hidden_observer is None
+            else None
+        )
+        """Launches a pure-decode step's successor before the step's tokens are read, on backends that queue
+        work (`atlas_core.engine.ahead`); `execute` takes it up."""
 
     def build_batch(self, chunks: list[ScheduledChunk]) -> tuple[ForwardBatch, _Rows]:
         prepared = self.lookahead.take(chunks) if self.lookahead is not None else None
@@ -210,8 +218,18 @@ class ModelRunner:
         )
         return batch, rows
 
-    def execute(self, chunks: list[ScheduledChunk], block_copies: list[tuple[int, int]]) -> list[Sequence]:
-        """Run one step; returns the sequences that received a token."""
+    def execute(
+        self, chunks: list[ScheduledChunk], block_copies: list[tuple[int, int]], run_ahead: bool = False
+    ) -> list[Sequence]:
+        """Run one step; returns the sequences that received a token. ``run_ahead``: the engine expects the next step
+        to decode these chunks' sequences again, so it may be launched before this step's tokens are read
+        (`atlas_core.engine.ahead`); a step launched so is taken here when ``chunks`` are its decodes."""
+        taken = self.ahead.take(chunks) if self.ahead is not None else None
+        if taken is not None and not block_copies:
+            assert self.ahead is not None
+            seqs, tokens = self.ahead.finish(taken, chunks, run_ahead)
+            self._give_tokens([(seq, row, []) for row, seq in enumerate(seqs)], tokens, None, None)
+            return seqs
         if block_copies:
             self.kv.copy_blocks(block_copies)
         batch, rows = self.build_batch(chunks)
@@ -236,7 +254,7 @@ class ModelRunner:
             for i in range(count):
                 token = seq.token_ids[position + i]
                 recorded.append(position_logprobs(logprobs[first + i], token, top, self.tokenizer))
-        sampled = self._sample(rows, logits, logprobs)
+        sampled = self._sample(rows, logits, logprobs, run_ahead and batch.is_pure_decode)
         self._observe(hidden, rows)
         return [*pooled, *sampled]
 
@@ -277,9 +295,10 @@ class ModelRunner:
             seq.finish("stop")
         return rows.pool_finish
 
-    def _sample(self, rows: _Rows, logits: Array, logprobs: np.ndarray | None) -> list[Sequence]:
+    def _sample(self, rows: _Rows, logits: Array, logprobs: np.ndarray | None, run_ahead: bool) -> list[Sequence]:
         """Sample every sampling row (a verified chunk has one per draft token and one more), then give
-        each sequence its tokens: one, or those `accept_sampled` keeps."""
+        each sequence its tokens: one, or those `accept_sampled` keeps. ``run_ahead``: a pure-decode step whose
+        successor the engine expects (`execute`)."""
         if not rows.sample_rows:
             return []
         seqs, offsets, row_list, drafted = [], [], [], []
@@ -301,21 +320,40 @@ class ModelRunner:
         sampled = self.backend.sample(logits, sampling_tensors(seqs, offsets))
         if self.lookahead is not None:
             self.lookahead.sampled(None if forced else sampled)
-        tokens = self.backend.to_numpy(sampled).tolist()
+        ahead = run_ahead and not guided and adjustments is None and len(seqs) == len(rows.sample_rows)
+        tokens = (
+            self.ahead.read(sampled, seqs)
+            if ahead and self.ahead is not None
+            else self.backend.to_numpy(sampled).tolist()
+        )
         for row, token in forced.items():
             tokens[row] = token
+        self._give_tokens(rows.sample_rows, tokens, indices, logprobs)
+        return list(dict.fromkeys(seqs))
+
+    def _give_tokens(
+        self,
+        sample_rows: list[tuple[Sequence, int, list[int]]],
+        tokens: list[int],
+        indices: np.ndarray | None,
+        logprobs: np.ndarray | None,
+    ) -> None:
+        """Give each sampling row's sequence its sampled tokens (``tokens`` in row order, one per row and draft
+        token): one, or those `accept_sampled` keeps. ``indices``: the logits row of each token (for logprobs)."""
+        guided = self.guided if self.guided is not None and self.guided.active else None
         first = 0
-        for seq, _, draft in rows.sample_rows:
+        for seq, _, draft in sample_rows:
             span = slice(first, first + len(draft) + 1)
             first = span.stop
 
-            def record(i: int, token: int, seq: Sequence = seq, row: int = int(indices[span.start])) -> None:
+            def record(i: int, token: int, seq: Sequence = seq, row: int = span.start) -> None:
                 if guided:
                     guided.accept(seq, token)
                 if seq.logprobs is not None:
                     top = seq.params.logprobs
                     assert logprobs is not None and top is not None  # a sequence records logprobs when asked to
-                    entry = position_logprobs(logprobs[row + i], token, top, self.tokenizer)
+                    assert indices is not None  # logprobs come with their rows
+                    entry = position_logprobs(logprobs[int(indices[row]) + i], token, top, self.tokenizer)
                     seq.cumulative_logprob += entry[token].logprob
                     seq.logprobs.append(entry)
                 seq.append_token(token)
@@ -331,7 +369,6 @@ class ModelRunner:
                 seq.num_computed += accepted
                 if self.rollback is not None and accepted < len(draft) and not seq.finished:
                     self.rollback.restore(seq)
-        return list(dict.fromkeys(seqs))
 
 
 def _tokens_per_seq(chunks: list[ScheduledChunk]) -> int:

@@ -18,6 +18,7 @@ from atlas_core.backends.base import (
     Array,
     AttentionMetadata,
     Backend,
+    Download,
     LogitAdjustments,
     SamplingTensors,
 )
@@ -26,6 +27,7 @@ from atlas_core.weights.quantized import QuantizedWeight
 from atlas_gb10 import attention_inputs, rowwise
 from atlas_gb10.arrays import BF16, FP8_CACHE, element_strides, null_or
 from atlas_gb10.attention import AttentionRunner
+from atlas_gb10.download import PinnedDownload
 from atlas_gb10.gemm_shapes import TILED_GEMM_BLOCK, gemm_tile, tiled_shared_bytes
 from atlas_gb10.quantized_weights import (
     FORMATS,
@@ -45,6 +47,7 @@ class CudaBackend(Backend):
     activation_dtype = BF16
     quantized_formats = FORMATS
     kv_cache_dtypes = frozenset({"fp8"})
+    queues_work = True
 
     @classmethod
     def availability(cls) -> str | None:
@@ -120,6 +123,10 @@ class CudaBackend(Backend):
 
     def to_numpy(self, x: Array) -> np.ndarray:
         return self.cp.asnumpy(x)
+
+    def download_async(self, x: Array) -> Download:
+        """Through pinned memory, waiting for this copy alone (`atlas_gb10.download`)."""
+        return PinnedDownload(self.cp, x)
 
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype | type) -> Array:
         """Zeros of ``dtype``; fp8 (E4M3) ones as their bytes (`atlas_gb10.arrays.FP8_CACHE`: fp8 KV caches)."""

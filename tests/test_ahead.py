@@ -1,0 +1,103 @@
+"""Decode steps queued ahead of reading the tokens before them (`atlas_core.engine.ahead`): on a backend that
+queues work, the engine's outputs are those of steps run one after the other, whether the queued step is taken
+whole, in part (a sequence finished or was aborted meanwhile) or dropped (a request joined), and models with
+recurrent state never queue a step.
+
+The numpy backend computes as it is called; here it claims to queue work, which runs every path of the queue
+(its steps then simply run before the tokens are read)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from atlas_core import LLM, SamplingParams
+from atlas_core.backends.numpy_backend import NumpyBackend
+from tests.conftest import TINY
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [11] * 20]
+PARAMS = [
+    SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True),  # crosses KV blocks
+    SamplingParams(max_tokens=25, temperature=0.8, seed=3, ignore_eos=True),  # finishes first
+    SamplingParams(max_tokens=33, temperature=0.7, top_p=0.9, seed=5, ignore_eos=True),
+]
+
+
+def run(
+    queues: bool, monkeypatch: Any, steps: Any = None, params: list[SamplingParams] = PARAMS, model: str = "llama"
+) -> tuple[list[list[int]], int]:
+    """Every request's tokens (a fresh engine on a numpy backend that does, or does not, claim to queue work) and
+    the steps taken from the queue. ``steps(engine, step)`` runs before each engine step."""
+    monkeypatch.setattr(NumpyBackend, "queues_work", queues)
+    engine = LLM(TINY / model, backend="numpy", max_seq_len=256).engine
+    for index, (prompt, sampling) in enumerate(zip(PROMPTS, params, strict=True)):
+        if steps is None or index < 2:
+            engine.add_request(str(index), None, prompt, sampling)
+    outputs: dict[str, Any] = {}
+    step = 0
+    while engine.has_unfinished() or (steps is not None and step < 8):
+        if steps is not None:
+            steps(engine, step)
+        for output in engine.step():
+            outputs[output.request_id] = output
+        step += 1
+    tokens = [outputs[request_id].outputs[0].token_ids for request_id in sorted(outputs)]
+    return tokens, engine.runner.ahead.hits if engine.runner.ahead is not None else 0
+
+
+def test_steps_queued_ahead_give_the_tokens_of_steps_run_in_turn(monkeypatch: Any) -> None:
+    queued, hits = run(True, monkeypatch)
+    in_turn, none = run(False, monkeypatch)
+    assert queued == in_turn
+    assert none == 0
+    assert [len(tokens) for tokens in queued] == [40, 25, 33]
+    # every decode step after the first is queued, except the steps whose token starts a KV block (16 tokens a
+    # block: the scheduler gives it) and those after a sequence finished with its last token
+    assert hits >= 25
+
+
+def test_a_finished_or_aborted_sequence_leaves_the_rest_of_the_queued_step(monkeypatch: Any) -> None:
+    stop_at = run(False, monkeypatch)[0][0][12]  # a token the first request samples, as its stop token
+    params = [SamplingParams(max_tokens=40, temperature=0.0, stop_token_ids=[stop_at]), *PARAMS[1:]]
+
+    def abort(engine: Any, step: int) -> None:
+        if step == 20:
+            engine.abort("1")
+
+    queued, hits = run(True, monkeypatch, abort, params)
+    in_turn, _ = run(False, monkeypatch, abort, params)
+    assert queued == in_turn
+    assert queued[0][-1] == stop_at and len(queued[0]) <= 13
+    assert hits > 0
+
+
+def test_a_request_that_joins_drops_the_queued_step_and_changes_nothing(monkeypatch: Any) -> None:
+    def join(engine: Any, step: int) -> None:
+        if step == 6:
+            engine.add_request("2", None, PROMPTS[2], PARAMS[2])
+
+    queued, hits = run(True, monkeypatch, join)
+    in_turn, _ = run(False, monkeypatch, join)
+    assert queued == in_turn
+    assert hits > 0
+
+
+def test_steps_that_depend_on_the_unread_token_are_not_queued(monkeypatch: Any) -> None:
+    """Penalties, logprobs and pending min_tokens depend on the token the queued step would run ahead of."""
+    params = [
+        SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, repetition_penalty=1.3),
+        SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=20, temperature=0.0, min_tokens=19),
+    ]
+    for sampling in params:
+        queued, hits = run(True, monkeypatch, params=[sampling] * 3)
+        assert queued == run(False, monkeypatch, params=[sampling] * 3)[0]
+        assert hits == 0
+
+
+@pytest.mark.parametrize("model", ["qwen3_next"])
+def test_models_with_recurrent_state_never_queue_a_step(monkeypatch: Any, model: str) -> None:
+    queued, hits = run(True, monkeypatch, model=model)
+    assert hits == 0
+    assert queued == run(False, monkeypatch, model=model)[0]
