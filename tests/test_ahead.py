@@ -1,7 +1,7 @@
 """Decode steps queued ahead of reading the tokens before them (`atlas_core.engine.ahead`): on a backend that
 queues work, the engine's outputs are those of steps run one after the other, whether the queued step is taken
-whole, in part (a sequence finished or was aborted meanwhile) or dropped (a request joined), and models with
-recurrent state never queue a step.
+for the sequences left (one finished or was aborted meanwhile) or beside a request that joined, models with
+recurrent state included.
 
 The numpy backend computes as it is called; here it claims to queue work, which runs every path of the queue
 (its steps then simply run before the tokens are read)."""
@@ -72,7 +72,7 @@ def test_a_finished_or_aborted_sequence_leaves_the_rest_of_the_queued_step(monke
     assert hits > 0
 
 
-def test_a_request_that_joins_drops_the_queued_step_and_changes_nothing(monkeypatch: Any) -> None:
+def test_a_request_that_joins_runs_beside_the_queued_step_and_changes_nothing(monkeypatch: Any) -> None:
     def join(engine: Any, step: int) -> None:
         if step == 6:
             engine.add_request("2", None, PROMPTS[2], PARAMS[2])
@@ -96,8 +96,16 @@ def test_steps_that_depend_on_the_unread_token_are_not_queued(monkeypatch: Any) 
         assert hits == 0
 
 
-@pytest.mark.parametrize("model", ["qwen3_next"])
-def test_models_with_recurrent_state_never_queue_a_step(monkeypatch: Any, model: str) -> None:
-    queued, hits = run(True, monkeypatch, model=model)
-    assert hits == 0
-    assert queued == run(False, monkeypatch, model=model)[0]
+@pytest.mark.parametrize("model", ["qwen3_next", "qwen3_5"])
+def test_models_with_recurrent_state_take_every_queued_step(monkeypatch: Any, model: str) -> None:
+    """A queued step advances recurrent state in place: it is taken, never dropped, when a sequence finishes or
+    a request joins meanwhile (the joining chunk runs in a forward of its own)."""
+
+    def join(engine: Any, step: int) -> None:
+        if step == 6:
+            engine.add_request("2", None, PROMPTS[2], PARAMS[2])
+
+    for steps in (None, join):
+        queued, hits = run(True, monkeypatch, steps, model=model)
+        assert queued == run(False, monkeypatch, steps, model=model)[0]
+        assert hits > 0

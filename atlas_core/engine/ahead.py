@@ -2,28 +2,33 @@
 
 On a backend that queues work (`Backend.queues_work`) the device idles between two decode steps while the host
 reads the sampled tokens, keeps its books, schedules and launches the next step. When the engine expects the
-next step to decode the same sequences again (nothing waits to be scheduled) and that step is prepared
-(`DecodeLookahead`), the runner launches it at once behind the current one: its input ids are the current
-step's sampled tokens, still on the device, and its own tokens start their copy to the host
-(`Backend.download_async`). Only then does the runner wait for the current step's tokens, and the device runs
-the next step meanwhile. The next `ModelRunner.execute` takes the queued step when its chunks decode sequences
-of it at the positions it ran (all of them, or those left when some finished or were aborted); otherwise the
-queued step is dropped.
+next step to decode the same sequences again (nothing waits to be scheduled and every running sequence is in
+this step) and that step is prepared (`DecodeLookahead`), the runner launches it at once behind the current
+one: its input ids are the current step's sampled tokens, still on the device, and its own tokens start their
+copy to the host (`Backend.download_async`). Only then does the runner wait for the current step's tokens, and
+the device runs the next step meanwhile.
 
-Dropping one is safe because a decode step's only lasting effect on the device is the KV entry of each
-sequence's input token, in the tail block the scheduler made private to that sequence; a step that runs
-later writes the same entries, and a finished sequence's tail block is partial, so never in the prefix
-cache. Steps of sequences with recurrent state (which a step advances in place), with logprobs, or sampled
-with penalties, biases or pending ``min_tokens`` (which depend on the token not yet read) are not queued. A
-queued step samples each sequence's next output token with the draw a step built afresh would use
-(`Sequence.uniform`), so the tokens are the same.
+The next `ModelRunner.execute` takes the queued step for the chunks that decode its sequences at the positions
+it ran (`AheadQueue.take`). Sequences that finished or were aborted meanwhile are not scheduled, so their rows
+are left unread; chunks of sequences that joined meanwhile run in a forward of their own in the same step.
+The step is dropped only when one of its sequences is scheduled otherwise (preempted and recomputed, which
+starts it afresh). What a step leaves on the device is each sequence's KV entry for its input token, in the tail
+block the scheduler made private to it, and for recurrent layers the state it advanced: a finished sequence's
+tail block is partial, so never in the prefix cache, and its state slot is initialised again by whoever gets
+it next; a dropped step's KV entries are written again, with the same values, by the step that runs instead.
+
+Not queued: steps of sequences with logprobs, or sampled with penalties, biases or pending ``min_tokens``
+(which depend on the token not yet read), a sequence that reaches its length limit with the running step's
+token, and a next token that starts a KV block (the scheduler gives the block; recurrent states are saved for
+the prefix cache at block boundaries, after the step that reaches one). A queued step samples each sequence's
+next output token with the draw a step built afresh would use (`Sequence.uniform`), so the tokens are the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from atlas_core.backends.base import Array, Backend, Download
@@ -39,44 +44,38 @@ if TYPE_CHECKING:
 @dataclass
 class AheadStep:
     """A decode step launched before the tokens of the step it follows were read: its sequences in batch order,
-    each one's position (``num_computed`` when launched, before its input token was known on the host) and
-    blocks, its sampled tokens on the device and their copy to the host."""
+    each one's position (``num_computed`` when launched, before its input token was known on the host), blocks
+    and state slot, its sampled tokens on the device and their copy to the host."""
 
     seqs: list[Sequence]
     positions: list[int]
     tables: list[list[int]]
+    state_slots: list[int | None]
     tokens: Array
     download: Download
 
-    def rows_for(self, chunks: Seq[ScheduledChunk]) -> list[int] | None:
-        """Each chunk's row in this step when every chunk decodes one token of one of its sequences at the position
-        it ran, in the same blocks, with the token it ran on appended since; else None."""
-        index = {id(seq): row for row, seq in enumerate(self.seqs)}
-        rows = []
-        for chunk in chunks:
-            seq = chunk.seq
-            row = index.get(id(seq))
-            if (
-                row is None
-                or chunk.num_tokens != 1
-                or chunk.draft
-                or chunk.followers
-                or seq.num_computed != self.positions[row]
-                or len(seq.token_ids) != self.positions[row] + 1
-                or seq.table.blocks != self.tables[row]
-            ):
-                return None
-            rows.append(row)
-        return rows
+    def decodes(self, chunk: ScheduledChunk, row: int) -> bool:
+        """Whether ``chunk`` decodes one token of sequence ``row`` at the position this step ran, in the same blocks
+        and state slot, with the token it ran on appended since."""
+        seq = chunk.seq
+        return (
+            chunk.num_tokens == 1
+            and not chunk.draft
+            and not chunk.followers
+            and seq.num_computed == self.positions[row]
+            and len(seq.token_ids) == self.positions[row] + 1
+            and seq.table.blocks == self.tables[row]
+            and seq.state_slot == self.state_slots[row]
+        )
 
 
 def may_run_ahead(seqs: Seq[Sequence], block_size: int) -> bool:
     """Whether the next decode step of ``seqs`` (each sampled one token in the running step, not read yet) may be
-    queued ahead: no recurrent state, logprobs, penalties, biases or pending ``min_tokens``, no sequence that
-    reaches its length limit with the running step's token, and each one's next position in a block it has."""
+    queued ahead: no logprobs, penalties, biases or pending ``min_tokens``, no sequence that reaches its length
+    limit with the running step's token, and each one's next position in a block it has (a new block is the
+    scheduler's to give, and a recurrent state is saved for the prefix cache only at block boundaries)."""
     return all(
-        seq.state_slot is None
-        and seq.logprobs is None
+        seq.logprobs is None
         and not seq.params.penalised
         and not seq.params.logit_bias
         and not seq.min_tokens_pending
@@ -84,6 +83,17 @@ def may_run_ahead(seqs: Seq[Sequence], block_size: int) -> bool:
         and seq.num_computed // block_size < len(seq.table.blocks)
         for seq in seqs
     )
+
+
+@dataclass
+class Taken:
+    """A queued step taken by `AheadQueue.take`: the chunks that decode its sequences, their rows in it, and the
+    scheduled chunks it does not hold."""
+
+    step: AheadStep
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    rest: list[ScheduledChunk] = field(default_factory=list)
 
 
 class AheadQueue:
@@ -102,30 +112,41 @@ class AheadQueue:
         self.hits = 0
         """Steps that ran ahead and were taken."""
 
-    def take(self, chunks: Seq[ScheduledChunk]) -> tuple[AheadStep, list[int]] | None:
-        """The queued step and each chunk's row in it, when ``chunks`` are its decodes (`AheadStep.rows_for`);
-        either way it is no longer queued."""
+    def take(self, chunks: Seq[ScheduledChunk]) -> Taken | None:
+        """The queued step with the chunks that decode its sequences (`AheadStep.decodes`), their rows in it, and
+        the other chunks (sequences that joined since); None when nothing is queued, none of its sequences is
+        scheduled, or one is scheduled otherwise. Either way it is no longer queued."""
         step, self.step = self.step, None
-        rows = step.rows_for(chunks) if step is not None else None
-        return None if step is None or rows is None else (step, rows)
+        if step is None:
+            return None
+        index = {id(seq): row for row, seq in enumerate(step.seqs)}
+        taken = Taken(step)
+        for chunk in chunks:
+            row = index.get(id(chunk.seq))
+            if row is None:
+                taken.rest.append(chunk)
+            elif step.decodes(chunk, row):
+                taken.chunks.append(chunk)
+                taken.rows.append(row)
+            else:
+                return None
+        return taken if taken.chunks else None
 
-    def finish(
-        self, taken: tuple[AheadStep, list[int]], chunks: Seq[ScheduledChunk], run_ahead: bool
-    ) -> tuple[list[Sequence], list[int]]:
-        """Complete the taken step for ``chunks``: advance each sequence past its input token, queue the step
-        after it first when ``run_ahead`` and every sequence of it goes on, then wait for its tokens. Returns the
-        chunks' sequences and their tokens."""
-        step, rows = taken
-        seqs = [chunk.seq for chunk in chunks]
-        for seq in seqs:
-            seq.num_computed += 1
-        if run_ahead and len(rows) == len(step.seqs):
-            self.lookahead.prepare(chunks)
-            self.lookahead.sampled(step.tokens)
-            self.queue(seqs)
-        tokens = step.download.result()
+    def advance(self, taken: Taken, chain: bool) -> None:
+        """Advance each taken sequence past the token the step ran on; with ``chain``, when every sequence of the
+        step goes on, queue the step after it (`queue`) before its tokens are read."""
+        for chunk in taken.chunks:
+            chunk.seq.num_computed += 1
+        if chain and len(taken.rows) == len(taken.step.seqs):
+            self.lookahead.prepare(taken.chunks)
+            self.lookahead.sampled(taken.step.tokens)
+            self.queue([chunk.seq for chunk in taken.chunks])
+
+    def tokens(self, taken: Taken) -> list[int]:
+        """The taken sequences' tokens, once their copy is done."""
+        tokens = taken.step.download.result()
         self.hits += 1
-        return seqs, [int(tokens[row]) for row in rows]
+        return [int(tokens[row]) for row in taken.rows]
 
     def read(self, sampled: Array, seqs: list[Sequence]) -> list[int]:
         """The running step's sampled tokens on the host (one per sequence of ``seqs``), queueing the next step of
@@ -148,6 +169,7 @@ class AheadQueue:
             ahead_seqs,
             [seq.num_computed for seq in ahead_seqs],
             [list(seq.table.blocks) for seq in ahead_seqs],
+            [seq.state_slot for seq in ahead_seqs],
             tokens,
             self.backend.download_async(tokens),
         )

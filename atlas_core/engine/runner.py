@@ -225,11 +225,19 @@ class ModelRunner:
         to decode these chunks' sequences again, so it may be launched before this step's tokens are read
         (`atlas_core.engine.ahead`); a step launched so is taken here when ``chunks`` are its decodes."""
         taken = self.ahead.take(chunks) if self.ahead is not None else None
-        if taken is not None and not block_copies:
-            assert self.ahead is not None
-            seqs, tokens = self.ahead.finish(taken, chunks, run_ahead)
-            self._give_tokens([(seq, row, []) for row, seq in enumerate(seqs)], tokens, None, None)
-            return seqs
+        if taken is None:
+            return self._run(chunks, block_copies, run_ahead)
+        assert self.ahead is not None
+        self.ahead.advance(taken, chain=run_ahead and not taken.rest)
+        sampled = self._run(taken.rest, block_copies, False) if taken.rest else []
+        seqs = [chunk.seq for chunk in taken.chunks]
+        self._give_tokens([(seq, row, []) for row, seq in enumerate(seqs)], self.ahead.tokens(taken), None, None)
+        return [*seqs, *sampled]
+
+    def _run(
+        self, chunks: list[ScheduledChunk], block_copies: list[tuple[int, int]], run_ahead: bool
+    ) -> list[Sequence]:
+        """Build, run and sample one step (`execute`, for a step not queued ahead)."""
         if block_copies:
             self.kv.copy_blocks(block_copies)
         batch, rows = self.build_batch(chunks)

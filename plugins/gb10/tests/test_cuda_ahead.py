@@ -32,7 +32,7 @@ def test_download_waits_for_its_copy_and_not_for_later_work() -> None:
     cp.cuda.Device().synchronize()
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "deepseek_v3", "qwen3_next", "nemotron_h"])
 def test_steps_queued_ahead_give_the_tokens_of_steps_run_in_turn(name: str) -> None:
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [11] * 20]
     params = [
