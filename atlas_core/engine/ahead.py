@@ -9,8 +9,10 @@ copy to the host (`Backend.download_async`). Only then does the runner wait for 
 the device runs the next step meanwhile.
 
 The next `ModelRunner.execute` takes the queued step for the chunks that decode its sequences at the positions
-it ran (`AheadQueue.take`). Sequences that finished or were aborted meanwhile are not scheduled, so their rows
-are left unread; chunks of sequences that joined meanwhile run in a forward of their own in the same step.
+it ran (`AheadQueue.take`), and queues the one after it the same way. Sequences that finished or were aborted
+meanwhile are not scheduled, so their rows are left unread (the next step's input ids are the other rows'
+tokens, gathered on the device); chunks of sequences that joined meanwhile run in a forward of their own in the
+same step.
 The step is dropped only when one of its sequences is scheduled otherwise (preempted and recomputed, which
 starts it afresh). What a step leaves on the device is each sequence's KV entry for its input token, in the tail
 block the scheduler made private to it, and for recurrent layers the state it advanced: a finished sequence's
@@ -30,6 +32,8 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from atlas_core.backends.base import Array, Backend, Download
 from atlas_core.batch.forward_batch import ForwardBatch
@@ -133,13 +137,17 @@ class AheadQueue:
         return taken if taken.chunks else None
 
     def advance(self, taken: Taken, chain: bool) -> None:
-        """Advance each taken sequence past the token the step ran on; with ``chain``, when every sequence of the
-        step goes on, queue the step after it (`queue`) before its tokens are read."""
+        """Advance each taken sequence past the token the step ran on; with ``chain``, queue the step after it for
+        the taken sequences (`queue`) before its tokens are read, their tokens gathered on the device when some
+        sequences of the step are gone."""
         for chunk in taken.chunks:
             chunk.seq.num_computed += 1
-        if chain and len(taken.rows) == len(taken.step.seqs):
+        if chain:
+            tokens = taken.step.tokens
+            if taken.rows != list(range(len(taken.step.seqs))):
+                tokens = tokens[self.backend.from_numpy(np.asarray(taken.rows, dtype=np.int32))]
             self.lookahead.prepare(taken.chunks)
-            self.lookahead.sampled(taken.step.tokens)
+            self.lookahead.sampled(tokens)
             self.queue([chunk.seq for chunk in taken.chunks])
 
     def tokens(self, taken: Taken) -> list[int]:
