@@ -229,7 +229,11 @@ class ModelRunner:
             return self._run(chunks, block_copies, run_ahead)
         assert self.ahead is not None
         self.ahead.advance(taken, chain=run_ahead and not taken.rest)
-        sampled = self._run(taken.rest, block_copies, False) if taken.rest else []
+        sampled: list[Sequence] = []
+        if taken.rest:
+            sampled = self._run(taken.rest, block_copies, False)
+        elif block_copies:
+            self.kv.copy_blocks(block_copies)
         seqs = [chunk.seq for chunk in taken.chunks]
         self._give_tokens([(seq, row, []) for row, seq in enumerate(seqs)], self.ahead.tokens(taken), None, None)
         return [*seqs, *sampled]
