@@ -109,3 +109,14 @@ def test_models_with_recurrent_state_take_every_queued_step(monkeypatch: Any, mo
         queued, hits = run(True, monkeypatch, steps, model=model)
         assert queued == run(False, monkeypatch, steps, model=model)[0]
         assert hits > 0
+
+
+def test_closing_the_engine_lets_the_queued_step_finish(monkeypatch: Any) -> None:
+    monkeypatch.setattr(NumpyBackend, "queues_work", True)
+    engine = LLM(TINY / "llama", backend="numpy", max_seq_len=256).engine
+    engine.add_request("0", None, PROMPTS[0], PARAMS[0])
+    for _ in range(4):
+        engine.step()
+    assert engine.runner.ahead is not None and engine.runner.ahead.step is not None
+    engine.close()
+    assert engine.runner.ahead.step is None

@@ -156,6 +156,12 @@ class AheadQueue:
         self.hits += 1
         return [int(tokens[row]) for row in taken.rows]
 
+    def drop(self) -> None:
+        """Forget the queued step, once the device has run it (its tokens' copy, queued after it, is done)."""
+        step, self.step = self.step, None
+        if step is not None:
+            step.download.result()
+
     def read(self, sampled: Array, seqs: list[Sequence]) -> list[int]:
         """The running step's sampled tokens on the host (one per sequence of ``seqs``), queueing the next step of
         ``seqs`` first when it is prepared and may run ahead."""

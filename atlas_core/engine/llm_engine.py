@@ -306,10 +306,12 @@ class LLMEngine:
 
     def close(self) -> None:
         """Finish the storage tiers' transfers and close them (with ``kv_spill_persist``, after writing the
-        device prefix cache to the NVMe tier, so a restarted engine finds it), and release the decode graphs.
-        Idempotent; the engine must not step afterwards."""
+        device prefix cache to the NVMe tier, so a restarted engine finds it), let a decode step queued ahead
+        finish, and release the decode graphs. Idempotent; the engine must not step afterwards."""
         if self.offload is not None:
             self.offload.close()
+        if self.runner.ahead is not None:
+            self.runner.ahead.drop()
         if self.runner.decode_graphs is not None:
             self.runner.decode_graphs.close()
 
