@@ -81,6 +81,8 @@ def measure_latency(args: argparse.Namespace, llm: Any) -> int:
 
     run(min(8, tokens))  # warm-up
     prefill = min(run(1)[0] for _ in range(3))  # time to every sequence's first token, best of 3
+    queue = llm.engine.runner.ahead
+    queued_before = queue.hits if queue is not None else 0
     total, outputs = run(tokens)
     produced = [len(output.outputs[0].token_ids) for output in outputs]
     if produced != [tokens] * batch:
@@ -102,6 +104,11 @@ def measure_latency(args: argparse.Namespace, llm: Any) -> int:
     )
     if llm.engine.speculation is not None:
         print(f"speculation   {llm.engine.runner.spec_stats.describe()}")
+    if queue is not None:
+        print(
+            f"ahead         {queue.hits - queued_before} of {steps} decode steps launched before the tokens "
+            "of the step before were read"
+        )
     # decode step i (1 .. steps) attends over prompt_len + i cached tokens
     step_bytes = traffic.decode_step_bytes(batch, prompt_len + 1, steps)
     weight_bytes = traffic.bytes_for(batch)
