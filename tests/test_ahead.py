@@ -14,6 +14,7 @@ import pytest
 
 from atlas_core import LLM, SamplingParams
 from atlas_core.backends.numpy_backend import NumpyBackend
+from atlas_core.testing.family import assert_batch_invariant, greedy_alone
 from tests.conftest import TINY
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [11] * 20]
@@ -120,3 +121,28 @@ def test_closing_the_engine_lets_the_queued_step_finish(monkeypatch: Any) -> Non
     assert engine.runner.ahead is not None and engine.runner.ahead.step is not None
     engine.close()
     assert engine.runner.ahead.step is None
+
+
+@pytest.mark.parametrize("model", ["llama", "qwen3_next"])
+@pytest.mark.parametrize(
+    "settings",
+    [{"enable_prefix_caching": True, "block_size": 4}, {"enable_prefix_caching": False, "kv_tokens": 160}],
+    ids=["prefix-cache-small-blocks", "kv-pressure"],
+)
+def test_batches_with_steps_queued_ahead_give_each_prompt_its_tokens_alone(
+    monkeypatch: Any, model: str, settings: dict[str, Any]
+) -> None:
+    """Mixed prompts batched together, with prefix-cache hits (and, for hybrids, state snapshots at block
+    boundaries) or with preemption under KV pressure, give the tokens each prompt gives alone."""
+    monkeypatch.setattr(NumpyBackend, "queues_work", False)
+    alone = greedy_alone(TINY / model, count=9)
+    settings = dict(settings)
+    tokens = settings.pop("kv_tokens", None)
+    if tokens is not None:
+        probe = LLM(TINY / model, block_size=4, max_seq_len=128)
+        slots = probe.loaded.model.state_bytes_per_slot() if probe.loaded.model.has_recurrent_state else 0
+        state_bytes = 2 * probe.engine.config.max_num_seqs * slots
+        settings |= {"block_size": 4, "max_seq_len": 128}
+        settings["kv_cache_memory_gib"] = (tokens * probe.engine.kv_plan.bytes_per_token + state_bytes) / 2**30
+    monkeypatch.setattr(NumpyBackend, "queues_work", True)
+    assert_batch_invariant(TINY / model, alone, settings)
