@@ -93,14 +93,14 @@ def test_a_backend_can_keep_its_steps_from_being_prepared(monkeypatch: Any) -> N
 
 def test_sampled_tokens_that_cannot_be_the_next_token_ids_drop_the_prepared_step() -> None:
     from atlas_core.backends.numpy_backend import NumpyBackend
-    from atlas_core.engine.lookahead import DecodeLookahead, _Prediction
+    from atlas_core.engine.lookahead import DecodeLookahead, Prediction
 
     lookahead = DecodeLookahead(NumpyBackend(), block_size=16)
     device = [np.zeros(2, np.int32)] * 6
     for tokens in (np.zeros(2, np.int64), np.zeros(4, np.int32)[::2], [0, 0], np.zeros(3, np.int32)):
-        lookahead._next = _Prediction([object(), object()], [1, 1], [[0], [1]], [-1, -1], (), device)  # type: ignore[list-item]
+        lookahead._next = Prediction([object(), object()], [1, 1], [[0], [1]], [-1, -1], (), device)  # type: ignore[list-item]
         lookahead.sampled(tokens)
         assert lookahead._next is None
-    lookahead._next = _Prediction([object(), object()], [1, 1], [[0], [1]], [-1, -1], (), device)  # type: ignore[list-item]
+    lookahead._next = Prediction([object(), object()], [1, 1], [[0], [1]], [-1, -1], (), device)  # type: ignore[list-item]
     lookahead.sampled(np.zeros(2, np.int32))
     assert lookahead._next is not None and lookahead._next.tokens is not None

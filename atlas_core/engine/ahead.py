@@ -37,7 +37,7 @@ import numpy as np
 
 from atlas_core.backends.base import Array, Backend, Download
 from atlas_core.batch.forward_batch import ForwardBatch
-from atlas_core.engine.lookahead import DecodeLookahead
+from atlas_core.engine.lookahead import DecodeLookahead, Prediction
 from atlas_core.engine.sampling_inputs import sampling_tensors
 from atlas_core.engine.sequence import Sequence
 
@@ -47,30 +47,18 @@ if TYPE_CHECKING:
 
 @dataclass
 class AheadStep:
-    """A decode step launched before the tokens of the step it follows were read: its sequences in batch order,
-    each one's position (``num_computed`` when launched, before its input token was known on the host), blocks
-    and state slot, its sampled tokens on the device and their copy to the host."""
+    """A decode step launched before the tokens of the step it follows were read: the prediction it ran (its
+    sequences in batch order, each one's position, blocks and state slot), its sampled tokens on the device and
+    their copy to the host."""
 
-    seqs: list[Sequence]
-    positions: list[int]
-    tables: list[list[int]]
-    state_slots: list[int | None]
+    prediction: Prediction
     tokens: Array
     download: Download
 
     def decodes(self, chunk: ScheduledChunk, row: int) -> bool:
         """Whether ``chunk`` decodes one token of sequence ``row`` at the position this step ran, in the same blocks
         and state slot, with the token it ran on appended since."""
-        seq = chunk.seq
-        return (
-            chunk.num_tokens == 1
-            and not chunk.draft
-            and not chunk.followers
-            and seq.num_computed == self.positions[row]
-            and len(seq.token_ids) == self.positions[row] + 1
-            and seq.table.blocks == self.tables[row]
-            and seq.state_slot == self.state_slots[row]
-        )
+        return self.prediction.decodes(chunk, row) and chunk.seq.table.blocks == self.prediction.blocks[row]
 
 
 def may_run_ahead(seqs: Seq[Sequence], block_size: int) -> bool:
@@ -123,7 +111,7 @@ class AheadQueue:
         step, self.step = self.step, None
         if step is None:
             return None
-        index = {id(seq): row for row, seq in enumerate(step.seqs)}
+        index = {id(seq): row for row, seq in enumerate(step.prediction.seqs)}
         taken = Taken(step)
         for chunk in chunks:
             row = index.get(id(chunk.seq))
@@ -144,11 +132,11 @@ class AheadQueue:
             chunk.seq.num_computed += 1
         if chain:
             tokens = taken.step.tokens
-            if taken.rows != list(range(len(taken.step.seqs))):
+            if taken.rows != list(range(len(taken.step.prediction.seqs))):
                 tokens = tokens[self.backend.from_numpy(np.asarray(taken.rows, dtype=np.int32))]
             self.lookahead.prepare(taken.chunks)
             self.lookahead.sampled(tokens)
-            self.queue([chunk.seq for chunk in taken.chunks])
+            self.queue()
 
     def tokens(self, taken: Taken) -> list[int]:
         """The taken sequences' tokens, once their copy is done."""
@@ -162,28 +150,22 @@ class AheadQueue:
         if step is not None:
             step.download.result()
 
-    def read(self, sampled: Array, seqs: list[Sequence]) -> list[int]:
-        """The running step's sampled tokens on the host (one per sequence of ``seqs``), queueing the next step of
-        ``seqs`` first when it is prepared and may run ahead."""
+    def read(self, sampled: Array) -> list[int]:
+        """The running step's sampled tokens on the host, queueing the next decode step first when it is prepared
+        and may run ahead."""
         download = self.backend.download_async(sampled)
-        self.queue(seqs)
+        self.queue()
         return download.result().tolist()
 
-    def queue(self, seqs: list[Sequence]) -> None:
-        """Launch the prepared decode step of ``seqs`` and start copying its tokens to the host, when they may run
+    def queue(self) -> None:
+        """Launch the prepared decode step and start copying its tokens to the host, when its sequences may run
         ahead (`may_run_ahead`); the prediction is used up either way."""
         prepared = self.lookahead.take_ahead()
-        if prepared is None or not may_run_ahead(seqs, self.block_size):
+        if prepared is None or not may_run_ahead(prepared[0].seqs, self.block_size):
             return
-        ahead_seqs, batch = prepared
+        prediction, batch = prepared
         _, logits = self.forward(batch)
         assert logits is not None  # every row of a prepared decode step has logits
-        tokens = self.backend.sample(logits, sampling_tensors(ahead_seqs, [1] * len(ahead_seqs)))
-        self.step = AheadStep(
-            ahead_seqs,
-            [seq.num_computed for seq in ahead_seqs],
-            [list(seq.table.blocks) for seq in ahead_seqs],
-            [seq.state_slot for seq in ahead_seqs],
-            tokens,
-            self.backend.download_async(tokens),
-        )
+        seqs = prediction.seqs
+        tokens = self.backend.sample(logits, sampling_tensors(seqs, [1] * len(seqs)))
+        self.step = AheadStep(prediction, tokens, self.backend.download_async(tokens))

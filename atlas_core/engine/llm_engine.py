@@ -291,17 +291,16 @@ class LLMEngine:
         return outputs
 
     def _decodes_again(self, step: ScheduledStep) -> bool:
-        """Whether the step after ``step`` is expected to decode its sequences again: nothing waits, every running
-        sequence runs in it and the token budget schedules them all again, with no speculation, storage tier or
-        split replica in the way. The runner may then launch that step before it reads this one's tokens
-        (`atlas_core.engine.ahead`)."""
+        """Whether the step after ``step`` is expected to decode its sequences again: nothing waits and every
+        running sequence runs in it (each took at least one token of the budget, so the next step's budget holds
+        their decodes), with no speculation, storage tier or split replica in the way. The runner may then launch
+        that step before it reads this one's tokens (`atlas_core.engine.ahead`)."""
         return (
             not self.speculation
             and self.offload is None
             and self.runner.model.mirror is None
             and not self.scheduler.waiting
             and len(step.chunks) == len(self.scheduler.running)
-            and len(step.chunks) <= self.scheduler.config.max_num_batched_tokens
         )
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _Prediction:
+class Prediction:
     """The next step as predicted: its sequences in batch order, each one's position, blocks and state slot,
     and the metadata (host arrays without the token ids, and their device copies)."""
 
@@ -42,13 +42,28 @@ class _Prediction:
     device: list[Array]
     tokens: Array | None = None  # the running step's sampled tokens, on the device (`sampled`)
 
+    def decodes(self, chunk: ScheduledChunk, row: int) -> bool:
+        """Whether ``chunk`` decodes one token of sequence ``row`` at its predicted position, in its state slot,
+        with the token the running step samples appended since (its blocks are the caller's to compare)."""
+        seq = chunk.seq
+        position = self.positions[row]
+        return (
+            chunk.seq is self.seqs[row]
+            and chunk.num_tokens == 1
+            and not chunk.draft
+            and not chunk.followers
+            and seq.num_computed == position
+            and len(seq.token_ids) == position + 1
+            and (-1 if seq.state_slot is None else seq.state_slot) == self.state_slots[row]
+        )
+
 
 class DecodeLookahead:
     """Predicts, prepares and hands over the next pure-decode batch (see the module's docstring)."""
 
     def __init__(self, backend: Backend, block_size: int) -> None:
         self.backend, self.block_size = backend, block_size
-        self._next: _Prediction | None = None
+        self._next: Prediction | None = None
         self.hits = 0
         """Steps that ran the prepared batch."""
 
@@ -88,7 +103,7 @@ class DecodeLookahead:
                 slots[row] = slot_of(table, bs, position)
         at = np.asarray(positions, dtype=np.int32)
         host = (at, np.arange(count + 1, dtype=np.int32), at + 1, tables, slots, np.asarray(state_slots, np.int32))
-        self._next = _Prediction(seqs, positions, blocks, state_slots, host, self.backend.upload_int32(host))
+        self._next = Prediction(seqs, positions, blocks, state_slots, host, self.backend.upload_int32(host))
 
     def sampled(self, tokens: Array | None) -> None:
         """The running step's sampled tokens (one per sequence, in batch order, on the device), which are the
@@ -115,19 +130,11 @@ class DecodeLookahead:
             return None
         bs = self.block_size
         grown: list[tuple[int, int]] = []  # (row, new block)
-        for row, (chunk, seq, position, table, slot) in enumerate(
-            zip(chunks, prediction.seqs, prediction.positions, prediction.blocks, prediction.state_slots, strict=True)
+        for row, (chunk, position, table) in enumerate(
+            zip(chunks, prediction.positions, prediction.blocks, strict=True)
         ):
-            blocks = seq.table.blocks
-            if (
-                chunk.seq is not seq
-                or chunk.num_tokens != 1
-                or chunk.draft
-                or chunk.followers
-                or seq.num_computed != position
-                or len(seq.token_ids) != position + 1
-                or (-1 if seq.state_slot is None else seq.state_slot) != slot
-            ):
+            blocks = chunk.seq.table.blocks
+            if not prediction.decodes(chunk, row):
                 return None
             if position // bs >= len(blocks):  # no block for the token (a fresh build would fail loudly too)
                 return None
@@ -147,16 +154,16 @@ class DecodeLookahead:
             prediction.device[3:5] = self.backend.upload_int32([host_tables, host_slots])
         return self._batch(prediction, ids)
 
-    def take_ahead(self) -> tuple[list[Sequence], ForwardBatch] | None:
-        """The prepared batch before the running step's tokens are read (`atlas_core.engine.ahead`): its sequences
+    def take_ahead(self) -> tuple[Prediction, ForwardBatch] | None:
+        """The prepared batch before the running step's tokens are read (`atlas_core.engine.ahead`): the prediction
         and the batch, whose input ids are those tokens on the device; None when nothing is prepared or some
         sequence's token starts a KV block (which the scheduler has not given yet). The prediction is used up."""
         prediction, self._next = self._next, None
         if prediction is None or prediction.tokens is None or bool((prediction.host[4] < 0).any()):
             return None
-        return prediction.seqs, self._batch(prediction, None)
+        return prediction, self._batch(prediction, None)
 
-    def _batch(self, prediction: _Prediction, ids: np.ndarray | None) -> ForwardBatch:
+    def _batch(self, prediction: Prediction, ids: np.ndarray | None) -> ForwardBatch:
         """The prepared batch; ``ids``: the tokens on the host, when they are known there."""
         assert prediction.tokens is not None  # `take` and `take_ahead` hand over predictions with tokens only
         positions, starts, lengths, tables, slots, state_slots = prediction.device

@@ -334,9 +334,7 @@ class ModelRunner:
             self.lookahead.sampled(None if forced else sampled)
         ahead = run_ahead and not guided and adjustments is None and len(seqs) == len(rows.sample_rows)
         tokens = (
-            self.ahead.read(sampled, seqs)
-            if ahead and self.ahead is not None
-            else self.backend.to_numpy(sampled).tolist()
+            self.ahead.read(sampled) if ahead and self.ahead is not None else self.backend.to_numpy(sampled).tolist()
         )
         for row, token in forced.items():
             tokens[row] = token
