@@ -14,7 +14,7 @@ import pytest
 
 from atlas_core import LLM, SamplingParams
 from atlas_core.backends.numpy_backend import NumpyBackend
-from atlas_core.testing.family import assert_batch_invariant, greedy_alone
+from atlas_core.testing.family import assert_batch_invariant, greedy_alone, step_requests
 from tests.conftest import TINY
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [11] * 20]
@@ -32,17 +32,9 @@ def run(
     the steps taken from the queue. ``steps(engine, step)`` runs before each engine step."""
     monkeypatch.setattr(NumpyBackend, "queues_work", queues)
     engine = LLM(TINY / model, backend="numpy", max_seq_len=256).engine
-    for index, (prompt, sampling) in enumerate(zip(PROMPTS, params, strict=True)):
-        if steps is None or index < 2:
-            engine.add_request(str(index), None, prompt, sampling)
-    outputs: dict[str, Any] = {}
-    step = 0
-    while engine.has_unfinished() or (steps is not None and step < 8):
-        if steps is not None:
-            steps(engine, step)
-        for output in engine.step():
-            outputs[output.request_id] = output
-        step += 1
+    requests = list(zip(PROMPTS, params, strict=True))
+    first, min_steps = (None, 0) if steps is None else (2, 8)
+    outputs = step_requests(engine, requests, first=first, on_step=steps, min_steps=min_steps)
     tokens = [outputs[request_id].outputs[0].token_ids for request_id in sorted(outputs)]
     return tokens, engine.runner.ahead.hits if engine.runner.ahead is not None else 0
 

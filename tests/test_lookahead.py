@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from atlas_core import LLM, SamplingParams
+from atlas_core.testing.family import step_requests
 from tests.conftest import TINY
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [11] * 20]
@@ -26,17 +27,9 @@ def run(lookahead: bool, steps: Any = None, count: int = len(PROMPTS)) -> tuple[
     engine = llm.engine
     if not lookahead:
         engine.runner.lookahead = None
-    for index, (prompt, params) in enumerate(zip(PROMPTS[:count], PARAMS[:count], strict=True)):
-        if steps is None or index < 2:
-            engine.add_request(str(index), None, prompt, params)
-    outputs: dict[str, Any] = {}
-    step = 0
-    while engine.has_unfinished() or (steps is not None and step < 6):
-        if steps is not None:
-            steps(engine, step)
-        for output in engine.step():
-            outputs[output.request_id] = output
-        step += 1
+    requests = list(zip(PROMPTS[:count], PARAMS[:count], strict=True))
+    first, min_steps = (None, 0) if steps is None else (2, 6)
+    outputs = step_requests(engine, requests, first=first, on_step=steps, min_steps=min_steps)
     results = []
     for request_id in sorted(outputs):
         completion = outputs[request_id].outputs[0]

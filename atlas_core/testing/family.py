@@ -8,12 +8,14 @@ checkpoints they borrow); `INVARIANCE_SETTINGS` are the engine settings to try.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from atlas_core import LLM, SamplingParams
+from atlas_core.engine.outputs import RequestOutput
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 """Twelve greedy tokens, EOS ignored: the completion every invariance check compares."""
@@ -89,3 +91,28 @@ def assert_batch_invariant(
     if expect_cache_hits:
         assert sum(output.num_cached_tokens for output in outputs) > 0
         assert llm.engine.blocks.hit_rate > 0
+
+
+def step_requests(
+    engine: Any,
+    requests: list[tuple[list[int], SamplingParams]],
+    *,
+    first: int | None = None,
+    on_step: Callable[[Any, int], None] | None = None,
+    min_steps: int = 0,
+) -> dict[str, RequestOutput]:
+    """Add the first ``first`` of ``requests`` (all by default) to ``engine`` (an `LLMEngine`) as requests "0",
+    "1", ..., then step it until nothing is unfinished and at least ``min_steps`` steps ran, calling
+    ``on_step(engine, step)`` before each step (to add or abort requests on the way). Each request's last
+    output, by id."""
+    for index, (prompt, params) in enumerate(requests[:first]):
+        engine.add_request(str(index), None, prompt, params)
+    outputs: dict[str, RequestOutput] = {}
+    step = 0
+    while engine.has_unfinished() or step < min_steps:
+        if on_step is not None:
+            on_step(engine, step)
+        for output in engine.step():
+            outputs[output.request_id] = output
+        step += 1
+    return outputs
