@@ -80,7 +80,7 @@ def run_ranks(
 def run_rank_threads(world_size: int, fn: Callable[[int], Any], timeout_s: float = 30.0) -> list[Any]:
     """``fn(rank)`` for ranks ``0 .. world_size - 1``, each on its own thread of this process (for collectives
     whose transport a test simulates in memory); the results in rank order. The first exception a rank raises is
-    raised here."""
+    raised here, and a rank still running after ``timeout_s`` fails the call."""
     results: list[Any] = [None] * world_size
     errors: list[BaseException] = []
 
@@ -93,8 +93,12 @@ def run_rank_threads(world_size: int, fn: Callable[[int], Any], timeout_s: float
     threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world_size)]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + timeout_s
     for thread in threads:
-        thread.join(timeout=timeout_s)
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
     if errors:
         raise errors[0]
+    hung = [rank for rank, thread in enumerate(threads) if thread.is_alive()]
+    if hung:
+        raise AssertionError(f"ranks {hung} did not finish within {timeout_s} s")
     return results
