@@ -1,4 +1,5 @@
 """Host side of paged attention: the work list, the kernel variant, split-K or direct, the launch.
+16-row work items take the tensor-core decode kernel outside the batch-invariant mode (`attention_decode`).
 
 Eager forwards read the batch's query starts and context lengths back once per forward (the result is
 kept for the other layers of that forward) and build the work list: one item per (sequence, tile of
@@ -17,6 +18,7 @@ import numpy as np
 
 from atlas_core.backends.base import AttentionMetadata
 from atlas_gb10.arrays import cache_kind
+from atlas_gb10.attention_decode import decode_kernel
 
 THREADS = 128
 HEAD_DIM_VARIANTS = (1, 2, 4, 8, 16)
@@ -138,10 +140,14 @@ class AttentionRunner:
         ):
             tile_rows = 16  # same results (a row's arithmetic does not depend on the tile), less shared memory
             plan = self._plan(meta, group, tokens, kv_heads, max_rows=16)
-        kernel = self.backend.kernels.function("attention", f"attention_m{tile_rows}_d{dpt}", dtype)
-        smem = self.shared_bytes(tile_rows, dpt, d, dtype)
-        if smem > 48 * 1024:
-            kernel.max_dynamic_shared_size_bytes = smem
+        decode = decode_kernel(self.backend, d, self.split, dtype) if tile_rows == 16 else None
+        if decode is not None:
+            kernel, smem = decode
+        else:
+            kernel = self.backend.kernels.function("attention", f"attention_m{tile_rows}_d{dpt}", dtype)
+            smem = self.shared_bytes(tile_rows, dpt, d, dtype)
+            if smem > 48 * 1024:
+                kernel.max_dynamic_shared_size_bytes = smem
         splits = max(plan.splits, 1)
         if plan.splits:
             ws_acc = cp.empty((tokens * q_heads * splits * d,), dtype=np.float32)

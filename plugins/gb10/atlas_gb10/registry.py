@@ -43,11 +43,13 @@ REGISTRY: dict[tuple[str, str, str], KernelVariant] = {
     },
     (GENERIC, "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 64), ("ATT_SPLIT", 64))),
     (GENERIC, "attention_mma", "bf16"): KernelVariant("attention_mma.cu"),
+    (GENERIC, "attention_decode", "bf16"): KernelVariant("attention_decode.cu"),
     # fp8 (E4M3) KV caches: the same kernels reading bytes (paged_kv.cuh's KV_FP8)
     (GENERIC, "attention", "fp8"): KernelVariant(
         "attention.cu", (("ATT_TILE_N", 64), ("ATT_SPLIT", 64), ("KV_FP8", 1))
     ),
     (GENERIC, "attention_mma", "fp8"): KernelVariant("attention_mma.cu", (("KV_FP8", 1),)),
+    (GENERIC, "attention_decode", "fp8"): KernelVariant("attention_decode.cu", (("KV_FP8", 1),)),
     (GENERIC, "logits", "bf16"): KernelVariant("logits.cu"),
     (GENERIC, "moe", "bf16"): KernelVariant("moe.cu", (("GEMM_KSPLIT", 8),)),
     (GENERIC, "mla", "bf16"): KernelVariant("mla.cu", (("MLA_TILE_N", 64), ("MLA_SPLIT", 256))),

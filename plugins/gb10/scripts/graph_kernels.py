@@ -19,10 +19,10 @@ def replay(name: str, num_layers: int | None = None) -> None:
     import cupy
 
     from atlas_core import SamplingParams
-    from atlas_core.bench.random_weights import PRESETS, random_weights_llm
+    from atlas_core.bench.random_weights import PRESETS, random_weights_llm, text_config
 
     llm = random_weights_llm(name, backend="cuda", num_layers=num_layers)
-    prompt = np.random.default_rng(0).integers(0, PRESETS[name]["vocab_size"], 100).tolist()
+    prompt = np.random.default_rng(0).integers(0, text_config(PRESETS[name])["vocab_size"], 100).tolist()
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     graph = next(iter(llm.engine.runner.decode_graphs.graphs.values()))[0]
     cupy.cuda.Device().synchronize()

@@ -1,7 +1,7 @@
 """The cuda backend's kernels beyond the shared conformance suite: rows computed the same way in any
-batch (GEMM, RMSNorm, attention in the batch-invariant mode, the tensor-core prefill outside it), split-K
-and direct attention giving the same bits, and a warm kernel cache compiling nothing. Needs a CUDA GPU;
-skipped with the backend's own reason elsewhere."""
+batch (GEMM, RMSNorm, attention in the batch-invariant mode, the tensor-core prefill and decode outside it),
+split-K and direct attention giving the same bits, and a warm kernel cache compiling nothing. Needs a CUDA
+GPU; skipped with the backend's own reason elsewhere."""
 
 from __future__ import annotations
 
@@ -180,6 +180,49 @@ def test_attention_split_and_direct_modes_give_the_same_bits(backend: CudaBacken
     np.testing.assert_array_equal(results["always"], results["never"])
 
 
+@pytest.mark.parametrize(("d", "group", "window"), [(128, 8, None), (64, 2, 300), (256, 4, None), (128, 16, 100)])
+def test_tensor_core_decode_attention_matches_numpy(
+    backend: CudaBackend, d: int, group: int, window: int | None
+) -> None:
+    """attention_decode.cu (16-row items outside the batch-invariant mode): decode tokens over contexts of 1 to
+    2,100 keys (split boundaries at 64, 65) and a verify step's tokens, against the NumPy backend within bf16
+    tolerance, every output row written over a NaN-poisoned buffer; split and direct mode give the same bits,
+    and so does a sequence alone."""
+    from atlas_core.backends.base import AttentionMetadata
+    from atlas_core.backends.numpy_backend import NumpyBackend
+
+    rng = np.random.default_rng(d + group)
+    kv_heads = 2
+    lengths = [(1500, 1), (0, 1), (64, 1), (65, 1), (2100, 1), (200, 16 // group)]
+    meta, tokens, (k_cache, v_cache) = paged(backend, rng, lengths, kv_heads, d)
+    q = backend.from_numpy(rng.standard_normal((tokens, kv_heads * group, d), dtype=np.float32))
+    runner, results = backend.attention_runner, {}
+    try:
+        for policy in ("never", "always"):
+            runner.split_policy = policy
+            out = backend.from_numpy(np.full((tokens, kv_heads * group, d), np.nan, dtype=np.float32))
+            results[policy] = host(backend, backend.attention(q, k_cache, v_cache, meta, d**-0.5, out, window))
+    finally:
+        runner.split_policy = "auto"
+    np.testing.assert_array_equal(results["always"], results["never"])
+    fields = ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")
+    host_meta = AttentionMetadata(*(backend.to_numpy(getattr(meta, f)) for f in fields))
+    inputs = (host(backend, a).astype(np.float32) for a in (q, k_cache, v_cache))
+    want = NumpyBackend().attention(*inputs, host_meta, d**-0.5, sliding_window=window)
+    assert np.abs(results["never"] - want).max() <= 2e-2 * np.abs(want).max()
+    with batch_invariant_mode(backend):
+        invariant = host(backend, backend.attention(q, k_cache, v_cache, meta, d**-0.5, sliding_window=window))
+    assert not np.array_equal(invariant, results["never"]), "the decode did not take the tensor-core kernel"
+    alone = AttentionMetadata(
+        backend.from_numpy(np.array([0, 1], dtype=np.int32)),
+        meta.seq_lens[4:5],
+        meta.block_tables[4:5],
+        meta.slot_mapping[4:5],
+    )
+    single = host(backend, backend.attention(q[4:5], k_cache, v_cache, alone, d**-0.5, sliding_window=window))
+    np.testing.assert_array_equal(single[0], results["never"][4])
+
+
 @pytest.mark.parametrize(
     ("lengths", "d"), [([(1500, 1), (700, 1), (3, 1)], 128), ([(700, 37), (0, 300)], 128), ([(90, 1)], 72)]
 )
@@ -280,6 +323,7 @@ def test_warm_kernel_cache_compiles_nothing(tmp_path: Path) -> None:
         ("elementwise", "rms_norm_block_vec_bf16"),
         ("gemm", "gemm_bf16_m1_n2_vec"),
         ("attention", "attention_m16_d4"),
+        ("attention_decode", "attention_decode_d8"),
         ("moe", "moe_route"),
         ("recurrent", "gated_delta_rule_bf16"),
     ],

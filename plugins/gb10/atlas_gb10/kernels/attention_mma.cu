@@ -10,51 +10,12 @@
 // token gets the same bits whatever else its tile or batch holds; the arithmetic differs from attention.cu's
 // (tensor-core dot products, P in bf16), which is why the batch-invariant mode does not use this kernel.
 #include "gemm_core.cuh"
+#include "mma_frags.cuh"
 #include "paged_kv.cuh"
 
 #define MMA_TILE_N 64
 #define MMA_ROWS 64
 #define MMA_THREADS 128
-#define LOG2E 1.4426950408889634f
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const bf16_t* p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const bf16_t* p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-    return (unsigned)float_to_bf16(lo) | ((unsigned)float_to_bf16(hi) << 16);
-}
-
-__device__ __forceinline__ float quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float v) {
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
-// The flat KV slots of the tile of keys from first_key (keys outside [key_start, key_end): -1).
-__device__ __forceinline__ void tile_slots(long long* slots, const int* table, int first_key, int key_start,
-                                           int key_end, int block_size, int tid) {
-    for (int c = tid; c < MMA_TILE_N; c += MMA_THREADS) {
-        const int kpos = first_key + c;
-        slots[c] = (kpos >= key_start && kpos < key_end)
-                       ? (long long)table[kpos / block_size] * block_size + kpos % block_size
-                       : -1;
-    }
-}
 
 // DK: the head dim padded to 16 * DK (columns past d are zeros in Q, K and V).
 template <int DK>
@@ -105,7 +66,7 @@ __device__ __forceinline__ void attention_mma_body(
     }
     const int tile_lo = key_start / MMA_TILE_N * MMA_TILE_N;
     const int tiles = key_end > tile_lo ? (key_end - tile_lo + MMA_TILE_N - 1) / MMA_TILE_N : 0;
-    if (tiles > 0) tile_slots(kslot, table, tile_lo, key_start, key_end, block_size, tid);
+    if (tiles > 0) tile_slots<MMA_TILE_N, MMA_THREADS>(kslot, table, tile_lo, key_start, key_end, block_size, tid);
     __syncthreads();
 #if KV_FP8
     if (tiles > 0) load_kv_tile<MMA_TILE_N, MMA_THREADS>(Kst, Vst, kslot, k_cache, v_cache, kv_heads, hk, d, d8, STRIDE, tid);
@@ -130,7 +91,7 @@ __device__ __forceinline__ void attention_mma_body(
         cp_async_wait_all();
         __syncthreads();
         unstage_kv_tile<MMA_TILE_N, MMA_THREADS>(Ks, Vs, Kst, Vst, d8, STRIDE, tid);
-        if (it + 1 < tiles) tile_slots(kslot, table, tile_lo + (it + 1) * MMA_TILE_N, key_start, key_end, block_size, tid);
+        if (it + 1 < tiles) tile_slots<MMA_TILE_N, MMA_THREADS>(kslot, table, tile_lo + (it + 1) * MMA_TILE_N, key_start, key_end, block_size, tid);
         __syncthreads();
         if (it + 1 < tiles) {  // the next tile's bytes stream in while this one is computed
             load_kv_tile<MMA_TILE_N, MMA_THREADS>(Kst, Vst, kslot, k_cache, v_cache, kv_heads, hk, d, d8, STRIDE, tid);
@@ -140,7 +101,7 @@ __device__ __forceinline__ void attention_mma_body(
         const int buf = it & 1;
         if (it + 1 < tiles) {  // the next tile streams in while this one is computed
             long long* next_slots = kslot + (buf ^ 1) * MMA_TILE_N;
-            tile_slots(next_slots, table, tile_lo + (it + 1) * MMA_TILE_N, key_start, key_end, block_size, tid);
+            tile_slots<MMA_TILE_N, MMA_THREADS>(next_slots, table, tile_lo + (it + 1) * MMA_TILE_N, key_start, key_end, block_size, tid);
             __syncthreads();
             load_kv_tile<MMA_TILE_N, MMA_THREADS>(Ks + (buf ^ 1) * MMA_TILE_N * STRIDE,
                                                   Vs + (buf ^ 1) * MMA_TILE_N * STRIDE, next_slots, k_cache, v_cache,

@@ -104,6 +104,18 @@ __device__ __forceinline__ void load_kv_tile(bf16_t* Kb, bf16_t* Vb, const long 
 }
 #endif
 
+// The flat KV slots of the TILE_N keys from first_key (keys outside [key_start, key_end): -1), by THREADS threads.
+template <int TILE_N, int THREADS>
+__device__ __forceinline__ void tile_slots(long long* slots, const int* table, int first_key, int key_start,
+                                           int key_end, int block_size, int tid) {
+    for (int c = tid; c < TILE_N; c += THREADS) {
+        const int kpos = first_key + c;
+        slots[c] = (kpos >= key_start && kpos < key_end)
+                       ? (long long)table[kpos / block_size] * block_size + kpos % block_size
+                       : -1;
+    }
+}
+
 // Elements j .. j + 7 of a tile row as 8 bf16 values (16-byte and 8-byte aligned rows, bf16 and E4M3).
 __device__ __forceinline__ uint4 tile_chunk(const bf16_t* row, int j) { return *reinterpret_cast<const uint4*>(row + j); }
 __device__ __forceinline__ uint4 tile_chunk(const unsigned char* row, int j) {
