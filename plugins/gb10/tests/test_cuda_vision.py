@@ -55,7 +55,7 @@ def test_image_prompts_match_the_numpy_backend(name: str, tmp_path: Path) -> Non
     folder = bf16_copy(name, tmp_path)
     with np.load(folder / "vision_reference.npz") as data:
         reference = dict(data)
-    cuda = LLM(folder, backend="cuda", gpu_memory_utilization=0.3)
+    cuda = LLM(folder, backend="cuda", kv_cache_memory_gib=1 / 16)  # whatever the tests before it hold
     host = LLM(folder, backend="numpy", kv_cache_memory_gib=1 / 16)
     vision_cuda, vision_host = cuda.loaded.model.vision, host.loaded.model.vision
     assert vision_cuda is not None and vision_host is not None
