@@ -28,13 +28,7 @@
 #define ATT_BUFFERS(TM, DPT) ((TM) == 16 && (DPT) <= 8 ? 2 : 1)
 
 template <int TM, int DPT>
-__device__ __forceinline__ void attention_body(
-    const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const kv_t* __restrict__ k_cache,
-    const kv_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,
-    const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work, bf16_t* __restrict__ out,
-    long long o_s0, long long o_s1, float* __restrict__ ws_acc, float2* __restrict__ ws_ml, int splits, int q_heads,
-    int kv_heads, int d, int block_size, float scale, float v_scale, int window, int q_vec,
-    const int* __restrict__ visible_end) {
+__device__ __forceinline__ void attention_body(ATTENTION_PARAMS) {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int BUFFERS = ATT_BUFFERS(TM, DPT);
     constexpr bool O_REGS = DPT > 8;  // direct mode's running output: registers, else shared memory (Ot)
@@ -55,31 +49,21 @@ __device__ __forceinline__ void attention_body(
     int* qlast = qpos + TM;  // the last key each row sees: its position, or its image's end - 1 (visible_end)
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int4 item = work[blockIdx.x];
-    const int b = item.x, tile_tok = item.y, only_split = item.z;
-    const int hk = blockIdx.y;
-    const int group = q_heads / kv_heads;
-    const WorkRows w = work_rows(query_start, seq_lens, b, tile_tok, TM, group, window, visible_end);
-    const int q_begin = w.q_begin, rows = w.rows, key_start = w.key_start, key_end = w.key_end;
+    const BlockWork bw = block_work(work, query_start, seq_lens, block_tables, table_width, q_heads, kv_heads,
+                                    TM, window, visible_end);
+    const WorkRows& w = bw.w;
+    const int q_begin = w.q_begin, tile_tok = w.tile_tok, rows = w.rows, key_start = w.key_start, key_end = w.key_end;
+    const int hk = bw.hk, group = bw.group, only_split = bw.split;
     if (rows <= 0) return;
-    const int* table = block_tables + (long long)b * table_width;
+    const int* table = bw.table;
 
     row_positions<ATT_THREADS>(qpos, qlast, w, TM, visible_end, tid);
-    for (int r = tid; r < TM; r += ATT_THREADS) {
-        M_tot[r] = NEG_INF;
-        L_tot[r] = 0.0f;
-    }
+    reset_running<ATT_THREADS>(M_tot, L_tot, TM, tid);
     if (!O_REGS && only_split < 0)
         for (int i = tid; i < TM * 32 * DPT; i += ATT_THREADS) Ot[i] = 0.0f;
     load_q_rows<ATT_THREADS>(Qs, stride, q, q_s0, q_s1, q_begin + tile_tok, TM, rows, group, hk, d, d_pad / 8, q_vec, tid);
 
-    int s_lo, s_hi;
-    if (only_split >= 0) {
-        s_lo = s_hi = only_split;
-    } else {
-        s_lo = key_start / ATT_SPLIT;
-        s_hi = key_end > 0 ? (key_end - 1) / ATT_SPLIT : -1;
-    }
+    const int2 split_span = split_range(bw, ATT_SPLIT);
 
     constexpr int ROW_GROUPS = ATT_THREADS / ATT_TILE_N;  // score layout: column c = tid % TILE_N
     constexpr int SROWS = TM / ROW_GROUPS;
@@ -92,7 +76,7 @@ __device__ __forceinline__ void attention_body(
 #pragma unroll
         for (int e = 0; e < (O_REGS ? DPT : 1); ++e) O[i][e] = 0.0f;
 
-    for (int s = s_lo; s <= s_hi; ++s) {
+    for (int s = split_span.x; s <= split_span.y; ++s) {
         __syncthreads();  // the previous split's merge has read its statistics
         float acc[PROWS][DPT];
 #pragma unroll
@@ -279,16 +263,9 @@ __device__ __forceinline__ void attention_body(
 }
 
 #define ATTENTION_KERNEL(TM, DPT)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_m##TM##_d##DPT(                                \
-        const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const kv_t* __restrict__ k_cache,               \
-        const kv_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,      \
-        const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work,                         \
-        bf16_t* __restrict__ out, long long o_s0, long long o_s1, float* __restrict__ ws_acc,                         \
-        float2* __restrict__ ws_ml, int splits, int q_heads, int kv_heads, int d, int block_size, float scale,        \
-        float v_scale, int window, int q_vec, const int* __restrict__ visible_end) { await_inputs();                  \
-        attention_body<TM, DPT>(q, q_s0, q_s1, k_cache, v_cache, query_start, seq_lens, block_tables, table_width,     \
-                                work, out, o_s0, o_s1, ws_acc, ws_ml, splits, q_heads, kv_heads, d, block_size,       \
-                                scale, v_scale, window, q_vec, visible_end);                                          \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_m##TM##_d##DPT(ATTENTION_PARAMS) {            \
+        await_inputs();                                                                                               \
+        attention_body<TM, DPT>(ATTENTION_ARGS);                                                                      \
     }
 
 ATTENTION_KERNEL(16, 1)

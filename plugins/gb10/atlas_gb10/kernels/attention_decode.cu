@@ -27,13 +27,7 @@
 // fp32 outputs [DEC_WARPS][DEC_ROWS][16 DK + 8] overwrite once the products are done; fp8 caches then stage
 // the tile's bytes [2][DEC_KEYS][16 DK + 8]. `decode_shared_bytes` in attention_decode.py mirrors it.
 template <int DK>
-__device__ __forceinline__ void attention_decode_body(
-    const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const kv_t* __restrict__ k_cache,
-    const kv_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,
-    const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work, bf16_t* __restrict__ out,
-    long long o_s0, long long o_s1, float* __restrict__ ws_acc, float2* __restrict__ ws_ml, int splits, int q_heads,
-    int kv_heads, int d, int block_size, float scale, float v_scale, int window, int q_vec,
-    const int* __restrict__ visible_end) {
+__device__ __forceinline__ void attention_decode_body(ATTENTION_PARAMS) {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int D_PAD = 16 * DK;
     constexpr int STRIDE = D_PAD + 8;  // padded rows: conflict-free ldmatrix and fp32 row writes
@@ -61,38 +55,27 @@ __device__ __forceinline__ void attention_decode_body(
 #endif
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int4 item = work[blockIdx.x];
-    const int b = item.x, tile_tok = item.y, only_split = item.z;
-    const int hk = blockIdx.y;
-    const int group = q_heads / kv_heads;
-    const WorkRows w = work_rows(query_start, seq_lens, b, tile_tok, DEC_ROWS, group, window, visible_end);
-    const int q_begin = w.q_begin, rows = w.rows, key_start = w.key_start, key_end = w.key_end;
-    if (rows <= 0) return;
-    const int* table = block_tables + (long long)b * table_width;
-
-    row_positions<DEC_THREADS>(qpos, qlast, w, DEC_ROWS, visible_end, tid);
-    for (int r = tid; r < DEC_ROWS; r += DEC_THREADS) {
-        run_m[r] = NEG_INF;
-        run_l[r] = 0.0f;
-    }
+    const BlockWork bw = block_work(work, query_start, seq_lens, block_tables, table_width, q_heads, kv_heads,
+                                    DEC_ROWS, window, visible_end);
+    if (bw.w.rows <= 0) return;
+    const int q_begin = bw.w.q_begin, tile_tok = bw.w.tile_tok, rows = bw.w.rows, key_start = bw.w.key_start;
+    const int key_end = bw.w.key_end, hk = bw.hk, group = bw.group, only_split = bw.split;
+    row_positions<DEC_THREADS>(qpos, qlast, bw.w, DEC_ROWS, visible_end, tid);
+    reset_running<DEC_THREADS>(run_m, run_l, DEC_ROWS, tid);
     load_q_rows<DEC_THREADS>(Qs, STRIDE, q, q_s0, q_s1, q_begin + tile_tok, DEC_ROWS, rows, group, hk, d, D_PAD / 8,
                              q_vec, tid);
-    int s_lo = only_split, s_hi = only_split;
-    if (only_split < 0) {
-        s_lo = key_start / DEC_KEYS;
-        s_hi = key_end > 0 ? (key_end - 1) / DEC_KEYS : -1;
-    }
+    const int2 split_span = split_range(bw, DEC_KEYS);
     float O[PER_THREAD];  // direct mode: element tid + DEC_THREADS * i of the [DEC_ROWS, D_PAD] output
 #pragma unroll
     for (int i = 0; i < PER_THREAD; ++i) O[i] = 0.0f;
     const int g = lane >> 2, qd = lane & 3, r0 = g, r1 = g + 8;
     const float scale2 = scale * LOG2E;  // scores in log2 units: exp2f
 
-    for (int s = s_lo; s <= s_hi; ++s) {
+    for (int s = split_span.x; s <= split_span.y; ++s) {
         const int first = s * DEC_KEYS;
         const bool keys = first < key_end && first + DEC_KEYS > key_start;  // the same in every thread
         __syncthreads();  // the previous split's merge is done with the tile (Ow) and the factors
-        if (keys) tile_slots<DEC_KEYS, DEC_THREADS>(kslot, table, first, key_start, key_end, block_size, tid);
+        if (keys) tile_slots<DEC_KEYS, DEC_THREADS>(kslot, bw.table, first, key_start, key_end, block_size, tid);
         __syncthreads();
         if (keys) load_kv_tile<DEC_KEYS, DEC_THREADS>(Kst, Vst, kslot, k_cache, v_cache, kv_heads, hk, d, D_PAD, STRIDE, tid);
         cp_async_commit();
@@ -123,34 +106,14 @@ __device__ __forceinline__ void attention_decode_body(
             mma_16816(sc[1], a[0], a[1], a[2], a[3], kb[2], kb[3]);
         }
         // ---- masks and the softmax of rows r0 (sc[.][0..1]) and r1 (sc[.][2..3]) over the warp's keys
-        const int p0 = qpos[r0], p1 = qpos[r1], last0 = qlast[r0], last1 = qlast[r1];
-        float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int kpos = first + warp * 16 + n * 8 + 2 * qd + e;
-                const bool seen = kpos >= key_start;
-                const bool v0 = seen && kpos <= last0 && (window <= 0 || kpos > p0 - window);
-                const bool v1 = seen && kpos <= last1 && (window <= 0 || kpos > p1 - window);
-                sc[n][e] = v0 ? sc[n][e] * scale2 : NEG_INF;
-                sc[n][2 + e] = v1 ? sc[n][2 + e] * scale2 : NEG_INF;
-                mx0 = fmaxf(mx0, sc[n][e]);
-                mx1 = fmaxf(mx1, sc[n][2 + e]);
-            }
+        const RowMasks masks{key_start, qlast[r0], qlast[r1], qpos[r0], qpos[r1], window};
+        float mx0, mx1;
+        mask_scores<2>(sc, first + warp * 16, qd, masks, scale2, mx0, mx1);
         const float m0 = quad_max(mx0), m1 = quad_max(mx1);
         const float base0 = m0 == NEG_INF ? 0.0f : m0, base1 = m1 == NEG_INF ? 0.0f : m1;
-        unsigned pa[2][2];  // P in bf16 pairs: [n][0] row r0, [n][1] row r1 (keys n * 8 + 2 qd, + 1)
-        float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-            const float e00 = exp2f(sc[n][0] - base0), e01 = exp2f(sc[n][1] - base0);
-            const float e10 = exp2f(sc[n][2] - base1), e11 = exp2f(sc[n][3] - base1);
-            sum0 += e00 + e01;
-            sum1 += e10 + e11;
-            pa[n][0] = pack_bf16(e00, e01);
-            pa[n][1] = pack_bf16(e10, e11);
-        }
+        unsigned pa[2][2];
+        float sum0, sum1;
+        exp2_pack<2>(sc, base0, base1, pa, sum0, sum1);
         const float l0 = quad_sum(sum0), l1 = quad_sum(sum1);
         // ---- this warp's O = P V: one k-step of its 16 keys, 2 * DK n-tiles of 8 dims
         float o[2 * DK][4];
@@ -238,16 +201,9 @@ __device__ __forceinline__ void attention_decode_body(
 }
 
 #define ATTENTION_DECODE_KERNEL(DK)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS) attention_decode_d##DK(                                  \
-        const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const kv_t* __restrict__ k_cache,               \
-        const kv_t* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,      \
-        const int* __restrict__ block_tables, int table_width, const int4* __restrict__ work,                         \
-        bf16_t* __restrict__ out, long long o_s0, long long o_s1, float* __restrict__ ws_acc,                         \
-        float2* __restrict__ ws_ml, int splits, int q_heads, int kv_heads, int d, int block_size, float scale,        \
-        float v_scale, int window, int q_vec, const int* __restrict__ visible_end) { await_inputs();                  \
-        attention_decode_body<DK>(q, q_s0, q_s1, k_cache, v_cache, query_start, seq_lens, block_tables, table_width,   \
-                                  work, out, o_s0, o_s1, ws_acc, ws_ml, splits, q_heads, kv_heads, d, block_size,     \
-                                  scale, v_scale, window, q_vec, visible_end);                                        \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS) attention_decode_d##DK(ATTENTION_PARAMS) {              \
+        await_inputs();                                                                                               \
+        attention_decode_body<DK>(ATTENTION_ARGS);                                                                    \
     }
 
 ATTENTION_DECODE_KERNEL(4)

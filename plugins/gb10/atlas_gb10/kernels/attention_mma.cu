@@ -42,14 +42,13 @@ __device__ __forceinline__ void attention_mma_body(
 #endif
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int4 item = work[blockIdx.x];
-    const int b = item.x, tile_tok = item.y;
-    const int hk = blockIdx.y;
-    const int group = q_heads / kv_heads;
-    const WorkRows w = work_rows(query_start, seq_lens, b, tile_tok, MMA_ROWS, group, window, visible_end);
-    const int q_begin = w.q_begin, rows = w.rows, key_start = w.key_start, key_end = w.key_end;
+    const BlockWork bw = block_work(work, query_start, seq_lens, block_tables, table_width, q_heads, kv_heads,
+                                    MMA_ROWS, window, visible_end);
+    const WorkRows& w = bw.w;
+    const int q_begin = w.q_begin, tile_tok = w.tile_tok, rows = w.rows, key_start = w.key_start, key_end = w.key_end;
+    const int hk = bw.hk, group = bw.group;
     if (rows <= 0) return;
-    const int* table = block_tables + (long long)b * table_width;
+    const int* table = bw.table;
     const int d8 = (d + 7) & ~7;
 
     row_positions<MMA_THREADS>(qpos, qlast, w, MMA_ROWS, visible_end, tid);
@@ -78,7 +77,7 @@ __device__ __forceinline__ void attention_mma_body(
 
     const int g = lane >> 2, qd = lane & 3;
     const int r0 = warp * 16 + g, r1 = r0 + 8;  // this lane's two rows
-    const int p0 = qpos[r0], p1 = qpos[r1], last0 = qlast[r0], last1 = qlast[r1];
+    const RowMasks masks{key_start, qlast[r0], qlast[r1], qpos[r0], qpos[r1], window};
     const float scale2 = scale * LOG2E;  // scores in log2 units: exp2f
     float o[2 * DK][4];
 #pragma unroll
@@ -135,38 +134,17 @@ __device__ __forceinline__ void attention_mma_body(
 
         // ---- masks and the online softmax of rows r0 (s[.][0..1]) and r1 (s[.][2..3])
         const int t0 = tile_lo + it * MMA_TILE_N;
-        float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int kpos = t0 + n * 8 + 2 * qd + e;
-                const bool seen = kpos >= key_start;
-                const bool v0 = seen && kpos <= last0 && (window <= 0 || kpos > p0 - window);
-                const bool v1 = seen && kpos <= last1 && (window <= 0 || kpos > p1 - window);
-                s[n][e] = v0 ? s[n][e] * scale2 : NEG_INF;
-                s[n][2 + e] = v1 ? s[n][2 + e] * scale2 : NEG_INF;
-                mx0 = fmaxf(mx0, s[n][e]);
-                mx1 = fmaxf(mx1, s[n][2 + e]);
-            }
-        }
+        float mx0, mx1;
+        mask_scores<8>(s, t0, qd, masks, scale2, mx0, mx1);
         const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
         const float alpha0 = mn0 == NEG_INF ? 1.0f : exp2f(m0 - mn0);  // m = -inf: exp2f(-inf) = 0
         const float alpha1 = mn1 == NEG_INF ? 1.0f : exp2f(m1 - mn1);
         const float base0 = mn0 == NEG_INF ? 0.0f : mn0, base1 = mn1 == NEG_INF ? 0.0f : mn1;
         m0 = mn0;
         m1 = mn1;
-        unsigned pa[8][2];  // P in bf16 pairs: [n][0] row r0, [n][1] row r1 (keys n * 8 + 2 qd, + 1)
-        float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-            const float e00 = exp2f(s[n][0] - base0), e01 = exp2f(s[n][1] - base0);
-            const float e10 = exp2f(s[n][2] - base1), e11 = exp2f(s[n][3] - base1);
-            sum0 += e00 + e01;
-            sum1 += e10 + e11;
-            pa[n][0] = pack_bf16(e00, e01);
-            pa[n][1] = pack_bf16(e10, e11);
-        }
+        unsigned pa[8][2];
+        float sum0, sum1;
+        exp2_pack<8>(s, base0, base1, pa, sum0, sum1);
         l0 = l0 * alpha0 + sum0;
         l1 = l1 * alpha1 + sum1;
 #pragma unroll

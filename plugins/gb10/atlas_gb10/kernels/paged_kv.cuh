@@ -187,6 +187,19 @@ __device__ __forceinline__ void load_q_rows(bf16_t* Qs, int stride, const bf16_t
     }
 }
 
+// The parameters of attention.cu's kernels, which attention_decode.cu's take too (one argument list on the host:
+// attention.py's `_kernel_args`), and the same names as arguments.
+#define ATTENTION_PARAMS                                                                                              \
+    const bf16_t *__restrict__ q, long long q_s0, long long q_s1, const kv_t *__restrict__ k_cache,                   \
+        const kv_t *__restrict__ v_cache, const int *__restrict__ query_start, const int *__restrict__ seq_lens,      \
+        const int *__restrict__ block_tables, int table_width, const int4 *__restrict__ work,                         \
+        bf16_t *__restrict__ out, long long o_s0, long long o_s1, float *__restrict__ ws_acc,                         \
+        float2 *__restrict__ ws_ml, int splits, int q_heads, int kv_heads, int d, int block_size, float scale,        \
+        float v_scale, int window, int q_vec, const int *__restrict__ visible_end
+#define ATTENTION_ARGS                                                                                                \
+    q, q_s0, q_s1, k_cache, v_cache, query_start, seq_lens, block_tables, table_width, work, out, o_s0, o_s1, ws_acc, \
+        ws_ml, splits, q_heads, kv_heads, d, block_size, scale, v_scale, window, q_vec, visible_end
+
 // A work item (sequence b, its query tokens from tile_tok, at most tile_rows rows of (token, head of the GQA
 // group)): the rows that exist (0: nothing to do), the first token's position, and the keys [key_start,
 // key_end) any of its rows sees. visible_end is non-decreasing along a sequence's rows, so the last row sees
@@ -213,6 +226,44 @@ __device__ __forceinline__ WorkRows work_rows(const int* __restrict__ query_star
                     : last_pos + 1;
     w.key_start = window > 0 ? max(0, w.first_pos - window + 1) : 0;
     return w;
+}
+
+// This block's work item (item blockIdx.x of `work`: sequence, first query token, split or -1 for all of them;
+// the KV head blockIdx.y): its rows (`work_rows`, tile_rows at most), its GQA group and the sequence's block table.
+struct BlockWork {
+    WorkRows w;
+    int split, hk, group;
+    const int* table;
+};
+
+__device__ __forceinline__ BlockWork block_work(const int4* __restrict__ work, const int* __restrict__ query_start,
+                                                const int* __restrict__ seq_lens, const int* __restrict__ block_tables,
+                                                int table_width, int q_heads, int kv_heads, int tile_rows, int window,
+                                                const int* __restrict__ visible_end) {
+    const int4 item = work[blockIdx.x];
+    BlockWork bw;
+    bw.group = q_heads / kv_heads;
+    bw.w = work_rows(query_start, seq_lens, item.x, item.y, tile_rows, bw.group, window, visible_end);
+    bw.split = item.z;
+    bw.hk = blockIdx.y;
+    bw.table = block_tables + (long long)item.x * table_width;
+    return bw;
+}
+
+// The splits of split_keys keys a block walks, first and last: its own (split mode) or every split holding keys
+// its rows see (direct mode; none when they see no key). Every block's running (max, sum) of its rows starts at
+// (-inf, 0): `reset_running`.
+__device__ __forceinline__ int2 split_range(const BlockWork& bw, int split_keys) {
+    if (bw.split >= 0) return make_int2(bw.split, bw.split);
+    return make_int2(bw.w.key_start / split_keys, bw.w.key_end > 0 ? (bw.w.key_end - 1) / split_keys : -1);
+}
+
+template <int THREADS>
+__device__ __forceinline__ void reset_running(float* m, float* l, int tile_rows, int tid) {
+    for (int r = tid; r < tile_rows; r += THREADS) {
+        m[r] = NEG_INF;
+        l[r] = 0.0f;
+    }
 }
 
 // Each row's position (qpos) and the last key it sees (qlast: its position, or its image's end - 1), -1 for
