@@ -6,21 +6,49 @@ completions (of any batch) until the batch's own are in. The binding's ``Iovec``
 (and an export of) every buffer it is given and never lets go, so each staging row gets its vector once,
 when the ring is made, and the rows live as long as the process.
 
-`UringIO.open` raises `ImportError` / `OSError` where the binding is not installed or the kernel refuses
+`UringIO.open` raises `ImportError` / `OSError` where the binding is not installed, where its compiled code
+does not run on this processor (it was seen to die of an illegal instruction, which would take the whole
+process with it: `binding_problem` tries it once in a child process first), or where the kernel refuses
 io_uring (before Linux 6.14 for this binding, or disabled by ``kernel.io_uring_disabled`` or a seccomp
 profile); `atlas_storage_nvme.direct_io` then uses its thread pool.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 DEPTH = 64
 """Submission queue entries: requests in flight at once."""
+_PROBE = (
+    "import liburing; ring = liburing.Ring(); liburing.io_uring_queue_init(2, ring); liburing.io_uring_queue_exit(ring)"
+)
+
+
+class BindingCrashError(OSError):
+    """The liburing binding's compiled code killed the process that tried it (wrong processor features)."""
+
+
+@functools.cache
+def binding_problem() -> str | None:
+    """Why the liburing binding cannot be used in this process, or None: a child process makes and tears down a
+    ring first, since a binding built for other processor features dies of a signal rather than raising.
+    Not installed, or a ring the kernel refuses, is left to `UringIO.open` to raise as such."""
+    try:
+        child = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"trying the liburing binding in a child process failed: {exc}"
+    if child.returncode < 0:
+        name = signal.Signals(-child.returncode).name
+        return f"the liburing binding's compiled code does not run on this processor (the process died of {name})"
+    return None
 
 
 class UringIO:
@@ -43,8 +71,13 @@ class UringIO:
 
     @classmethod
     def open(cls, fd: int, rows: Sequence[memoryview], depth: int = DEPTH) -> UringIO:
-        """A ring for ``fd``; `ImportError` without the binding, `OSError` where the kernel refuses a ring."""
-        return cls(fd, rows, importlib.import_module("liburing"), depth)
+        """A ring for ``fd``; `ImportError` without the binding, `BindingCrashError` where its code does not run
+        on this processor (`binding_problem`), `OSError` where the kernel refuses a ring."""
+        liburing = importlib.import_module("liburing")
+        problem = binding_problem()
+        if problem is not None:
+            raise BindingCrashError(problem)
+        return cls(fd, rows, liburing, depth)
 
     def start(self, requests: Sequence[tuple[int, int]], write: bool) -> Callable[[], list[int]]:
         """Submit a write (``write``) or read of row ``row`` at file ``offset`` for every ``(offset, row)``;
@@ -99,5 +132,7 @@ def describe_failure(exc: BaseException) -> str:
     """Why io_uring is not used, for the tier's log line."""
     if isinstance(exc, ImportError):
         return "the liburing package is not installed"
+    if isinstance(exc, BindingCrashError):
+        return str(exc)
     reason = os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else str(exc)
     return f"the kernel refuses io_uring: {reason}"

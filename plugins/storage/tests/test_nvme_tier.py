@@ -1,7 +1,8 @@
 """atlas-storage-nvme: the ``nvme`` tier stores records bit-exact through io_uring and the thread pool, with
 O_DIRECT where the filesystem allows it; a corrupt, truncated, stale or foreign record is reported lost, never
 returned; a full disk or an unwritable path is a `StorageFullError` / `OSError` the engine degrades on; one
-engine per directory; records persist across restarts only when asked, for the same identity."""
+engine per directory; records persist across restarts only when asked, for the same identity; a liburing binding
+whose code dies on this processor is tried in a child process and leaves the thread pool in charge."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 from atlas_storage_nvme import tier as tier_module
-from atlas_storage_nvme.direct_io import IOChoice
+from atlas_storage_nvme import uring as uring_module
+from atlas_storage_nvme.direct_io import IOChoice, open_io
 from atlas_storage_nvme.records import HEADER
 from atlas_storage_nvme.tier import DATA_FILE, INDEX_FILE, NvmeStorage
 from atlas_storage_nvme.uring import UringIO, describe_failure
@@ -146,6 +148,25 @@ def test_a_record_under_another_key_is_lost(tier: NvmeStorage) -> None:
     tier.write([4], [40], records(1))
     tier._keys[4] = 41
     assert tier.read([4], FORMAT.empty(1)) == [4]
+
+
+def test_a_binding_that_dies_on_this_processor_leaves_the_thread_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A binding built for other processor features dies of SIGILL when it makes a ring: the probe sees it in its
+    child process, ``auto`` takes the thread pool and ``io_uring`` refuses with the reason."""
+    pytest.importorskip("liburing")
+    monkeypatch.setattr(uring_module, "_PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGILL)")
+    uring_module.binding_problem.cache_clear()
+    try:
+        fd = os.open(os.devnull, os.O_RDONLY)
+        with pytest.raises(uring_module.BindingCrashError) as refused:
+            open_io(fd, [], "io_uring", threads=1)
+        assert describe_failure(refused.value).endswith("(the process died of SIGILL)")
+        io = open_io(fd, [], "auto", threads=1)
+        assert io.name == "threads"
+        io.close()
+        os.close(fd)
+    finally:
+        uring_module.binding_problem.cache_clear()
 
 
 def test_a_full_disk_at_start_is_refused(tmp_path: Path) -> None:
