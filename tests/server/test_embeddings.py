@@ -48,7 +48,7 @@ def test_last_token_state_projects_to_the_reference_logprobs(llm: LLM) -> None:
         np.testing.assert_allclose(logprobs, ref[f"logprobs_{i}"][-1], atol=2e-4)
     normalized = llm.embed(prompts())  # the default: last token, L2-normalised
     for plain, unit in zip(raw, normalized, strict=True):
-        np.testing.assert_allclose(unit.embedding, plain.embedding / np.linalg.norm(plain.embedding), rtol=1e-5)
+        np.testing.assert_allclose(unit.embedding, plain.embedding / np.linalg.norm(plain.embedding), atol=1e-6)
 
 
 def test_mean_pooling_is_the_mean_of_every_position(llm: LLM) -> None:
@@ -85,7 +85,8 @@ def test_pooling_config_from_sentence_transformers_files(tmp_path: Path) -> None
 def test_a_headless_base_model_checkpoint_embeds_as_its_causal_lm(llm: LLM, tmp_path: Path, tied: bool) -> None:
     """Embedding checkpoints saved as the base model (``Qwen3Model``: no ``model.`` prefix, no LM head, as
     Qwen3-Embedding ships) load through the family and embed exactly as the causal LM holding the same
-    weights; untied, the embedding matrix serves as the LM head."""
+    weights; untied, the embedding matrix serves as the LM head. Within float32 rounding, not bit for bit: the
+    two engines hold their weights in different arrays, and BLAS may sum them in another order."""
     from safetensors.numpy import load_file, save_file
 
     folder = TINY.edited_copy(tmp_path, CHECKPOINT)
@@ -99,7 +100,7 @@ def test_a_headless_base_model_checkpoint_embeds_as_its_causal_lm(llm: LLM, tmp_
     (folder / "config.json").write_text(json.dumps(config))
     base = LLM(folder, backend="numpy", max_seq_len=128, kv_cache_memory_gib=1 / 64)
     for got, want in zip(base.embed(prompts(), normalize=False), llm.embed(prompts(), normalize=False), strict=True):
-        np.testing.assert_array_equal(got.embedding, want.embedding)
+        np.testing.assert_allclose(got.embedding, want.embedding, rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope="module")
