@@ -60,6 +60,9 @@ __device__ __forceinline__ void attention_decode_body(ATTENTION_PARAMS) {
     if (bw.w.rows <= 0) return;
     const int q_begin = bw.w.q_begin, tile_tok = bw.w.tile_tok, rows = bw.w.rows, key_start = bw.w.key_start;
     const int key_end = bw.w.key_end, hk = bw.hk, group = bw.group, only_split = bw.split;
+    auto ws_at = [&](int r, int s) {  // row r's split s in the workspace: ((token, head) row) x splits + s
+        return ((q_begin + tile_tok + r / group) * (long long)q_heads + hk * group + r % group) * splits + s;
+    };
     row_positions<DEC_THREADS>(qpos, qlast, bw.w, DEC_ROWS, visible_end, tid);
     reset_running<DEC_THREADS>(run_m, run_l, DEC_ROWS, tid);
     load_q_rows<DEC_THREADS>(Qs, STRIDE, q, q_s0, q_s1, q_begin + tile_tok, DEC_ROWS, rows, group, hk, d, D_PAD / 8,
@@ -83,10 +86,7 @@ __device__ __forceinline__ void attention_decode_body(ATTENTION_PARAMS) {
         __syncthreads();
         if (!keys) {  // split mode: no key of this split is seen by any row
             if (only_split >= 0)
-                for (int r = tid; r < rows; r += DEC_THREADS) {
-                    const long long row = (q_begin + tile_tok + r / group) * (long long)q_heads + hk * group + r % group;
-                    ws_ml[row * splits + s] = make_float2(NEG_INF, 0.0f);
-                }
+                for (int r = tid; r < rows; r += DEC_THREADS) ws_ml[ws_at(r, s)] = make_float2(NEG_INF, 0.0f);
             continue;
         }
 #if KV_FP8
@@ -153,10 +153,7 @@ __device__ __forceinline__ void attention_decode_body(ATTENTION_PARAMS) {
             }
             const float m_split = M == NEG_INF ? NEG_INF : M * LN2;
             if (only_split >= 0) {
-                if (r < rows) {
-                    const long long row = (q_begin + tile_tok + r / group) * (long long)q_heads + hk * group + r % group;
-                    ws_ml[row * splits + s] = make_float2(m_split, L);
-                }
+                if (r < rows) ws_ml[ws_at(r, s)] = make_float2(m_split, L);
             } else if (m_split != NEG_INF) {
                 float a, bb, M_new;
                 merge_factors(run_m[r], m_split, &a, &bb, &M_new);
@@ -180,8 +177,7 @@ __device__ __forceinline__ void attention_decode_body(ATTENTION_PARAMS) {
             if (only_split < 0) {
                 O[i] = merge_value(O[i], fac_run[r], acc, fac_split[r]);
             } else if (r < rows && col < d) {
-                const long long row = (q_begin + tile_tok + r / group) * (long long)q_heads + hk * group + r % group;
-                ws_acc[(row * splits + s) * d + col] = acc;
+                ws_acc[ws_at(r, s) * d + col] = acc;
             }
         }
     }
