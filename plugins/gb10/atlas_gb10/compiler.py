@@ -75,6 +75,7 @@ class KernelLibrary:
         `programmatic_launches`."""
         self._modules: dict[tuple[str, str], tuple[Any, frozenset[str]]] = {}
         self._kernels: dict[tuple[str, str, str], Kernel] = {}
+        self._constants: dict[tuple[str, str, str], tuple[int, ...]] = {}
 
     @contextmanager
     def programmatic_launches(self) -> Iterator[None]:
@@ -94,11 +95,25 @@ class KernelLibrary:
         """The kernel ``name`` of the module registered for (this target, ``op``, ``dtype``)."""
         key = (op, dtype, name)
         if key not in self._kernels:
-            if (op, dtype) not in self._modules:
-                self._modules[op, dtype] = self._load(self.variant(op, dtype))
-            module, waiting = self._modules[op, dtype]
+            module, waiting = self._module(op, dtype)
             self._kernels[key] = Kernel(module.get_function(name), name in waiting, self)
         return self._kernels[key]
+
+    def constants(self, op: str, name: str, count: int, dtype: str = "bf16") -> tuple[int, ...]:
+        """The ``count`` ints of the ``__device__ int name[count]`` array of the module registered for (this
+        target, ``op``, ``dtype``): sizes the source computes itself (``sizeof`` of its shared-memory layouts),
+        read once per process."""
+        key = (op, dtype, name)
+        if key not in self._constants:
+            pointer = self._module(op, dtype)[0].get_global(name)
+            values = self.cupy.ndarray((count,), dtype=self.cupy.int32, memptr=pointer)
+            self._constants[key] = tuple(int(x) for x in values.get())
+        return self._constants[key]
+
+    def _module(self, op: str, dtype: str) -> tuple[Any, frozenset[str]]:
+        if (op, dtype) not in self._modules:
+            self._modules[op, dtype] = self._load(self.variant(op, dtype))
+        return self._modules[op, dtype]
 
     def _load(self, variant: KernelVariant) -> tuple[Any, frozenset[str]]:
         """The module of ``variant`` and its kernels that wait for their inputs, from the cache or compiled."""

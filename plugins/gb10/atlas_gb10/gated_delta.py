@@ -1,11 +1,18 @@
-"""The ``gated_delta`` op group on CUDA (kernels in ``kernels/recurrent.cu``).
+"""The ``gated_delta`` op group on CUDA (kernels in ``kernels/recurrent.cu`` and ``kernels/gated_delta_chunked.cu``).
 
-``gdn_gates`` is one elementwise kernel. ``gated_delta_rule`` is one kernel for decode and prefill alike:
-a block per (32 value dims, value head, sequence) keeps its slice of the fp32 state ``[Dk, 32]`` in
-registers for the whole sequence and walks the tokens in order (the recurrent form), with the q/k L2 norms,
-the scale, the decay and beta fused; the state row of the sequence's slot is read once and written once.
-``rms_norm_silu_gate`` is a warp per (token, head). Nothing reads device data on the host except the
-slot check (`atlas_gb10.recurrent.check_state_slots`, skipped under graph capture), so decode steps capture.
+``gdn_gates`` is one elementwise kernel. ``gated_delta_rule`` takes one of two forms per sequence, with the q/k
+L2 norms, the scale, the decay and beta fused in both, and the state row of the sequence's slot read once and
+written once:
+
+* the recurrent form (``gated_delta_rule_bf16``): a block per (32 value dims, value head, sequence) keeps its
+  slice of the fp32 state ``[Dk, 32]`` in registers and walks the tokens in order. Decode, verify steps and
+  every sequence in the batch-invariant mode take it: its bits do not depend on how a prompt is cut into calls.
+* the chunked form (``gated_delta_chunked_k*_bf16``), for sequences with at least `CHUNK_TOKENS` tokens in a
+  call outside the batch-invariant mode: 64 tokens at a time on the tensor cores (the kernel's header states
+  the algebra), the prefill path.
+
+``rms_norm_silu_gate`` is a warp per (token, head). Nothing reads device data on the host except the slot check
+(`atlas_gb10.recurrent.check_state_slots`, skipped under graph capture), so decode steps capture.
 """
 
 from __future__ import annotations
@@ -18,12 +25,50 @@ from atlas_core.backends.base import Array
 from atlas_core.backends.ops.gated_delta import GatedDeltaOps
 from atlas_gb10.arrays import element_strides
 from atlas_gb10.backend import CudaBackend
+from atlas_gb10.launch import Kernel
 from atlas_gb10.recurrent import F32, check_state_slots, float32, gated_rms_norm, grid_stride_blocks, kernel
 
 ROWS_PER_THREAD = 16
 """``GDN_ROWS`` of ``recurrent.cu``: key dims of the state each thread holds; a block has ceil(Dk / 16) warps."""
 MAX_KEY_DIM = 128
 """The widest key head the kernel takes (``GDN_MAX_WARPS`` warps of 16 rows); wider ones use the host fallback."""
+CHUNK_TOKENS = 64
+"""Tokens per chunk of the chunked form; a sequence with at least this many tokens in a call takes it."""
+CHUNKED_KEY_TILES = (1, 2, 4, 8)
+"""Key head sizes / 16 with a chunked kernel (``GATED_DELTA_CHUNKED`` in ``gated_delta_chunked.cu``)."""
+CHUNKED_THREADS = 128
+CHUNKED_VALUE_COLUMNS = 32
+NO_CHUNKS = 2**31 - 1
+"""``chunk_from`` of a recurrent launch that takes every sequence."""
+
+
+def chunked_kernel(backend: CudaBackend, q: Array, k: Array, v: Array, num_seqs: int) -> tuple[Kernel, int] | None:
+    """(kernel, shared bytes) of the chunked form for a call, or None where every sequence takes the recurrent
+    form: the batch-invariant mode, a call in which no sequence can have `CHUNK_TOKENS` tokens (decode and verify
+    steps), a graph capture, key heads other than 16, 32, 64 or 128 wide, value heads not a multiple of 8 wide,
+    rows not 16-byte aligned, or too little shared memory per block."""
+    tokens, _, key_dim = q.shape
+    tiles = key_dim // 16
+    if (
+        backend.batch_invariant
+        or tokens - num_seqs + 1 < CHUNK_TOKENS
+        or key_dim % 16
+        or tiles not in CHUNKED_KEY_TILES
+        or v.shape[2] % 8
+        or backend.cp.cuda.get_current_stream().is_capturing()
+    ):
+        return None
+    for x in (q, k, v):
+        if x.data.ptr % 16 or any(stride % 8 for stride in element_strides(x)[:2]):
+            return None
+    sizes = backend.kernels.constants("gated_delta_chunked", "gated_delta_chunked_shared_bytes", len(CHUNKED_KEY_TILES))
+    smem = sizes[CHUNKED_KEY_TILES.index(tiles)]
+    if smem > backend.profile.shared_memory_per_block:
+        return None
+    kernel = backend.kernels.function("gated_delta_chunked", f"gated_delta_chunked_k{tiles}_bf16")
+    if smem > 48 * 1024:
+        kernel.max_dynamic_shared_size_bytes = smem
+    return kernel, smem
 
 
 class CudaGatedDeltaOps(GatedDeltaOps):
@@ -93,33 +138,41 @@ class CudaGatedDeltaOps(GatedDeltaOps):
         if tokens == 0 or num_seqs == 0:
             return out
         qs, ks, vs = element_strides(q), element_strides(k), element_strides(v)
+        inputs = (
+            q,
+            np.int64(qs[0]),
+            np.int64(qs[1]),
+            k,
+            np.int64(ks[0]),
+            np.int64(ks[1]),
+            v,
+            np.int64(vs[0]),
+            np.int64(vs[1]),
+            float32(backend, g),
+            float32(backend, beta),
+            state,
+            query_start_loc,
+            state_slots,
+            out,
+            np.int32(key_heads),
+            np.int32(value_heads),
+        )
+        chunked = chunked_kernel(backend, q, k, v, num_seqs)
+        chunk_from = np.int32(CHUNK_TOKENS if chunked else NO_CHUNKS)
+        flags = (np.float32(scale), np.int32(l2norm_qk), chunk_from)
         kernel(backend, "gated_delta_rule_bf16")(
             (math.ceil(value_dim / 32), value_heads, num_seqs),
             (32 * math.ceil(key_dim / ROWS_PER_THREAD),),
-            (
-                q,
-                np.int64(qs[0]),
-                np.int64(qs[1]),
-                k,
-                np.int64(ks[0]),
-                np.int64(ks[1]),
-                v,
-                np.int64(vs[0]),
-                np.int64(vs[1]),
-                float32(backend, g),
-                float32(backend, beta),
-                state,
-                query_start_loc,
-                state_slots,
-                out,
-                np.int32(key_heads),
-                np.int32(value_heads),
-                np.int32(key_dim),
-                np.int32(value_dim),
-                np.float32(scale),
-                np.int32(l2norm_qk),
-            ),
+            (*inputs, np.int32(key_dim), np.int32(value_dim), *flags),
         )
+        if chunked:
+            chunked_rule, smem = chunked
+            chunked_rule(
+                (math.ceil(value_dim / CHUNKED_VALUE_COLUMNS), value_heads, num_seqs),
+                (CHUNKED_THREADS,),
+                (*inputs, np.int32(value_dim), *flags),
+                shared_mem=smem,
+            )
         return out
 
     def rms_norm_silu_gate(self, x: Array, gate: Array, weight: Array, eps: float) -> Array:

@@ -9,12 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from atlas_gb10.backend import CudaBackend
 
 from atlas_core import LLM, SamplingParams
 from atlas_core.testing.checkpoints import TinyCheckpoints
 from atlas_core.testing.family import GREEDY, assert_no_leaks, greedy_alone, mixed_prompts
+from atlas_core.testing.parity import full_prompt_logprobs
 
 TINY = TinyCheckpoints(*sorted(Path(__file__).parents[3].glob("plugins/models/*/tests/fixtures/tiny")))
 REASON = CudaBackend.availability()
@@ -99,3 +101,24 @@ def test_n_greater_than_one_forks_the_state(hybrid: str, alone: list[list[int]])
     forked = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, n=3))[0]
     assert [c.token_ids for c in forked.outputs] == [alone[3]] * 3
     assert_no_leaks(llm)
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5"])
+def test_long_prompts_prefill_in_the_chunked_form(name: str) -> None:
+    """Outside the batch-invariant mode a prompt of 64 tokens or more prefills its gated delta layers in the
+    chunked form (tensor cores, 64 tokens at a time): its prompt log-probabilities stay within the bf16
+    tolerance of `test_cuda_models.py` of the recurrent form's (the batch-invariant mode, itself checked against
+    the numpy backend), and a follow-up decode carries the state on."""
+    prompts = [[(7 * i + 3 * j) % 200 + 10 for j in range(length)] for i, length in enumerate((64, 150, 201))]
+    recurrent = LLM(TINY / name, enable_prefix_caching=False, **on_gpu())
+    chunked = LLM(TINY / name, enable_prefix_caching=False, **{**on_gpu(), "batch_invariant": False})
+    drifts = []
+    for prompt in prompts:
+        got, want = full_prompt_logprobs(chunked, prompt), full_prompt_logprobs(recurrent, prompt)
+        assert np.isfinite(got).all()
+        drifts += [np.abs(g - w)[w > np.log(1e-3)].max() for g, w in zip(got, want, strict=True)]
+    assert np.median(drifts) < 0.1, f"{name}: per-position drifts {np.round(drifts, 2)}"
+    assert max(drifts) < 3.0, f"{name}: per-position drifts {np.round(drifts, 2)}"
+    outputs = chunked.generate(prompts, GREEDY)
+    assert all(len(output.outputs[0].token_ids) == GREEDY.max_tokens for output in outputs)
+    assert_no_leaks(chunked)

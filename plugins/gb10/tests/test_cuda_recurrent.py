@@ -1,17 +1,21 @@
 """The cuda backend's recurrent-layer ops (groups ``gated_delta`` and ``mamba2``) beyond the shared
 conformance suite: the real models' head sizes, prompts of 1, 3, 63, 64, 65 and 200 tokens (on and off
-the reference's 64-token chunks) against the NumPy references' chunked forms, a sequence fed in prefill
-chunks and decode steps giving the bits of one call, rows that do not depend on the batch, the two
-convolution paths agreeing bit for bit, and padding slots (-1) that read and write no state.
-Needs a CUDA GPU."""
+the reference's 64-token chunks) against the NumPy references' chunked forms, in both forms of the delta
+rule (recurrent: the batch-invariant mode and short sequences; chunked on the tensor cores: sequences of 64
+tokens or more otherwise), a sequence fed in prefill chunks and decode steps giving the bits of one call
+(recurrent form) or its values (chunked form), rows that do not depend on the batch, the two convolution
+paths agreeing bit for bit, and padding slots (-1) that read and write no state. Needs a CUDA GPU."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import pytest
 from atlas_gb10.backend import CudaBackend
+from atlas_gb10.gated_delta import chunked_kernel
 
 from atlas_core.backends.ops.gated_delta import GatedDeltaOps, gated_delta_rule_reference, rms_norm_silu_gate_reference
 from atlas_core.backends.ops.mamba2 import (
@@ -30,9 +34,27 @@ PIECES = [(0, 1), (1, 64), (64, 65), (65, 130), (130, 197), (197, 198), (198, 19
 """A 200-token sequence as prefill chunks crossing 64-token boundaries, then three decode steps."""
 
 
+MODES = ["recurrent", "chunked"]
+"""The delta rule's forms: ``recurrent`` is the batch-invariant mode (every sequence one token at a time),
+``chunked`` the default one (sequences of 64 tokens or more on the tensor cores)."""
+CHUNKED_STATE_TOLERANCE = 1e-2
+"""Relative bound of the chunked form's state against the float32 reference: its products round their
+operands (the state entering a chunk, T, delta) to bf16, as flash-linear-attention's kernels do."""
+
+
 @pytest.fixture(scope="module")
 def backend() -> CudaBackend:
     return CudaBackend()
+
+
+@contextmanager
+def mode(backend: CudaBackend, name: str) -> Iterator[None]:
+    """The backend in the batch-invariant mode for ``recurrent``, in the default mode for ``chunked``."""
+    backend.batch_invariant = name == "recurrent"
+    try:
+        yield
+    finally:
+        backend.batch_invariant = False
 
 
 def host(backend: CudaBackend, x: Any) -> np.ndarray:
@@ -52,21 +74,29 @@ def layout(backend: CudaBackend, lengths: list[int], slots: list[int]) -> tuple[
 
 # ---- gated delta rule ------------------------------------------------------------------------------
 class Delta:
-    """Inputs of one gated-delta layer at the real models' head sizes (Dk = Dv = 128), q/k/v as strided
-    views of one projection, g and beta from `gdn_gates`, and a nonzero state of 4 slots."""
+    """Inputs of one gated-delta layer, by default at the real models' head sizes (Dk = Dv = 128), q/k/v as
+    strided views of one projection, g and beta from `gdn_gates`, and a nonzero state of 4 slots."""
 
-    def __init__(self, backend: CudaBackend, tokens: int, seed: int, key_heads: int = 2, value_heads: int = 4) -> None:
+    def __init__(
+        self,
+        backend: CudaBackend,
+        tokens: int,
+        seed: int,
+        key_heads: int = 2,
+        value_heads: int = 4,
+        dims: tuple[int, int] = (128, 128),
+    ) -> None:
         rng = np.random.default_rng(seed)
-        self.backend, self.dk = backend, 128
-        width = 2 * key_heads * self.dk + value_heads * self.dk
-        mixed = backend.from_numpy(rng.standard_normal((tokens, width + 16), dtype=np.float32))
+        self.backend, (self.dk, dv) = backend, dims
         qk = key_heads * self.dk
+        width = 2 * qk + value_heads * dv
+        mixed = backend.from_numpy(rng.standard_normal((tokens, width + 16), dtype=np.float32))
         self.q = mixed[:, :qk].reshape(tokens, key_heads, self.dk)
         self.k = mixed[:, qk : 2 * qk].reshape(tokens, key_heads, self.dk)
-        self.v = mixed[:, 2 * qk : width].reshape(tokens, value_heads, self.dk)
+        self.v = mixed[:, 2 * qk : width].reshape(tokens, value_heads, dv)
         self.g = backend.from_numpy(-rng.uniform(0.0, 1.5, (tokens, value_heads)).astype(np.float32), dtype=F32)
         self.beta = backend.from_numpy(rng.uniform(0.0, 1.0, (tokens, value_heads)).astype(np.float32), dtype=F32)
-        self.initial = (rng.standard_normal((4, value_heads, self.dk, self.dk)) * 0.3).astype(np.float32)
+        self.initial = (rng.standard_normal((4, value_heads, self.dk, dv)) * 0.3).astype(np.float32)
 
     def state(self) -> Any:
         return self.backend.from_numpy(self.initial.copy(), dtype=F32)
@@ -110,28 +140,59 @@ def test_the_native_implementations_are_resolved(backend: CudaBackend) -> None:
 
 
 def test_gated_delta_rule_in_pieces_gives_the_bits_of_one_call(backend: CudaBackend) -> None:
-    """Prefill chunks crossing 64-token boundaries, then decode steps: the outputs and the final state are
-    those of one call over the 200 tokens, bit for bit (state carried across calls in fp32)."""
+    """Recurrent form: prefill chunks crossing 64-token boundaries, then decode steps: the outputs and the final
+    state are those of one call over the 200 tokens, bit for bit (state carried across calls in fp32)."""
     delta = Delta(backend, 200, seed=5)
     whole_state, pieces_state = delta.state(), delta.state()
-    whole = host(backend, delta.run(whole_state, slice(None), [200], [1]))
-    parts = [host(backend, delta.run(pieces_state, slice(a, b), [b - a], [1])) for a, b in PIECES]
+    with mode(backend, "recurrent"):
+        whole = host(backend, delta.run(whole_state, slice(None), [200], [1]))
+        parts = [host(backend, delta.run(pieces_state, slice(a, b), [b - a], [1])) for a, b in PIECES]
     np.testing.assert_array_equal(np.concatenate(parts), whole)
     np.testing.assert_array_equal(host(backend, pieces_state), host(backend, whole_state))
 
 
-def test_gated_delta_rule_rows_do_not_depend_on_the_batch(backend: CudaBackend) -> None:
-    """A sequence's outputs and state are the same bits alone and in a varlen batch with others."""
+def test_chunked_form_in_pieces_carries_the_state(backend: CudaBackend) -> None:
+    """Chunked form: the same pieces (65 and 67 tokens chunked, the others one token at a time) give the values
+    of one call, the state handed between the two forms in fp32."""
+    delta = Delta(backend, 200, seed=5)
+    whole_state, pieces_state = delta.state(), delta.state()
+    with mode(backend, "chunked"):
+        whole = host(backend, delta.run(whole_state, slice(None), [200], [1]))
+        parts = [host(backend, delta.run(pieces_state, slice(a, b), [b - a], [1])) for a, b in PIECES]
+    close(np.concatenate(parts), whole, "pieces against one call")
+    close(host(backend, pieces_state), host(backend, whole_state), "state", rel=CHUNKED_STATE_TOLERANCE)
+
+
+@pytest.mark.parametrize("form", MODES)
+def test_gated_delta_rule_rows_do_not_depend_on_the_batch(backend: CudaBackend, form: str) -> None:
+    """A sequence's outputs and state are the same bits alone and in a varlen batch with others, in both forms
+    (a chunked sequence's chunks start at its first token of the call, whatever else the batch holds)."""
     lengths, slots = [70, 1, 0, 129], [3, 0, 1, 2]
     delta = Delta(backend, sum(lengths), seed=9)
     batched_state, alone_state = delta.state(), delta.state()
-    batched = host(backend, delta.run(batched_state, slice(None), lengths, slots))
-    alone = host(backend, delta.run(alone_state, slice(71, 200), [129], [2]))
+    with mode(backend, form):
+        batched = host(backend, delta.run(batched_state, slice(None), lengths, slots))
+        alone = host(backend, delta.run(alone_state, slice(71, 200), [129], [2]))
     np.testing.assert_array_equal(batched[71:], alone)
     np.testing.assert_array_equal(host(backend, batched_state)[2], host(backend, alone_state)[2])
     want_out, want_state = delta.reference(lengths, slots)
     close(batched, want_out, "varlen batch output")
-    close(host(backend, batched_state), want_state, "varlen batch state", rel=1e-3)
+    tolerance = CHUNKED_STATE_TOLERANCE if form == "chunked" else 1e-3
+    close(host(backend, batched_state), want_state, "varlen batch state", rel=tolerance)
+
+
+@pytest.mark.parametrize("dims", [(16, 16), (32, 40), (64, 48), (128, 128)], ids=lambda d: f"dk{d[0]}-dv{d[1]}")
+def test_chunked_form_at_every_key_width(backend: CudaBackend, dims: tuple[int, int]) -> None:
+    """Each chunked kernel (key heads of 16, 32, 64 and 128; value heads not a multiple of the block's 32
+    columns) against the reference over 200 tokens and 3 value heads per key head."""
+    delta = Delta(backend, 200, seed=11, key_heads=1, value_heads=3, dims=dims)
+    assert chunked_kernel(backend, delta.q, delta.k, delta.v, 1) is not None
+    state = delta.state()
+    out = host(backend, delta.run(state, slice(None), [200], [0]))
+    want_out, want_state = delta.reference([200], [0])
+    close(out, want_out, f"output, {dims}")
+    close(host(backend, state)[0], want_state[0], f"state, {dims}", rel=CHUNKED_STATE_TOLERANCE)
+    np.testing.assert_array_equal(host(backend, state)[1:], delta.initial[1:])
 
 
 # ---- Mamba-2 scan ----------------------------------------------------------------------------------
@@ -200,16 +261,22 @@ class Scan:
 
 
 @pytest.mark.parametrize("length", LENGTHS)
-@pytest.mark.parametrize("layer", [Delta, Scan], ids=["gated_delta_rule", "mamba2_scan"])
-def test_matches_the_chunked_reference(backend: CudaBackend, layer: type, length: int) -> None:
-    """The kernels' recurrent form against the references' chunked forms (the delta rule's 64-token UT
-    form, the SSD scan over 64-token chunks), from a nonzero state; other slots stay bit for bit."""
+@pytest.mark.parametrize(
+    ("layer", "form"),
+    [(Delta, "recurrent"), (Delta, "chunked"), (Scan, "recurrent")],
+    ids=["gated_delta_rule", "gated_delta_chunked", "mamba2_scan"],
+)
+def test_matches_the_chunked_reference(backend: CudaBackend, layer: type, form: str, length: int) -> None:
+    """The kernels against the references' chunked forms (the delta rule's 64-token UT form, the SSD scan over
+    64-token chunks), from a nonzero state; other slots stay bit for bit."""
     inputs = layer(backend, length, seed=length)
     state = inputs.state()
-    out = inputs.run(state, slice(None), [length], [2])
+    with mode(backend, form):
+        out = inputs.run(state, slice(None), [length], [2])
     want_out, want_state = inputs.reference([length], [2])
+    tolerance = CHUNKED_STATE_TOLERANCE if form == "chunked" and length >= 64 else 1e-3
     close(host(backend, out), want_out, f"output, {length} tokens")
-    close(host(backend, state)[2], want_state[2], f"state, {length} tokens", rel=1e-3)
+    close(host(backend, state)[2], want_state[2], f"state, {length} tokens", rel=tolerance)
     np.testing.assert_array_equal(host(backend, state)[[0, 1, 3]], inputs.initial[[0, 1, 3]])
 
 

@@ -22,20 +22,13 @@
 // gemm_nvfp4.cuh, gemm_gguf.cuh).
 #pragma once
 #include "fp8.cuh"
+#include "mma_frags.cuh"
 
 #define VEC_LOW8 2
 
 #ifndef GEMM_KSPLIT
 #define GEMM_KSPLIT 8
 #endif
-
-__device__ __forceinline__ void mma_16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
-                                          unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 struct Frag8 {
     unsigned w[4];  // 8 bf16: w[i] holds elements 2i (low half) and 2i+1 (high half)

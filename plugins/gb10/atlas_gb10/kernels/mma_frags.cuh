@@ -1,10 +1,19 @@
-// Tensor-core fragments shared by the attention kernels on mma.sync.m16n8k16 (attention_mma.cu for prefill,
-// attention_decode.cu for decode): ldmatrix loads from shared memory, bf16 packing of probabilities, and the
-// reductions over the 4 lanes that hold one row of an accumulator fragment.
+// Tensor-core fragments shared by the kernels on mma.sync.m16n8k16 (the GEMMs, attention_mma.cu for prefill,
+// attention_decode.cu for decode, gated_delta_chunked.cu): the mma itself, ldmatrix loads from shared memory, bf16
+// packing of accumulators into A fragments, and the reductions over the 4 lanes that hold one row of an accumulator.
 #pragma once
 #include "common.cuh"
 
 #define LOG2E 1.4426950408889634f
+
+// c += a b on the tensor cores: a 16 x 16 bf16 A fragment (a0..a3), a 16 x 8 B fragment (b0, b1), fp32 c.
+__device__ __forceinline__ void mma_16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                          unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned* r, const bf16_t* p) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);

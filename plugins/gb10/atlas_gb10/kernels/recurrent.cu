@@ -139,20 +139,21 @@ extern "C" __global__ void gdn_gates_bf16(const bf16_t* __restrict__ a, long lon
 //                                                         added over the warps in a fixed order)
 //     delta_j = beta (v_j - e Sk_j);  o_j = e Sq_j + (q.k) delta_j;  S_ij = e S_ij + k_i delta_j
 // q, k [T, Hk, Dk] and v [T, Hv, Dv] strided (s0 token, s1 head; dims contiguous), g, beta [T, Hv] fp32,
-// state [S, Hv, Dk, Dv] fp32, out [T, Hv, Dv]. Value head h reads key head h / (Hv / Hk).
+// state [S, Hv, Dk, Dv] fp32, out [T, Hv, Dv]. Value head h reads key head h / (Hv / Hk). Sequences of at least
+// `chunk_from` tokens are left to gated_delta_chunked.cu (INT_MAX: none).
 extern "C" __global__ void __launch_bounds__(GDN_MAX_WARPS * 32, 1) gated_delta_rule_bf16(
     const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const bf16_t* __restrict__ k, long long k_s0,
     long long k_s1, const bf16_t* __restrict__ v, long long v_s0, long long v_s1, const float* __restrict__ g,
     const float* __restrict__ beta, float* __restrict__ state, const int* __restrict__ starts,
     const int* __restrict__ slots, bf16_t* __restrict__ out, int key_heads, int value_heads, int dk, int dv,
-    float scale, int l2norm) {
+    float scale, int l2norm, int chunk_from) {
     await_inputs();
     __shared__ float qs[2][GDN_ROWS * GDN_MAX_WARPS], ks[2][GDN_ROWS * GDN_MAX_WARPS];
     __shared__ float partial[2][GDN_MAX_WARPS][32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
     const int j = blockIdx.x * 32 + lane, h = blockIdx.y, kh = h / (value_heads / key_heads);
     const int r0 = starts[blockIdx.z], r1 = starts[blockIdx.z + 1];
-    if (r1 <= r0) return;
+    if (r1 <= r0 || r1 - r0 >= chunk_from) return;
     const long long slot = slots[blockIdx.z];
     const bool column = j < dv;
     float* rows = slot >= 0 ? state + (slot * value_heads + h) * (long long)dk * dv : nullptr;
