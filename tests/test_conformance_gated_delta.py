@@ -1,5 +1,6 @@
-"""Backend conformance: the gated_delta ops (gdn_gates, gated_delta_rule, rms_norm_silu_gate) against
-float64 oracles, and the agreement of the delta rule's chunked and recurrent reference forms.
+"""Backend conformance: the gated_delta ops (gdn_gates, gated_delta_rule, gated_delta_rule_with_gates,
+rms_norm_silu_gate) against float64 oracles, and the agreement of the delta rule's chunked and recurrent
+reference forms.
 
 Fixtures, tolerances and the seed handling (``ATLAS_CONFORMANCE_SEED``) are in
 ``atlas_core.testing.conformance``.
@@ -108,6 +109,29 @@ def test_gated_delta_rule(case: Case, lengths: list[int]) -> None:
     want_out, want_state = oracle_delta_rule(q, k, v, g, beta, state.astype(np.float64), starts.tolist(), slots, scale)
     case.assert_close(out, want_out, "gated_delta_rule output")
     case.assert_close(state_dev, want_state, "gated_delta_rule state (in place)", dtype=np.float32)
+
+
+@pytest.mark.parametrize("lengths", [[1, 1, 1], [70, 2]], ids=["decode", "prefill"])
+def test_gated_delta_rule_with_gates(case: Case, lengths: list[int]) -> None:
+    """The fused op: the rule with the gates of `gdn_gates` over ``a`` and ``b``, passed as column slices of one
+    projection (as the layer passes them); 16-wide key heads, which the cuda backend's chunked kernels take."""
+    dev, *_, state, slots, starts = delta_inputs(case, lengths, dk=16, dv=8)
+    tokens, heads = sum(lengths), 4
+    projection_dev, projection = case.upload(case.normal(tokens, 2 * heads + 3, scale=2.0))
+    a_log_dev, a_log = case.upload(case.normal(heads, scale=0.5), weight=True)
+    dt_dev, dt = case.upload(case.normal(heads), weight=True)
+    state_dev = case.backend.from_numpy(state.copy(), dtype=np.dtype(np.float32))
+    starts_dev, slots_dev = case.backend.from_numpy(starts), case.backend.from_numpy(np.asarray(slots, dtype=np.int32))
+    (q_dev, q), (k_dev, k), (v_dev, v) = dev["q"], dev["k"], dev["v"]
+    a_dev, b_dev = projection_dev[:, 1 : 1 + heads], projection_dev[:, 1 + heads : 1 + 2 * heads]
+    with case.unchanged("gated_delta_rule_with_gates", q=q_dev, k=k_dev, v=v_dev, a=a_dev, b=b_dev):
+        out = case.backend.ops(GatedDeltaOps).gated_delta_rule_with_gates(
+            q_dev, k_dev, v_dev, a_dev, b_dev, a_log_dev, dt_dev, state_dev, starts_dev, slots_dev, scale=0.25
+        )
+    g, beta = oracle_gdn_gates(projection[:, 1 : 1 + heads], projection[:, 1 + heads : 1 + 2 * heads], a_log, dt)
+    want_out, want_state = oracle_delta_rule(q, k, v, g, beta, state.astype(np.float64), starts.tolist(), slots, 0.25)
+    case.assert_close(out, want_out, "gated_delta_rule_with_gates output")
+    case.assert_close(state_dev, want_state, "gated_delta_rule_with_gates state (in place)", dtype=np.float32)
 
 
 def test_gated_delta_rule_continues_across_calls(case: Case) -> None:

@@ -6,7 +6,8 @@ with Mamba-2 (`atlas_core.backends.ops.mamba2`, ``causal_conv1d``) and three ops
   * `GatedDeltaOps.gdn_gates`: the per-head decay ``g`` and write strength ``beta`` from the ``a`` and
     ``b`` projections;
   * `GatedDeltaOps.gated_delta_rule`: the gated delta rule over a varlen batch, reading and updating
-    each sequence's ``[Hv, Dk, Dv]`` state in place;
+    each sequence's ``[Hv, Dk, Dv]`` state in place (`GatedDeltaOps.gated_delta_rule_with_gates`: the two
+    ops above as one, which the layer calls);
   * `GatedDeltaOps.rms_norm_silu_gate`: RMSNorm of the rule's output, then times ``silu(z)`` (the
     gate comes after the norm; Mamba-2's ``gated_rms_norm`` gates before it).
 
@@ -225,6 +226,30 @@ class GatedDeltaOps(OpGroup):
         reference = functools.partial(gated_delta_rule_reference, scale=scale, l2norm_qk=l2norm_qk)
         with host_state(self.backend, state) as (state_on_host,):
             return on_host(self.backend, reference, q, k, v, g, beta, state_on_host, query_start_loc, state_slots)
+
+    def gated_delta_rule_with_gates(
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        a: Array,
+        b: Array,
+        a_log: Array,
+        dt_bias: Array,
+        state: Array,
+        query_start_loc: Array,
+        state_slots: Array,
+        *,
+        scale: float,
+        l2norm_qk: bool = True,
+    ) -> Array:
+        """`gated_delta_rule` with its ``g`` and ``beta`` from `gdn_gates` over ``a``, ``b``, ``a_log`` and
+        ``dt_bias``: one op, so that a backend can compute the gates inside the rule's kernel. The same results
+        as the two ops in turn (this default runs them)."""
+        g, beta = self.gdn_gates(a, b, a_log, dt_bias)
+        return self.gated_delta_rule(
+            q, k, v, g, beta, state, query_start_loc, state_slots, scale=scale, l2norm_qk=l2norm_qk
+        )
 
     def rms_norm_silu_gate(self, x: Array, gate: Array, weight: Array, eps: float) -> Array:
         """``x / sqrt(mean(x**2) + eps) * weight * silu(gate)`` over the last axis -> a new array of ``x``'s

@@ -122,9 +122,18 @@ class GatedDeltaNet:
         v = mixed[:, 2 * shape.key_dim :].reshape(tokens, shape.num_value_heads, shape.value_head_dim)
         b = projected[:, z_end : z_end + shape.num_value_heads]
         a = projected[:, z_end + shape.num_value_heads :]
-        g, beta = gdn.gdn_gates(a, b, w.a_log, w.dt_bias)
-        core = gdn.gated_delta_rule(
-            q, k, v, g, beta, arrays["recurrent"], starts, batch.state_slots, scale=shape.key_head_dim**-0.5
+        core = gdn.gated_delta_rule_with_gates(
+            q,
+            k,
+            v,
+            a,
+            b,
+            w.a_log,
+            w.dt_bias,
+            arrays["recurrent"],
+            starts,
+            batch.state_slots,
+            scale=shape.key_head_dim**-0.5,
         )
         z = projected[:, conv_end:z_end].reshape(tokens, shape.num_value_heads, shape.value_head_dim)
         normed = gdn.rms_norm_silu_gate(core, z, w.norm, shape.norm_eps)

@@ -1,4 +1,4 @@
-"""The ``gated_delta`` op group on CUDA (kernels in ``kernels/recurrent.cu`` and ``kernels/gated_delta_chunked.cu``).
+"""The ``gated_delta`` op group on CUDA (kernels in ``kernels/recurrent.cu`` and ``kernels/chunked_scan.cu``).
 
 ``gdn_gates`` is one elementwise kernel. ``gated_delta_rule`` takes one of two forms per sequence, with the q/k
 L2 norms, the scale, the decay and beta fused in both, and the state row of the sequence's slot read once and
@@ -25,50 +25,29 @@ from atlas_core.backends.base import Array
 from atlas_core.backends.ops.gated_delta import GatedDeltaOps
 from atlas_gb10.arrays import element_strides
 from atlas_gb10.backend import CudaBackend
-from atlas_gb10.launch import Kernel
-from atlas_gb10.recurrent import F32, check_state_slots, float32, gated_rms_norm, grid_stride_blocks, kernel
+from atlas_gb10.recurrent import (
+    CHUNK_TOKENS,
+    CHUNKED_THREADS,
+    CHUNKED_VALUE_COLUMNS,
+    F32,
+    NO_CHUNKS,
+    check_state_slots,
+    chunked_kernel,
+    float32,
+    gated_rms_norm,
+    grid_stride_blocks,
+    kernel,
+)
 
 ROWS_PER_THREAD = 16
 """``GDN_ROWS`` of ``recurrent.cu``: key dims of the state each thread holds; a block has ceil(Dk / 16) warps."""
 MAX_KEY_DIM = 128
 """The widest key head the kernel takes (``GDN_MAX_WARPS`` warps of 16 rows); wider ones use the host fallback."""
-CHUNK_TOKENS = 64
-"""Tokens per chunk of the chunked form; a sequence with at least this many tokens in a call takes it."""
-CHUNKED_KEY_TILES = (1, 2, 4, 8)
-"""Key head sizes / 16 with a chunked kernel (``GATED_DELTA_CHUNKED`` in ``gated_delta_chunked.cu``)."""
-CHUNKED_THREADS = 128
-CHUNKED_VALUE_COLUMNS = 32
-NO_CHUNKS = 2**31 - 1
-"""``chunk_from`` of a recurrent launch that takes every sequence."""
-
-
-def chunked_kernel(backend: CudaBackend, q: Array, k: Array, v: Array, num_seqs: int) -> tuple[Kernel, int] | None:
-    """(kernel, shared bytes) of the chunked form for a call, or None where every sequence takes the recurrent
-    form: the batch-invariant mode, a call in which no sequence can have `CHUNK_TOKENS` tokens (decode and verify
-    steps), a graph capture, key heads other than 16, 32, 64 or 128 wide, value heads not a multiple of 8 wide,
-    rows not 16-byte aligned, or too little shared memory per block."""
-    tokens, _, key_dim = q.shape
-    tiles = key_dim // 16
-    if (
-        backend.batch_invariant
-        or tokens - num_seqs + 1 < CHUNK_TOKENS
-        or key_dim % 16
-        or tiles not in CHUNKED_KEY_TILES
-        or v.shape[2] % 8
-        or backend.cp.cuda.get_current_stream().is_capturing()
-    ):
-        return None
-    for x in (q, k, v):
-        if x.data.ptr % 16 or any(stride % 8 for stride in element_strides(x)[:2]):
-            return None
-    sizes = backend.kernels.constants("gated_delta_chunked", "gated_delta_chunked_shared_bytes", len(CHUNKED_KEY_TILES))
-    smem = sizes[CHUNKED_KEY_TILES.index(tiles)]
-    if smem > backend.profile.shared_memory_per_block:
-        return None
-    kernel = backend.kernels.function("gated_delta_chunked", f"gated_delta_chunked_k{tiles}_bf16")
-    if smem > 48 * 1024:
-        kernel.max_dynamic_shared_size_bytes = smem
-    return kernel, smem
+NULL = np.uint64(0)
+NO_GATES = (NULL, NULL)
+"""``g`` and ``beta`` of a launch that computes the gates from the projections."""
+NO_PROJECTIONS = (NULL, np.int64(0), NULL, np.int64(0), NULL, NULL)
+"""``a``, ``lda``, ``b``, ``ldb``, ``a_log``, ``dt_bias`` of a launch that reads ``g`` and ``beta``."""
 
 
 class CudaGatedDeltaOps(GatedDeltaOps):
@@ -116,6 +95,62 @@ class CudaGatedDeltaOps(GatedDeltaOps):
         scale: float,
         l2norm_qk: bool = True,
     ) -> Array:
+        if q.shape[2] > MAX_KEY_DIM:
+            return super().gated_delta_rule(
+                q, k, v, g, beta, state, query_start_loc, state_slots, scale=scale, l2norm_qk=l2norm_qk
+            )
+        gates = (float32(self.backend, g), float32(self.backend, beta), *NO_PROJECTIONS)
+        return self._rule(q, k, v, gates, state, query_start_loc, state_slots, scale, l2norm_qk)
+
+    def gated_delta_rule_with_gates(
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        a: Array,
+        b: Array,
+        a_log: Array,
+        dt_bias: Array,
+        state: Array,
+        query_start_loc: Array,
+        state_slots: Array,
+        *,
+        scale: float,
+        l2norm_qk: bool = True,
+    ) -> Array:
+        """The gates computed by the rule's kernels as they read each token (the bits of `gdn_gates`)."""
+        backend = self.backend
+        if q.shape[2] > MAX_KEY_DIM:
+            return super().gated_delta_rule_with_gates(
+                q, k, v, a, b, a_log, dt_bias, state, query_start_loc, state_slots, scale=scale, l2norm_qk=l2norm_qk
+            )
+        backend.require_bf16("gated_delta_rule_with_gates", a, b)
+        a, b = backend.contiguous_rows(a), backend.contiguous_rows(b)
+        gates = (
+            *NO_GATES,
+            a,
+            np.int64(element_strides(a)[0]),
+            b,
+            np.int64(element_strides(b)[0]),
+            float32(backend, a_log),
+            float32(backend, dt_bias),
+        )
+        return self._rule(q, k, v, gates, state, query_start_loc, state_slots, scale, l2norm_qk)
+
+    def _rule(
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        gates: tuple[object, ...],
+        state: Array,
+        query_start_loc: Array,
+        state_slots: Array,
+        scale: float,
+        l2norm_qk: bool,
+    ) -> Array:
+        """The recurrent launch, and the chunked one where `chunked_kernel` finds one; ``gates``: the
+        ``GDN_GATE_PARAMS`` arguments of ``recurrent_gates.cuh``."""
         backend = self.backend
         tokens, key_heads, key_dim = q.shape
         value_heads, value_dim = v.shape[1:]
@@ -123,10 +158,6 @@ class CudaGatedDeltaOps(GatedDeltaOps):
             raise ValueError(
                 f"gated_delta_rule: q {q.shape}, k {k.shape}, v {v.shape} and state {state.shape} do not fit "
                 "(q, k [T, Hk, Dk], v [T, Hv, Dv] with Hv a multiple of Hk, state [S, Hv, Dk, Dv])"
-            )
-        if key_dim > MAX_KEY_DIM:
-            return super().gated_delta_rule(
-                q, k, v, g, beta, state, query_start_loc, state_slots, scale=scale, l2norm_qk=l2norm_qk
             )
         check_state_slots(backend, state_slots, state.shape[0])
         if state.dtype != F32 or not state.flags.c_contiguous:
@@ -139,25 +170,14 @@ class CudaGatedDeltaOps(GatedDeltaOps):
             return out
         qs, ks, vs = element_strides(q), element_strides(k), element_strides(v)
         inputs = (
-            q,
-            np.int64(qs[0]),
-            np.int64(qs[1]),
-            k,
-            np.int64(ks[0]),
-            np.int64(ks[1]),
-            v,
-            np.int64(vs[0]),
-            np.int64(vs[1]),
-            float32(backend, g),
-            float32(backend, beta),
-            state,
-            query_start_loc,
-            state_slots,
-            out,
-            np.int32(key_heads),
-            np.int32(value_heads),
+            *(q, np.int64(qs[0]), np.int64(qs[1])),
+            *(k, np.int64(ks[0]), np.int64(ks[1])),
+            *(v, np.int64(vs[0]), np.int64(vs[1])),
+            *gates,
+            *(state, query_start_loc, state_slots, out),
+            *(np.int32(key_heads), np.int32(value_heads)),
         )
-        chunked = chunked_kernel(backend, q, k, v, num_seqs)
+        chunked = chunked_kernel(backend, "gated_delta", (q, k, v), key_dim, value_dim, num_seqs)
         chunk_from = np.int32(CHUNK_TOKENS if chunked else NO_CHUNKS)
         flags = (np.float32(scale), np.int32(l2norm_qk), chunk_from)
         kernel(backend, "gated_delta_rule_bf16")(

@@ -1,12 +1,14 @@
-"""The ``mamba2`` op group on CUDA (kernels in ``kernels/recurrent.cu``).
+"""The ``mamba2`` op group on CUDA (kernels in ``kernels/recurrent.cu`` and ``kernels/chunked_scan.cu``).
 
 ``causal_conv1d`` (also the gated delta net's convolution): decode-sized batches take one kernel, a
 thread per (channel, sequence) sliding its window over the sequence's rows and leaving the last K - 1
 inputs in the state row; larger batches compute the outputs a thread per (channel, row) and then update
 the state rows with the same per-sequence kernel (outputs off). ``mamba2_scan`` and ``mamba2_decode`` are
-one kernel: a warp per (8 head dims, head, sequence) keeps those rows of the fp32 SSM state in registers
-and walks the sequence's tokens in order, with dt bias, softplus, the dt limits and the D skip fused
-(sequential in time, so the result does not depend on ``chunk_size``). ``gated_rms_norm`` is a warp per
+one recurrent kernel: a warp per (8 head dims, head, sequence) keeps those rows of the fp32 SSM state in
+registers and walks the sequence's tokens in order, with dt bias, softplus, the dt limits and the D skip
+fused. Outside the batch-invariant mode, sequences with at least 64 tokens in a ``mamba2_scan`` call take
+the chunked form instead (SSD over 64-token chunks on the tensor cores, ``kernels/chunked_scan.cu``); the
+kernels' chunks are their own, whatever the model's ``chunk_size``. ``gated_rms_norm`` is a warp per
 (token, group), ``relu_squared`` elementwise. Decode steps read nothing back to the host, so they capture.
 """
 
@@ -20,7 +22,19 @@ from atlas_core.backends.base import Array
 from atlas_core.backends.ops.mamba2 import Mamba2Ops
 from atlas_gb10.arrays import element_strides, null_or
 from atlas_gb10.backend import CudaBackend
-from atlas_gb10.recurrent import F32, check_state_slots, float32, gated_rms_norm, grid_stride_blocks, kernel
+from atlas_gb10.recurrent import (
+    CHUNK_TOKENS,
+    CHUNKED_THREADS,
+    CHUNKED_VALUE_COLUMNS,
+    F32,
+    NO_CHUNKS,
+    check_state_slots,
+    chunked_kernel,
+    float32,
+    gated_rms_norm,
+    grid_stride_blocks,
+    kernel,
+)
 
 CONV_MAX_TAPS = 8
 """``CONV_MAX_K`` of ``recurrent.cu``: the widest convolution the kernels take (wider: host fallback)."""
@@ -172,36 +186,29 @@ class CudaMamba2Ops(Mamba2Ops):
         if tokens == 0 or num_seqs == 0:
             return out
         xs, bs, cs = element_strides(x), element_strides(B), element_strides(C)
-        kernel(backend, f"mamba2_scan_n{lane_states(state_size)}_bf16")(
-            (math.ceil(head_dim / SCAN_ROWS_PER_BLOCK), heads, num_seqs),
-            (SCAN_THREADS,),
-            (
-                x,
-                np.int64(xs[0]),
-                np.int64(xs[1]),
-                dt,
-                np.int64(element_strides(dt)[0]),
-                float32(backend, A),
-                float32(backend, D),
-                float32(backend, dt_bias),
-                B,
-                np.int64(bs[0]),
-                np.int64(bs[1]),
-                C,
-                np.int64(cs[0]),
-                np.int64(cs[1]),
-                ssm_state,
-                null_or(query_start_loc),
-                state_slots,
-                out,
-                np.int32(heads),
-                np.int32(groups),
-                np.int32(head_dim),
-                np.int32(state_size),
-                np.float32(dt_min),
-                np.float32(dt_max),
-            ),
+        arguments = (
+            *(x, np.int64(xs[0]), np.int64(xs[1]), dt, np.int64(element_strides(dt)[0])),
+            *(float32(backend, A), float32(backend, D), float32(backend, dt_bias)),
+            *(B, np.int64(bs[0]), np.int64(bs[1]), C, np.int64(cs[0]), np.int64(cs[1])),
+            *(ssm_state, null_or(query_start_loc), state_slots, out),
+            *(np.int32(heads), np.int32(groups), np.int32(head_dim), np.int32(state_size)),
+            *(np.float32(dt_min), np.float32(dt_max)),
         )
+        chunked = None
+        if query_start_loc is not None:
+            chunked = chunked_kernel(backend, "mamba2", (x, B, C), state_size, head_dim, num_seqs)
+        chunk_from = np.int32(CHUNK_TOKENS if chunked else NO_CHUNKS)
+        kernel(backend, f"mamba2_scan_n{lane_states(state_size)}_bf16")(
+            (math.ceil(head_dim / SCAN_ROWS_PER_BLOCK), heads, num_seqs), (SCAN_THREADS,), (*arguments, chunk_from)
+        )
+        if chunked:
+            chunked_scan, smem = chunked
+            chunked_scan(
+                (math.ceil(head_dim / CHUNKED_VALUE_COLUMNS), heads, num_seqs),
+                (CHUNKED_THREADS,),
+                (*arguments, chunk_from),
+                shared_mem=smem,
+            )
         return out
 
     def gated_rms_norm(self, x: Array, gate: Array, weight: Array, eps: float, group_size: int) -> Array:

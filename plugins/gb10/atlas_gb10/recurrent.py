@@ -12,12 +12,24 @@ import numpy as np
 
 from atlas_core.backends.base import Array
 from atlas_gb10.arrays import element_strides
+from atlas_gb10.launch import Kernel
 
 F32 = np.dtype(np.float32)
 MODULE = "recurrent"
 """The registry op of ``kernels/recurrent.cu``."""
 NORM_ROWS_PER_BLOCK = 4
 """Rows of ``gated_rms_norm_bf16`` per 128-thread block (a warp each)."""
+CHUNKED_MODULE = "chunked_scan"
+"""The registry op of ``kernels/chunked_scan.cu``."""
+CHUNK_TOKENS = 64
+"""Tokens per chunk of the chunked forms; a sequence with at least this many tokens in a call takes them."""
+CHUNKED_KEY_TILES = (1, 2, 4, 8)
+"""Key (Mamba-2: state) sizes / 16 with a chunked kernel (``k1``, ``k2``, ``k4``, ``k8``)."""
+CHUNKED_THREADS = 128
+CHUNKED_VALUE_COLUMNS = 32
+"""Value dims (Mamba-2: head dims) per block of a chunked kernel."""
+NO_CHUNKS = 2**31 - 1
+"""``chunk_from`` of a recurrent launch that takes every sequence."""
 
 
 def kernel(backend: Any, name: str) -> Any:
@@ -53,6 +65,37 @@ def check_state_slots(backend: Any, state_slots: Array, num_slots: int) -> None:
     if len(np.unique(owned)) != len(owned):
         raise ValueError(f"two sequences of one batch share a state slot: state_slots={slots.tolist()}")
     _LastChecked.slots = state_slots
+
+
+def chunked_kernel(
+    backend: Any, family: str, inputs: tuple[Array, ...], key_dim: int, value_dim: int, num_seqs: int
+) -> tuple[Kernel, int] | None:
+    """(kernel, shared bytes) of ``family``'s chunked form (``gated_delta`` or ``mamba2``) for a call over ``inputs``
+    (its token-major activations), or None where every sequence takes the recurrent form: the batch-invariant
+    mode, a call in which no sequence can have `CHUNK_TOKENS` tokens (decode and verify steps), a graph capture,
+    key sizes other than 16, 32, 64 or 128, value sizes not a multiple of 8, rows not 16-byte aligned, or too
+    little shared memory per block."""
+    tokens, tiles = inputs[0].shape[0], key_dim // 16
+    if (
+        backend.batch_invariant
+        or tokens - num_seqs + 1 < CHUNK_TOKENS
+        or key_dim % 16
+        or tiles not in CHUNKED_KEY_TILES
+        or value_dim % 8
+        or backend.cp.cuda.get_current_stream().is_capturing()
+    ):
+        return None
+    for x in inputs:
+        if x.data.ptr % 16 or any(stride % 8 for stride in element_strides(x)[:-1]):
+            return None
+    sizes = backend.kernels.constants(CHUNKED_MODULE, "chunked_scan_shared_bytes", len(CHUNKED_KEY_TILES))
+    smem = sizes[CHUNKED_KEY_TILES.index(tiles)]
+    if smem > backend.profile.shared_memory_per_block:
+        return None
+    chunked = backend.kernels.function(CHUNKED_MODULE, f"{family}_chunked_k{tiles}_bf16")
+    if smem > 48 * 1024:
+        chunked.max_dynamic_shared_size_bytes = smem
+    return chunked, smem
 
 
 def float32(backend: Any, x: Array) -> Array:

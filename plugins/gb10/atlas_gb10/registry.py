@@ -54,7 +54,7 @@ REGISTRY: dict[tuple[str, str, str], KernelVariant] = {
     (GENERIC, "moe", "bf16"): KernelVariant("moe.cu", (("GEMM_KSPLIT", 8),)),
     (GENERIC, "mla", "bf16"): KernelVariant("mla.cu", (("MLA_TILE_N", 64), ("MLA_SPLIT", 256))),
     (GENERIC, "recurrent", "bf16"): KernelVariant("recurrent.cu"),
-    (GENERIC, "gated_delta_chunked", "bf16"): KernelVariant("gated_delta_chunked.cu"),
+    (GENERIC, "chunked_scan", "bf16"): KernelVariant("chunked_scan.cu"),
     # GB10: 99 KiB of shared memory per block, so attention uses half-size key tiles.
     ("gb10", "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 32), ("ATT_SPLIT", 64))),
     ("gb10", "attention", "fp8"): KernelVariant("attention.cu", (("ATT_TILE_N", 32), ("ATT_SPLIT", 64), ("KV_FP8", 1))),

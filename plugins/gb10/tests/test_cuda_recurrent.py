@@ -1,10 +1,11 @@
 """The cuda backend's recurrent-layer ops (groups ``gated_delta`` and ``mamba2``) beyond the shared
 conformance suite: the real models' head sizes, prompts of 1, 3, 63, 64, 65 and 200 tokens (on and off
 the reference's 64-token chunks) against the NumPy references' chunked forms, in both forms of the delta
-rule (recurrent: the batch-invariant mode and short sequences; chunked on the tensor cores: sequences of 64
-tokens or more otherwise), a sequence fed in prefill chunks and decode steps giving the bits of one call
-(recurrent form) or its values (chunked form), rows that do not depend on the batch, the two convolution
-paths agreeing bit for bit, and padding slots (-1) that read and write no state. Needs a CUDA GPU."""
+rule and of the Mamba-2 scan (recurrent: the batch-invariant mode and short sequences; chunked on the
+tensor cores: sequences of 64 tokens or more otherwise), a sequence fed in prefill chunks and decode steps
+giving the bits of one call (recurrent form) or its values (chunked form), rows that do not depend on the
+batch, the two convolution paths agreeing bit for bit, and padding slots (-1) that read and write no state.
+Needs a CUDA GPU."""
 
 from __future__ import annotations
 
@@ -101,6 +102,10 @@ class Delta:
     def state(self) -> Any:
         return self.backend.from_numpy(self.initial.copy(), dtype=F32)
 
+    def chunked(self) -> object:
+        """The chunked kernel a call over these inputs takes in the current mode (None: the recurrent form)."""
+        return chunked_kernel(self.backend, "gated_delta", (self.q, self.k, self.v), self.dk, self.v.shape[2], 1)
+
     def run(self, state: Any, rows: slice, lengths: list[int], slots: list[int]) -> Any:
         ops = self.backend.ops(GatedDeltaOps)
         starts, slot_ids = layout(self.backend, lengths, slots)
@@ -186,7 +191,7 @@ def test_chunked_form_at_every_key_width(backend: CudaBackend, dims: tuple[int, 
     """Each chunked kernel (key heads of 16, 32, 64 and 128; value heads not a multiple of the block's 32
     columns) against the reference over 200 tokens and 3 value heads per key head."""
     delta = Delta(backend, 200, seed=11, key_heads=1, value_heads=3, dims=dims)
-    assert chunked_kernel(backend, delta.q, delta.k, delta.v, 1) is not None
+    assert delta.chunked() is not None
     state = delta.state()
     out = host(backend, delta.run(state, slice(None), [200], [0]))
     want_out, want_state = delta.reference([200], [0])
@@ -200,11 +205,20 @@ class Scan:
     """Inputs of one Mamba-2 mixer at Nemotron-H's head sizes (P = 64, N = 128, 2 groups), as strided
     views of one projection, with float32 per-head parameters and a nonzero state of 4 slots."""
 
-    def __init__(self, backend: CudaBackend, tokens: int, seed: int, heads: int = 4, groups: int = 2) -> None:
+    def __init__(
+        self,
+        backend: CudaBackend,
+        tokens: int,
+        seed: int,
+        heads: int = 4,
+        groups: int = 2,
+        dims: tuple[int, int] = (64, 128),
+    ) -> None:
         rng = np.random.default_rng(seed)
-        self.backend, p, n = backend, 64, 128
+        self.backend, (p, n) = backend, dims
         inner, group_width = heads * p, groups * n
-        wide = backend.from_numpy(rng.standard_normal((tokens, inner + 2 * group_width + heads + 8), dtype=np.float32))
+        width = -(-(inner + 2 * group_width + heads) // 8) * 8 + 8  # rows 16-byte aligned, as a model's projections
+        wide = backend.from_numpy(rng.standard_normal((tokens, width), dtype=np.float32))
         self.x = wide[:, :inner].reshape(tokens, heads, p)
         self.B = wide[:, inner : inner + group_width].reshape(tokens, groups, n)
         self.C = wide[:, inner + group_width : inner + 2 * group_width].reshape(tokens, groups, n)
@@ -216,6 +230,10 @@ class Scan:
 
     def state(self) -> Any:
         return self.backend.from_numpy(self.initial.copy(), dtype=F32)
+
+    def chunked(self) -> object:
+        """The chunked kernel a call over these inputs takes in the current mode (None: the recurrent form)."""
+        return chunked_kernel(self.backend, "mamba2", (self.x, self.B, self.C), self.B.shape[2], self.x.shape[2], 1)
 
     def run(self, state: Any, rows: slice, lengths: list[int], slots: list[int]) -> Any:
         starts, slot_ids = layout(self.backend, lengths, slots)
@@ -263,8 +281,8 @@ class Scan:
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize(
     ("layer", "form"),
-    [(Delta, "recurrent"), (Delta, "chunked"), (Scan, "recurrent")],
-    ids=["gated_delta_rule", "gated_delta_chunked", "mamba2_scan"],
+    [(Delta, "recurrent"), (Delta, "chunked"), (Scan, "recurrent"), (Scan, "chunked")],
+    ids=["gated_delta_rule", "gated_delta_chunked", "mamba2_scan", "mamba2_chunked"],
 )
 def test_matches_the_chunked_reference(backend: CudaBackend, layer: type, form: str, length: int) -> None:
     """The kernels against the references' chunked forms (the delta rule's 64-token UT form, the SSD scan over
@@ -272,6 +290,7 @@ def test_matches_the_chunked_reference(backend: CudaBackend, layer: type, form: 
     inputs = layer(backend, length, seed=length)
     state = inputs.state()
     with mode(backend, form):
+        assert (inputs.chunked() is not None) == (form == "chunked" and length >= 64)
         out = inputs.run(state, slice(None), [length], [2])
     want_out, want_state = inputs.reference([length], [2])
     tolerance = CHUNKED_STATE_TOLERANCE if form == "chunked" and length >= 64 else 1e-3
@@ -281,15 +300,40 @@ def test_matches_the_chunked_reference(backend: CudaBackend, layer: type, form: 
 
 
 def test_mamba2_scan_in_pieces_and_decode_steps_give_the_bits_of_one_call(backend: CudaBackend) -> None:
+    """Recurrent form (the batch-invariant mode): pieces, decode steps and one call give the same bits."""
     scan = Scan(backend, 200, seed=3)
     whole_state, pieces_state, steps_state = scan.state(), scan.state(), scan.state()
-    whole = host(backend, scan.run(whole_state, slice(None), [200], [3]))
-    pieces = [host(backend, scan.run(pieces_state, slice(a, b), [b - a], [3])) for a, b in PIECES]
+    with mode(backend, "recurrent"):
+        whole = host(backend, scan.run(whole_state, slice(None), [200], [3]))
+        pieces = [host(backend, scan.run(pieces_state, slice(a, b), [b - a], [3])) for a, b in PIECES]
     steps = [host(backend, scan.decode(steps_state, slice(t, t + 1), [3])) for t in range(200)]
     np.testing.assert_array_equal(np.concatenate(pieces), whole)
     np.testing.assert_array_equal(np.concatenate(steps), whole)
     np.testing.assert_array_equal(host(backend, pieces_state), host(backend, whole_state))
     np.testing.assert_array_equal(host(backend, steps_state), host(backend, whole_state))
+
+
+@pytest.mark.parametrize("dims", [(64, 16), (40, 64), (64, 128)], ids=lambda d: f"p{d[0]}-n{d[1]}")
+def test_mamba2_chunked_form(backend: CudaBackend, dims: tuple[int, int]) -> None:
+    """The chunked SSD kernels (state sizes of 16, 64 and 128; head dims not a multiple of the block's 32) against
+    the reference, whole and fed in pieces (the state handed between the two forms), and alone as in a batch."""
+    scan = Scan(backend, 200, seed=13, dims=dims)
+    whole_state, pieces_state = scan.state(), scan.state()
+    with mode(backend, "chunked"):
+        assert scan.chunked() is not None
+        whole = host(backend, scan.run(whole_state, slice(None), [200], [3]))
+        pieces = [host(backend, scan.run(pieces_state, slice(a, b), [b - a], [3])) for a, b in PIECES]
+        batched_state = scan.state()
+        batched = host(backend, scan.run(batched_state, slice(None), [1, 70, 129], [0, 1, 2]))
+        alone_state = scan.state()
+        alone = host(backend, scan.run(alone_state, slice(71, 200), [129], [2]))
+    want_out, want_state = scan.reference([200], [3])
+    close(whole, want_out, f"output, {dims}")
+    close(host(backend, whole_state)[3], want_state[3], f"state, {dims}", rel=CHUNKED_STATE_TOLERANCE)
+    close(np.concatenate(pieces), whole, "pieces against one call")
+    close(host(backend, pieces_state), host(backend, whole_state), "state", rel=CHUNKED_STATE_TOLERANCE)
+    np.testing.assert_array_equal(batched[71:], alone)
+    np.testing.assert_array_equal(host(backend, batched_state)[2], host(backend, alone_state)[2])
 
 
 # ---- causal conv1d -----------------------------------------------------------------------------------

@@ -55,3 +55,10 @@ __device__ __forceinline__ void prefetch_l2(const void* p, long long bytes, int 
     for (long long offset = 128LL * t; offset < bytes; offset += 128LL * threads)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + offset));
 }
+
+// The bytes of dynamic shared memory this launch gave the block.
+__device__ __forceinline__ unsigned dynamic_shared_bytes() {
+    unsigned bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    return bytes;
+}

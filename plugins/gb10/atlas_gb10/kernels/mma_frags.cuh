@@ -33,6 +33,24 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     return (unsigned)float_to_bf16(lo) | ((unsigned)float_to_bf16(hi) << 16);
 }
 
+// Rows 16 w .. 16 w + 15 (A fragments from a row-major bf16 tile) times the row-major tile b [16 ks .., 16 nd ..]:
+// acc[2 nd], acc[2 nd + 1] += a (k-step ks) b, for nd < ND.
+template <int ND>
+__device__ __forceinline__ void mma_rows(float (*acc)[4], const unsigned (&a)[4], const bf16_t* b, int stride, int ks,
+                                         int lane) {
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd) {
+        unsigned f[4];
+        ldmatrix_x4_trans(f, b + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * stride + nd * 16 + (lane >> 4) * 8);
+        mma_16816(acc[2 * nd], a[0], a[1], a[2], a[3], f[0], f[1]);
+        mma_16816(acc[2 * nd + 1], a[0], a[1], a[2], a[3], f[2], f[3]);
+    }
+}
+
+__device__ __forceinline__ void load_rows_a(unsigned (&a)[4], const bf16_t* tile, int stride, int row0, int ks, int lane) {
+    ldmatrix_x4(a, tile + (row0 + (lane & 15)) * stride + ks * 16 + (lane >> 4) * 8);
+}
+
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));

@@ -8,7 +8,7 @@
 // kernel computes a sequence with a thread layout that depends only on the layer's sizes, never on the
 // batch, and keeps the state in fp32, so a sequence's values are the same bits alone or batched, eager or
 // replayed in a graph, in one call or in prefill chunks.
-#include "common.cuh"
+#include "recurrent_gates.cuh"
 
 #define CONV_MAX_K 8       // causal conv taps
 #define GDN_ROWS 16        // delta-rule state rows (key dims) per thread: a block has ceil(Dk / 16) warps
@@ -16,9 +16,6 @@
 #define GDN_L2_EPS 1e-6f
 #define SSM_ROWS 8         // Mamba-2 state rows (head dims) per warp
 #define SSM_WARPS 4
-
-__device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }  // v -> -inf: -0, never NaN
-__device__ __forceinline__ float softplus_f(float v) { return fmaxf(v, 0.0f) + log1pf(expf(-fabsf(v))); }
 
 // ---- causal conv1d + SiLU ------------------------------------------------------------------------------
 // x [T, C] (row stride ldx), weight [C, K], bias [C] or null, state [S, C, K-1] (the last K-1 inputs,
@@ -125,8 +122,8 @@ extern "C" __global__ void gdn_gates_bf16(const bf16_t* __restrict__ a, long lon
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
         const long long r = i / heads;
         const int h = (int)(i - r * heads);
-        g[i] = -expf(a_log[h]) * softplus_f(__fadd_rn(bf16_to_float(a[r * lda + h]), dt_bias[h]));
-        beta[i] = 1.0f / (1.0f + expf(-bf16_to_float(b[r * ldb + h])));
+        g[i] = gdn_decay(a[r * lda + h], a_log[h], dt_bias[h]);
+        beta[i] = gdn_beta(b[r * ldb + h]);
     }
 }
 
@@ -138,16 +135,16 @@ extern "C" __global__ void gdn_gates_bf16(const bf16_t* __restrict__ a, long lon
 //     Sk_j = sum_i k_i S_ij, Sq_j = sum_i q_i S_ij       (the state before the token; partial sums per warp,
 //                                                         added over the warps in a fixed order)
 //     delta_j = beta (v_j - e Sk_j);  o_j = e Sq_j + (q.k) delta_j;  S_ij = e S_ij + k_i delta_j
-// q, k [T, Hk, Dk] and v [T, Hv, Dv] strided (s0 token, s1 head; dims contiguous), g, beta [T, Hv] fp32,
-// state [S, Hv, Dk, Dv] fp32, out [T, Hv, Dv]. Value head h reads key head h / (Hv / Hk). Sequences of at least
-// `chunk_from` tokens are left to gated_delta_chunked.cu (INT_MAX: none).
+// q, k [T, Hk, Dk] and v [T, Hv, Dv] strided (s0 token, s1 head; dims contiguous), the gates as GdnGates reads
+// them (recurrent_gates.cuh), state [S, Hv, Dk, Dv] fp32, out [T, Hv, Dv]. Value head h reads key head h / (Hv / Hk). Sequences of at least
+// `chunk_from` tokens are left to chunked_scan.cu (INT_MAX: none).
 extern "C" __global__ void __launch_bounds__(GDN_MAX_WARPS * 32, 1) gated_delta_rule_bf16(
     const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const bf16_t* __restrict__ k, long long k_s0,
-    long long k_s1, const bf16_t* __restrict__ v, long long v_s0, long long v_s1, const float* __restrict__ g,
-    const float* __restrict__ beta, float* __restrict__ state, const int* __restrict__ starts,
-    const int* __restrict__ slots, bf16_t* __restrict__ out, int key_heads, int value_heads, int dk, int dv,
-    float scale, int l2norm, int chunk_from) {
+    long long k_s1, const bf16_t* __restrict__ v, long long v_s0, long long v_s1, GDN_GATE_PARAMS,
+    float* __restrict__ state, const int* __restrict__ starts, const int* __restrict__ slots, bf16_t* __restrict__ out,
+    int key_heads, int value_heads, int dk, int dv, float scale, int l2norm, int chunk_from) {
     await_inputs();
+    const GdnGates gates = GDN_GATES;
     __shared__ float qs[2][GDN_ROWS * GDN_MAX_WARPS], ks[2][GDN_ROWS * GDN_MAX_WARPS];
     __shared__ float partial[2][GDN_MAX_WARPS][32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
@@ -170,8 +167,8 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_WARPS * 32, 1) gated_delta_
             nk = bf16_to_float(k[t * k_s0 + kh * k_s1 + tid]);
         }
         nv = column ? bf16_to_float(v[t * v_s0 + h * v_s1 + j]) : 0.0f;
-        ng = g[t * value_heads + h];
-        nb = beta[t * value_heads + h];
+        ng = gates.decay(t, h, value_heads);
+        nb = gates.strength(t, h, value_heads);
     };
     load(r0);
     for (long long t = r0; t < r1; ++t) {
@@ -236,7 +233,8 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_WARPS * 32, 1) gated_delta_
 // never wait for each other; y_p is a warp sum. The next token's inputs are loaded while this one computes.
 // x [T, Hm, P] (strides x_s0, x_s1), dt [T, Hm] (row stride dt_s0), B / C [T, G, N] (strides s0, s1),
 // A / D / dt_bias [Hm] fp32, state [S, Hm, P, N] fp32, out [T, Hm, P]. starts == null: sequence b is row b
-// (decode). Grid (ceil(P / (SSM_WARPS * SSM_ROWS)), Hm, B), SSM_WARPS warps.
+// (decode). Sequences of at least `chunk_from` tokens are left to chunked_scan.cu (INT_MAX: none).
+// Grid (ceil(P / (SSM_WARPS * SSM_ROWS)), Hm, B), SSM_WARPS warps.
 template <int NPL>
 __device__ __forceinline__ void ssm_scan(const bf16_t* __restrict__ x, long long x_s0, long long x_s1,
                                          const bf16_t* __restrict__ dt, long long dt_s0, const float* __restrict__ A,
@@ -245,12 +243,13 @@ __device__ __forceinline__ void ssm_scan(const bf16_t* __restrict__ x, long long
                                          const bf16_t* __restrict__ C, long long c_s0, long long c_s1,
                                          float* __restrict__ state, const int* __restrict__ starts,
                                          const int* __restrict__ slots, bf16_t* __restrict__ out, int heads, int groups,
-                                         int head_dim, int state_size, float dt_min, float dt_max) {
+                                         int head_dim, int state_size, float dt_min, float dt_max, int chunk_from) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.y, seq = blockIdx.z, group = h / (heads / groups);
     const int p0 = (blockIdx.x * SSM_WARPS + warp) * SSM_ROWS;
     if (p0 >= head_dim) return;
     const int r0 = starts ? starts[seq] : seq, r1 = starts ? starts[seq + 1] : seq + 1;
+    if (r1 - r0 >= chunk_from) return;  // chunked_scan.cu's
     const long long slot = slots[seq];
     float* rows = slot >= 0 ? state + (slot * heads + h) * (long long)head_dim * state_size : nullptr;
     float s[SSM_ROWS][NPL];
@@ -285,7 +284,7 @@ __device__ __forceinline__ void ssm_scan(const bf16_t* __restrict__ x, long long
             bs[m] = nb[m];
             cs[m] = nc[m];
         }
-        const float delta = fminf(fmaxf(softplus_f(__fadd_rn(ndt, bias)), dt_min), dt_max);
+        const float delta = mamba_step(ndt, bias, dt_min, dt_max);
         if (t + 1 < r1) load(t + 1);
         const float decay = expf(delta * a);
 #pragma unroll
@@ -319,10 +318,11 @@ __device__ __forceinline__ void ssm_scan(const bf16_t* __restrict__ x, long long
         const float* __restrict__ A, const float* __restrict__ D, const float* __restrict__ dt_bias,                 \
         const bf16_t* __restrict__ B, long long b_s0, long long b_s1, const bf16_t* __restrict__ C, long long c_s0,   \
         long long c_s1, float* __restrict__ state, const int* __restrict__ starts, const int* __restrict__ slots,    \
-        bf16_t* __restrict__ out, int heads, int groups, int head_dim, int state_size, float dt_min, float dt_max) {   \
+        bf16_t* __restrict__ out, int heads, int groups, int head_dim, int state_size, float dt_min, float dt_max,      \
+        int chunk_from) {                                                                                              \
         await_inputs();                                                                                                \
         ssm_scan<NPL>(x, x_s0, x_s1, dt, dt_s0, A, D, dt_bias, B, b_s0, b_s1, C, c_s0, c_s1, state, starts, slots,   \
-                      out, heads, groups, head_dim, state_size, dt_min, dt_max);                                     \
+                      out, heads, groups, head_dim, state_size, dt_min, dt_max, chunk_from);                         \
     }
 SSM_SCAN_KERNEL(1)
 SSM_SCAN_KERNEL(2)

@@ -1,28 +1,35 @@
-// The gated delta rule in its chunked form (the WY / UT transform of DeltaNet, as flash-linear-attention runs it),
-// for prefill on the tensor cores: the same rule as recurrent.cu's gated_delta_rule_bf16, with the tokens of a
-// sequence taken 64 at a time instead of one at a time.
+// The chunked forms of the recurrences of the hybrid models, for prefill on the tensor cores: the gated delta rule
+// (the WY / UT transform of DeltaNet, as flash-linear-attention runs it) and Mamba-2's selective scan (SSD), with the
+// tokens of a sequence taken 64 at a time instead of one at a time as recurrent.cu's kernels take them.
 //
-// Within a chunk of L <= 64 tokens (G = the cumulative sum of g from the chunk start, q^ / k^ the normalised q / k,
-// q^ scaled), the state S [Dk, Dv] entering it and
+// Gated delta rule. Within a chunk of L <= 64 tokens (G = the cumulative sum of g from the chunk start, q^ / k^ the
+// normalised q / k, q^ scaled), the state S [Dk, Dv] entering it and
 //     A[t, s] = beta_t exp(G_t - G_s) k^_t . k^_s  (s < t, else 0),   T = (I + A)^-1  (unit lower triangular)
 //     W = T (beta exp(G) k^),   U = T (beta v),   delta = U - W S
 //     o_t = exp(G_t) q^_t S + sum_{s <= t} exp(G_t - G_s) (q^_t . k^_s) delta_s
 //     S' = exp(G_L) S + sum_s exp(G_L - G_s) k^_s delta_s^T
 // which is the recurrence of the rule unrolled over the chunk (atlas_core.backends.ops.gated_delta's
-// gated_delta_chunked is its float64-checked reference). Every exp has a non-positive argument (g <= 0).
+// gated_delta_chunked is its float64-checked reference).
+// Mamba-2 is the same computation without the delta correction (T = I, no W S), with q = C, k = B, v = x (a head's
+// P dims), Dk = N, the log decay g = delta A, beta = delta, no norms, and the skip o += D x:
+//     o_t = exp(G_t) C_t h + sum_{s <= t} exp(G_t - G_s) (C_t . B_s) delta_s x_s + D x_t,
+//     h' = exp(G_L) h + sum_s exp(G_L - G_s) B_s (delta_s x_s)^T   (h [N, P]: the state transposed).
+// Every exp has a non-positive argument (g <= 0).
 //
 // A block per (32 value dims, value head h, sequence b), 4 warps. The fp32 state slice [Dk, 32] lives in the mma
 // accumulators of its update (warp w holds key-dim tiles w and w + 4) and as a bf16 copy in shared memory, the B
 // operand of the products that read it. Products are bf16 mma.sync with fp32 accumulation; q and k enter them raw
 // (exact) with their norms applied in fp32 to the results; T is computed in fp32 (16 x 16 diagonal blocks by
 // forward substitution, the blocks below them by distance from the diagonal), then rounded into the bf16
-// operands of W and U. Sequences with fewer than `chunk_from` tokens are left to the recurrent kernel: decode
-// and short verify steps keep its bits, and a prompt's bits depend on how its prefill is cut into calls, so
-// the engine's batch-invariant mode does not use this kernel.
+// operands of W and U. Sequences with fewer than `chunk_from` tokens are left to the recurrent kernels: decode
+// and short verify steps keep their bits, and a prompt's bits depend on how its prefill is cut into calls, so
+// the engine's batch-invariant mode does not use these kernels.
 //
-// q, k [T, Hk, Dk] and v [T, Hv, Dv] strided (s0 token, s1 head; dims contiguous, 16-byte aligned rows),
-// g, beta [T, Hv] fp32, state [S, Hv, Dk, Dv] fp32, out [T, Hv, Dv]; Dk = 16 KT, Dv a multiple of 8.
+// q, k [T, Hk, Dk] and v [T, Hv, Dv] strided (s0 token, s1 head; dims contiguous, 16-byte aligned rows), the
+// gates as GdnGates / SsdGates read them (recurrent_gates.cuh), state [S, Hv, Dk, Dv] fp32 ([S, Hm, P, N] for
+// Mamba-2: read and written transposed), out [T, Hv, Dv]; Dk = 16 KT, Dv a multiple of 8.
 #include "mma_frags.cuh"
+#include "recurrent_gates.cuh"
 
 #define GDC_CHUNK 64      // tokens per chunk
 #define GDC_THREADS 128   // 4 warps: warp w owns rows 16 w .. 16 w + 15 of every chunk-sized product
@@ -45,24 +52,6 @@ struct ChunkTiles {
     float gc[GDC_CHUNK], beta[GDC_CHUNK], qn[GDC_CHUNK], kn[GDC_CHUNK], wk[GDC_CHUNK];
 };
 
-// Rows 16 w .. 16 w + 15 (A fragments from a row-major bf16 tile) times the row-major tile b [16 ks .., 16 nd ..]:
-// acc[2 nd], acc[2 nd + 1] += a (k-step ks) b, for nd < ND.
-template <int ND>
-__device__ __forceinline__ void mma_rows(float (*acc)[4], const unsigned (&a)[4], const bf16_t* b, int stride, int ks,
-                                         int lane) {
-#pragma unroll
-    for (int nd = 0; nd < ND; ++nd) {
-        unsigned f[4];
-        ldmatrix_x4_trans(f, b + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * stride + nd * 16 + (lane >> 4) * 8);
-        mma_16816(acc[2 * nd], a[0], a[1], a[2], a[3], f[0], f[1]);
-        mma_16816(acc[2 * nd + 1], a[0], a[1], a[2], a[3], f[2], f[3]);
-    }
-}
-
-__device__ __forceinline__ void load_rows_a(unsigned (&a)[4], const bf16_t* tile, int stride, int row0, int ks, int lane) {
-    ldmatrix_x4(a, tile + (row0 + (lane & 15)) * stride + ks * 16 + (lane >> 4) * 8);
-}
-
 // Rows t0 = 16 w + lane / 4 and t0 + 8 of a [64, 32] accumulator as bf16 pairs into a tile of GDC_VSTR rows, each
 // row scaled by f0 / f1.
 __device__ __forceinline__ void store_pairs(bf16_t* tile, const float (&acc)[4][4], int t0, int qd, float f0, float f1) {
@@ -72,12 +61,6 @@ __device__ __forceinline__ void store_pairs(bf16_t* tile, const float (&acc)[4][
         *reinterpret_cast<unsigned*>(tile + t0 * GDC_VSTR + col) = pack_bf16(acc[nt][0] * f0, acc[nt][1] * f0);
         *reinterpret_cast<unsigned*>(tile + (t0 + 8) * GDC_VSTR + col) = pack_bf16(acc[nt][2] * f1, acc[nt][3] * f1);
     }
-}
-
-__device__ __forceinline__ unsigned dynamic_shared_bytes() {
-    unsigned bytes;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
-    return bytes;
 }
 
 // T = (I + A)^-1 for the strictly lower A in sh.a: the 4 diagonal 16 x 16 blocks by forward substitution (a warp
@@ -122,11 +105,60 @@ __device__ __forceinline__ void invert_unit_lower(ChunkTiles<KT>& sh, int tid, i
     }
 }
 
+// The delta rule's correction of a chunk: T from A (in sh.a), then u = U - W S over this warp's rows, with
+// U = T diag(beta) v and W = T diag(beta exp(G) kn) k (kept in registers as the A fragments of W S).
 template <int KT>
-__device__ __forceinline__ void gated_delta_chunks(
+__device__ __forceinline__ void delta_rule_update(ChunkTiles<KT>& sh, float (&u)[4][4], int tid, int lane, int warp) {
+    constexpr int KSTR = ChunkTiles<KT>::KSTR;
+    invert_unit_lower(sh, tid, lane, warp);
+    // the operands of W and U: T's columns scaled, rounded to bf16 (over A, which is no longer read)
+    bf16_t* tw = reinterpret_cast<bf16_t*>(sh.a);
+    bf16_t* tu = tw + GDC_CHUNK * GDC_TSTR;
+    for (int e = tid; e < GDC_CHUNK * GDC_CHUNK; e += GDC_THREADS) {
+        const int t = e >> 6, s = e & 63;
+        const float tv = s <= t ? sh.t[t * GDC_TSTR + s] : 0.0f;
+        tw[t * GDC_TSTR + s] = float_to_bf16(tv * sh.wk[s]);
+        tu[t * GDC_TSTR + s] = float_to_bf16(tv * sh.beta[s]);
+    }
+    __syncthreads();
+    float w[2 * KT][4], ws[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 2 * KT; ++nt) w[nt][0] = w[nt][1] = w[nt][2] = w[nt][3] = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) ws[nt][0] = ws[nt][1] = ws[nt][2] = ws[nt][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < GDC_CHUNK / 16; ++ks) {
+        unsigned at[4], au[4];
+        load_rows_a(at, tw, GDC_TSTR, warp * 16, ks, lane);
+        load_rows_a(au, tu, GDC_TSTR, warp * 16, ks, lane);
+        mma_rows<KT>(w, at, sh.k, KSTR, ks, lane);
+        mma_rows<2>(u, au, sh.v, GDC_VSTR, ks, lane);
+    }
+#pragma unroll
+    for (int ks = 0; ks < KT; ++ks) {
+        const unsigned aw[4] = {pack_bf16(w[2 * ks][0], w[2 * ks][1]), pack_bf16(w[2 * ks][2], w[2 * ks][3]),
+                                pack_bf16(w[2 * ks + 1][0], w[2 * ks + 1][1]), pack_bf16(w[2 * ks + 1][2], w[2 * ks + 1][3])};
+        mma_rows<2>(ws, aw, sh.s, GDC_VSTR, ks, lane);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) u[nt][e] -= ws[nt][e];
+}
+
+// The offset of state entry (i, j) (key dim i, value dim j) in a state row of Dk x Dv: [Dk, Dv] for the delta rule,
+// [Dv, Dk] (Mamba-2's [P, N]) when TRANSPOSED.
+template <bool TRANSPOSED>
+__device__ __forceinline__ long long state_at(int i, int j, int dk, int dv) {
+    return TRANSPOSED ? (long long)j * dk + i : (long long)i * dv + j;
+}
+
+// DELTA: the gated delta rule; otherwise Mamba-2's scan (see the header), with `skip` its D [Hv].
+template <int KT, bool DELTA, class Gates>
+__device__ __forceinline__ void chunked_scan(
     const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const bf16_t* __restrict__ k, long long k_s0,
-    long long k_s1, const bf16_t* __restrict__ v, long long v_s0, long long v_s1, const float* __restrict__ g,
-    const float* __restrict__ beta, float* __restrict__ state, const int* __restrict__ starts,
+    long long k_s1, const bf16_t* __restrict__ v, long long v_s0, long long v_s1, const Gates& gates,
+    const float* __restrict__ skip, float* __restrict__ state, const int* __restrict__ starts,
     const int* __restrict__ slots, bf16_t* __restrict__ out, int key_heads, int value_heads, int dv, float scale,
     int l2norm, int chunk_from) {
     constexpr int DK = 16 * KT, KSTR = DK + 8, VEC = DK / 8;
@@ -150,7 +182,7 @@ __device__ __forceinline__ void gated_delta_chunks(
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int i = (warp + 4 * mi) * 16 + (lane >> 2) + 8 * (e >> 1), j = col0 + nt * 8 + 2 * qd + (e & 1);
-                S[mi][nt][e] = (rows && warp + 4 * mi < KT && j < dv) ? rows[(long long)i * dv + j] : 0.0f;
+                S[mi][nt][e] = (rows && warp + 4 * mi < KT && j < dv) ? rows[state_at<!DELTA>(i, j, DK, dv)] : 0.0f;
             }
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
@@ -176,8 +208,8 @@ __device__ __forceinline__ void gated_delta_chunks(
             *reinterpret_cast<uint4*>(sh.v + t * GDC_VSTR + c) = vv;
         }
         if (tid < GDC_CHUNK) {
-            sh.gc[tid] = tid < n ? g[(c0 + tid) * value_heads + h] : 0.0f;
-            sh.beta[tid] = tid < n ? beta[(c0 + tid) * value_heads + h] : 0.0f;
+            sh.gc[tid] = tid < n ? gates.decay(c0 + tid, h, value_heads) : 0.0f;
+            sh.beta[tid] = tid < n ? gates.strength(c0 + tid, h, value_heads) : 0.0f;
         }
         __syncthreads();
         // ---- norms (a warp per token) and the cumulative decay G (warp 0, an inclusive scan of pairs)
@@ -211,7 +243,7 @@ __device__ __forceinline__ void gated_delta_chunks(
         __syncthreads();
         if (tid < GDC_CHUNK) sh.wk[tid] = sh.beta[tid] * expf(sh.gc[tid]) * sh.kn[tid];
 
-        // ---- k k^T and q k^T over the chunk: rows t0, t0 + 8 of this warp, 64 columns
+        // ---- q k^T (and k k^T for the delta rule) over the chunk: rows t0, t0 + 8 of this warp, 64 columns
         float kk[8][4], qk[8][4];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
@@ -220,14 +252,16 @@ __device__ __forceinline__ void gated_delta_chunks(
 #pragma unroll
         for (int ks = 0; ks < KT; ++ks) {
             unsigned ak[4], aq[4];
-            load_rows_a(ak, sh.k, KSTR, warp * 16, ks, lane);
+            if constexpr (DELTA) load_rows_a(ak, sh.k, KSTR, warp * 16, ks, lane);
             load_rows_a(aq, sh.q, KSTR, warp * 16, ks, lane);
 #pragma unroll
             for (int nn = 0; nn < 4; ++nn) {
                 unsigned kb[4];
                 ldmatrix_x4(kb, sh.k + (nn * 16 + (lane & 7) + ((lane >> 4) << 3)) * KSTR + ks * 16 + ((lane >> 3) & 1) * 8);
-                mma_16816(kk[2 * nn], ak[0], ak[1], ak[2], ak[3], kb[0], kb[1]);
-                mma_16816(kk[2 * nn + 1], ak[0], ak[1], ak[2], ak[3], kb[2], kb[3]);
+                if constexpr (DELTA) {
+                    mma_16816(kk[2 * nn], ak[0], ak[1], ak[2], ak[3], kb[0], kb[1]);
+                    mma_16816(kk[2 * nn + 1], ak[0], ak[1], ak[2], ak[3], kb[2], kb[3]);
+                }
                 mma_16816(qk[2 * nn], aq[0], aq[1], aq[2], aq[3], kb[0], kb[1]);
                 mma_16816(qk[2 * nn + 1], aq[0], aq[1], aq[2], aq[3], kb[2], kb[3]);
             }
@@ -238,59 +272,40 @@ __device__ __forceinline__ void gated_delta_chunks(
             for (int e = 0; e < 4; ++e) {
                 const int t = t0 + 8 * (e >> 1), s = nt * 8 + 2 * qd + (e & 1);
                 const float decay = s <= t ? expf(sh.gc[t] - sh.gc[s]) : 0.0f;
-                sh.a[t * GDC_TSTR + s] = s < t ? sh.beta[t] * sh.kn[t] * sh.kn[s] * decay * kk[nt][e] : 0.0f;
+                if constexpr (DELTA)
+                    sh.a[t * GDC_TSTR + s] = s < t ? sh.beta[t] * sh.kn[t] * sh.kn[s] * decay * kk[nt][e] : 0.0f;
                 sh.p[t * GDC_TSTR + s] = float_to_bf16(sh.qn[t] * sh.kn[s] * decay * qk[nt][e]);
             }
         __syncthreads();
-        invert_unit_lower(sh, tid, lane, warp);
 
-        // ---- the operands of W and U: T's columns scaled, rounded to bf16 (over A, which is no longer read)
-        bf16_t* tw = reinterpret_cast<bf16_t*>(sh.a);
-        bf16_t* tu = tw + GDC_CHUNK * GDC_TSTR;
-        for (int e = tid; e < GDC_CHUNK * GDC_CHUNK; e += GDC_THREADS) {
-            const int t = e >> 6, s = e & 63;
-            const float tv = s <= t ? sh.t[t * GDC_TSTR + s] : 0.0f;
-            tw[t * GDC_TSTR + s] = float_to_bf16(tv * sh.wk[s]);
-            tu[t * GDC_TSTR + s] = float_to_bf16(tv * sh.beta[s]);
-        }
-        __syncthreads();
-
-        // ---- W = Tw k (kept as A fragments), U = Tu v; then delta = U - W S and q S from the state's bf16 copy
-        float w[2 * KT][4], u[4][4], ws[4][4], qs[4][4];
-#pragma unroll
-        for (int nt = 0; nt < 2 * KT; ++nt) w[nt][0] = w[nt][1] = w[nt][2] = w[nt][3] = 0.0f;
+        // ---- delta: U - W S for the delta rule, beta v for Mamba-2; q S from the state's bf16 copy
+        float u[4][4], qs[4][4];
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) u[nt][e] = ws[nt][e] = qs[nt][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < GDC_CHUNK / 16; ++ks) {
-            unsigned at[4], au[4];
-            load_rows_a(at, tw, GDC_TSTR, warp * 16, ks, lane);
-            load_rows_a(au, tu, GDC_TSTR, warp * 16, ks, lane);
-            mma_rows<KT>(w, at, sh.k, KSTR, ks, lane);
-            mma_rows<2>(u, au, sh.v, GDC_VSTR, ks, lane);
-        }
+            for (int e = 0; e < 4; ++e) {
+                const int t = t0 + 8 * (e >> 1), col = nt * 8 + 2 * qd + (e & 1);
+                u[nt][e] = DELTA ? 0.0f : sh.beta[t] * bf16_to_float(sh.v[t * GDC_VSTR + col]);
+                qs[nt][e] = 0.0f;
+            }
+        if constexpr (DELTA) delta_rule_update<KT>(sh, u, tid, lane, warp);
 #pragma unroll
         for (int ks = 0; ks < KT; ++ks) {
-            const unsigned aw[4] = {pack_bf16(w[2 * ks][0], w[2 * ks][1]), pack_bf16(w[2 * ks][2], w[2 * ks][3]),
-                                    pack_bf16(w[2 * ks + 1][0], w[2 * ks + 1][1]),
-                                    pack_bf16(w[2 * ks + 1][2], w[2 * ks + 1][3])};
             unsigned aq[4];
             load_rows_a(aq, sh.q, KSTR, warp * 16, ks, lane);
-            mma_rows<2>(ws, aw, sh.s, GDC_VSTR, ks, lane);
             mma_rows<2>(qs, aq, sh.s, GDC_VSTR, ks, lane);
         }
         const float last = sh.gc[GDC_CHUNK - 1];  // G_L: padding rows have g = 0
         const float oq0 = expf(sh.gc[t0]) * sh.qn[t0], oq1 = expf(sh.gc[t0 + 8]) * sh.qn[t0 + 8];
         const float dk0 = expf(last - sh.gc[t0]) * sh.kn[t0], dk1 = expf(last - sh.gc[t0 + 8]) * sh.kn[t0 + 8];
+        const float d_skip = skip ? skip[h] : 0.0f;
         float o[4][4];
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                u[nt][e] -= ws[nt][e];  // delta
-                o[nt][e] = (e < 2 ? oq0 : oq1) * qs[nt][e];
+                const int t = t0 + 8 * (e >> 1), col = nt * 8 + 2 * qd + (e & 1);
+                o[nt][e] = __fmaf_rn(d_skip, bf16_to_float(sh.v[t * GDC_VSTR + col]), (e < 2 ? oq0 : oq1) * qs[nt][e]);
             }
         __syncthreads();  // v, T and the state's bf16 copy are read: delta and delta' take their place
         bf16_t* delta = sh.v;
@@ -346,7 +361,7 @@ __device__ __forceinline__ void gated_delta_chunks(
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int i = (warp + 4 * mi) * 16 + (lane >> 2) + 8 * (e >> 1), j = col0 + nt * 8 + 2 * qd + (e & 1);
-                    if (warp + 4 * mi < KT && j < dv) rows[(long long)i * dv + j] = S[mi][nt][e];
+                    if (warp + 4 * mi < KT && j < dv) rows[state_at<!DELTA>(i, j, DK, dv)] = S[mi][nt][e];
                 }
     }
 }
@@ -355,19 +370,37 @@ __device__ __forceinline__ void gated_delta_chunks(
 #define GATED_DELTA_CHUNKED(KT)                                                                                       \
     extern "C" __global__ void __launch_bounds__(GDC_THREADS) gated_delta_chunked_k##KT##_bf16(                       \
         const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const bf16_t* __restrict__ k, long long k_s0,   \
-        long long k_s1, const bf16_t* __restrict__ v, long long v_s0, long long v_s1, const float* __restrict__ g,    \
-        const float* __restrict__ beta, float* __restrict__ state, const int* __restrict__ starts,                    \
-        const int* __restrict__ slots, bf16_t* __restrict__ out, int key_heads, int value_heads, int dv, float scale, \
-        int l2norm, int chunk_from) {                                                                                 \
+        long long k_s1, const bf16_t* __restrict__ v, long long v_s0, long long v_s1, GDN_GATE_PARAMS,                \
+        float* __restrict__ state, const int* __restrict__ starts, const int* __restrict__ slots,                     \
+        bf16_t* __restrict__ out, int key_heads, int value_heads, int dv, float scale, int l2norm, int chunk_from) {  \
         await_inputs();                                                                                               \
-        gated_delta_chunks<KT>(q, q_s0, q_s1, k, k_s0, k_s1, v, v_s0, v_s1, g, beta, state, starts, slots, out,      \
-                               key_heads, value_heads, dv, scale, l2norm, chunk_from);                               \
+        chunked_scan<KT, true>(q, q_s0, q_s1, k, k_s0, k_s1, v, v_s0, v_s1, GDN_GATES, nullptr, state, starts,       \
+                               slots, out, key_heads, value_heads, dv, scale, l2norm, chunk_from);                   \
     }
 GATED_DELTA_CHUNKED(1)
 GATED_DELTA_CHUNKED(2)
 GATED_DELTA_CHUNKED(4)
 GATED_DELTA_CHUNKED(8)
 
-// The bytes of dynamic shared memory each kernel above takes (read by the host from the compiled module).
-extern "C" __device__ int gated_delta_chunked_shared_bytes[4] = {
+// Mamba-2: x [T, Hm, P] (strides x_s0, x_s1), dt [T, Hm] (row stride dt_s0), B / C [T, G, N] (strides s0, s1),
+// A / D / dt_bias [Hm] fp32, state [S, Hm, P, N] fp32, out [T, Hm, P]; N = 16 KT. Grid (ceil(P / 32), Hm, B).
+#define MAMBA2_CHUNKED(KT)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(GDC_THREADS) mamba2_chunked_k##KT##_bf16(                            \
+        const bf16_t* __restrict__ x, long long x_s0, long long x_s1, const bf16_t* __restrict__ dt, long long dt_s0, \
+        const float* __restrict__ A, const float* __restrict__ D, const float* __restrict__ dt_bias,                 \
+        const bf16_t* __restrict__ B, long long b_s0, long long b_s1, const bf16_t* __restrict__ C, long long c_s0,   \
+        long long c_s1, float* __restrict__ state, const int* __restrict__ starts, const int* __restrict__ slots,    \
+        bf16_t* __restrict__ out, int heads, int groups, int head_dim, int state_size, float dt_min, float dt_max,    \
+        int chunk_from) {                                                                                             \
+        await_inputs();                                                                                               \
+        chunked_scan<KT, false>(C, c_s0, c_s1, B, b_s0, b_s1, x, x_s0, x_s1, SsdGates{dt, dt_s0, A, dt_bias, dt_min,  \
+                                dt_max}, D, state, starts, slots, out, groups, heads, head_dim, 1.0f, 0, chunk_from); \
+    }
+MAMBA2_CHUNKED(1)
+MAMBA2_CHUNKED(2)
+MAMBA2_CHUNKED(4)
+MAMBA2_CHUNKED(8)
+
+// The bytes of dynamic shared memory each kernel above takes, by KT (read by the host from the compiled module).
+extern "C" __device__ int chunked_scan_shared_bytes[4] = {
     (int)sizeof(ChunkTiles<1>), (int)sizeof(ChunkTiles<2>), (int)sizeof(ChunkTiles<4>), (int)sizeof(ChunkTiles<8>)};

@@ -1,0 +1,61 @@
+// The scalar functions of the recurrent layers (recurrent.cu, chunked_scan.cu): SiLU, softplus, and the per-token
+// gates of the gated delta net and of Mamba-2, so that every kernel computing a gate gives the same bits.
+#pragma once
+#include "common.cuh"
+
+__device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }  // v -> -inf: -0, never NaN
+__device__ __forceinline__ float softplus_f(float v) { return fmaxf(v, 0.0f) + log1pf(expf(-fabsf(v))); }
+
+// The gated delta net's decay g = -exp(a_log) * softplus(a + dt_bias) and write strength beta = sigmoid(b).
+__device__ __forceinline__ float gdn_decay(bf16_t a, float a_log, float dt_bias) {
+    return -expf(a_log) * softplus_f(__fadd_rn(bf16_to_float(a), dt_bias));
+}
+__device__ __forceinline__ float gdn_beta(bf16_t b) { return 1.0f / (1.0f + expf(-bf16_to_float(b))); }
+
+// Where a delta-rule kernel reads token t's gates of value head h: g and beta [T, Hv] fp32 as gdn_gates_bf16
+// wrote them, or (g == null) computed from the a and b projections [T, Hv] (row strides lda, ldb) and the
+// per-head a_log, dt_bias [Hv] fp32.
+struct GdnGates {
+    const float* __restrict__ g;
+    const float* __restrict__ beta;
+    const bf16_t* __restrict__ a;
+    long long lda;
+    const bf16_t* __restrict__ b;
+    long long ldb;
+    const float* __restrict__ a_log;
+    const float* __restrict__ dt_bias;
+
+    __device__ __forceinline__ float decay(long long t, int h, int heads) const {
+        return g ? g[t * heads + h] : gdn_decay(a[t * lda + h], a_log[h], dt_bias[h]);
+    }
+    __device__ __forceinline__ float strength(long long t, int h, int heads) const {
+        return beta ? beta[t * heads + h] : gdn_beta(b[t * ldb + h]);
+    }
+};
+
+// Mamba-2's step delta = clip(softplus(dt + dt_bias), dt_min, dt_max); the state decays by exp(delta A).
+__device__ __forceinline__ float mamba_step(float dt, float dt_bias, float dt_min, float dt_max) {
+    return fminf(fmaxf(softplus_f(__fadd_rn(dt, dt_bias)), dt_min), dt_max);
+}
+
+// Mamba-2's gates as a chunked scan reads them (chunked_scan.cu): the log decay delta A and the write strength
+// delta of token t, head h; dt [T, Hm] (row stride dt_s0), A / dt_bias [Hm] fp32.
+struct SsdGates {
+    const bf16_t* __restrict__ dt;
+    long long dt_s0;
+    const float* __restrict__ A;
+    const float* __restrict__ dt_bias;
+    float dt_min, dt_max;
+
+    __device__ __forceinline__ float step(long long t, int h) const {
+        return mamba_step(bf16_to_float(dt[t * dt_s0 + h]), dt_bias[h], dt_min, dt_max);
+    }
+    __device__ __forceinline__ float decay(long long t, int h, int) const { return step(t, h) * A[h]; }
+    __device__ __forceinline__ float strength(long long t, int h, int) const { return step(t, h); }
+};
+
+#define GDN_GATE_PARAMS                                                                                               \
+    const float *__restrict__ g, const float *__restrict__ beta, const bf16_t *__restrict__ gate_a, long long lda,   \
+        const bf16_t *__restrict__ gate_b, long long ldb, const float *__restrict__ a_log,                            \
+        const float *__restrict__ dt_bias
+#define GDN_GATES GdnGates{g, beta, gate_a, lda, gate_b, ldb, a_log, dt_bias}
