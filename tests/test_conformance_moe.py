@@ -1,4 +1,4 @@
-"""Backend conformance: the Mixture-of-Experts ops (moe_route, moe_experts, sigmoid_gate) and the
+"""Backend conformance: the Mixture-of-Experts ops (moe_route, moe_experts, sigmoid_gate, sigmoid_gate_add) and the
 `MoEFeedForward` layer built on them, against float64 oracles written from ``docs/ops.md``.
 
 Fixtures, tolerances and the seed handling (``ATLAS_CONFORMANCE_SEED``) are in
@@ -191,6 +191,19 @@ def test_sigmoid_gate(case: Case, gate_width: int) -> None:
     gate_dev, gate = case.upload(case.normal(6, gate_width, scale=3.0))
     with case.unchanged("sigmoid_gate", x=x_dev, gate=gate_dev):
         case.assert_close(case.backend.sigmoid_gate(x_dev, gate_dev), x * sigmoid(gate), "sigmoid_gate")
+
+
+@pytest.mark.parametrize("gate_width", [1, 10])
+def test_sigmoid_gate_add(case: Case, gate_width: int) -> None:
+    """``out += x * sigmoid(gate)`` in place, ``x`` a column slice (as a shared expert's output may be)."""
+    wide_dev, wide = case.upload(case.normal(6, 14))
+    gate_dev, gate = case.upload(case.normal(6, gate_width, scale=3.0))
+    out_dev, out = case.upload(case.normal(6, 10))
+    x_dev, x = wide_dev[:, 2:12], wide[:, 2:12]
+    with case.unchanged("sigmoid_gate_add", x=x_dev, gate=gate_dev):
+        got = case.backend.sigmoid_gate_add(out_dev, x_dev, gate_dev)
+    assert got is out_dev
+    case.assert_close(out_dev, out + x * sigmoid(gate), "sigmoid_gate_add")
 
 
 # ---- the layer -----------------------------------------------------------------------------------

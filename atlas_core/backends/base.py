@@ -302,6 +302,13 @@ class Backend(ABC):
 
         return on_host(self, sigmoid_gate_reference, x, gate)
 
+    def sigmoid_gate_add(self, out: Array, x: Array, gate: Array) -> Array:
+        """``out += x * sigmoid(gate)`` in place (a MoE block adding its gated shared expert to the routed
+        experts' sum), ``out`` a contiguous ``[T, N]`` array of ``x``'s dtype, ``gate`` as in `sigmoid_gate`;
+        returns ``out``. Default: `sigmoid_gate`, then the addition; a backend may fuse the two (one rounding)."""
+        out += self.sigmoid_gate(x, gate)
+        return out
+
     @abstractmethod
     def log_softmax(self, logits: Array) -> Array:
         """Row-wise log-softmax of ``[S, V]`` in float32."""

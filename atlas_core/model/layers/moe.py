@@ -283,13 +283,22 @@ class MoEFeedForward:
         if shared_expert_gate is not None and shared_expert is None:
             raise ValueError("MoEFeedForward: shared_expert_gate was given without a shared_expert")
         self.backend = backend
-        self.router_weight = router_weight
         self.experts = experts
         self.spec = spec
         self.correction_bias = correction_bias
         self.shared_expert = shared_expert
-        self.shared_expert_gate = shared_expert_gate
         self.all_reduce = all_reduce
+        self.router_and_gate: Array | None = None
+        """The router's rows and the shared expert gate's row as one weight, where both are plain arrays: one
+        product gives the router logits and the gate (`router_weight` and `shared_expert_gate` are its views)."""
+        plain = not any(isinstance(w, QuantizedWeight) for w in (router_weight, shared_expert_gate))
+        if shared_expert_gate is not None and plain:
+            rows = [backend.to_numpy(w).astype(np.float32) for w in (router_weight, shared_expert_gate)]
+            self.router_and_gate = backend.from_numpy(np.concatenate(rows), weight=True)
+            router_weight = self.router_and_gate[: spec.num_experts]
+            shared_expert_gate = self.router_and_gate[spec.num_experts :]
+        self.router_weight = router_weight
+        self.shared_expert_gate = shared_expert_gate
 
     def route(self, router_input: Array) -> tuple[Array, Array]:
         """``(weights[T, k] float32, ids[T, k] int32)`` for ``router_input[T, H]``."""
@@ -297,13 +306,23 @@ class MoEFeedForward:
         return self.backend.ops(MoEOps).moe_route(logits, self.spec, self.correction_bias)
 
     def __call__(self, x: Array, router_input: Array | None = None) -> Array:
-        weights, ids = self.route(x if router_input is None else router_input)
+        gate_logit = None
+        if self.router_and_gate is not None and router_input is None:
+            both = self.backend.linear(x, self.router_and_gate)
+            experts = self.spec.num_experts
+            weights, ids = self.backend.ops(MoEOps).moe_route(both[:, :experts], self.spec, self.correction_bias)
+            gate_logit = both[:, experts:]
+        else:
+            weights, ids = self.route(x if router_input is None else router_input)
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
             if self.shared_expert_gate is not None:
-                shared = self.backend.sigmoid_gate(shared, self.backend.linear(x, self.shared_expert_gate))
-            out += shared
+                if gate_logit is None:
+                    gate_logit = self.backend.linear(x, self.shared_expert_gate)
+                self.backend.sigmoid_gate_add(out, shared, gate_logit)
+            else:
+                out += shared
         return out if self.all_reduce is None else self.all_reduce(out)
 
 

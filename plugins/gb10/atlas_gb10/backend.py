@@ -316,6 +316,17 @@ class CudaBackend(Backend):
         return self.logits_ops.sample(logits, params)
 
     def sigmoid_gate(self, x: Array, gate: Array) -> Array:
+        return self._sigmoid_gate(self.cp.empty(x.shape, dtype=BF16), x, gate, accumulate=False)
+
+    def sigmoid_gate_add(self, out: Array, x: Array, gate: Array) -> Array:
+        if out.shape != x.shape or out.dtype != BF16 or not out.flags.c_contiguous:
+            raise ValueError(
+                f"cuda backend: sigmoid_gate_add adds into a contiguous bf16 array of x's shape {tuple(x.shape)}, "
+                f"got {out.dtype} {tuple(out.shape)}"
+            )
+        return self._sigmoid_gate(out, x, gate, accumulate=True)
+
+    def _sigmoid_gate(self, out: Array, x: Array, gate: Array, *, accumulate: bool) -> Array:
         self.require_bf16("sigmoid_gate", x, gate)
         x, gate = self.contiguous_rows(x), self.contiguous_rows(gate)
         rows, cols = x.shape
@@ -324,7 +335,6 @@ class CudaBackend(Backend):
                 f"cuda backend: sigmoid_gate takes a gate of shape ({rows}, 1) or {tuple(x.shape)}, "
                 f"got {tuple(gate.shape)}"
             )
-        out = self.cp.empty((rows, cols), dtype=BF16)
         total = rows * cols
         if total:
             blocks = min(math.ceil(total / 256), 8 * max(1, self.profile.sm_count))
@@ -340,6 +350,7 @@ class CudaBackend(Backend):
                     out,
                     np.int32(cols),
                     np.int64(rows),
+                    np.int32(accumulate),
                 ),
             )
         return out

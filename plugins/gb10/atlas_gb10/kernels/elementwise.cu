@@ -257,17 +257,19 @@ extern "C" __global__ void rms_norm_warp_vec_bf16(const bf16_t* __restrict__ x, 
 RMS_NORM_BLOCK_VEC_KERNEL(rms_norm_quad_vec_bf16, 128)
 RMS_NORM_BLOCK_VEC_KERNEL(rms_norm_block_vec_bf16, 256)
 
-// out[r, c] = x[r, c] * sigmoid(gate[r, gate_cols == 1 ? 0 : c]), fp32 math (Backend.sigmoid_gate).
+// out[r, c] = x[r, c] * sigmoid(gate[r, gate_cols == 1 ? 0 : c]) (Backend.sigmoid_gate), or with `accumulate`
+// out[r, c] += that (Backend.sigmoid_gate_add: one rounding); fp32 math, out contiguous [rows, cols].
 extern "C" __global__ void sigmoid_gate_bf16(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ gate,
-                                             long long ldg, int gate_cols, bf16_t* __restrict__ out, int cols,
-                                             long long rows) {
+                                             long long ldg, int gate_cols, bf16_t* out, int cols, long long rows,
+                                             int accumulate) {
     await_inputs();
     const long long total = rows * cols;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
         const long long r = i / cols;
         const int c = (int)(i - r * cols);
         const float g = bf16_to_float(gate[r * ldg + (gate_cols == 1 ? 0 : c)]);
-        out[i] = float_to_bf16(bf16_to_float(x[r * ldx + c]) / (1.0f + expf(-g)));
+        const float y = bf16_to_float(x[r * ldx + c]) / (1.0f + expf(-g));
+        out[i] = float_to_bf16(accumulate ? __fadd_rn(bf16_to_float(out[i]), y) : y);
     }
 }
 
