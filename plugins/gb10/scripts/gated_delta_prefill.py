@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-from collections.abc import Callable
 
 import cupy as cp
 import numpy as np
 from atlas_gb10.backend import CudaBackend
+from timing import eager_ms
 
 from atlas_core.backends.ops.gated_delta import GatedDeltaOps
 
@@ -31,18 +31,6 @@ def chunked_flops(tokens: int) -> float:
         2 * CHUNK * CHUNK * d + 2 * CHUNK * CHUNK * d + 2 * CHUNK * d * d + CHUNK * CHUNK * d + CHUNK * d * d
     )
     return per_chunk * (tokens / CHUNK) * VALUE_HEADS
-
-
-def time_ms(fn: Callable[[], object], repeats: int = 5) -> float:
-    for _ in range(2):
-        fn()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(repeats):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) / repeats
 
 
 def main() -> None:
@@ -70,9 +58,8 @@ def main() -> None:
             slots = cp.arange(sequences, dtype=np.int32)
             for form in ("recurrent", "chunked"):
                 backend.batch_invariant = form == "recurrent"
-                ms = time_ms(
-                    functools.partial(ops.gated_delta_rule, *inputs, state, starts, slots, scale=HEAD_DIM**-0.5)
-                )
+                call = functools.partial(ops.gated_delta_rule, *inputs, state, starts, slots, scale=HEAD_DIM**-0.5)
+                ms = eager_ms(call, repeats=5, warmup=2)
                 line = f"{tokens:6d} tokens, {sequences} sequences, {form:9}: {ms:8.3f} ms"
                 if form == "chunked":
                     tflops = chunked_flops(tokens) / (ms / 1e3) / 1e12

@@ -13,20 +13,10 @@ import sys
 import time
 
 import numpy as np
+from timing import eager_ms
 
 from atlas_core import SamplingParams
 from atlas_core.bench.random_weights import PRESETS, random_weights_llm
-
-
-def gpu_ms(cp, call, repeats: int = 50) -> float:
-    call()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(repeats):
-        call()
-    end.record()
-    end.synchronize()
-    return cp.cuda.get_elapsed_time(start, end) / repeats
 
 
 def profile(name: str) -> None:
@@ -48,7 +38,7 @@ def profile(name: str) -> None:
     print("\n".join(line[:160] for line in report.getvalue().splitlines()[6:30]))
     graphs = llm.engine.runner.decode_graphs
     graph = next(entry[0] for (size, _), entry in graphs.graphs.items() if size == 1)
-    replay_ms = gpu_ms(cp, lambda: graph.launch())
+    replay_ms = eager_ms(lambda: graph.launch())
     print(
         f"\n{name}: engine decode step {step_ms:.3f} ms, graph replay (GPU) {replay_ms:.3f} ms, "
         f"host share {step_ms - replay_ms:.3f} ms"
@@ -70,7 +60,7 @@ def profile(name: str) -> None:
         for tile in ((1, 1), (1, 2), (1, 4)):
             x = cp.asarray(rng.standard_normal((1, k), dtype=np.float32)).astype(backend.activation_dtype)
             backend.gemm_tile = lambda m, n, k, kind="bf16", tile=tile: tile
-            ms = gpu_ms(cp, lambda x=x, w=w: backend.linear(x, w), repeats=200)
+            ms = eager_ms(lambda x=x, w=w: backend.linear(x, w), repeats=200)
             del backend.gemm_tile
             print(
                 f"  linear {label:8} M=1 N={n} K={k} forced tile {tile}: "
@@ -79,7 +69,7 @@ def profile(name: str) -> None:
         for m in (1, 8, 64, 256):
             x = cp.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(backend.activation_dtype)
             out = cp.empty((m, n), dtype=backend.activation_dtype)
-            ms = gpu_ms(cp, lambda x=x, w=w, out=out: backend.linear(x, w, out=out))
+            ms = eager_ms(lambda x=x, w=w, out=out: backend.linear(x, w, out=out))
             tile = backend.gemm_tile(m, n, k)
             print(
                 f"  linear {label:8} M={m:<4} N={n:<7} K={k:<6} tile {tile}: {1e3 * ms:8.1f} us, "
@@ -87,9 +77,9 @@ def profile(name: str) -> None:
             )
     x = cp.asarray(rng.standard_normal((1, hidden), dtype=np.float32)).astype(backend.activation_dtype)
     wn = cp.ones((hidden,), dtype=backend.activation_dtype)
-    print(f"  rms_norm [1, {hidden}] + residual: {1e3 * gpu_ms(cp, lambda: backend.rms_norm(x, wn, 1e-6, x)):.1f} us")
+    print(f"  rms_norm [1, {hidden}] + residual: {1e3 * eager_ms(lambda: backend.rms_norm(x, wn, 1e-6, x)):.1f} us")
     gu = cp.asarray(rng.standard_normal((1, 2 * inter), dtype=np.float32)).astype(backend.activation_dtype)
-    print(f"  silu_mul [1, {2 * inter}]: {1e3 * gpu_ms(cp, lambda: backend.silu_mul(gu)):.1f} us")
+    print(f"  silu_mul [1, {2 * inter}]: {1e3 * eager_ms(lambda: backend.silu_mul(gu)):.1f} us")
     kv = llm.engine.kv
     from atlas_core.backends.base import AttentionMetadata
 
@@ -105,7 +95,7 @@ def profile(name: str) -> None:
         runner = backend.attention_runner
         for policy in ("never", "always"):
             runner.split_policy = policy
-            ms = gpu_ms(cp, lambda q=q, meta=meta: backend.attention(q, kv.keys[0], kv.values[0], meta, 0.1))
+            ms = eager_ms(lambda q=q, meta=meta: backend.attention(q, kv.keys[0], kv.values[0], meta, 0.1))
             print(f"  attention decode, context {context}, split {policy}: {1e3 * ms:.1f} us")
         runner.split_policy = "auto"
 

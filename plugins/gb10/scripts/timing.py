@@ -65,6 +65,20 @@ def replay_us(graph: object, iterations: int = 200) -> float:
     return cp.cuda.get_elapsed_time(start, stop) * 1e3 / iterations
 
 
+def eager_ms(call: Callable[[], object], repeats: int = 50, warmup: int = 1) -> float:
+    """Milliseconds of GPU time per call of ``call`` launched eagerly ``repeats`` times back to back (after
+    ``warmup`` calls), between two CUDA events: host launch costs count where the GPU waits for them."""
+    for _ in range(warmup):
+        call()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(repeats):
+        call()
+    stop.record()
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) / repeats
+
+
 def report(what: str, us: float, nbytes: int, peak: float) -> None:
     """One line: ``what``, the time, and the bandwidth ``nbytes`` read in that time reaches, also as a
     percentage of ``peak`` (bytes per second)."""

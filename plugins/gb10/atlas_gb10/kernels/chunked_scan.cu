@@ -146,11 +146,25 @@ __device__ __forceinline__ void delta_rule_update(ChunkTiles<KT>& sh, float (&u)
         for (int e = 0; e < 4; ++e) u[nt][e] -= ws[nt][e];
 }
 
-// The offset of state entry (i, j) (key dim i, value dim j) in a state row of Dk x Dv: [Dk, Dv] for the delta rule,
-// [Dv, Dk] (Mamba-2's [P, N]) when TRANSPOSED.
-template <bool TRANSPOSED>
-__device__ __forceinline__ long long state_at(int i, int j, int dk, int dv) {
-    return TRANSPOSED ? (long long)j * dk + i : (long long)i * dv + j;
+// A lane's entries of the state slice [Dk, 32] at value dim col0 (key-dim tiles warp and warp + 4, 4 n-tiles of 8
+// value dims, as mma accumulators), loaded from (LOAD; zeros outside Dk x Dv and for no row) or stored to a state
+// row of [Dk, Dv] (the delta rule), or of [Dv, Dk] when TRANSPOSED (Mamba-2's [P, N]).
+template <bool LOAD, bool TRANSPOSED, int KT>
+__device__ __forceinline__ void state_slice(float (&S)[2][4][4], float* rows, int col0, int dv, int warp, int lane) {
+    constexpr int DK = 16 * KT;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = (warp + 4 * mi) * 16 + (lane >> 2) + 8 * (e >> 1);
+                const int j = col0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+                const bool inside = warp + 4 * mi < KT && j < dv;
+                const long long at = TRANSPOSED ? (long long)j * DK + i : (long long)i * dv + j;
+                if (LOAD) S[mi][nt][e] = rows && inside ? rows[at] : 0.0f;
+                else if (inside) rows[at] = S[mi][nt][e];
+            }
 }
 
 // DELTA: the gated delta rule; otherwise Mamba-2's scan (see the header), with `skip` its D [Hv].
@@ -175,15 +189,7 @@ __device__ __forceinline__ void chunked_scan(
 
     // the state slice: key-dim tiles warp and warp + 4, 4 n-tiles of 8 value dims
     float S[2][4][4];
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = (warp + 4 * mi) * 16 + (lane >> 2) + 8 * (e >> 1), j = col0 + nt * 8 + 2 * qd + (e & 1);
-                S[mi][nt][e] = (rows && warp + 4 * mi < KT && j < dv) ? rows[state_at<!DELTA>(i, j, DK, dv)] : 0.0f;
-            }
+    state_slice<true, !DELTA, KT>(S, rows, col0, dv, warp, lane);
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
         if (warp + 4 * mi < KT) store_pairs(sh.s + (warp + 4 * mi) * 16 * GDC_VSTR, S[mi], lane >> 2, qd, 1.0f, 1.0f);
@@ -353,17 +359,7 @@ __device__ __forceinline__ void chunked_scan(
         }
         __syncthreads();  // the next chunk's inputs overwrite k, q and v
     }
-    if (rows) {
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int i = (warp + 4 * mi) * 16 + (lane >> 2) + 8 * (e >> 1), j = col0 + nt * 8 + 2 * qd + (e & 1);
-                    if (warp + 4 * mi < KT && j < dv) rows[state_at<!DELTA>(i, j, DK, dv)] = S[mi][nt][e];
-                }
-    }
+    if (rows) state_slice<false, !DELTA, KT>(S, rows, col0, dv, warp, lane);
 }
 
 // Grid (ceil(Dv / 32), Hv, B), GDC_THREADS threads, sizeof(ChunkTiles<KT>) bytes of dynamic shared memory.
@@ -386,12 +382,7 @@ GATED_DELTA_CHUNKED(8)
 // A / D / dt_bias [Hm] fp32, state [S, Hm, P, N] fp32, out [T, Hm, P]; N = 16 KT. Grid (ceil(P / 32), Hm, B).
 #define MAMBA2_CHUNKED(KT)                                                                                            \
     extern "C" __global__ void __launch_bounds__(GDC_THREADS) mamba2_chunked_k##KT##_bf16(                            \
-        const bf16_t* __restrict__ x, long long x_s0, long long x_s1, const bf16_t* __restrict__ dt, long long dt_s0, \
-        const float* __restrict__ A, const float* __restrict__ D, const float* __restrict__ dt_bias,                 \
-        const bf16_t* __restrict__ B, long long b_s0, long long b_s1, const bf16_t* __restrict__ C, long long c_s0,   \
-        long long c_s1, float* __restrict__ state, const int* __restrict__ starts, const int* __restrict__ slots,    \
-        bf16_t* __restrict__ out, int heads, int groups, int head_dim, int state_size, float dt_min, float dt_max,    \
-        int chunk_from) {                                                                                             \
+        MAMBA2_SCAN_PARAMS) {                                                                                         \
         await_inputs();                                                                                               \
         chunked_scan<KT, false>(C, c_s0, c_s1, B, b_s0, b_s1, x, x_s0, x_s1, SsdGates{dt, dt_s0, A, dt_bias, dt_min,  \
                                 dt_max}, D, state, starts, slots, out, groups, heads, head_dim, 1.0f, 0, chunk_from); \

@@ -314,12 +314,7 @@ __device__ __forceinline__ void ssm_scan(const bf16_t* __restrict__ x, long long
 
 #define SSM_SCAN_KERNEL(NPL)                                                                                       \
     extern "C" __global__ void __launch_bounds__(SSM_WARPS * 32) mamba2_scan_n##NPL##_bf16(                         \
-        const bf16_t* __restrict__ x, long long x_s0, long long x_s1, const bf16_t* __restrict__ dt, long long dt_s0, \
-        const float* __restrict__ A, const float* __restrict__ D, const float* __restrict__ dt_bias,                 \
-        const bf16_t* __restrict__ B, long long b_s0, long long b_s1, const bf16_t* __restrict__ C, long long c_s0,   \
-        long long c_s1, float* __restrict__ state, const int* __restrict__ starts, const int* __restrict__ slots,    \
-        bf16_t* __restrict__ out, int heads, int groups, int head_dim, int state_size, float dt_min, float dt_max,      \
-        int chunk_from) {                                                                                              \
+        MAMBA2_SCAN_PARAMS) {                                                                                          \
         await_inputs();                                                                                                \
         ssm_scan<NPL>(x, x_s0, x_s1, dt, dt_s0, A, D, dt_bias, B, b_s0, b_s1, C, c_s0, c_s1, state, starts, slots,   \
                       out, heads, groups, head_dim, state_size, dt_min, dt_max, chunk_from);                         \

@@ -59,3 +59,13 @@ struct SsdGates {
         const bf16_t *__restrict__ gate_b, long long ldb, const float *__restrict__ a_log,                            \
         const float *__restrict__ dt_bias
 #define GDN_GATES GdnGates{g, beta, gate_a, lda, gate_b, ldb, a_log, dt_bias}
+
+// The parameters of the Mamba-2 scan kernels, recurrent (recurrent.cu) and chunked (chunked_scan.cu) alike, so that
+// the host passes one argument list to both: see recurrent.cu's ssm_scan.
+#define MAMBA2_SCAN_PARAMS                                                                                            \
+    const bf16_t *__restrict__ x, long long x_s0, long long x_s1, const bf16_t *__restrict__ dt, long long dt_s0,    \
+        const float *__restrict__ A, const float *__restrict__ D, const float *__restrict__ dt_bias,                  \
+        const bf16_t *__restrict__ B, long long b_s0, long long b_s1, const bf16_t *__restrict__ C, long long c_s0,    \
+        long long c_s1, float *__restrict__ state, const int *__restrict__ starts, const int *__restrict__ slots,     \
+        bf16_t *__restrict__ out, int heads, int groups, int head_dim, int state_size, float dt_min, float dt_max,     \
+        int chunk_from
