@@ -11,7 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlas_core.backends.ops.gated_delta import GatedDeltaOps, gated_delta_chunked, gated_delta_recurrent
+from atlas_core.backends.ops.gated_delta import (
+    GatedDeltaOps,
+    OutputNorm,
+    gated_delta_chunked,
+    gated_delta_recurrent,
+)
 from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
 
 
@@ -111,10 +116,12 @@ def test_gated_delta_rule(case: Case, lengths: list[int]) -> None:
     case.assert_close(state_dev, want_state, "gated_delta_rule state (in place)", dtype=np.float32)
 
 
+@pytest.mark.parametrize("normed", [False, True], ids=["plain", "normed"])
 @pytest.mark.parametrize("lengths", [[1, 1, 1], [70, 2]], ids=["decode", "prefill"])
-def test_gated_delta_rule_with_gates(case: Case, lengths: list[int]) -> None:
+def test_gated_delta_rule_with_gates(case: Case, lengths: list[int], normed: bool) -> None:
     """The fused op: the rule with the gates of `gdn_gates` over ``a`` and ``b``, passed as column slices of one
-    projection (as the layer passes them); 16-wide key heads, which the cuda backend's chunked kernels take."""
+    projection (as the layer passes them), and with ``normed`` its output through `rms_norm_silu_gate`; 16-wide
+    key heads, which the cuda backend's chunked kernels take."""
     dev, *_, state, slots, starts = delta_inputs(case, lengths, dk=16, dv=8)
     tokens, heads = sum(lengths), 4
     projection_dev, projection = case.upload(case.normal(tokens, 2 * heads + 3, scale=2.0))
@@ -124,12 +131,28 @@ def test_gated_delta_rule_with_gates(case: Case, lengths: list[int]) -> None:
     starts_dev, slots_dev = case.backend.from_numpy(starts), case.backend.from_numpy(np.asarray(slots, dtype=np.int32))
     (q_dev, q), (k_dev, k), (v_dev, v) = dev["q"], dev["k"], dev["v"]
     a_dev, b_dev = projection_dev[:, 1 : 1 + heads], projection_dev[:, 1 + heads : 1 + 2 * heads]
-    with case.unchanged("gated_delta_rule_with_gates", q=q_dev, k=k_dev, v=v_dev, a=a_dev, b=b_dev):
+    z_dev, z = case.upload(case.normal(tokens, heads, 8, scale=2.0))
+    w_dev, w = case.upload(1.0 + case.normal(8, scale=0.2), weight=True)
+    norm = OutputNorm(z_dev, w_dev, 1e-6) if normed else None
+    with case.unchanged("gated_delta_rule_with_gates", q=q_dev, k=k_dev, v=v_dev, a=a_dev, b=b_dev, z=z_dev):
         out = case.backend.ops(GatedDeltaOps).gated_delta_rule_with_gates(
-            q_dev, k_dev, v_dev, a_dev, b_dev, a_log_dev, dt_dev, state_dev, starts_dev, slots_dev, scale=0.25
+            q_dev,
+            k_dev,
+            v_dev,
+            a_dev,
+            b_dev,
+            a_log_dev,
+            dt_dev,
+            state_dev,
+            starts_dev,
+            slots_dev,
+            scale=0.25,
+            norm=norm,
         )
     g, beta = oracle_gdn_gates(projection[:, 1 : 1 + heads], projection[:, 1 + heads : 1 + 2 * heads], a_log, dt)
     want_out, want_state = oracle_delta_rule(q, k, v, g, beta, state.astype(np.float64), starts.tolist(), slots, 0.25)
+    if normed:
+        want_out = oracle_rms_norm_silu_gate(want_out, z, w, 1e-6)
     case.assert_close(out, want_out, "gated_delta_rule_with_gates output")
     case.assert_close(state_dev, want_state, "gated_delta_rule_with_gates state (in place)", dtype=np.float32)
 

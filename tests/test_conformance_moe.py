@@ -207,12 +207,15 @@ def test_sigmoid_gate_add(case: Case, gate_width: int) -> None:
 
 
 # ---- the layer -----------------------------------------------------------------------------------
-def test_moe_feed_forward_with_gated_shared_expert_and_separate_router_input(case: Case) -> None:
-    """``experts(x; route(router_input)) + sigmoid(x @ g.T) * shared(x)``: the Qwen3-Next block shape,
-    routed on a separate input as Gemma-4 does."""
+@pytest.mark.parametrize("separate_input", [True, False], ids=["router_input", "x"])
+@pytest.mark.parametrize("joined", [False, True], ids=["gate_apart", "gate_in_router"])
+def test_moe_feed_forward_with_gated_shared_expert(case: Case, joined: bool, separate_input: bool) -> None:
+    """``experts(x; route(router_input)) + sigmoid(x @ g.T) * shared(x)``: the Qwen3-Next block shape, routed on
+    x or on a separate input as Gemma-4 does, with the gate's row apart or after the router's rows (as `load_moe`
+    joins them: `MoEFeedForward.gate_in_router`)."""
     tokens, hidden, inter, spec = 9, 16, 8, RouterSpec(8, 2, normalize_top_k=True)
-    x_dev, x = case.upload(case.normal(tokens, hidden))
-    router_weight_dev, router_weight = case.upload(case.normal(8, hidden, scale=hidden**-0.5), weight=True)
+    router_dev, router_weight = case.upload(case.normal(8, hidden, scale=hidden**-0.5), weight=True)
+    gate_dev, gate = case.upload(case.normal(1, hidden, scale=hidden**-0.5), weight=True)
     for _ in range(1000):  # a router input whose expert choice is clear of ties
         router_input_dev, router_input = case.upload(case.normal(tokens, hidden, scale=3.0))
         weights, ids, margin = oracle_route(router_input @ router_weight.T, spec, None)
@@ -220,25 +223,30 @@ def test_moe_feed_forward_with_gated_shared_expert_and_separate_router_input(cas
             break
     else:
         raise AssertionError(f"could not draw a router input clear of ties {case.tag}")
+    x_dev, x = case.upload(case.normal(tokens, hidden)) if separate_input else (router_input_dev, router_input)
     w_in_dev, w_in = case.upload(case.normal(8, 2 * inter, hidden, scale=hidden**-0.5), weight=True)
     w_out_dev, w_out = case.upload(case.normal(8, hidden, inter, scale=inter**-0.5), weight=True)
-    gate_dev, gate = case.upload(case.normal(1, hidden, scale=hidden**-0.5), weight=True)
     shared_scale = 0.5
     scaling_dev, _ = case.upload(np.eye(hidden, dtype=np.float32) * shared_scale, weight=True)
+    if joined:  # the rows as uploaded already (bf16 on the cuda backend), so the second upload rounds nothing
+        router_dev, _ = case.upload(np.concatenate([router_weight, gate]).astype(np.float32), weight=True)
+        gate_dev = None
 
     def shared_expert(v: Array) -> Array:  # a stand-in shared expert that stays in the backend's dtype
         return case.backend.linear(v, scaling_dev)
 
     moe = MoEFeedForward(
         case.backend,
-        router_weight_dev,
+        router_dev,
         RoutedExperts(case.backend, w_in_dev, w_out_dev, "silu"),
         spec,
         shared_expert=shared_expert,
         shared_expert_gate=gate_dev,
     )
+    assert moe.gate_in_router == joined
     want = oracle_experts(x, w_in, w_out, weights, ids, "silu") + sigmoid(x @ gate.T) * x * shared_scale
-    case.assert_close(moe(x_dev, router_input=router_input_dev), want, "MoEFeedForward")
+    got = moe(x_dev, router_input=router_input_dev if separate_input else None)
+    case.assert_close(got, want, "MoEFeedForward")
 
 
 def test_router_spec_rejects_impossible_settings() -> None:

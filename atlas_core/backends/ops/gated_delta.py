@@ -7,7 +7,7 @@ with Mamba-2 (`atlas_core.backends.ops.mamba2`, ``causal_conv1d``) and three ops
     ``b`` projections;
   * `GatedDeltaOps.gated_delta_rule`: the gated delta rule over a varlen batch, reading and updating
     each sequence's ``[Hv, Dk, Dv]`` state in place (`GatedDeltaOps.gated_delta_rule_with_gates`: the two
-    ops above as one, which the layer calls);
+    ops above as one, with the norm below optionally (`OutputNorm`), which the layer calls);
   * `GatedDeltaOps.rms_norm_silu_gate`: RMSNorm of the rule's output, then times ``silu(z)`` (the
     gate comes after the norm; Mamba-2's ``gated_rms_norm`` gates before it).
 
@@ -23,6 +23,7 @@ chunked one (the WY / UT-transform form of DeltaNet over chunks of 64 tokens, us
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,6 +37,16 @@ CHUNK_SIZE = 64
 """Tokens per chunk of the chunked form (as flash-linear-attention and transformers use)."""
 L2NORM_EPS = 1e-6
 """Epsilon of the q/k L2 normalisation: ``x * rsqrt(sum(x**2) + eps)``."""
+
+
+@dataclass(frozen=True)
+class OutputNorm:
+    """The gated RMSNorm of a GDN layer's rule output (`GatedDeltaOps.rms_norm_silu_gate`): ``gate`` (z)
+    ``[T, Hv, Dv]`` activations (a view of the projection), ``weight [Dv]``, ``eps``."""
+
+    gate: Array
+    weight: Array
+    eps: float
 
 
 # ---- NumPy references ----------------------------------------------------------------------------
@@ -242,14 +253,17 @@ class GatedDeltaOps(OpGroup):
         *,
         scale: float,
         l2norm_qk: bool = True,
+        norm: OutputNorm | None = None,
     ) -> Array:
         """`gated_delta_rule` with its ``g`` and ``beta`` from `gdn_gates` over ``a``, ``b``, ``a_log`` and
-        ``dt_bias``: one op, so that a backend can compute the gates inside the rule's kernel. The same results
-        as the two ops in turn (this default runs them)."""
+        ``dt_bias``, and with ``norm`` its output through `rms_norm_silu_gate`: one op, so that a backend can
+        compute the gates and the norm inside the rule's kernel. The same results as the ops in turn (this
+        default runs them)."""
         g, beta = self.gdn_gates(a, b, a_log, dt_bias)
-        return self.gated_delta_rule(
+        core = self.gated_delta_rule(
             q, k, v, g, beta, state, query_start_loc, state_slots, scale=scale, l2norm_qk=l2norm_qk
         )
+        return core if norm is None else self.rms_norm_silu_gate(core, norm.gate, norm.weight, norm.eps)
 
     def rms_norm_silu_gate(self, x: Array, gate: Array, weight: Array, eps: float) -> Array:
         """``x / sqrt(mean(x**2) + eps) * weight * silu(gate)`` over the last axis -> a new array of ``x``'s

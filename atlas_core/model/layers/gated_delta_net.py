@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from atlas_core.backends.base import Array, Backend
-from atlas_core.backends.ops.gated_delta import GatedDeltaOps
+from atlas_core.backends.ops.gated_delta import GatedDeltaOps, OutputNorm
 from atlas_core.backends.ops.mamba2 import Mamba2Ops
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache
@@ -122,7 +122,8 @@ class GatedDeltaNet:
         v = mixed[:, 2 * shape.key_dim :].reshape(tokens, shape.num_value_heads, shape.value_head_dim)
         b = projected[:, z_end : z_end + shape.num_value_heads]
         a = projected[:, z_end + shape.num_value_heads :]
-        core = gdn.gated_delta_rule_with_gates(
+        z = projected[:, conv_end:z_end].reshape(tokens, shape.num_value_heads, shape.value_head_dim)
+        normed = gdn.gated_delta_rule_with_gates(
             q,
             k,
             v,
@@ -134,7 +135,6 @@ class GatedDeltaNet:
             starts,
             batch.state_slots,
             scale=shape.key_head_dim**-0.5,
+            norm=OutputNorm(z, w.norm, shape.norm_eps),
         )
-        z = projected[:, conv_end:z_end].reshape(tokens, shape.num_value_heads, shape.value_head_dim)
-        normed = gdn.rms_norm_silu_gate(core, z, w.norm, shape.norm_eps)
         return backend.linear(normed.reshape(tokens, shape.value_dim), w.out_proj)

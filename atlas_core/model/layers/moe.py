@@ -270,10 +270,12 @@ class MoEFeedForward:
         shared_expert_gate: Array | None = None,
         all_reduce: Callable[[Array], Array] | None = None,
     ) -> None:
-        if tuple(router_weight.shape)[:1] != (spec.num_experts,) or experts.num_experts != spec.num_experts:
+        rows = spec.num_experts + (shared_expert is not None and shared_expert_gate is None)
+        if tuple(router_weight.shape)[0] not in {spec.num_experts, rows} or experts.num_experts != spec.num_experts:
             raise ValueError(
                 f"MoEFeedForward: router weight {tuple(router_weight.shape)} and {experts.num_experts} experts "
-                f"must both match RouterSpec.num_experts ({spec.num_experts})"
+                f"must both match RouterSpec.num_experts ({spec.num_experts}; the router may hold the shared "
+                "expert gate's row after the experts' rows)"
             )
         if correction_bias is not None and tuple(correction_bias.shape) != (spec.num_experts,):
             raise ValueError(
@@ -283,43 +285,42 @@ class MoEFeedForward:
         if shared_expert_gate is not None and shared_expert is None:
             raise ValueError("MoEFeedForward: shared_expert_gate was given without a shared_expert")
         self.backend = backend
+        self.router_weight = router_weight
         self.experts = experts
         self.spec = spec
         self.correction_bias = correction_bias
         self.shared_expert = shared_expert
-        self.all_reduce = all_reduce
-        self.router_and_gate: Array | None = None
-        """The router's rows and the shared expert gate's row as one weight, where both are plain arrays: one
-        product gives the router logits and the gate (`router_weight` and `shared_expert_gate` are its views)."""
-        plain = not any(isinstance(w, QuantizedWeight) for w in (router_weight, shared_expert_gate))
-        if shared_expert_gate is not None and plain:
-            rows = [backend.to_numpy(w).astype(np.float32) for w in (router_weight, shared_expert_gate)]
-            self.router_and_gate = backend.from_numpy(np.concatenate(rows), weight=True)
-            router_weight = self.router_and_gate[: spec.num_experts]
-            shared_expert_gate = self.router_and_gate[spec.num_experts :]
-        self.router_weight = router_weight
         self.shared_expert_gate = shared_expert_gate
+        self.all_reduce = all_reduce
+
+    @property
+    def gate_in_router(self) -> bool:
+        """Whether ``router_weight`` holds the shared expert gate's row after the experts' rows (`load_moe` joins
+        them where both are plain arrays: one product gives the router logits and the gate)."""
+        return self.shared_expert_gate is None and self.router_weight.shape[0] == self.spec.num_experts + 1
 
     def route(self, router_input: Array) -> tuple[Array, Array]:
         """``(weights[T, k] float32, ids[T, k] int32)`` for ``router_input[T, H]``."""
+        return self._route(router_input)[:2]
+
+    def _route(self, router_input: Array) -> tuple[Array, Array, Array | None]:
+        """`route`'s result and, with `gate_in_router`, the shared expert gate's logit ``[T, 1]``."""
         logits = self.backend.linear(router_input, self.router_weight)
-        return self.backend.ops(MoEOps).moe_route(logits, self.spec, self.correction_bias)
+        experts = self.spec.num_experts
+        weights, ids = self.backend.ops(MoEOps).moe_route(logits[:, :experts], self.spec, self.correction_bias)
+        return weights, ids, logits[:, experts:] if self.gate_in_router else None
 
     def __call__(self, x: Array, router_input: Array | None = None) -> Array:
-        gate_logit = None
-        if self.router_and_gate is not None and router_input is None:
-            both = self.backend.linear(x, self.router_and_gate)
-            experts = self.spec.num_experts
-            weights, ids = self.backend.ops(MoEOps).moe_route(both[:, :experts], self.spec, self.correction_bias)
-            gate_logit = both[:, experts:]
-        else:
-            weights, ids = self.route(x if router_input is None else router_input)
+        weights, ids, gate_logit = self._route(x if router_input is None else router_input)
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
-            if self.shared_expert_gate is not None:
-                if gate_logit is None:
-                    gate_logit = self.backend.linear(x, self.shared_expert_gate)
+            if self.shared_expert_gate is not None or (gate_logit is not None and router_input is not None):
+                gate = self.shared_expert_gate  # the gate reads x, whatever the router reads
+                gate_logit = self.backend.linear(
+                    x, self.router_weight[self.spec.num_experts :] if gate is None else gate
+                )
+            if gate_logit is not None:
                 self.backend.sigmoid_gate_add(out, shared, gate_logit)
             else:
                 out += shared
@@ -363,15 +364,20 @@ def load_moe(
         raise ModelLoadError(f"{loader.origin}: {prefix}{experts.rstrip('.')}: {exc}") from exc
     if split:
         routed = ExpertShard(routed, held, spec.num_experts)
+    router_rows = [loader.linear_weight(prefix + router)]
+    gate_rows = None if shared_expert_gate is None else loader.linear_weight(prefix + shared_expert_gate)
+    if gate_rows is not None and all(isinstance(w, np.ndarray) for w in (router_rows[0], gate_rows)):
+        router_rows.append(gate_rows)  # one product gives the logits and the gate (MoEFeedForward.gate_in_router)
+        gate_rows = None
     return loader.layer_type("moe")(
         loader.backend,
-        loader.upload(prefix + router),
+        loader.upload_arrays(*router_rows),
         routed,
         spec,
         correction_bias=None
         if correction_bias is None
         else loader.upload_float32(loader.tensor(prefix + correction_bias)),
         shared_expert=shared_expert,
-        shared_expert_gate=None if shared_expert_gate is None else loader.upload(prefix + shared_expert_gate),
+        shared_expert_gate=None if gate_rows is None else loader.upload_arrays(gate_rows),
         all_reduce=loader.parallel.comm.all_reduce if split and loader.parallel is not None else None,
     )

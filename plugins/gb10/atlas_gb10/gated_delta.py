@@ -11,8 +11,12 @@ written once:
   call outside the batch-invariant mode: 64 tokens at a time on the tensor cores (the kernel's header states
   the algebra), the prefill path.
 
-``rms_norm_silu_gate`` is a warp per (token, head). Nothing reads device data on the host except the slot check
-(`atlas_gb10.recurrent.check_state_slots`, skipped under graph capture), so decode steps capture.
+``rms_norm_silu_gate`` is a warp per (token, head); where the layer passes its norm to
+``gated_delta_rule_with_gates`` and no sequence is chunked, the recurrent kernel applies it itself
+(``gated_delta_rule_normed_c*``: the blocks of a head in a thread-block cluster share their outputs through
+distributed shared memory), with the same bits, one launch fewer per layer. Nothing reads device data on the
+host except the slot check (`atlas_gb10.recurrent.check_state_slots`, skipped under graph capture), so decode
+steps capture.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ import math
 import numpy as np
 
 from atlas_core.backends.base import Array
-from atlas_core.backends.ops.gated_delta import GatedDeltaOps
+from atlas_core.backends.ops.gated_delta import GatedDeltaOps, OutputNorm
 from atlas_gb10.arrays import element_strides
 from atlas_gb10.backend import CudaBackend
+from atlas_gb10.launch import Kernel, supports_clusters
 from atlas_gb10.recurrent import (
     CHUNK_TOKENS,
     CHUNKED_THREADS,
@@ -43,11 +48,23 @@ ROWS_PER_THREAD = 16
 """``GDN_ROWS`` of ``recurrent.cu``: key dims of the state each thread holds; a block has ceil(Dk / 16) warps."""
 MAX_KEY_DIM = 128
 """The widest key head the kernel takes (``GDN_MAX_WARPS`` warps of 16 rows); wider ones use the host fallback."""
+NORMED_CLUSTERS = (1, 2, 4)
+"""Blocks per head of the ``gated_delta_rule_normed_c*`` kernels (value heads up to 32, 64 and 128 wide)."""
 NULL = np.uint64(0)
 NO_GATES = (NULL, NULL)
 """``g`` and ``beta`` of a launch that computes the gates from the projections."""
 NO_PROJECTIONS = (NULL, np.int64(0), NULL, np.int64(0), NULL, NULL)
 """``a``, ``lda``, ``b``, ``ldb``, ``a_log``, ``dt_bias`` of a launch that reads ``g`` and ``beta``."""
+
+
+def normed_kernel(backend: CudaBackend, value_dim: int) -> Kernel | None:
+    """The recurrent kernel that norms its own output for ``value_dim``-wide value heads: its ceil(Dv / 32)
+    blocks of a head in one thread-block cluster (sm_90 and later; one block needs none), or None (Dv > 128, or
+    more than one block before sm_90)."""
+    blocks = math.ceil(value_dim / 32)
+    if blocks not in NORMED_CLUSTERS or (blocks > 1 and not supports_clusters(backend.profile.arch)):
+        return None
+    return kernel(backend, f"gated_delta_rule_normed_c{blocks}_bf16")
 
 
 class CudaGatedDeltaOps(GatedDeltaOps):
@@ -117,12 +134,26 @@ class CudaGatedDeltaOps(GatedDeltaOps):
         *,
         scale: float,
         l2norm_qk: bool = True,
+        norm: OutputNorm | None = None,
     ) -> Array:
-        """The gates computed by the rule's kernels as they read each token (the bits of `gdn_gates`)."""
+        """The gates computed by the rule's kernels as they read each token (the bits of `gdn_gates`), and the
+        norm by the recurrent kernel where `normed_kernel` finds one (the bits of `rms_norm_silu_gate`)."""
         backend = self.backend
         if q.shape[2] > MAX_KEY_DIM:
             return super().gated_delta_rule_with_gates(
-                q, k, v, a, b, a_log, dt_bias, state, query_start_loc, state_slots, scale=scale, l2norm_qk=l2norm_qk
+                q,
+                k,
+                v,
+                a,
+                b,
+                a_log,
+                dt_bias,
+                state,
+                query_start_loc,
+                state_slots,
+                scale=scale,
+                l2norm_qk=l2norm_qk,
+                norm=norm,
             )
         backend.require_bf16("gated_delta_rule_with_gates", a, b)
         a, b = backend.contiguous_rows(a), backend.contiguous_rows(b)
@@ -135,7 +166,7 @@ class CudaGatedDeltaOps(GatedDeltaOps):
             float32(backend, a_log),
             float32(backend, dt_bias),
         )
-        return self._rule(q, k, v, gates, state, query_start_loc, state_slots, scale, l2norm_qk)
+        return self._rule(q, k, v, gates, state, query_start_loc, state_slots, scale, l2norm_qk, norm)
 
     def _rule(
         self,
@@ -148,9 +179,11 @@ class CudaGatedDeltaOps(GatedDeltaOps):
         state_slots: Array,
         scale: float,
         l2norm_qk: bool,
+        norm: OutputNorm | None = None,
     ) -> Array:
         """The recurrent launch, and the chunked one where `chunked_kernel` finds one; ``gates``: the
-        ``GDN_GATE_PARAMS`` arguments of ``recurrent_gates.cuh``."""
+        ``GDN_GATE_PARAMS`` arguments of ``recurrent_gates.cuh``; with ``norm``, the output normed (inside the
+        recurrent kernel where `normed_kernel` finds one, else by `rms_norm_silu_gate` after the launches)."""
         backend = self.backend
         tokens, key_heads, key_dim = q.shape
         value_heads, value_dim = v.shape[1:]
@@ -180,10 +213,21 @@ class CudaGatedDeltaOps(GatedDeltaOps):
         chunked = chunked_kernel(backend, "gated_delta", (q, k, v), key_dim, value_dim, num_seqs)
         chunk_from = np.int32(CHUNK_TOKENS if chunked else NO_CHUNKS)
         flags = (np.float32(scale), np.int32(l2norm_qk), chunk_from)
-        kernel(backend, "gated_delta_rule_bf16")(
-            (math.ceil(value_dim / 32), value_heads, num_seqs),
-            (32 * math.ceil(key_dim / ROWS_PER_THREAD),),
-            (*inputs, np.int32(key_dim), np.int32(value_dim), *flags),
+        recurrent = (*inputs, np.int32(key_dim), np.int32(value_dim), *flags)
+        fused = None if norm is None or chunked else normed_kernel(backend, value_dim)
+        if fused is not None and norm is not None:
+            backend.require_bf16("gated_delta_rule_with_gates", norm.gate, norm.weight)
+            if norm.gate.shape != out.shape or norm.weight.shape != (value_dim,):
+                raise ValueError(
+                    f"gated_delta_rule_with_gates: the norm's gate {norm.gate.shape} and weight {norm.weight.shape} "
+                    f"do not fit the output {out.shape} (gate of its shape, weight [Dv])"
+                )
+            z = backend.contiguous_rows(norm.gate)
+            z_strides = element_strides(z)
+            weight = backend.cp.ascontiguousarray(norm.weight)
+            recurrent = (*recurrent, z, np.int64(z_strides[0]), np.int64(z_strides[1]), weight, np.float32(norm.eps))
+        (fused or kernel(backend, "gated_delta_rule_bf16"))(
+            (math.ceil(value_dim / 32), value_heads, num_seqs), (32 * math.ceil(key_dim / ROWS_PER_THREAD),), recurrent
         )
         if chunked:
             chunked_rule, smem = chunked
@@ -193,6 +237,8 @@ class CudaGatedDeltaOps(GatedDeltaOps):
                 (*inputs, np.int32(value_dim), *flags),
                 shared_mem=smem,
             )
+        if norm is not None and fused is None:
+            return self.rms_norm_silu_gate(out, norm.gate, norm.weight, norm.eps)
         return out
 
     def rms_norm_silu_gate(self, x: Array, gate: Array, weight: Array, eps: float) -> Array:

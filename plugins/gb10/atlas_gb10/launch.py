@@ -27,6 +27,12 @@ def supports_programmatic_launch(arch: str) -> bool:
     return bool(digits) and int(digits) >= 90
 
 
+def supports_clusters(arch: str) -> bool:
+    """Whether an NVRTC target has thread-block clusters (compute capability 9.0 and later, as for programmatic
+    launches)."""
+    return supports_programmatic_launch(arch)
+
+
 def programmatic_launch_available(arch: str) -> bool:
     """Whether programmatic launches can be used here: the target has them and the CUDA driver library offers
     ``cuLaunchKernelEx`` (CUDA 12 and later)."""

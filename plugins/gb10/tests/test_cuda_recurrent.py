@@ -16,9 +16,15 @@ from typing import Any
 import numpy as np
 import pytest
 from atlas_gb10.backend import CudaBackend
-from atlas_gb10.gated_delta import chunked_kernel
+from atlas_gb10.gated_delta import normed_kernel
+from atlas_gb10.recurrent import chunked_kernel
 
-from atlas_core.backends.ops.gated_delta import GatedDeltaOps, gated_delta_rule_reference, rms_norm_silu_gate_reference
+from atlas_core.backends.ops.gated_delta import (
+    GatedDeltaOps,
+    OutputNorm,
+    gated_delta_rule_reference,
+    rms_norm_silu_gate_reference,
+)
 from atlas_core.backends.ops.mamba2 import (
     Mamba2Ops,
     causal_conv1d_reference,
@@ -198,6 +204,32 @@ def test_chunked_form_at_every_key_width(backend: CudaBackend, dims: tuple[int, 
     close(out, want_out, f"output, {dims}")
     close(host(backend, state)[0], want_state[0], f"state, {dims}", rel=CHUNKED_STATE_TOLERANCE)
     np.testing.assert_array_equal(host(backend, state)[1:], delta.initial[1:])
+
+
+@pytest.mark.parametrize("dv", [16, 40, 128], ids=lambda d: f"dv{d}")
+@pytest.mark.parametrize("lengths", [[1, 1, 1], [5, 1, 30]], ids=["decode", "prefill"])
+def test_rule_with_its_norm_gives_the_bits_of_the_two_ops(backend: CudaBackend, dv: int, lengths: list[int]) -> None:
+    """``gated_delta_rule_with_gates(norm=...)`` norms inside the recurrent kernel (the head's 1, 2 or 4 blocks in a
+    thread-block cluster): the bits of the rule and then ``rms_norm_silu_gate``, and the same state."""
+    assert normed_kernel(backend, dv) is not None
+    tokens, heads = sum(lengths), 4
+    delta = Delta(backend, tokens, seed=dv, dims=(128, dv))
+    rng = np.random.default_rng(dv)
+    projection = backend.from_numpy(rng.standard_normal((tokens, 8 + heads * dv + 2 * heads), dtype=np.float32))
+    z = projection[:, 8 : 8 + heads * dv].reshape(tokens, heads, dv)
+    a, b = projection[:, 8 + heads * dv : 8 + heads * dv + heads], projection[:, 8 + heads * dv + heads :]
+    a_log = backend.from_numpy((0.5 * rng.standard_normal(heads)).astype(np.float32), dtype=F32)
+    dt_bias = backend.from_numpy(rng.standard_normal(heads).astype(np.float32), dtype=F32)
+    weight = backend.from_numpy(1 + 0.1 * rng.standard_normal(dv, dtype=np.float32), weight=True)
+    ops = backend.ops(GatedDeltaOps)
+    starts, slots = layout(backend, lengths, [3, 0, 2])
+    fused_state, plain_state = delta.state(), delta.state()
+    args = (delta.q, delta.k, delta.v, a, b, a_log, dt_bias)
+    norm = OutputNorm(z, weight, 1e-6)
+    fused = ops.gated_delta_rule_with_gates(*args, fused_state, starts, slots, scale=0.1, norm=norm)
+    core = ops.gated_delta_rule_with_gates(*args, plain_state, starts, slots, scale=0.1)
+    np.testing.assert_array_equal(host(backend, fused), host(backend, ops.rms_norm_silu_gate(core, z, weight, 1e-6)))
+    np.testing.assert_array_equal(host(backend, fused_state), host(backend, plain_state))
 
 
 # ---- Mamba-2 scan ----------------------------------------------------------------------------------

@@ -136,17 +136,23 @@ extern "C" __global__ void gdn_gates_bf16(const bf16_t* __restrict__ a, long lon
 //                                                         added over the warps in a fixed order)
 //     delta_j = beta (v_j - e Sk_j);  o_j = e Sq_j + (q.k) delta_j;  S_ij = e S_ij + k_i delta_j
 // q, k [T, Hk, Dk] and v [T, Hv, Dv] strided (s0 token, s1 head; dims contiguous), the gates as GdnGates reads
-// them (recurrent_gates.cuh), state [S, Hv, Dk, Dv] fp32, out [T, Hv, Dv]. Value head h reads key head h / (Hv / Hk). Sequences of at least
-// `chunk_from` tokens are left to chunked_scan.cu (INT_MAX: none).
-extern "C" __global__ void __launch_bounds__(GDN_MAX_WARPS * 32, 1) gated_delta_rule_bf16(
+// them (recurrent_gates.cuh), state [S, Hv, Dk, Dv] fp32, out [T, Hv, Dv]. Value head h reads key head h / (Hv / Hk).
+// Sequences of at least `chunk_from` tokens are left to chunked_scan.cu (INT_MAX: none).
+//
+// NORMED (the _normed kernels): out is the rule's output o through the layer's gated RMSNorm instead,
+// o / rms(o) * norm_w * silu(z) over the Dv dims of a head (rms_norm_silu_gate with the bits of
+// gated_rms_norm_bf16: o rounded to bf16 first, lane l summing dims l, l + 32, ... in order). The CLUSTER blocks
+// of a head (CLUSTER = ceil(Dv / 32), a thread-block cluster on sm_90 and later) hand each other their 32 dims of
+// o through distributed shared memory, one cluster barrier a token. z [T, Hv, Dv] strided (z_s0, z_s1).
+template <int CLUSTER>
+__device__ __forceinline__ void gated_delta_tokens(
     const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const bf16_t* __restrict__ k, long long k_s0,
-    long long k_s1, const bf16_t* __restrict__ v, long long v_s0, long long v_s1, GDN_GATE_PARAMS,
+    long long k_s1, const bf16_t* __restrict__ v, long long v_s0, long long v_s1, const GdnGates& gates,
     float* __restrict__ state, const int* __restrict__ starts, const int* __restrict__ slots, bf16_t* __restrict__ out,
-    int key_heads, int value_heads, int dk, int dv, float scale, int l2norm, int chunk_from) {
-    await_inputs();
-    const GdnGates gates = GDN_GATES;
+    int key_heads, int value_heads, int dk, int dv, float scale, int l2norm, int chunk_from, const GdnNorm& norm) {
     __shared__ float qs[2][GDN_ROWS * GDN_MAX_WARPS], ks[2][GDN_ROWS * GDN_MAX_WARPS];
     __shared__ float partial[2][GDN_MAX_WARPS][32];
+    __shared__ float normed[2][32];  // this block's 32 dims of o, by token parity (NORMED with CLUSTER > 1)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
     const int j = blockIdx.x * 32 + lane, h = blockIdx.y, kh = h / (value_heads / key_heads);
     const int r0 = starts[blockIdx.z], r1 = starts[blockIdx.z + 1];
@@ -215,7 +221,28 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_WARPS * 32, 1) gated_delta_
             const int i = warp * GDN_ROWS + r;
             if (i < dk) s[r] = __fmaf_rn(e, s[r], ks[p][i] * kn * delta);
         }
-        if (warp == 0 && column) out[(t * value_heads + h) * dv + j] = float_to_bf16(o);
+        if constexpr (CLUSTER == 0) {
+            if (warp == 0 && column) out[(t * value_heads + h) * dv + j] = float_to_bf16(o);
+        } else {
+            const float hv = column ? bf16_to_float(float_to_bf16(o)) : 0.0f;
+            if constexpr (CLUSTER > 1) {
+                if (warp == 0) normed[p][lane] = hv;
+                cluster_sync();
+            }
+            if (warp == 0) {
+                float sumsq = 0.0f;
+#pragma unroll
+                for (int b = 0; b < CLUSTER; ++b) {
+                    const float x = CLUSTER > 1 ? cluster_load(&normed[p][lane], b) : hv;
+                    if (b * 32 + lane < dv) sumsq = __fmaf_rn(x, x, sumsq);
+                }
+                const float inv = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(warp_sum(sumsq), (float)dv), norm.eps));
+                if (column) {
+                    const float gv = silu_f(bf16_to_float(norm.z[t * norm.z_s0 + h * norm.z_s1 + j]));
+                    out[(t * value_heads + h) * dv + j] = float_to_bf16(hv * inv * bf16_to_float(norm.weight[j]) * gv);
+                }
+            }
+        }
     }
     if (rows && column) {
 #pragma unroll
@@ -224,7 +251,37 @@ extern "C" __global__ void __launch_bounds__(GDN_MAX_WARPS * 32, 1) gated_delta_
             if (i < dk) rows[(long long)i * dv + j] = s[r];
         }
     }
+    if constexpr (CLUSTER > 1) cluster_sync();  // no block leaves while the others may read its dims
 }
+
+#define GATED_DELTA_RULE_PARAMS                                                                                       \
+    const bf16_t *__restrict__ q, long long q_s0, long long q_s1, const bf16_t *__restrict__ k, long long k_s0,      \
+        long long k_s1, const bf16_t *__restrict__ v, long long v_s0, long long v_s1, GDN_GATE_PARAMS,                \
+        float *__restrict__ state, const int *__restrict__ starts, const int *__restrict__ slots,                     \
+        bf16_t *__restrict__ out, int key_heads, int value_heads, int dk, int dv, float scale, int l2norm,            \
+        int chunk_from
+#define GATED_DELTA_RULE_ARGS                                                                                         \
+    q, q_s0, q_s1, k, k_s0, k_s1, v, v_s0, v_s1, GDN_GATES, state, starts, slots, out, key_heads, value_heads, dk, dv, \
+        scale, l2norm, chunk_from
+
+extern "C" __global__ void __launch_bounds__(GDN_MAX_WARPS * 32, 1) gated_delta_rule_bf16(GATED_DELTA_RULE_PARAMS) {
+    await_inputs();
+    gated_delta_tokens<0>(GATED_DELTA_RULE_ARGS, GdnNorm{});
+}
+
+#define GATED_DELTA_RULE_NORMED(C, CLUSTER_ATTRIBUTE)                                                                 \
+    extern "C" __global__ void __launch_bounds__(GDN_MAX_WARPS * 32, 1) CLUSTER_ATTRIBUTE                             \
+        gated_delta_rule_normed_c##C##_bf16(GATED_DELTA_RULE_PARAMS, const bf16_t* __restrict__ z, long long z_s0,     \
+                                            long long z_s1, const bf16_t* __restrict__ norm_w, float eps) {           \
+        await_inputs();                                                                                               \
+        gated_delta_tokens<C>(GATED_DELTA_RULE_ARGS, GdnNorm{z, z_s0, z_s1, norm_w, eps});                            \
+    }
+GATED_DELTA_RULE_NORMED(1, )
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+GATED_DELTA_RULE_NORMED(2, __cluster_dims__(2, 1, 1))
+GATED_DELTA_RULE_NORMED(4, __cluster_dims__(4, 1, 1))
+#endif
+
 
 // ---- Mamba-2 selective scan ----------------------------------------------------------------------------
 // Per token of a sequence and head h: delta = clip(softplus(dt + dt_bias), dt_min, dt_max);

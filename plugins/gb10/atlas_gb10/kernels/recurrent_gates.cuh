@@ -33,6 +33,29 @@ struct GdnGates {
     }
 };
 
+// The gated RMSNorm a delta-rule kernel applies to its output (recurrent.cu's _normed kernels): z [T, Hv, Dv]
+// strided (z_s0, z_s1), the norm's weight [Dv], eps; z == null: none.
+struct GdnNorm {
+    const bf16_t* __restrict__ z = nullptr;
+    long long z_s0 = 0, z_s1 = 0;
+    const bf16_t* __restrict__ weight = nullptr;
+    float eps = 0.0f;
+};
+
+// Thread-block clusters (sm_90 and later): a barrier over every thread of the cluster (release / acquire, so
+// shared-memory writes before it are visible to the other blocks after it), and a float of block `rank`'s
+// shared memory at the address `p` has in this block.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ float cluster_load(const float* p, unsigned rank) {
+    unsigned remote;
+    float value;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(value) : "r"(remote) : "memory");
+    return value;
+}
+
 // Mamba-2's step delta = clip(softplus(dt + dt_bias), dt_min, dt_max); the state decays by exp(delta A).
 __device__ __forceinline__ float mamba_step(float dt, float dt_bias, float dt_min, float dt_max) {
     return fminf(fmaxf(softplus_f(__fadd_rn(dt, dt_bias)), dt_min), dt_max);
