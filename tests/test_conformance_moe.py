@@ -214,10 +214,13 @@ def test_moe_feed_forward_with_gated_shared_expert(case: Case, joined: bool, sep
     x or on a separate input as Gemma-4 does, with the gate's row apart or after the router's rows (as `load_moe`
     joins them: `MoEFeedForward.gate_in_router`)."""
     tokens, hidden, inter, spec = 9, 16, 8, RouterSpec(8, 2, normalize_top_k=True)
-    router_dev, router_weight = case.upload(case.normal(8, hidden, scale=hidden**-0.5), weight=True)
+    # the logits' spread keeps the expert choice clear of ties: a router input of scale 3, or, where the router
+    # reads x itself (which then also feeds the experts, best kept at scale 1 in bf16), router rows 3 times larger
+    router_scale, input_scale = (1.0, 3.0) if separate_input else (3.0, 1.0)
+    router_dev, router_weight = case.upload(case.normal(8, hidden, scale=router_scale * hidden**-0.5), weight=True)
     gate_dev, gate = case.upload(case.normal(1, hidden, scale=hidden**-0.5), weight=True)
     for _ in range(1000):  # a router input whose expert choice is clear of ties
-        router_input_dev, router_input = case.upload(case.normal(tokens, hidden, scale=3.0))
+        router_input_dev, router_input = case.upload(case.normal(tokens, hidden, scale=input_scale))
         weights, ids, margin = oracle_route(router_input @ router_weight.T, spec, None)
         if margin >= LAYER_MARGIN:
             break
