@@ -63,8 +63,46 @@ __device__ __forceinline__ void store_pairs(bf16_t* tile, const float (&acc)[4][
     }
 }
 
+// The blocks of T at distance D below the diagonal, T_ij = -T_ii sum_{m=j}^{i-1} A_im T_mj (j = i - D), from the
+// blocks nearer the diagonal: each thread takes ENTRIES entries at once (independent sums, in the same order each).
+template <int KT, int D>
+__device__ __forceinline__ void inverse_level(ChunkTiles<KT>& sh, int tid) {
+    constexpr int ENTRIES = (4 - D) * 256 / GDC_THREADS;
+    float acc[ENTRIES];
+#pragma unroll
+    for (int n = 0; n < ENTRIES; ++n) acc[n] = 0.0f;
+#pragma unroll
+    for (int mm = 0; mm < D; ++mm)
+#pragma unroll
+        for (int u = 0; u < 16; ++u)
+#pragma unroll
+            for (int n = 0; n < ENTRIES; ++n) {
+                const int e = tid + n * GDC_THREADS, j = e >> 8, r = (e >> 4) & 15, c = e & 15;
+                acc[n] = __fmaf_rn(sh.a[(16 * (j + D) + r) * GDC_TSTR + 16 * (j + mm) + u],
+                                   sh.t[(16 * (j + mm) + u) * GDC_TSTR + 16 * j + c], acc[n]);
+            }
+#pragma unroll
+    for (int n = 0; n < ENTRIES; ++n) sh.x[tid + n * GDC_THREADS] = acc[n];
+    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < ENTRIES; ++n) acc[n] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 16; ++u)
+#pragma unroll
+        for (int n = 0; n < ENTRIES; ++n) {
+            const int e = tid + n * GDC_THREADS, j = e >> 8, r = (e >> 4) & 15, c = e & 15;
+            acc[n] = __fmaf_rn(sh.t[(16 * (j + D) + r) * GDC_TSTR + 16 * (j + D) + u], sh.x[(j << 8) + u * 16 + c], acc[n]);
+        }
+#pragma unroll
+    for (int n = 0; n < ENTRIES; ++n) {
+        const int e = tid + n * GDC_THREADS, j = e >> 8, r = (e >> 4) & 15, c = e & 15;
+        sh.t[(16 * (j + D) + r) * GDC_TSTR + 16 * j + c] = -acc[n];
+    }
+    __syncthreads();
+}
+
 // T = (I + A)^-1 for the strictly lower A in sh.a: the 4 diagonal 16 x 16 blocks by forward substitution (a warp
-// each, a lane per column), then block (i, j) at distance d = i - j from T_ij = -T_ii sum_{m=j}^{i-1} A_im T_mj.
+// each, a lane per column, each row's sum in two halves), then the blocks below them by distance (inverse_level).
 template <int KT>
 __device__ __forceinline__ void invert_unit_lower(ChunkTiles<KT>& sh, int tid, int lane, int warp) {
     if (lane < 16) {
@@ -72,37 +110,22 @@ __device__ __forceinline__ void invert_unit_lower(ChunkTiles<KT>& sh, int tid, i
         float x[16];
 #pragma unroll
         for (int r = 0; r < 16; ++r) {
-            float acc = r == lane ? 1.0f : 0.0f;
+            float even = r == lane ? 1.0f : 0.0f, odd = 0.0f;
 #pragma unroll
-            for (int c = 0; c < r; ++c) acc = __fmaf_rn(-sh.a[(b0 + r) * GDC_TSTR + b0 + c], x[c], acc);
-            x[r] = acc;
+            for (int c = 0; c < r; ++c) {
+                const float term = -sh.a[(b0 + r) * GDC_TSTR + b0 + c];
+                if (c & 1) odd = __fmaf_rn(term, x[c], odd);
+                else even = __fmaf_rn(term, x[c], even);
+            }
+            x[r] = even + odd;
         }
 #pragma unroll
         for (int r = 0; r < 16; ++r) sh.t[(b0 + r) * GDC_TSTR + b0 + lane] = x[r];
     }
     __syncthreads();
-    for (int d = 1; d < 4; ++d) {
-        const int entries = (4 - d) * 256;
-        for (int e = tid; e < entries; e += GDC_THREADS) {
-            const int j = e >> 8, i = j + d, r = (e >> 4) & 15, c = e & 15;
-            float acc = 0.0f;
-            for (int m = j; m < i; ++m)
-#pragma unroll
-                for (int u = 0; u < 16; ++u)
-                    acc = __fmaf_rn(sh.a[(16 * i + r) * GDC_TSTR + 16 * m + u], sh.t[(16 * m + u) * GDC_TSTR + 16 * j + c], acc);
-            sh.x[e] = acc;
-        }
-        __syncthreads();
-        for (int e = tid; e < entries; e += GDC_THREADS) {
-            const int j = e >> 8, i = j + d, r = (e >> 4) & 15, c = e & 15;
-            float acc = 0.0f;
-#pragma unroll
-            for (int u = 0; u < 16; ++u)
-                acc = __fmaf_rn(sh.t[(16 * i + r) * GDC_TSTR + 16 * i + u], sh.x[(j << 8) + u * 16 + c], acc);
-            sh.t[(16 * i + r) * GDC_TSTR + 16 * j + c] = -acc;
-        }
-        __syncthreads();
-    }
+    inverse_level<KT, 1>(sh, tid);
+    inverse_level<KT, 2>(sh, tid);
+    inverse_level<KT, 3>(sh, tid);
 }
 
 // The delta rule's correction of a chunk: T from A (in sh.a), then u = U - W S over this warp's rows, with
@@ -114,6 +137,7 @@ __device__ __forceinline__ void delta_rule_update(ChunkTiles<KT>& sh, float (&u)
     // the operands of W and U: T's columns scaled, rounded to bf16 (over A, which is no longer read)
     bf16_t* tw = reinterpret_cast<bf16_t*>(sh.a);
     bf16_t* tu = tw + GDC_CHUNK * GDC_TSTR;
+#pragma unroll 4
     for (int e = tid; e < GDC_CHUNK * GDC_CHUNK; e += GDC_THREADS) {
         const int t = e >> 6, s = e & 63;
         const float tv = s <= t ? sh.t[t * GDC_TSTR + s] : 0.0f;
@@ -218,7 +242,8 @@ __device__ __forceinline__ void chunked_scan(
             sh.beta[tid] = tid < n ? gates.strength(c0 + tid, h, value_heads) : 0.0f;
         }
         __syncthreads();
-        // ---- norms (a warp per token) and the cumulative decay G (warp 0, an inclusive scan of pairs)
+        // ---- norms (a warp per token, 4 tokens in flight) and the cumulative decay G (warp 0, a scan of pairs)
+#pragma unroll 4
         for (int t = warp; t < GDC_CHUNK; t += 4) {
             float qq = 0.0f, kk = 0.0f;
             for (int i = lane; i < DK; i += 32) {
