@@ -311,7 +311,11 @@ class MoEFeedForward:
         return weights, ids, logits[:, experts:] if self.gate_in_router else None
 
     def __call__(self, x: Array, router_input: Array | None = None) -> Array:
-        weights, ids, gate_logit = self._route(x if router_input is None else router_input)
+        routed_on = x if router_input is None else router_input
+        if self.gate_in_router:
+            weights, ids, gate_logit = self._route(routed_on)
+        else:  # through `route`, the block's hook for routing
+            (weights, ids), gate_logit = self.route(routed_on), None
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
