@@ -13,7 +13,7 @@ import time
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from atlas_core.bench.random_weights import load_config
+from atlas_core.bench.random_weights import cut_layers, load_config, text_config
 
 
 def timed_generate(model: torch.nn.Module, ids: torch.Tensor, tokens: int) -> float:
@@ -34,9 +34,9 @@ def main() -> None:
     args = parser.parse_args()
     name, config_dict = load_config(args.model)
     if args.num_layers is not None:
-        config_dict["num_hidden_layers"] = args.num_layers
+        config_dict = cut_layers(config_dict, args.num_layers)
         name = f"{name}, {args.num_layers} layers"
-    config = AutoConfig.for_model(**config_dict)
+    config = AutoConfig.for_model(**text_config(config_dict))  # a vision-language config's language model
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16, attn_implementation=args.attn)
     model.eval()
