@@ -310,20 +310,22 @@ class MoEFeedForward:
         weights, ids = self.backend.ops(MoEOps).moe_route(logits[:, :experts], self.spec, self.correction_bias)
         return weights, ids, logits[:, experts:] if self.gate_in_router else None
 
+    @property
+    def shared_gate_weight(self) -> Array | None:
+        """The shared expert gate's row: the router's last row with `gate_in_router`, else ``shared_expert_gate``."""
+        return self.router_weight[self.spec.num_experts :] if self.gate_in_router else self.shared_expert_gate
+
     def __call__(self, x: Array, router_input: Array | None = None) -> Array:
-        routed_on = x if router_input is None else router_input
-        if self.gate_in_router:
-            weights, ids, gate_logit = self._route(routed_on)
+        if self.gate_in_router and router_input is None:  # one product gives the logits and the gate
+            weights, ids, gate_logit = self._route(x)
         else:  # through `route`, the block's hook for routing
-            (weights, ids), gate_logit = self.route(routed_on), None
+            (weights, ids), gate_logit = self.route(x if router_input is None else router_input), None
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
-            if self.shared_expert_gate is not None or (gate_logit is not None and router_input is not None):
-                gate = self.shared_expert_gate  # the gate reads x, whatever the router reads
-                gate_logit = self.backend.linear(
-                    x, self.router_weight[self.spec.num_experts :] if gate is None else gate
-                )
+            gate = self.shared_gate_weight
+            if gate_logit is None and gate is not None:  # the gate reads x, whatever the router reads
+                gate_logit = self.backend.linear(x, gate)
             if gate_logit is not None:
                 self.backend.sigmoid_gate_add(out, shared, gate_logit)
             else:

@@ -216,16 +216,7 @@ class CudaGatedDeltaOps(GatedDeltaOps):
         recurrent = (*inputs, np.int32(key_dim), np.int32(value_dim), *flags)
         fused = None if norm is None or chunked else normed_kernel(backend, value_dim)
         if fused is not None and norm is not None:
-            backend.require_bf16("gated_delta_rule_with_gates", norm.gate, norm.weight)
-            if norm.gate.shape != out.shape or norm.weight.shape != (value_dim,):
-                raise ValueError(
-                    f"gated_delta_rule_with_gates: the norm's gate {norm.gate.shape} and weight {norm.weight.shape} "
-                    f"do not fit the output {out.shape} (gate of its shape, weight [Dv])"
-                )
-            z = backend.contiguous_rows(norm.gate)
-            z_strides = element_strides(z)
-            weight = backend.cp.ascontiguousarray(norm.weight)
-            recurrent = (*recurrent, z, np.int64(z_strides[0]), np.int64(z_strides[1]), weight, np.float32(norm.eps))
+            recurrent = (*recurrent, *self._norm_arguments(norm, out))
         (fused or kernel(backend, "gated_delta_rule_bf16"))(
             (math.ceil(value_dim / 32), value_heads, num_seqs), (32 * math.ceil(key_dim / ROWS_PER_THREAD),), recurrent
         )
@@ -240,6 +231,21 @@ class CudaGatedDeltaOps(GatedDeltaOps):
         if norm is not None and fused is None:
             return self.rms_norm_silu_gate(out, norm.gate, norm.weight, norm.eps)
         return out
+
+    def _norm_arguments(self, norm: OutputNorm, out: Array) -> tuple[object, ...]:
+        """The ``gated_delta_rule_normed_c*`` kernels' norm arguments (z, its strides, the weight, eps), checked
+        against the rule's output ``out``."""
+        backend = self.backend
+        backend.require_bf16("gated_delta_rule_with_gates", norm.gate, norm.weight)
+        if norm.gate.shape != out.shape or norm.weight.shape != out.shape[-1:]:
+            raise ValueError(
+                f"gated_delta_rule_with_gates: the norm's gate {norm.gate.shape} and weight {norm.weight.shape} "
+                f"do not fit the output {out.shape} (gate of its shape, weight [Dv])"
+            )
+        z = backend.contiguous_rows(norm.gate)
+        z_strides = element_strides(z)
+        weight = backend.cp.ascontiguousarray(norm.weight)
+        return z, np.int64(z_strides[0]), np.int64(z_strides[1]), weight, np.float32(norm.eps)
 
     def rms_norm_silu_gate(self, x: Array, gate: Array, weight: Array, eps: float) -> Array:
         return gated_rms_norm(self.backend, x, gate, weight, eps, x.shape[-1], gate_first=False)
