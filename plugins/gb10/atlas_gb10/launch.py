@@ -122,6 +122,7 @@ class Kernel:
         self.raw = raw
         self.waits = waits
         self.library = library
+        self._shared_opt_in = 0
 
     @property
     def max_dynamic_shared_size_bytes(self) -> int:
@@ -129,7 +130,10 @@ class Kernel:
 
     @max_dynamic_shared_size_bytes.setter
     def max_dynamic_shared_size_bytes(self, value: int) -> None:
-        self.raw.max_dynamic_shared_size_bytes = value
+        """The opt-in above 48 KiB, set on the driver once per value (launch paths set it before every call)."""
+        if value != self._shared_opt_in:
+            self.raw.max_dynamic_shared_size_bytes = value
+            self._shared_opt_in = value
 
     def __call__(
         self, grid: int | Sequence[int], block: int | Sequence[int], args: Sequence[Any], shared_mem: int = 0
