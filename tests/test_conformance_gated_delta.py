@@ -18,7 +18,7 @@ from atlas_core.backends.ops.gated_delta import (
     gated_delta_chunked,
     gated_delta_recurrent,
 )
-from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
+from atlas_core.testing.conformance import Case, backend, case, verify_checkpoints  # noqa: F401 (fixtures)
 
 
 # ---- float64 oracles -----------------------------------------------------------------------------
@@ -40,8 +40,10 @@ def oracle_delta_rule(
     starts: list[int],
     slots: list[int],
     scale: float,
+    checkpoints: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Token by token, head by head, straight from the op's contract; returns (out, new state)."""
+    """Token by token, head by head, straight from the op's contract; returns (out, new state), the state after
+    token t also in row ``checkpoints[t]`` where that is not -1."""
     state = state.copy()
     value_heads, key_heads = v.shape[1], q.shape[1]
     out = np.zeros(v.shape)
@@ -56,6 +58,8 @@ def oracle_delta_rule(
                 s = s + np.outer(kv, delta)
                 state[slot, h] = s
                 out[t, h] = qv @ s
+            if checkpoints is not None and checkpoints[t] >= 0:
+                state[checkpoints[t]] = state[slot]
     return out, state
 
 
@@ -78,10 +82,19 @@ def test_gdn_gates(case: Case) -> None:
     case.assert_close(beta, want_beta, "gdn_gates beta", dtype=np.float32)
 
 
-def delta_inputs(case: Case, lengths: list[int], key_heads: int = 2, value_heads: int = 4, dk: int = 8, dv: int = 6):
-    """Random q/k/v/g/beta for sequences of ``lengths`` tokens, and a state with nonzero rows."""
+def delta_inputs(
+    case: Case,
+    lengths: list[int],
+    key_heads: int = 2,
+    value_heads: int = 4,
+    dk: int = 8,
+    dv: int = 6,
+    spare_slots: int = 2,
+):
+    """Random q/k/v/g/beta for sequences of ``lengths`` tokens, and a state with nonzero rows (``spare_slots``
+    more rows than sequences)."""
     tokens = sum(lengths)
-    num_slots = len(lengths) + 2
+    num_slots = len(lengths) + spare_slots
     host = {
         "q": case.normal(tokens, key_heads, dk),
         "k": case.normal(tokens, key_heads, dk),
@@ -151,6 +164,32 @@ def test_gated_delta_rule_with_gates(case: Case, lengths: list[int], normed: boo
         want_out = oracle_rms_norm_silu_gate(case.raw(run(None)[0]).astype(np.float64), z, w, 1e-6)
     case.assert_close(out, want_out, "gated_delta_rule_with_gates output")
     case.assert_close(state_dev, want_state, "gated_delta_rule_with_gates state (in place)", dtype=np.float32)
+
+
+def test_gated_delta_rule_writes_checkpoints(case: Case) -> None:
+    """A verify step: sequences of 3 and 4 tokens (a decode token and its drafts) leave their state after each
+    token but the last in checkpoint rows, beside a decode token and a 70-token prefill without checkpoints;
+    the checkpoint rows hold the oracle's states, every row outside the step stays as it was."""
+    lengths = [3, 1, 70, 4]
+    dev, g_dev, beta_dev, g, beta, state, slots, starts = delta_inputs(case, lengths, dk=16, dv=8, spare_slots=6)
+    free = [s for s in range(len(state)) if s not in slots]
+    checkpoints = verify_checkpoints(lengths, [True, False, False, True], free)
+    state_dev = case.backend.from_numpy(state.copy(), dtype=np.dtype(np.float32))
+    (q_dev, q), (k_dev, k), (v_dev, v) = dev["q"], dev["k"], dev["v"]
+    out = case.backend.ops(GatedDeltaOps).gated_delta_rule(
+        *(q_dev, k_dev, v_dev, g_dev, beta_dev, state_dev),
+        case.backend.from_numpy(starts),
+        case.backend.from_numpy(np.asarray(slots, dtype=np.int32)),
+        scale=0.25,
+        checkpoints=case.backend.from_numpy(checkpoints),
+    )
+    oracle = oracle_delta_rule(q, k, v, g, beta, state.astype(np.float64), starts.tolist(), slots, 0.25, checkpoints)
+    case.assert_close(out, oracle[0], "gated_delta_rule output with checkpoints")
+    written = [*slots, *checkpoints[checkpoints >= 0].tolist()]
+    assert len(written) == 9
+    case.assert_close(state_dev[written], oracle[1][written], "gated_delta_rule checkpoint rows", dtype=np.float32)
+    untouched = [s for s in range(len(state)) if s not in written]
+    case.assert_equal(case.host(state_dev)[untouched], state[untouched], "gated_delta_rule rows outside the step")
 
 
 def test_gated_delta_rule_continues_across_calls(case: Case) -> None:

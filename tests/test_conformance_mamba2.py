@@ -16,7 +16,7 @@ import pytest
 from atlas_core.backends.base import Array
 from atlas_core.backends.numpy_backend import NumpyBackend
 from atlas_core.backends.ops.mamba2 import Mamba2Ops
-from atlas_core.testing.conformance import Case, backend, case  # noqa: F401 (fixtures)
+from atlas_core.testing.conformance import Case, backend, case, verify_checkpoints  # noqa: F401 (fixtures)
 
 F32 = np.dtype(np.float32)
 
@@ -27,7 +27,13 @@ def silu(v: np.ndarray) -> np.ndarray:
 
 
 def oracle_conv(
-    x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, state: np.ndarray, starts: list[int], slots: list[int]
+    x: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    state: np.ndarray,
+    starts: list[int],
+    slots: list[int],
+    checkpoints: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     kernel = weight.shape[1]
     out, state = np.zeros_like(x), state.copy()
@@ -39,6 +45,8 @@ def oracle_conv(
             for k in range(kernel):
                 acc += history[len(history) - kernel + k] * weight[:, k]
             out[t] = silu(acc)
+            if checkpoints is not None and checkpoints[t] >= 0:
+                state[checkpoints[t]] = np.stack(history[-(kernel - 1) :], axis=1)
         state[slot] = np.stack(history[-(kernel - 1) :], axis=1)
     return out, state
 
@@ -56,6 +64,7 @@ def oracle_scan(
     slots: list[int],
     dt_min: float,
     dt_max: float,
+    checkpoints: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     heads, groups = x.shape[1], B.shape[1]
     y, state = np.zeros_like(x), state.copy()
@@ -67,6 +76,8 @@ def oracle_scan(
                 delta = min(max(np.log1p(np.exp(dt[t, h] + dt_bias[h])), dt_min), dt_max)
                 s[h] = np.exp(delta * A[h]) * s[h] + delta * np.outer(x[t, h], B[t, g])
                 y[t, h] = s[h] @ C[t, g] + D[h] * x[t, h]
+            if checkpoints is not None and checkpoints[t] >= 0:
+                state[checkpoints[t]] = s
     return y, state
 
 
@@ -151,6 +162,25 @@ def test_causal_conv1d(case: Case, lengths: list[int], kernel: int, bias: bool) 
     assert_state(case, state_dev, want_state, state, slots, "causal_conv1d")
 
 
+def test_causal_conv1d_writes_checkpoints(case: Case) -> None:
+    """A verify step (sequences of 3 and 4 tokens with checkpoints, a decode token and a 9-token prefill
+    without): each checkpoint row holds the window that ends with its token."""
+    lengths, channels, kernel, num_slots = [3, 1, 9, 4], 11, 4, 12
+    ((x_dev, x),) = views(case, case.normal(sum(lengths), channels, scale=2.0))
+    w_dev, w = case.upload(case.normal(channels, kernel), weight=True)
+    b_dev, b = case.upload(case.normal(channels), weight=True)
+    state_dev, state = case.upload(case.normal(num_slots, channels, kernel - 1))
+    starts_dev, starts, slots_dev, slots = batch_layout(case, lengths, num_slots)
+    free = [s for s in range(num_slots) if s not in slots]
+    checkpoints = verify_checkpoints(lengths, [True, False, False, True], free)
+    want, want_state = oracle_conv(x, w, b, state, starts, slots, checkpoints)
+    got = case.backend.ops(Mamba2Ops).causal_conv1d(
+        x_dev, w_dev, b_dev, state_dev, starts_dev, slots_dev, checkpoints=case.backend.from_numpy(checkpoints)
+    )
+    case.assert_close(got, want, "causal_conv1d output with checkpoints")
+    assert_state(case, state_dev, want_state, state, [*slots, *checkpoints[checkpoints >= 0].tolist()], "checkpoints")
+
+
 # ---- the selective scan ----------------------------------------------------------------------------
 SCAN_CASES = {  # id -> (sequence lengths, heads, groups, chunk size, dt limits)
     "prefill-chunk16": ([33], 4, 2, 16, (0.0, np.inf)),
@@ -177,6 +207,26 @@ def test_mamba2_scan(case: Case, name: str) -> None:
     case.assert_close(got, want, f"mamba2_scan output ({name})")
     assert case.raw(state_dev).dtype == F32, f"mamba2_scan: the SSM state must stay float32 {case.tag}"
     assert_state(case, state_dev, want_state, state, slots, f"mamba2_scan ({name})")
+
+
+def test_mamba2_scan_writes_checkpoints(case: Case) -> None:
+    """A verify step: sequences of 3 and 4 tokens leave the state after each token but their last in checkpoint
+    rows, beside a decode token and a 70-token prefill without checkpoints."""
+    lengths, heads, groups, head_dim, state_size, num_slots = [3, 1, 70, 4], 4, 2, 8, 16, 12
+    host = ssm_inputs(case, sum(lengths), heads, head_dim, groups, state_size)
+    (x_dev, x), (b_dev, b), (c_dev, c), (dt_dev, dt) = views(case, host["x"], host["B"], host["C"], host["dt"])
+    (a_dev, a), (d_dev, d), (bias_dev, bias) = (float32(case, host[k]) for k in ("A", "D", "dt_bias"))
+    state_dev, state = float32(case, case.normal(num_slots, heads, head_dim, state_size))
+    starts_dev, starts, slots_dev, slots = batch_layout(case, lengths, num_slots)
+    free = [s for s in range(num_slots) if s not in slots]
+    checkpoints = verify_checkpoints(lengths, [True, False, False, True], free)
+    want, want_state = oracle_scan(x, dt, a, b, c, d, bias, state, starts, slots, 0.0, np.inf, checkpoints)
+    got = case.backend.ops(Mamba2Ops).mamba2_scan(
+        *(x_dev, dt_dev, a_dev, b_dev, c_dev, d_dev, bias_dev, state_dev, starts_dev, slots_dev, 16),
+        checkpoints=case.backend.from_numpy(checkpoints),
+    )
+    case.assert_close(got, want, "mamba2_scan output with checkpoints")
+    assert_state(case, state_dev, want_state, state, [*slots, *checkpoints[checkpoints >= 0].tolist()], "checkpoints")
 
 
 @pytest.mark.parametrize(("batch", "groups"), [(1, 1), (4, 2)])

@@ -69,7 +69,8 @@ def test_mtp_greedy_identical_and_drafts_equal_a_fresh_computation(name: str) ->
 def test_mtp_under_preemption_and_refused_without_mtp_layers() -> None:
     plain = LLM(TINY / "qwen3_next", enable_prefix_caching=False)
     prompts = mixed_prompts(plain.loaded.model.vocab_size, count=6, max_tail_length=30)
-    state = 8 * plain.loaded.model.state_bytes_per_slot() / 2**30  # 4 sequences' slots and their rollback copies
+    per_seq = 1 + MTP["num_speculative_tokens"]  # a sequence's slot and its draft positions' checkpoints
+    state = 4 * per_seq * plain.loaded.model.state_bytes_per_slot() / 2**30
     budget = 1.5 * tight_kv_gib(plain) + state  # ~200 tokens of the model's KV and its MTP layer's
     spec, _ = mtp_llm(
         "qwen3_next",

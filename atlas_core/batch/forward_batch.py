@@ -30,9 +30,12 @@ class ForwardBatch:
     logits_rows: host int array ``[S]``, the rows of the final hidden state to project to logits
     (one per sequence to sample, plus every prompt row whose prompt logprobs are asked for).
     state_slots: backend int32 ``[B]``, each sequence's recurrent-state slot (-1: none).
+    state_checkpoints: backend int32 ``[T]`` or None: the state slot that also receives each token's sequence
+    state after that token (-1: none; `atlas_core.backends.ops.checkpoints`), for the draft positions of
+    speculative decoding's verify steps on hybrid models.
     is_pure_decode: every sequence contributes exactly one decode token (graph-capturable).
     tokens_per_seq: every sequence contributes this many tokens, at least 2 (a decode token and its
-    drafts, the recompute after a rejection, a short prefill chunk): graph-capturable; 0: not so.
+    drafts, a recompute after preemption, a short prefill chunk): graph-capturable; 0: not so.
     input_hidden: MTP layers (`atlas_core.model.mtp`): the target's final hidden state ``[T, H]`` that
     each token is read with (None for a model's own forward).
     visual: image features to place into this batch's rows (None: a text-only batch).
@@ -56,6 +59,7 @@ class ForwardBatch:
     visual: VisualRows | None = None
     rope_rows: tuple[Array, Array, Array] | None = None
     host_inputs: tuple[np.ndarray, ...] | None = None
+    state_checkpoints: Array | None = None
 
     def rotary(self, cos: Array, sin: Array) -> tuple[Array, Array, Array]:
         """``(positions, cos, sin)`` for `Backend.rope` of a layer whose tables are ``cos`` / ``sin``: the

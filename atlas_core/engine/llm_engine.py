@@ -20,7 +20,7 @@ from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from atlas_core.engine.sequence import Request, Sequence
 from atlas_core.engine.spec.speculation import Speculation
-from atlas_core.engine.spec.verify import RecurrentRollback
+from atlas_core.engine.spec.verify import DraftCheckpoints
 from atlas_core.engine.state_slots import StateSlotPool, StateSnapshots
 from atlas_core.errors import ConfigError, InvalidRequestError
 from atlas_core.model.load import LoadedModel
@@ -67,7 +67,9 @@ class LLMEngine:
         num_seq_slots = config.max_num_seqs if model.has_recurrent_state else 0
         snapshot_pool = config.max_num_seqs if config.max_state_snapshots is None else config.max_state_snapshots
         num_snapshots = snapshot_pool if config.enable_prefix_caching and num_seq_slots else 0
-        num_scratch = num_seq_slots if config.speculation is not None else 0  # rollback of rejected drafts
+        # the state at each draft position of a verify step, for the rollback of rejected drafts
+        drafts_per_seq = config.speculation.num_speculative_tokens if config.speculation is not None else 0
+        num_scratch = num_seq_slots * drafts_per_seq
         num_state_slots = num_seq_slots + num_snapshots + num_scratch
         state_bytes = num_state_slots * model.state_bytes_per_slot()
         if state_bytes:
@@ -113,7 +115,7 @@ class LLMEngine:
         self.blocks = BlockManager(
             plan.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
-        self.state_slots, snapshots, rollback = None, None, None
+        self.state_slots, snapshots, checkpoints = None, None, None
         if model.has_recurrent_state:
             model.allocate_state(num_state_slots)
             self.state_slots = StateSlotPool(num_seq_slots, model.reset_state)
@@ -121,7 +123,7 @@ class LLMEngine:
                 snapshot_slots = range(num_seq_slots, num_seq_slots + num_snapshots)
                 snapshots = StateSnapshots(snapshot_slots, model.copy_state, self.blocks.is_cached)
             if num_scratch:
-                rollback = RecurrentRollback(model, range(num_state_slots - num_scratch, num_state_slots))
+                checkpoints = DraftCheckpoints(model, num_state_slots - num_scratch, drafts_per_seq)
         self.offload = build_offload(
             config, self.kv, self.blocks, model.recurrent_state, snapshots, loaded.name, mirror
         )
@@ -151,7 +153,7 @@ class LLMEngine:
             loaded.tokenizer,
             graphs,
             self.guided,
-            rollback,
+            checkpoints,
             self.speculation.observer if self.speculation else None,
         )
         if self.speculation:

@@ -24,7 +24,7 @@ from atlas_core.engine.lookahead import DecodeLookahead
 from atlas_core.engine.sampling_inputs import logit_adjustments, sampling_tensors
 from atlas_core.engine.sequence import Sequence
 from atlas_core.engine.spec.proposer import HiddenObserver, HiddenSpan
-from atlas_core.engine.spec.verify import RecurrentRollback, SpeculationStats, accept_sampled
+from atlas_core.engine.spec.verify import DraftCheckpoints, SpeculationStats, accept_sampled
 from atlas_core.model.transformer import TransformerModel
 from atlas_core.tokenizer import Tokenizer
 
@@ -55,7 +55,7 @@ class ScheduledChunk:
 class DecodeGraphs(Protocol):
     """Captured pure-decode forwards over fixed buffers, one per batch-size bucket (CUDA graphs), and,
     where the backend captures them too, steps of as many tokens per sequence (`ForwardBatch.tokens_per_seq`:
-    speculative decoding's verify steps and the recompute after a rejection).
+    speculative decoding's verify steps, short prefill chunks).
 
     A backend offers them through ``Backend.decode_graphs(model, kv)``; results must equal the
     eager forward's.
@@ -102,16 +102,16 @@ class ModelRunner:
         tokenizer: Tokenizer | None,
         decode_graphs: DecodeGraphs | None = None,
         guided: GuidedDecoding | None = None,
-        rollback: RecurrentRollback | None = None,
+        checkpoints: DraftCheckpoints | None = None,
         hidden_observer: HiddenObserver | None = None,
     ) -> None:
-        """``rollback``: hybrid models with speculative decoding (restores the recurrent state of
-        sequences whose drafts were rejected). ``hidden_observer``: a proposer that reads each step's
-        final hidden states (MTP)."""
+        """``checkpoints``: hybrid models with speculative decoding (the recurrent state at each draft
+        position, restored for sequences whose drafts were rejected). ``hidden_observer``: a proposer that
+        reads each step's final hidden states (MTP)."""
         self.model, self.backend, self.kv, self.tokenizer = model, backend, kv, tokenizer
         self.decode_graphs = decode_graphs
         self.guided = guided
-        self.rollback = rollback
+        self.checkpoints = checkpoints
         self.hidden_observer = hidden_observer
         self.spec_stats = SpeculationStats()
         self._accepted: dict[Sequence, int] = {}
@@ -139,6 +139,8 @@ class ModelRunner:
         slots: list[np.ndarray] = []
         logits_rows: list[int] = []
         state_slots: list[int] = []
+        checkpoint_rows: list[int] = []  # hybrid models' verify steps: the state slot after each token
+        checkpoints = self.checkpoints if any(chunk.draft for chunk in chunks) else None
         starts, seq_lens = [0], []
         rows = _Rows()
         max_blocks = max(len(c.seq.table.blocks) for c in chunks)
@@ -182,6 +184,8 @@ class ModelRunner:
                     images.positions(seq.request.images, end, end + len(chunk.draft), first_row + end - start)
                 )
                 slots.append(slots_for(seq.table.blocks, self.kv.block_size, end, end + len(chunk.draft)))
+            if checkpoints is not None:
+                checkpoint_rows += checkpoints.rows(seq, chunk.num_tokens, len(chunk.draft))
             starts.append(first_row + chunk.num_tokens + len(chunk.draft))
             seq_lens.append(end + len(chunk.draft))
         host = (
@@ -193,8 +197,10 @@ class ModelRunner:
             np.concatenate(slots).astype(np.int32, copy=False),
             np.asarray(state_slots, dtype=np.int32),
         )
-        input_ids, token_positions, query_start, lengths, block_tables, slot_mapping, slot_ids = (
-            self.backend.upload_int32(host)
+        checkpointed = checkpoints is not None
+        uploads = (*host, np.asarray(checkpoint_rows, dtype=np.int32)) if checkpointed else host
+        input_ids, token_positions, query_start, lengths, block_tables, slot_mapping, slot_ids, *checkpoint_slots = (
+            self.backend.upload_int32(uploads)
         )
         meta = AttentionMetadata(
             query_start_loc=query_start, seq_lens=lengths, block_tables=block_tables, slot_mapping=slot_mapping
@@ -215,6 +221,7 @@ class ModelRunner:
             visual=visual,
             rope_rows=rope_rows,
             host_inputs=host,
+            state_checkpoints=checkpoint_slots[0] if checkpointed else None,
         )
         return batch, rows
 
@@ -245,8 +252,6 @@ class ModelRunner:
         if block_copies:
             self.kv.copy_blocks(block_copies)
         batch, rows = self.build_batch(chunks)
-        if self.rollback is not None:
-            self.rollback.save([chunk.seq for chunk in chunks if chunk.draft])
         hidden, logits = self._forward(batch)
         for chunk in chunks:
             for seq in (chunk.seq, *chunk.followers):
@@ -377,8 +382,10 @@ class ModelRunner:
                 self.spec_stats.record(len(draft), accepted)
                 self._accepted[seq] = accepted
                 seq.num_computed += accepted
-                if self.rollback is not None and accepted < len(draft) and not seq.finished:
-                    self.rollback.restore(seq)
+                if self.checkpoints is not None and accepted < len(draft) and not seq.finished:
+                    self.checkpoints.keep(seq, accepted)
+        if self.checkpoints is not None:
+            self.checkpoints.apply()
 
 
 def _tokens_per_seq(chunks: list[ScheduledChunk]) -> int:

@@ -4,7 +4,7 @@ Each step has a token budget (``max_num_batched_tokens``). The scheduler fills i
 
 1. one token for every running sequence that is decoding (with speculative decoding, plus room for
    its draft tokens when the budget and free blocks allow it; drafts never preempt; a sequence that
-   recomputes its generated tokens, after a rejected draft or preemption, gets that room too). When a decode
+   recomputes its generated tokens after preemption gets that room too). When a decode
    needs a KV block and none is free, the most recently admitted running sequence is preempted: its
    blocks and state slot are freed and it goes back to the front of the queue, to be recomputed later;
 2. the next chunk (at most ``max_prefill_tokens``) of running sequences whose prefill is
@@ -114,8 +114,8 @@ class Scheduler:
             if budget <= 0:
                 break
             count = self._prefill_chunk(seq, budget)
-            # a sequence resuming its generation (recomputing after a rejected draft on a hybrid model, or
-            # after preemption) verifies drafts behind its known tokens in the same step
+            # a sequence resuming its generation (recomputing after preemption) verifies drafts behind its known
+            # tokens in the same step
             resumes = count == seq.num_uncomputed and bool(seq.output_ids)
             room = self._draft_room(seq, budget - count, copies, count) if resumes else 0
             if room or self._reserve(seq, count, step, copies):

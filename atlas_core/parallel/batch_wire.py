@@ -4,7 +4,8 @@ The message carries the batch's arrays as host copies and re-uploads each with t
 so every rank reads bitwise the same inputs: the token ids and positions, the attention metadata (with
 ``visible_end`` when image rows look ahead), the rows to project, the recurrent-state slots, and, when the
 batch has them, the image features (`VisualRows`: rows, embeddings, deepstack features), the M-RoPE rows
-and the target's hidden states that an MTP layer reads (``input_hidden``). Rank 0 alone prepares and
+and the target's hidden states that an MTP layer reads (``input_hidden``), and the recurrent-state checkpoints of a
+hybrid model's verify step (``state_checkpoints``). Rank 0 alone prepares and
 encodes images; the other ranks never run a vision tower, they place the features they are sent.
 """
 
@@ -27,7 +28,8 @@ ROPE_ROWS = ("rope_cos", "rope_sin", "rope_rows")
 
 def batch_extras(batch: ForwardBatch) -> dict[str, Array]:
     """The optional backend arrays ``batch`` has, by wire name (``visible_end``, ``visual_rows``,
-    ``visual_embeds``, ``deepstack_<i>``, the `ROPE_ROWS`, ``input_hidden``), in message order."""
+    ``visual_embeds``, ``deepstack_<i>``, the `ROPE_ROWS`, ``input_hidden``, ``state_checkpoints``), in message
+    order."""
     extras: dict[str, Array] = {}
     if batch.attention.visible_end is not None:
         extras["visible_end"] = batch.attention.visible_end
@@ -38,6 +40,8 @@ def batch_extras(batch: ForwardBatch) -> dict[str, Array]:
         extras |= dict(zip(ROPE_ROWS, batch.rope_rows, strict=True))
     if batch.input_hidden is not None:
         extras["input_hidden"] = batch.input_hidden
+    if batch.state_checkpoints is not None:
+        extras["state_checkpoints"] = batch.state_checkpoints
     return extras
 
 
@@ -97,4 +101,5 @@ def decode_batch(backend: Backend, header: dict[str, Any], arrays: list[np.ndarr
         visual=visual,
         rope_rows=rope,
         host_inputs=host,
+        state_checkpoints=extras.get("state_checkpoints"),
     )

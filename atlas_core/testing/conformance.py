@@ -183,3 +183,13 @@ def case(backend: Backend) -> Case:
     seed = _fresh_seed()
     print(f"conformance seed {seed} (replay with {SEED_ENV}={seed})")
     return Case(backend, _tolerance(backend), seed, np.random.default_rng(seed))
+
+
+def verify_checkpoints(lengths: list[int], verifying: list[bool], rows: list[int]) -> np.ndarray:
+    """The per-token ``checkpoints`` of the recurrent ops (`atlas_core.backends.ops.checkpoints`) for a verify
+    step over sequences of ``lengths`` tokens: each sequence with ``verifying[b]`` writes its state after every
+    token but its last into the next of ``rows``; every other token has -1. int32 ``[sum(lengths)]``."""
+    out, free = [], iter(rows)
+    for length, checks in zip(lengths, verifying, strict=True):
+        out += [next(free) for _ in range(length - 1)] + [-1] if checks and length else [-1] * length
+    return np.asarray(out, dtype=np.int32)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from atlas_core.backends.ops import OpGroup, host_state, on_host
+from atlas_core.backends.ops.checkpoints import check_checkpoints, checkpoint_segments
 
 if TYPE_CHECKING:
     from atlas_core.backends.base import Array
@@ -161,9 +162,10 @@ def gated_delta_rule_reference(
     *,
     scale: float,
     l2norm_qk: bool = True,
+    checkpoints: np.ndarray | None = None,
 ) -> np.ndarray:
-    """`GatedDeltaOps.gated_delta_rule` on host arrays (``state`` is updated in place): sequences of one
-    token take the recurrent form, longer ones the chunked form."""
+    """`GatedDeltaOps.gated_delta_rule` on host arrays (``state`` is updated in place, and its ``checkpoints``
+    rows written): runs of one token take the recurrent form, longer ones the chunked form."""
     tokens, key_heads, key_dim = q.shape
     value_heads, value_dim = v.shape[1:]
     if k.shape != q.shape or value_heads % key_heads or state.shape[1:] != (value_heads, key_dim, value_dim):
@@ -171,17 +173,21 @@ def gated_delta_rule_reference(
             f"gated_delta_rule: q {q.shape}, k {k.shape}, v {v.shape} and state {state.shape} do not fit "
             "(q, k [T, Hk, Dk], v [T, Hv, Dv] with Hv a multiple of Hk, state [S, Hv, Dk, Dv])"
         )
+    check_checkpoints(checkpoints, tokens, state_slots, state.shape[0])
     group = value_heads // key_heads
     out = np.zeros((tokens, value_heads, value_dim), dtype=np.float32)
     for start, end, slot in _sequences(query_start_loc, state_slots, state.shape[0]):
-        qs, ks = q[start:end].astype(np.float32), k[start:end].astype(np.float32)
-        if l2norm_qk:
-            qs, ks = _l2_normalise(qs), _l2_normalise(ks)
-        qs = np.repeat(qs * np.float32(scale), group, axis=1)
-        ks = np.repeat(ks, group, axis=1)
-        form = gated_delta_recurrent if end - start == 1 else gated_delta_chunked
-        vs = v[start:end].astype(np.float32)
-        out[start:end], state[slot] = form(qs, ks, vs, g[start:end], beta[start:end], state[slot])
+        for first, stop, checkpoint in checkpoint_segments(start, end, checkpoints):
+            qs, ks = q[first:stop].astype(np.float32), k[first:stop].astype(np.float32)
+            if l2norm_qk:
+                qs, ks = _l2_normalise(qs), _l2_normalise(ks)
+            qs = np.repeat(qs * np.float32(scale), group, axis=1)
+            ks = np.repeat(ks, group, axis=1)
+            form = gated_delta_recurrent if stop - first == 1 else gated_delta_chunked
+            vs = v[first:stop].astype(np.float32)
+            out[first:stop], state[slot] = form(qs, ks, vs, g[first:stop], beta[first:stop], state[slot])
+            if checkpoint >= 0:
+                state[checkpoint] = state[slot]
     return out
 
 
@@ -222,6 +228,7 @@ class GatedDeltaOps(OpGroup):
         *,
         scale: float,
         l2norm_qk: bool = True,
+        checkpoints: Array | None = None,
     ) -> Array:
         """The gated delta rule of every sequence of a varlen batch, continuing from its state.
 
@@ -232,11 +239,24 @@ class GatedDeltaOps(OpGroup):
         multiplied by ``scale``. Per token, in order: ``S = exp(g) S``; ``S += k ⊗ beta (v - kᵀS)``;
         output ``qᵀS`` -> ``[T, Hv, Dv]`` activations. Math in float32; a kernel may use the chunked
         form for prefill and the recurrent form for decode (`gated_delta_chunked`,
-        `gated_delta_recurrent`): results agree to rounding.
+        `gated_delta_recurrent`): results agree to rounding. ``checkpoints``: the state after chosen tokens
+        also written to other rows of ``state`` (`atlas_core.backends.ops.checkpoints`).
         """
         reference = functools.partial(gated_delta_rule_reference, scale=scale, l2norm_qk=l2norm_qk)
         with host_state(self.backend, state) as (state_on_host,):
-            return on_host(self.backend, reference, q, k, v, g, beta, state_on_host, query_start_loc, state_slots)
+            return on_host(
+                self.backend,
+                reference,
+                q,
+                k,
+                v,
+                g,
+                beta,
+                state_on_host,
+                query_start_loc,
+                state_slots,
+                checkpoints=checkpoints,
+            )
 
     def gated_delta_rule_with_gates(
         self,
@@ -254,6 +274,7 @@ class GatedDeltaOps(OpGroup):
         scale: float,
         l2norm_qk: bool = True,
         norm: OutputNorm | None = None,
+        checkpoints: Array | None = None,
     ) -> Array:
         """`gated_delta_rule` with its ``g`` and ``beta`` from `gdn_gates` over ``a``, ``b``, ``a_log`` and
         ``dt_bias``, and with ``norm`` its output through `rms_norm_silu_gate`: one op, so that a backend can
@@ -261,7 +282,17 @@ class GatedDeltaOps(OpGroup):
         default runs them)."""
         g, beta = self.gdn_gates(a, b, a_log, dt_bias)
         core = self.gated_delta_rule(
-            q, k, v, g, beta, state, query_start_loc, state_slots, scale=scale, l2norm_qk=l2norm_qk
+            q,
+            k,
+            v,
+            g,
+            beta,
+            state,
+            query_start_loc,
+            state_slots,
+            scale=scale,
+            l2norm_qk=l2norm_qk,
+            checkpoints=checkpoints,
         )
         return core if norm is None else self.rms_norm_silu_gate(core, norm.gate, norm.weight, norm.eps)
 

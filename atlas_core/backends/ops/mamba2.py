@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from atlas_core.backends.ops import OpGroup, host_state, on_host
+from atlas_core.backends.ops.checkpoints import check_checkpoints, checkpoint_segments
 
 if TYPE_CHECKING:
     from atlas_core.backends.base import Array
@@ -63,6 +64,7 @@ def causal_conv1d_reference(
     conv_state: np.ndarray,
     query_start_loc: np.ndarray,
     state_slots: np.ndarray,
+    checkpoints: np.ndarray | None = None,
 ) -> np.ndarray:
     """Depthwise causal convolution + SiLU over each sequence, continuing from and updating its state.
 
@@ -70,7 +72,8 @@ def causal_conv1d_reference(
     K - 1 inputs of each slot, oldest first) -> ``[T, C]`` in ``x``'s dtype. For sequence b with rows
     ``r0:r1`` and slot s, ``w = [conv_state[s].T ; x[r0:r1]]`` (``K - 1 + L`` rows) and
     ``out[r0 + t] = silu(sum_k w[t + k] * weight[:, k] + bias)``; afterwards ``conv_state[s]`` holds
-    the last K - 1 rows of ``w`` (in place). Other slots are untouched.
+    the last K - 1 rows of ``w`` (in place), and row ``checkpoints[t]`` (`atlas_core.backends.ops.checkpoints`)
+    the K - 1 rows of ``w`` that end with token t. Other slots are untouched.
     """
     kernel = weight.shape[1]
     if conv_state.shape[1:] != (weight.shape[0], kernel - 1) or x.shape[1] != weight.shape[0]:
@@ -78,6 +81,7 @@ def causal_conv1d_reference(
             f"causal_conv1d: x {x.shape}, weight {weight.shape} and conv_state {conv_state.shape} do not agree "
             "(expected x [T, C], weight [C, K], conv_state [S, C, K-1])"
         )
+    check_checkpoints(checkpoints, x.shape[0], state_slots, conv_state.shape[0])
     w = weight.astype(F32)
     out = np.empty(x.shape, dtype=x.dtype)
     for r0, r1, slot in _sequences(query_start_loc, state_slots):
@@ -91,6 +95,9 @@ def causal_conv1d_reference(
         if bias is not None:
             acc += bias.astype(F32)
         out[r0:r1] = _silu(acc)
+        for _, stop, checkpoint in checkpoint_segments(r0, r1, checkpoints):
+            if checkpoint >= 0:
+                conv_state[checkpoint] = window[stop - r0 : stop - r0 + kernel - 1].T
         conv_state[slot] = window[length:].T
     return out
 
@@ -147,35 +154,39 @@ def mamba2_scan_reference(
     chunk_size: int,
     dt_min: float,
     dt_max: float,
+    checkpoints: np.ndarray | None = None,
 ) -> np.ndarray:
     """The selective scan over a varlen batch, chunked form (see the module docstring).
 
     ``x [T, Hm, P]``, ``dt [T, Hm]``, ``A``/``D``/``dt_bias [Hm]``, ``B``/``C [T, G, N]``,
     ``ssm_state [S, Hm, P, N]`` (float32, in place: each sequence starts from its slot's row and
-    leaves its final state there) -> ``y [T, Hm, P]`` in ``x``'s dtype. ``chunk_size >= 1``.
+    leaves its final state there, and the state after token t in row ``checkpoints[t]``,
+    `atlas_core.backends.ops.checkpoints`) -> ``y [T, Hm, P]`` in ``x``'s dtype. ``chunk_size >= 1``.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     heads = x.shape[1]
     if heads % B.shape[1]:
         raise ValueError(f"mamba2_scan: {heads} heads are not a multiple of {B.shape[1]} groups")
+    check_checkpoints(checkpoints, x.shape[0], state_slots, ssm_state.shape[0])
     out = np.empty(x.shape, dtype=x.dtype)
     a, d = A.astype(F32), D.astype(F32)
     for r0, r1, slot in _sequences(query_start_loc, state_slots):
-        if r1 == r0:
-            continue
-        xs = x[r0:r1].astype(F32)
-        delta = _discretise(dt[r0:r1], dt_bias, dt_min, dt_max)
-        y, ssm_state[slot] = _ssd_chunks(
-            xs,
-            delta,
-            a,
-            _per_head(B[r0:r1], heads),
-            _per_head(C[r0:r1], heads),
-            ssm_state[slot].astype(F32),
-            chunk_size,
-        )
-        out[r0:r1] = y + d[:, None] * xs
+        for first, stop, checkpoint in checkpoint_segments(r0, r1, checkpoints):
+            xs = x[first:stop].astype(F32)
+            delta = _discretise(dt[first:stop], dt_bias, dt_min, dt_max)
+            y, ssm_state[slot] = _ssd_chunks(
+                xs,
+                delta,
+                a,
+                _per_head(B[first:stop], heads),
+                _per_head(C[first:stop], heads),
+                ssm_state[slot].astype(F32),
+                chunk_size,
+            )
+            out[first:stop] = y + d[:, None] * xs
+            if checkpoint >= 0:
+                ssm_state[checkpoint] = ssm_state[slot]
     return out
 
 
@@ -245,11 +256,23 @@ class Mamba2Ops(OpGroup):
         conv_state: Array,
         query_start_loc: Array,
         state_slots: Array,
+        checkpoints: Array | None = None,
     ) -> Array:
         """Depthwise causal conv1d + SiLU per sequence, continuing from ``conv_state [S, C, K-1]`` and
-        updating it in place (`causal_conv1d_reference`). ``x [T, C]`` activations -> new ``[T, C]``."""
+        updating it in place, with the windows of ``checkpoints`` (`causal_conv1d_reference`). ``x [T, C]``
+        activations -> new ``[T, C]``."""
         with host_state(self.backend, conv_state) as (state,):
-            return on_host(self.backend, causal_conv1d_reference, x, weight, bias, state, query_start_loc, state_slots)
+            return on_host(
+                self.backend,
+                causal_conv1d_reference,
+                x,
+                weight,
+                bias,
+                state,
+                query_start_loc,
+                state_slots,
+                checkpoints,
+            )
 
     def mamba2_scan(
         self,
@@ -266,10 +289,12 @@ class Mamba2Ops(OpGroup):
         chunk_size: int,
         dt_min: float = 0.0,
         dt_max: float = float("inf"),
+        checkpoints: Array | None = None,
     ) -> Array:
         """Selective scan over a varlen batch from and into ``ssm_state [S, Hm, P, N]`` (float32, in
-        place) -> new ``y [T, Hm, P]`` (`mamba2_scan_reference`). ``chunk_size`` is the block length of
-        the chunked form; the values do not depend on it beyond rounding."""
+        place; with ``checkpoints``, the state after chosen tokens into other rows) -> new ``y [T, Hm, P]``
+        (`mamba2_scan_reference`). ``chunk_size`` is the block length of the chunked form; the values do
+        not depend on it beyond rounding."""
         with host_state(self.backend, ssm_state) as (state,):
             return on_host(
                 self.backend,
@@ -287,6 +312,7 @@ class Mamba2Ops(OpGroup):
                 chunk_size,
                 dt_min,
                 dt_max,
+                checkpoints,
             )
 
     def mamba2_decode(

@@ -1,4 +1,4 @@
-"""Verification of draft tokens: which sampled tokens a sequence keeps, the recurrent-state rollback of
+"""Verification of draft tokens: which sampled tokens a sequence keeps, the recurrent-state checkpoints of
 hybrid models, and the acceptance counters.
 
 The runner samples the target model's token at every position of a verified chunk (the decode token's
@@ -81,27 +81,41 @@ class StateCopier(Protocol):
     def copy_state(self, src: list[int], dst: list[int]) -> None: ...
 
 
-class RecurrentRollback:
-    """Hybrid models: a verify forward advances a sequence's recurrent state over all its draft tokens.
-    Before it, `save` copies each verified sequence's state slot into a scratch slot; when some drafts
-    are rejected, `restore` puts the saved state back and the sequence recomputes its confirmed tokens
-    in the next step (its attention KV at those positions is rewritten with the same values)."""
+class DraftCheckpoints:
+    """Hybrid models: the recurrent state at every draft position of a verify step, so that rejected drafts
+    cost no recomputation.
 
-    def __init__(self, model: StateCopier, scratch_slots: Seq[int]) -> None:
+    A verify forward advances a sequence's recurrent state over all its draft tokens. The sequence holding
+    state slot ``s`` owns the checkpoint slots ``first_slot + s * per_sequence + i`` (``per_sequence``: the
+    most drafts a sequence verifies); `rows` tells the recurrent ops (``ForwardBatch.state_checkpoints``) to
+    write the state after the sequence's last known token into checkpoint 0 and after draft ``i`` into
+    checkpoint ``i + 1`` (the state after the last draft stays in ``s``). When a sequence keeps ``a`` of its
+    ``n < len(draft)`` drafts, `keep` queues the copy of checkpoint ``a`` into ``s``; `apply` runs the queued
+    copies as one `copy_state` call, before the next forward reads the slots."""
+
+    def __init__(self, model: StateCopier, first_slot: int, per_sequence: int) -> None:
         self.model = model
-        self.scratch = list(scratch_slots)
-        self._saved: dict[Sequence, tuple[int, int]] = {}  # seq -> (scratch slot, num_computed before)
+        self.first_slot, self.per_sequence = first_slot, per_sequence
+        self._copies: list[tuple[int, int]] = []
 
-    def save(self, seqs: Seq[Sequence]) -> None:
-        """Copy the state slots of ``seqs`` (at most ``len(scratch_slots)``) before their verify forward."""
-        if len(seqs) > len(self.scratch):
-            raise RuntimeError(f"{len(seqs)} verified sequences but {len(self.scratch)} scratch state slots")
-        self._saved = {seq: (slot, seq.num_computed) for seq, slot in zip(seqs, self.scratch, strict=False)}
-        if seqs:
-            self.model.copy_state([seq.held_state_slot() for seq in seqs], self.scratch[: len(seqs)])
+    def _checkpoint(self, seq: Sequence, position: int) -> int:
+        return self.first_slot + seq.held_state_slot() * self.per_sequence + position
 
-    def restore(self, seq: Sequence) -> None:
-        """Undo ``seq``'s verify forward: its saved state and its ``num_computed`` from before it."""
-        slot, num_computed = self._saved.pop(seq)
-        self.model.copy_state([slot], [seq.held_state_slot()])
-        seq.num_computed = num_computed
+    def rows(self, seq: Sequence, num_tokens: int, num_drafts: int) -> list[int]:
+        """The checkpoint slot of each of a chunk's ``num_tokens`` known tokens and ``num_drafts`` drafts, in
+        batch order (-1: none)."""
+        if num_drafts > self.per_sequence:
+            raise ValueError(f"{num_drafts} drafts but {self.per_sequence} checkpoint slots per sequence")
+        positions = [self._checkpoint(seq, i) for i in range(num_drafts)]
+        return [-1] * (num_tokens - 1) + positions + [-1] * (1 if num_tokens else 0)
+
+    def keep(self, seq: Sequence, accepted: int) -> None:
+        """``seq`` kept ``accepted`` drafts, fewer than it verified: queue its state's rollback to that position."""
+        self._copies.append((self._checkpoint(seq, accepted), seq.held_state_slot()))
+
+    def apply(self) -> None:
+        """Run the queued rollbacks (one `copy_state` call)."""
+        if self._copies:
+            sources, destinations = (list(column) for column in zip(*self._copies, strict=True))
+            self._copies.clear()
+            self.model.copy_state(sources, destinations)

@@ -115,7 +115,13 @@ class GatedDeltaNet:
         projected = backend.linear(x, w.in_proj)
         conv_end, z_end = shape.conv_dim, shape.conv_dim + shape.value_dim
         mixed = backend.ops(Mamba2Ops).causal_conv1d(
-            projected[:, :conv_end], w.conv, None, arrays["conv"], starts, batch.state_slots
+            projected[:, :conv_end],
+            w.conv,
+            None,
+            arrays["conv"],
+            starts,
+            batch.state_slots,
+            checkpoints=batch.state_checkpoints,
         )
         q = mixed[:, : shape.key_dim].reshape(tokens, shape.num_key_heads, shape.key_head_dim)
         k = mixed[:, shape.key_dim : 2 * shape.key_dim].reshape(tokens, shape.num_key_heads, shape.key_head_dim)
@@ -136,5 +142,6 @@ class GatedDeltaNet:
             batch.state_slots,
             scale=shape.key_head_dim**-0.5,
             norm=OutputNorm(z, w.norm, shape.norm_eps),
+            checkpoints=batch.state_checkpoints,
         )
         return backend.linear(normed.reshape(tokens, shape.value_dim), w.out_proj)

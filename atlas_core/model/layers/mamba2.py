@@ -118,7 +118,8 @@ class Mamba2Mixer:
         xbc = projected[:, inner : inner + s.conv_dim]
         dt = projected[:, inner + s.conv_dim :]
         starts, slots = batch.attention.query_start_loc, batch.state_slots
-        xbc = mamba.causal_conv1d(xbc, w.conv, w.conv_bias, arrays["conv"], starts, slots)
+        checkpoints = batch.state_checkpoints
+        xbc = mamba.causal_conv1d(xbc, w.conv, w.conv_bias, arrays["conv"], starts, slots, checkpoints=checkpoints)
         hidden = xbc[:, :inner].reshape(tokens, s.num_heads, s.head_dim)
         B = xbc[:, inner : inner + groups_width].reshape(tokens, s.n_groups, s.state_size)
         C = xbc[:, inner + groups_width :].reshape(tokens, s.n_groups, s.state_size)
@@ -126,7 +127,20 @@ class Mamba2Mixer:
             y = mamba.mamba2_decode(hidden, dt, w.A, B, C, w.D, w.dt_bias, arrays["ssm"], slots, s.dt_min, s.dt_max)
         else:
             y = mamba.mamba2_scan(
-                hidden, dt, w.A, B, C, w.D, w.dt_bias, arrays["ssm"], starts, slots, s.chunk_size, s.dt_min, s.dt_max
+                hidden,
+                dt,
+                w.A,
+                B,
+                C,
+                w.D,
+                w.dt_bias,
+                arrays["ssm"],
+                starts,
+                slots,
+                s.chunk_size,
+                s.dt_min,
+                s.dt_max,
+                checkpoints=checkpoints,
             )
         normed = mamba.gated_rms_norm(y.reshape(tokens, inner), gate, w.norm, s.norm_eps, inner // s.n_groups)
         return backend.linear(normed, w.out_proj, w.out_proj_bias)

@@ -5,8 +5,9 @@ L2 norms, the scale, the decay and beta fused in both, and the state row of the 
 written once:
 
 * the recurrent form (``gated_delta_rule_bf16``): a block per (32 value dims, value head, sequence) keeps its
-  slice of the fp32 state ``[Dk, 32]`` in registers and walks the tokens in order. Decode, verify steps and
-  every sequence in the batch-invariant mode take it: its bits do not depend on how a prompt is cut into calls.
+  slice of the fp32 state ``[Dk, 32]`` in registers and walks the tokens in order, storing it after the tokens
+  that have checkpoints. Decode, verify steps, calls with checkpoints and every sequence in the batch-invariant
+  mode take it: its bits do not depend on how a prompt is cut into calls.
 * the chunked form (``gated_delta_chunked_k*_bf16``), for sequences with at least `CHUNK_TOKENS` tokens in a
   call outside the batch-invariant mode: 64 tokens at a time on the tensor cores (the kernel's header states
   the algebra), the prefill path.
@@ -27,7 +28,7 @@ import numpy as np
 
 from atlas_core.backends.base import Array
 from atlas_core.backends.ops.gated_delta import GatedDeltaOps, OutputNorm
-from atlas_gb10.arrays import element_strides
+from atlas_gb10.arrays import element_strides, null_or
 from atlas_gb10.backend import CudaBackend
 from atlas_gb10.launch import Kernel, supports_clusters
 from atlas_gb10.recurrent import (
@@ -111,13 +112,17 @@ class CudaGatedDeltaOps(GatedDeltaOps):
         *,
         scale: float,
         l2norm_qk: bool = True,
+        checkpoints: Array | None = None,
     ) -> Array:
         if q.shape[2] > MAX_KEY_DIM:
             return super().gated_delta_rule(
-                q, k, v, g, beta, state, query_start_loc, state_slots, scale=scale, l2norm_qk=l2norm_qk
+                *(q, k, v, g, beta, state, query_start_loc, state_slots),
+                scale=scale,
+                l2norm_qk=l2norm_qk,
+                checkpoints=checkpoints,
             )
         gates = (float32(self.backend, g), float32(self.backend, beta), *NO_PROJECTIONS)
-        return self._rule(q, k, v, gates, state, query_start_loc, state_slots, scale, l2norm_qk)
+        return self._rule(q, k, v, gates, state, query_start_loc, state_slots, scale, l2norm_qk, None, checkpoints)
 
     def gated_delta_rule_with_gates(
         self,
@@ -135,6 +140,7 @@ class CudaGatedDeltaOps(GatedDeltaOps):
         scale: float,
         l2norm_qk: bool = True,
         norm: OutputNorm | None = None,
+        checkpoints: Array | None = None,
     ) -> Array:
         """The gates computed by the rule's kernels as they read each token (the bits of `gdn_gates`), and the
         norm by the recurrent kernel where `normed_kernel` finds one (the bits of `rms_norm_silu_gate`)."""
@@ -154,6 +160,7 @@ class CudaGatedDeltaOps(GatedDeltaOps):
                 scale=scale,
                 l2norm_qk=l2norm_qk,
                 norm=norm,
+                checkpoints=checkpoints,
             )
         backend.require_bf16("gated_delta_rule_with_gates", a, b)
         a, b = backend.contiguous_rows(a), backend.contiguous_rows(b)
@@ -166,7 +173,7 @@ class CudaGatedDeltaOps(GatedDeltaOps):
             float32(backend, a_log),
             float32(backend, dt_bias),
         )
-        return self._rule(q, k, v, gates, state, query_start_loc, state_slots, scale, l2norm_qk, norm)
+        return self._rule(q, k, v, gates, state, query_start_loc, state_slots, scale, l2norm_qk, norm, checkpoints)
 
     def _rule(
         self,
@@ -179,11 +186,13 @@ class CudaGatedDeltaOps(GatedDeltaOps):
         state_slots: Array,
         scale: float,
         l2norm_qk: bool,
-        norm: OutputNorm | None = None,
+        norm: OutputNorm | None,
+        checkpoints: Array | None,
     ) -> Array:
-        """The recurrent launch, and the chunked one where `chunked_kernel` finds one; ``gates``: the
-        ``GDN_GATE_PARAMS`` arguments of ``recurrent_gates.cuh``; with ``norm``, the output normed (inside the
-        recurrent kernel where `normed_kernel` finds one, else by `rms_norm_silu_gate` after the launches)."""
+        """The recurrent launch, and the chunked one where `chunked_kernel` finds one and no token has a checkpoint;
+        ``gates``: the ``GDN_GATE_PARAMS`` arguments of ``recurrent_gates.cuh``; with ``norm``, the output normed
+        (inside the recurrent kernel where `normed_kernel` finds one, else by `rms_norm_silu_gate` after the
+        launches)."""
         backend = self.backend
         tokens, key_heads, key_dim = q.shape
         value_heads, value_dim = v.shape[1:]
@@ -192,7 +201,7 @@ class CudaGatedDeltaOps(GatedDeltaOps):
                 f"gated_delta_rule: q {q.shape}, k {k.shape}, v {v.shape} and state {state.shape} do not fit "
                 "(q, k [T, Hk, Dk], v [T, Hv, Dv] with Hv a multiple of Hk, state [S, Hv, Dk, Dv])"
             )
-        check_state_slots(backend, state_slots, state.shape[0])
+        check_state_slots(backend, state_slots, state.shape[0], checkpoints, tokens)
         if state.dtype != F32 or not state.flags.c_contiguous:
             raise TypeError(f"gated_delta_rule: the state must be a contiguous float32 array, got {state.dtype}")
         backend.require_bf16("gated_delta_rule", q, k, v)
@@ -210,10 +219,12 @@ class CudaGatedDeltaOps(GatedDeltaOps):
             *(state, query_start_loc, state_slots, out),
             *(np.int32(key_heads), np.int32(value_heads)),
         )
-        chunked = chunked_kernel(backend, "gated_delta", (q, k, v), key_dim, value_dim, num_seqs)
+        chunked = None
+        if checkpoints is None:
+            chunked = chunked_kernel(backend, "gated_delta", (q, k, v), key_dim, value_dim, num_seqs)
         chunk_from = np.int32(CHUNK_TOKENS if chunked else NO_CHUNKS)
         flags = (np.float32(scale), np.int32(l2norm_qk), chunk_from)
-        recurrent = (*inputs, np.int32(key_dim), np.int32(value_dim), *flags)
+        recurrent = (*inputs, np.int32(key_dim), np.int32(value_dim), *flags, null_or(checkpoints))
         fused = None if norm is None or chunked else normed_kernel(backend, value_dim)
         if fused is not None and norm is not None:
             recurrent = (*recurrent, *self._norm_arguments(norm, out))

@@ -21,7 +21,8 @@ kernel's launch overlaps the tail of the one before it.
 Steps of several tokens per sequence, as many for each (`ForwardBatch.tokens_per_seq`: speculative
 decoding's verify steps, the recompute after a rejected draft, short prefill chunks), replay graphs of
 their own, keyed by the exact number of sequences (at most `MAX_VERIFY_SEQS`), the tokens per sequence
-and the context splits, at most `MAX_VERIFY_GRAPHS` of them; their inputs have their own buffers. A
+and the context splits, at most `MAX_VERIFY_GRAPHS` of them; their inputs have their own buffers, with the
+recurrent-state checkpoints of each token (`ForwardBatch.state_checkpoints`, -1 where a step has none). A
 model whose multi-token step cannot be captured (MLA, say) runs those steps eagerly.
 """
 
@@ -275,6 +276,7 @@ class _VerifyBuffers:
         self.seq_lens = cp.zeros((seqs,), dtype=np.int32)
         self.block_tables = cp.zeros((seqs, table_width), dtype=np.int32)
         self.state_slots = cp.full((seqs,), -1, dtype=np.int32)
+        self.state_checkpoints = cp.full((tokens,), -1, dtype=np.int32)
 
     def warm_up_batch(self, b: int, q: int) -> ForwardBatch:
         """The batch over the buffers for ``b`` sequences of ``q`` tokens, set for a warm-up that reads
@@ -284,6 +286,7 @@ class _VerifyBuffers:
         self.block_tables[:b] = 0
         self.slot_mapping[:n] = -1
         self.state_slots[:b] = -1
+        self.state_checkpoints[:n] = -1
         return ForwardBatch(
             input_ids=self.input_ids[:n],
             positions=self.positions[:n],
@@ -297,6 +300,7 @@ class _VerifyBuffers:
             state_slots=self.state_slots[:b],
             tokens_per_seq=q,
             input_hidden=None if self.input_hidden is None else self.input_hidden[:n],
+            state_checkpoints=self.state_checkpoints[:n],
         )
 
     def load(self, batch: ForwardBatch, width: int) -> None:
@@ -308,5 +312,9 @@ class _VerifyBuffers:
         self.seq_lens[:b] = meta.seq_lens
         self.block_tables[:b, :width] = meta.block_tables
         self.state_slots[:b] = batch.state_slots
+        if batch.state_checkpoints is None:
+            self.state_checkpoints[:n] = -1
+        else:
+            self.state_checkpoints[:n] = batch.state_checkpoints
         if self.input_hidden is not None:
             self.input_hidden[:n] = batch.input_hidden

@@ -3,13 +3,15 @@
 ``causal_conv1d`` (also the gated delta net's convolution): decode-sized batches take one kernel, a
 thread per (channel, sequence) sliding its window over the sequence's rows and leaving the last K - 1
 inputs in the state row; larger batches compute the outputs a thread per (channel, row) and then update
-the state rows with the same per-sequence kernel (outputs off). ``mamba2_scan`` and ``mamba2_decode`` are
-one recurrent kernel: a warp per (8 head dims, head, sequence) keeps those rows of the fp32 SSM state in
-registers and walks the sequence's tokens in order, with dt bias, softplus, the dt limits and the D skip
-fused. Outside the batch-invariant mode, sequences with at least 64 tokens in a ``mamba2_scan`` call take
-the chunked form instead (SSD over 64-token chunks on the tensor cores, ``kernels/chunked_scan.cu``); the
-kernels' chunks are their own, whatever the model's ``chunk_size``. ``gated_rms_norm`` is a warp per
-(token, group), ``relu_squared`` elementwise. Decode steps read nothing back to the host, so they capture.
+the state rows with the same per-sequence kernel (outputs off). That kernel also stores the windows of
+checkpointed tokens. ``mamba2_scan`` and ``mamba2_decode`` are one recurrent kernel: a warp per (8 head
+dims, head, sequence) keeps those rows of the fp32 SSM state in registers and walks the sequence's tokens
+in order, with dt bias, softplus, the dt limits and the D skip fused, storing the state after checkpointed
+tokens. Outside the batch-invariant mode, in calls without checkpoints, sequences with at least 64 tokens in
+a ``mamba2_scan`` call take the chunked form instead (SSD over 64-token chunks on the tensor cores,
+``kernels/chunked_scan.cu``); the kernels' chunks are their own, whatever the model's ``chunk_size``.
+``gated_rms_norm`` is a warp per (token, group), ``relu_squared`` elementwise. Decode steps read nothing
+back to the host, so they capture.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class CudaMamba2Ops(Mamba2Ops):
         conv_state: Array,
         query_start_loc: Array,
         state_slots: Array,
+        checkpoints: Array | None = None,
     ) -> Array:
         backend, cp = self.backend, self.backend.cp
         tokens, channels = x.shape
@@ -74,9 +77,9 @@ class CudaMamba2Ops(Mamba2Ops):
                 "(expected x [T, C], weight [C, K], conv_state [S, C, K-1])"
             )
         if taps > CONV_MAX_TAPS:
-            return super().causal_conv1d(x, weight, bias, conv_state, query_start_loc, state_slots)
+            return super().causal_conv1d(x, weight, bias, conv_state, query_start_loc, state_slots, checkpoints)
         backend.require_bf16("causal_conv1d", x, weight, bias, conv_state)
-        check_state_slots(backend, state_slots, conv_state.shape[0])
+        check_state_slots(backend, state_slots, conv_state.shape[0], checkpoints, tokens)
         if not conv_state.flags.c_contiguous:
             raise ValueError("causal_conv1d: the conv state must be contiguous")
         x = backend.contiguous_rows(x)
@@ -106,7 +109,11 @@ class CudaMamba2Ops(Mamba2Ops):
                 (CONV_THREADS,),
                 (x, ldx, *common, np.int32(num_seqs), np.int32(tokens)),
             )
-        per_sequence((channel_blocks, num_seqs), (CONV_THREADS,), (x, ldx, *common, np.int32(decode_sized)))
+        per_sequence(
+            (channel_blocks, num_seqs),
+            (CONV_THREADS,),
+            (x, ldx, *common, np.int32(decode_sized), null_or(checkpoints)),
+        )
         return out
 
     def mamba2_scan(
@@ -124,14 +131,14 @@ class CudaMamba2Ops(Mamba2Ops):
         chunk_size: int,
         dt_min: float = 0.0,
         dt_max: float = float("inf"),
+        checkpoints: Array | None = None,
     ) -> Array:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        arguments = (x, dt, A, B, C, D, dt_bias, ssm_state, query_start_loc, state_slots)
         if lane_states(B.shape[-1]) is None:
-            return super().mamba2_scan(
-                x, dt, A, B, C, D, dt_bias, ssm_state, query_start_loc, state_slots, chunk_size, dt_min, dt_max
-            )
-        return self._scan(x, dt, A, B, C, D, dt_bias, ssm_state, query_start_loc, state_slots, dt_min, dt_max)
+            return super().mamba2_scan(*arguments, chunk_size, dt_min, dt_max, checkpoints)
+        return self._scan(*arguments, dt_min, dt_max, checkpoints)
 
     def mamba2_decode(
         self,
@@ -149,7 +156,7 @@ class CudaMamba2Ops(Mamba2Ops):
     ) -> Array:
         if lane_states(B.shape[-1]) is None:
             return super().mamba2_decode(x, dt, A, B, C, D, dt_bias, ssm_state, state_slots, dt_min, dt_max)
-        return self._scan(x, dt, A, B, C, D, dt_bias, ssm_state, None, state_slots, dt_min, dt_max)
+        return self._scan(x, dt, A, B, C, D, dt_bias, ssm_state, None, state_slots, dt_min, dt_max, None)
 
     def _scan(
         self,
@@ -165,9 +172,11 @@ class CudaMamba2Ops(Mamba2Ops):
         state_slots: Array,
         dt_min: float,
         dt_max: float,
+        checkpoints: Array | None,
     ) -> Array:
         """`mamba2_scan` over the sequences of ``query_start_loc``, or with None one token per sequence
-        (`mamba2_decode`); the state size must have `lane_states`."""
+        (`mamba2_decode`); the state size must have `lane_states`. A call with ``checkpoints`` takes the recurrent
+        form for every sequence."""
         backend, cp = self.backend, self.backend.cp
         tokens, heads, head_dim = x.shape
         groups, state_size = B.shape[1:]
@@ -177,7 +186,7 @@ class CudaMamba2Ops(Mamba2Ops):
                 "(x [T, Hm, P], B/C [T, G, N] with Hm a multiple of G, ssm_state [S, Hm, P, N])"
             )
         backend.require_bf16("mamba2 scan", x, dt, B, C)
-        check_state_slots(backend, state_slots, ssm_state.shape[0])
+        check_state_slots(backend, state_slots, ssm_state.shape[0], checkpoints, tokens)
         if ssm_state.dtype != F32 or not ssm_state.flags.c_contiguous:
             raise TypeError(f"mamba2 scan: the SSM state must be a contiguous float32 array, got {ssm_state.dtype}")
         x, dt, B, C = (backend.contiguous_rows(a) for a in (x, dt, B, C))
@@ -195,11 +204,13 @@ class CudaMamba2Ops(Mamba2Ops):
             *(np.float32(dt_min), np.float32(dt_max)),
         )
         chunked = None
-        if query_start_loc is not None:
+        if query_start_loc is not None and checkpoints is None:
             chunked = chunked_kernel(backend, "mamba2", (x, B, C), state_size, head_dim, num_seqs)
         chunk_from = np.int32(CHUNK_TOKENS if chunked else NO_CHUNKS)
         kernel(backend, f"mamba2_scan_n{lane_states(state_size)}_bf16")(
-            (math.ceil(head_dim / SCAN_ROWS_PER_BLOCK), heads, num_seqs), (SCAN_THREADS,), (*arguments, chunk_from)
+            (math.ceil(head_dim / SCAN_ROWS_PER_BLOCK), heads, num_seqs),
+            (SCAN_THREADS,),
+            (*arguments, chunk_from, null_or(checkpoints)),
         )
         if chunked:
             chunked_scan, smem = chunked

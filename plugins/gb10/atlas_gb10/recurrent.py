@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from atlas_core.backends.base import Array
+from atlas_core.backends.ops.checkpoints import check_checkpoints
 from atlas_gb10.arrays import element_strides
 from atlas_gb10.launch import Kernel
 
@@ -43,20 +44,30 @@ def grid_stride_blocks(backend: Any, total: int, threads: int = 256) -> int:
 
 
 class _LastChecked:
-    """The state-slot array `check_state_slots` validated last (held, so it cannot be another array reusing its id)."""
+    """The state-slot and checkpoint arrays `check_state_slots` validated last (held, so that they cannot be other
+    arrays reusing their ids)."""
 
     slots: Any = None
+    checkpoints: Any = None
 
 
-def check_state_slots(backend: Any, state_slots: Array, num_slots: int) -> None:
+def check_state_slots(
+    backend: Any, state_slots: Array, num_slots: int, checkpoints: Array | None = None, tokens: int = 0
+) -> None:
     """Raise `ValueError` when a slot lies outside ``[-1, num_slots)`` or two sequences share a slot (-1, a
-    padding row that reads and writes no state, may repeat).
+    padding row that reads and writes no state, may repeat), or when ``checkpoints`` (one entry per token of the
+    ``tokens``) breaks `atlas_core.backends.ops.checkpoints.check_checkpoints`.
 
     The check reads the slots on the host, a synchronisation, so it runs once per slot array (every layer of
-    a forward receives the same array, which must not be modified in place afterwards) and never while the
-    current stream is capturing a CUDA graph (decode graphs fill their slot buffer on the device).
+    a forward receives the same arrays, which must not be modified in place afterwards) and never while the
+    current stream is capturing a CUDA graph (graphs fill their slot buffers on the device).
     """
-    if state_slots is _LastChecked.slots or backend.cp.cuda.get_current_stream().is_capturing():
+    if backend.cp.cuda.get_current_stream().is_capturing():
+        return
+    if checkpoints is not None and checkpoints is not _LastChecked.checkpoints:
+        check_checkpoints(backend.to_numpy(checkpoints), tokens, backend.to_numpy(state_slots), num_slots)
+        _LastChecked.checkpoints = checkpoints
+    if state_slots is _LastChecked.slots:
         return
     slots = backend.to_numpy(state_slots).astype(np.int64)
     owned = slots[slots >= 0]

@@ -1,6 +1,6 @@
 """Speculative decoding on the cuda backend: verify steps (several rows per sequence, replayed from
 their own graphs when every sequence has as many drafts) give the greedy tokens of plain decoding (one
-row per sequence), for scripted drafts on a dense and a MoE model and for the MTP layers of the hybrid
+row per sequence), for scripted drafts on dense, MoE and hybrid models and for the MTP layers of the hybrid
 checkpoints, whose drafts after captured steps equal those of an engine without graphs. Needs a CUDA
 GPU."""
 
@@ -62,8 +62,10 @@ class Continuation:
         return None
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "qwen3_next", "nemotron_h"])
 def test_verified_drafts_give_the_plain_greedy_tokens(name: str) -> None:
+    """Scripted drafts, every third with a wrong last token; on the hybrid models the rejected drafts' state is
+    restored from the checkpoints the verify graphs wrote."""
     plain = LLM(TINY / name, **on_gpu())
     prompts = mixed_prompts(plain.loaded.model.vocab_size, count=6)
     want = _tokens(plain, prompts)

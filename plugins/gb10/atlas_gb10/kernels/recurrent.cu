@@ -3,7 +3,9 @@
 // delta net's gates and the squared ReLU of the Mamba-2 hybrids' MLPs.
 //
 // A batch's sequence b owns rows starts[b] .. starts[b+1] and the state rows of slot slots[b]; a slot of -1
-// (a padding row of a captured decode graph) reads a zero state and writes nothing. The recurrences run
+// (a padding row of a captured decode graph) reads a zero state and writes nothing. Where the recurrent kernels
+// get `checkpoints` (null: none), the state after row t is also written to slot checkpoints[t] when that is not
+// -1 (speculative decoding's draft positions, atlas_core/backends/ops/checkpoints.py). The recurrences run
 // sequentially in time within a sequence, in parallel over sequences, heads and state columns. Every
 // kernel computes a sequence with a thread layout that depends only on the layer's sizes, never on the
 // batch, and keeps the state in fp32, so a sequence's values are the same bits alone or batched, eager or
@@ -45,15 +47,22 @@ __device__ __forceinline__ int sequence_of(const int* __restrict__ starts, int n
     return lo;
 }
 
+// The last K-1 inputs of a window into a state row (oldest first).
+__device__ __forceinline__ void store_window(const float (&win)[CONV_MAX_K], bf16_t* __restrict__ row, int taps) {
+#pragma unroll
+    for (int i = 0; i < CONV_MAX_K - 1; ++i)
+        if (i < taps - 1) row[taps - 2 - i] = float_to_bf16(win[CONV_MAX_K - 1 - i]);
+}
+
 // A thread per (channel, sequence) walks the sequence's rows with the window in registers, writes every
-// output when `outputs` (decode-sized batches), and leaves the last K-1 inputs in the state row. Without
-// `outputs` it only updates the state, after conv1d_tokens_bf16 has written the outputs.
-// Grid (ceil(C / blockDim), B).
+// output when `outputs` (decode-sized batches), stores the windows of checkpointed rows, and leaves the last
+// K-1 inputs in the state row. Without `outputs` it only updates the state (and the checkpoints), after
+// conv1d_tokens_bf16 has written the outputs. Grid (ceil(C / blockDim), B).
 extern "C" __global__ void conv1d_sequences_bf16(const bf16_t* __restrict__ x, long long ldx,
                                                  const bf16_t* __restrict__ weight, const bf16_t* __restrict__ bias,
                                                  bf16_t* __restrict__ state, const int* __restrict__ starts,
                                                  const int* __restrict__ slots, bf16_t* __restrict__ out, int channels,
-                                                 int taps, int outputs) {
+                                                 int taps, int outputs, const int* __restrict__ checkpoints) {
     await_inputs();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= channels) return;
@@ -67,17 +76,15 @@ extern "C" __global__ void conv1d_sequences_bf16(const bf16_t* __restrict__ x, l
     for (int i = 0; i < CONV_MAX_K; ++i)
         win[CONV_MAX_K - 1 - i] = (row && i < taps - 1) ? bf16_to_float(row[taps - 2 - i]) : 0.0f;
     const float bias_c = bias ? bf16_to_float(bias[c]) : 0.0f;
-    for (long long t = outputs ? r0 : max(r0, r1 - (taps - 1)); t < r1; ++t) {
+    for (long long t = (outputs || checkpoints) ? r0 : max(r0, r1 - (taps - 1)); t < r1; ++t) {
 #pragma unroll
         for (int j = 0; j < CONV_MAX_K - 1; ++j) win[j] = win[j + 1];
         win[CONV_MAX_K - 1] = bf16_to_float(x[t * ldx + c]);
         if (outputs) out[t * channels + c] = float_to_bf16(conv_output(win, tap, taps, bias_c));
+        const long long checkpoint = checkpoints ? checkpoints[t] : -1;
+        if (checkpoint >= 0) store_window(win, state + (checkpoint * channels + c) * (taps - 1), taps);
     }
-    if (row && r1 > r0) {
-#pragma unroll
-        for (int i = 0; i < CONV_MAX_K - 1; ++i)
-            if (i < taps - 1) row[taps - 2 - i] = float_to_bf16(win[CONV_MAX_K - 1 - i]);
-    }
+    if (row && r1 > r0) store_window(win, row, taps);
 }
 
 // A thread per (channel, row) for prefill-sized batches: reads its K inputs from x, or from the state for
@@ -149,7 +156,8 @@ __device__ __forceinline__ void gated_delta_tokens(
     const bf16_t* __restrict__ q, long long q_s0, long long q_s1, const bf16_t* __restrict__ k, long long k_s0,
     long long k_s1, const bf16_t* __restrict__ v, long long v_s0, long long v_s1, const GdnGates& gates,
     float* __restrict__ state, const int* __restrict__ starts, const int* __restrict__ slots, bf16_t* __restrict__ out,
-    int key_heads, int value_heads, int dk, int dv, float scale, int l2norm, int chunk_from, const GdnNorm& norm) {
+    int key_heads, int value_heads, int dk, int dv, float scale, int l2norm, int chunk_from,
+    const int* __restrict__ checkpoints, const GdnNorm& norm) {
     __shared__ float qs[2][GDN_ROWS * GDN_MAX_WARPS], ks[2][GDN_ROWS * GDN_MAX_WARPS];
     __shared__ float partial[2][GDN_MAX_WARPS][32];
     __shared__ float normed[2][32];  // this block's 32 dims of o, by token parity (NORMED with CLUSTER > 1)
@@ -161,6 +169,13 @@ __device__ __forceinline__ void gated_delta_tokens(
     const bool column = j < dv;
     float* rows = slot >= 0 ? state + (slot * value_heads + h) * (long long)dk * dv : nullptr;
     float s[GDN_ROWS];
+    auto store = [&](float* __restrict__ to) {  // this thread's rows of the state
+#pragma unroll
+        for (int r = 0; r < GDN_ROWS; ++r) {
+            const int i = warp * GDN_ROWS + r;
+            if (i < dk) to[(long long)i * dv + j] = s[r];
+        }
+    };
 #pragma unroll
     for (int r = 0; r < GDN_ROWS; ++r) {
         const int i = warp * GDN_ROWS + r;
@@ -221,6 +236,8 @@ __device__ __forceinline__ void gated_delta_tokens(
             const int i = warp * GDN_ROWS + r;
             if (i < dk) s[r] = __fmaf_rn(e, s[r], ks[p][i] * kn * delta);
         }
+        const long long checkpoint = checkpoints ? checkpoints[t] : -1;
+        if (checkpoint >= 0 && column) store(state + (checkpoint * value_heads + h) * (long long)dk * dv);
         if constexpr (CLUSTER == 0) {
             if (warp == 0 && column) out[(t * value_heads + h) * dv + j] = float_to_bf16(o);
         } else {
@@ -244,13 +261,7 @@ __device__ __forceinline__ void gated_delta_tokens(
             }
         }
     }
-    if (rows && column) {
-#pragma unroll
-        for (int r = 0; r < GDN_ROWS; ++r) {
-            const int i = warp * GDN_ROWS + r;
-            if (i < dk) rows[(long long)i * dv + j] = s[r];
-        }
-    }
+    if (rows && column) store(rows);
     if constexpr (CLUSTER > 1) cluster_sync();  // no block leaves while the others may read its dims
 }
 
@@ -259,10 +270,10 @@ __device__ __forceinline__ void gated_delta_tokens(
         long long k_s1, const bf16_t *__restrict__ v, long long v_s0, long long v_s1, GDN_GATE_PARAMS,                \
         float *__restrict__ state, const int *__restrict__ starts, const int *__restrict__ slots,                     \
         bf16_t *__restrict__ out, int key_heads, int value_heads, int dk, int dv, float scale, int l2norm,            \
-        int chunk_from
+        int chunk_from, const int *__restrict__ checkpoints
 #define GATED_DELTA_RULE_ARGS                                                                                         \
     q, q_s0, q_s1, k, k_s0, k_s1, v, v_s0, v_s1, GDN_GATES, state, starts, slots, out, key_heads, value_heads, dk, dv, \
-        scale, l2norm, chunk_from
+        scale, l2norm, chunk_from, checkpoints
 
 extern "C" __global__ void __launch_bounds__(GDN_MAX_WARPS * 32, 1) gated_delta_rule_bf16(GATED_DELTA_RULE_PARAMS) {
     await_inputs();
@@ -300,7 +311,8 @@ __device__ __forceinline__ void ssm_scan(const bf16_t* __restrict__ x, long long
                                          const bf16_t* __restrict__ C, long long c_s0, long long c_s1,
                                          float* __restrict__ state, const int* __restrict__ starts,
                                          const int* __restrict__ slots, bf16_t* __restrict__ out, int heads, int groups,
-                                         int head_dim, int state_size, float dt_min, float dt_max, int chunk_from) {
+                                         int head_dim, int state_size, float dt_min, float dt_max, int chunk_from,
+                                         const int* __restrict__ checkpoints) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.y, seq = blockIdx.z, group = h / (heads / groups);
     const int p0 = (blockIdx.x * SSM_WARPS + warp) * SSM_ROWS;
@@ -317,6 +329,15 @@ __device__ __forceinline__ void ssm_scan(const bf16_t* __restrict__ x, long long
             const int p = p0 + r, n = lane + 32 * m;
             s[r][m] = (rows && p < head_dim && n < state_size) ? rows[(long long)p * state_size + n] : 0.0f;
         }
+    auto store = [&](float* __restrict__ to) {  // this warp's rows of the state
+#pragma unroll
+        for (int r = 0; r < SSM_ROWS; ++r)
+#pragma unroll
+            for (int m = 0; m < NPL; ++m) {
+                const int p = p0 + r, n = lane + 32 * m;
+                if (p < head_dim && n < state_size) to[(long long)p * state_size + n] = s[r][m];
+            }
+    };
     const float a = A[h], d = D[h], bias = dt_bias[h];
     float nx[SSM_ROWS], nb[NPL], nc[NPL], ndt = 0.0f;  // the next token's inputs
     auto load = [&](long long t) {
@@ -357,24 +378,18 @@ __device__ __forceinline__ void ssm_scan(const bf16_t* __restrict__ x, long long
             if (lane == r && p0 + r < head_dim)
                 out[(t * heads + h) * head_dim + p0 + r] = float_to_bf16(__fmaf_rn(d, xs[r], acc));
         }
+        const long long checkpoint = checkpoints ? checkpoints[t] : -1;
+        if (checkpoint >= 0) store(state + (checkpoint * heads + h) * (long long)head_dim * state_size);
     }
-    if (rows && r1 > r0) {
-#pragma unroll
-        for (int r = 0; r < SSM_ROWS; ++r)
-#pragma unroll
-            for (int m = 0; m < NPL; ++m) {
-                const int p = p0 + r, n = lane + 32 * m;
-                if (p < head_dim && n < state_size) rows[(long long)p * state_size + n] = s[r][m];
-            }
-    }
+    if (rows && r1 > r0) store(rows);
 }
 
 #define SSM_SCAN_KERNEL(NPL)                                                                                       \
     extern "C" __global__ void __launch_bounds__(SSM_WARPS * 32) mamba2_scan_n##NPL##_bf16(                         \
-        MAMBA2_SCAN_PARAMS) {                                                                                          \
+        MAMBA2_SCAN_PARAMS, const int* __restrict__ checkpoints) {                                                     \
         await_inputs();                                                                                                \
         ssm_scan<NPL>(x, x_s0, x_s1, dt, dt_s0, A, D, dt_bias, B, b_s0, b_s1, C, c_s0, c_s1, state, starts, slots,   \
-                      out, heads, groups, head_dim, state_size, dt_min, dt_max, chunk_from);                         \
+                      out, heads, groups, head_dim, state_size, dt_min, dt_max, chunk_from, checkpoints);            \
     }
 SSM_SCAN_KERNEL(1)
 SSM_SCAN_KERNEL(2)
