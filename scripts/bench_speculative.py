@@ -9,6 +9,7 @@ speed-up, the acceptance figures, and whether the outputs are identical (they mu
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 from atlas_core import LLM, SamplingParams
@@ -35,6 +36,17 @@ TASKS = [
 ]
 
 
+def release_device_memory() -> None:
+    """Return a closed engine's device memory (CuPy's pool keeps freed blocks), so that the next engine's KV
+    budget sees it free; nothing to do without CuPy."""
+    gc.collect()
+    try:
+        import cupy
+    except ImportError:
+        return
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", default=None, help="model (default: the built-in default model)")
@@ -46,19 +58,22 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     results = {}
     for label, extra in (("plain", {}), ("ngram", {"num_speculative_tokens": args.num_speculative_tokens})):
-        llm = LLM(args.model, backend=args.backend, **extra)
-        llm.chat(conversations[:1], SamplingParams(temperature=0, max_tokens=8))  # warm-up
-        for conversation in conversations:  # one request at a time: batch-1 decode speed
-            start = time.perf_counter()
-            output = llm.chat([conversation], params, use_tqdm=False)[0]
-            elapsed = time.perf_counter() - start
-            tokens = output.outputs[0].token_ids
-            results.setdefault(label, []).append((tokens, elapsed))
-        stats = llm.engine.runner.spec_stats
+        with LLM(args.model, backend=args.backend, **extra) as llm:  # closed before the next one takes the memory
+            for conversation in conversations:  # warm-up: kernels, and the graphs of every step shape the run takes
+                llm.chat([conversation], params, use_tqdm=False)
+            for conversation in conversations:  # one request at a time: batch-1 decode speed
+                start = time.perf_counter()
+                output = llm.chat([conversation], params, use_tqdm=False)[0]
+                elapsed = time.perf_counter() - start
+                tokens = output.outputs[0].token_ids
+                results.setdefault(label, []).append((tokens, elapsed))
+            stats = llm.engine.runner.spec_stats if llm.engine.speculation is not None else None
+        del llm
+        release_device_memory()
         generated = sum(len(tokens) for tokens, _ in results[label])
         seconds = sum(elapsed for _, elapsed in results[label])
         print(f"{label:6} {generated} tokens in {seconds:.2f} s: {generated / seconds:.1f} tok/s (prefill included)")
-        if llm.engine.speculation is not None:
+        if stats is not None:
             print(f"       {stats.describe()}")
     plain, spec = results["plain"], results["ngram"]
     same = all(a[0] == b[0] for a, b in zip(plain, spec, strict=True))
