@@ -28,7 +28,8 @@ from atlas_gb10 import attention_inputs, rowwise
 from atlas_gb10.arrays import BF16, FP8_CACHE, element_strides, null_or
 from atlas_gb10.attention import AttentionRunner
 from atlas_gb10.download import PinnedDownload
-from atlas_gb10.gemm_shapes import TILED_GEMM_BLOCK, gemm_tile, tiled_shared_bytes
+from atlas_gb10.gemm_shapes import TILED_GEMM_BLOCK, WGMMA_COLUMNS, gemm_tile, prefill_kernel, tiled_shared_bytes
+from atlas_gb10.hardware import has_wgmma
 from atlas_gb10.quantized_weights import (
     FORMATS,
     executes_natively,
@@ -188,8 +189,9 @@ class CudaBackend(Backend):
         ldx, ldo = element_strides(x)[0], element_strides(out)[0]
         kind, weight_args, weight_aligned = weight_operand(weight)
         vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_aligned
-        if kind == "bf16" and vec and self._tiled_gemm_pays(m, n):
-            return self._tiled_gemm(x, ldx, weight, bias, out, ldo, m, n, k)
+        prefill = self.prefill_gemm(m, n) if kind == "bf16" and vec else None
+        if prefill is not None:
+            return self._prefill_gemm(prefill, x, ldx, weight, bias, out, ldo, m, n, k)
         mt, nt = self.gemm_tile(m, n, k, kind)
         name = f"gemm_{kind}_m{mt}_n{nt}_{gemm_loads(kind, vec, m)}"
         kernel = self.kernels.function("gemm", name, gemm_module(kind))
@@ -201,20 +203,41 @@ class CudaBackend(Backend):
         )
         return out
 
-    def _tiled_gemm_pays(self, m: int, n: int) -> bool:
-        """Prefill-sized products outside the batch-invariant mode: enough 128 x 128 tiles for every SM."""
-        tiles = math.ceil(m / TILED_GEMM_BLOCK) * math.ceil(n / TILED_GEMM_BLOCK)
-        return not self.batch_invariant and m >= 2 * TILED_GEMM_BLOCK and tiles >= self.profile.sm_count
+    def prefill_gemm(self, m: int, n: int) -> str | None:
+        """The prefill kernel of an ``[m, n]`` bf16 product (`gemm_shapes.prefill_kernel`): none in the
+        batch-invariant mode, gemm_wgmma.cu's only on Hopper (sm_90a)."""
+        if self.batch_invariant:
+            return None
+        return prefill_kernel(m, n, self.profile.sm_count, has_wgmma(self.profile.arch))
 
-    def _tiled_gemm(
-        self, x: Array, ldx: int, weight: Array, bias: Array | None, out: Array, ldo: int, m: int, n: int, k: int
+    def _prefill_gemm(
+        self,
+        name: str,
+        x: Array,
+        ldx: int,
+        weight: Array,
+        bias: Array | None,
+        out: Array,
+        ldo: int,
+        m: int,
+        n: int,
+        k: int,
     ) -> Array:
-        kernel = self._kernel("gemm_tiled", "gemm_tiled_bf16")
-        smem = tiled_shared_bytes(TILED_GEMM_BLOCK)
-        kernel.max_dynamic_shared_size_bytes = smem
-        grid = (math.ceil(n / TILED_GEMM_BLOCK), math.ceil(m / TILED_GEMM_BLOCK))
+        """``out = x weight^T (+ bias)`` through prefill kernel ``name``: ``gemm_tiled`` or gemm_wgmma.cu's
+        ``gemm_wgmma_w2`` / ``gemm_wgmma_w3`` (`gemm_shapes.wgmma_kernel`; Hopper only)."""
         args = (x, np.int64(ldx), weight, null_or(bias), out, np.int64(ldo), np.int32(m), np.int32(n), np.int32(k))
-        kernel(grid, (256,), args, shared_mem=smem)
+        grid: tuple[int, ...]
+        if name == "gemm_tiled":
+            kernel, smem = self._kernel(name, "gemm_tiled_bf16"), tiled_shared_bytes(TILED_GEMM_BLOCK)
+            grid, threads = (math.ceil(n / TILED_GEMM_BLOCK), math.ceil(m / TILED_GEMM_BLOCK)), 256
+        else:
+            warpgroups = int(name.removeprefix("gemm_wgmma_w"))
+            kernel = self._kernel("gemm_wgmma", f"{name}_bf16")
+            smem = self.kernels.constants("gemm_wgmma", "gemm_wgmma_shared_bytes", 2)[warpgroups - 2]
+            grid = (math.ceil(m / (64 * warpgroups)) * math.ceil(n / WGMMA_COLUMNS),)
+            threads = 128 * warpgroups
+        kernel.max_dynamic_shared_size_bytes = smem
+        kernel(grid, (threads,), args, shared_mem=smem)
         return out
 
     def gemm_tile(self, m: int, n: int, k: int, kind: str = "bf16") -> tuple[int, int]:

@@ -1,5 +1,6 @@
-"""Block shapes of the dense products: gemm.cu's tile for a product (the decode tile model included) and
-gemm_tiled.cu's shared memory. Results never depend on the tile (`gemm_core.cuh`: a row's K order is fixed)."""
+"""Block shapes of the dense products: gemm.cu's tile for a product (the decode tile model included), and which
+prefill kernel takes a prefill-sized product (`prefill_kernel`: gemm_wgmma.cu on Hopper, gemm_tiled.cu) with its
+shared memory. Results never depend on the tile (`gemm_core.cuh`: a row's K order is fixed)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,51 @@ GEMM_TILES = ((2, 4), (1, 4), (1, 2), (1, 1))
 """(m-tiles of 16 rows, n-tiles of 8 columns) per GEMM block, largest first."""
 TILED_GEMM_BLOCK = 128
 """gemm_tiled.cu's output tile (rows and columns)."""
+
+
+WGMMA_COLUMNS = 256
+"""Columns of a gemm_wgmma.cu tile; its rows are 64 per warpgroup of the block."""
+WGMMA_SPEED = {2: 1.0, 3: 1.2}
+"""Tile rows per unit of time of gemm_wgmma.cu's blocks of two and three warpgroups, relative (H100, 2026-11-27):
+three read 110 flops of operands a byte from L2 against two's 85, the bound of this kernel."""
+
+
+def wgmma_kernel(warpgroups: int) -> str:
+    """The name of gemm_wgmma.cu's kernel of ``warpgroups`` warpgroups (2 or 3), without its ``_bf16``."""
+    return f"gemm_wgmma_w{warpgroups}"
+
+
+def wgmma_warpgroups(m: int, n: int, sm_count: int) -> int:
+    """The warpgroups per gemm_wgmma.cu block for an ``[m, n]`` product: the fewest waves of blocks times a block's
+    time (its rows over `WGMMA_SPEED`); ties go to three (fewer blocks). Two win where three leave a nearly empty
+    last wave (2,048 rows of 4,096 columns: 176 blocks of three on 132 SMs against 256 of two) and on a single
+    wave (512 rows); this rule picks the faster of the two on every shape measured (docs/benchmarks.md)."""
+
+    def cost(warpgroups: int) -> float:
+        waves = math.ceil(wgmma_blocks(m, n, warpgroups) / max(1, sm_count))
+        return waves * 64 * warpgroups / WGMMA_SPEED[warpgroups]
+
+    return min((3, 2), key=cost)
+
+
+def wgmma_blocks(m: int, n: int, warpgroups: int) -> int:
+    """gemm_wgmma.cu's blocks for an ``[m, n]`` product with ``warpgroups`` warpgroups a block."""
+    return math.ceil(m / (64 * warpgroups)) * math.ceil(n / WGMMA_COLUMNS)
+
+
+def prefill_kernel(m: int, n: int, sm_count: int, wgmma: bool) -> str | None:
+    """The kernel of a prefill-sized ``[m, n]`` bf16 product outside the batch-invariant mode (at least 256 rows):
+    gemm_wgmma.cu's where the device has wgmma and its blocks fill at least a quarter of the SMs (faster than the
+    others on every such shape measured, down to 64 blocks of 512 rows), else ``gemm_tiled`` where its 128 x 128
+    tiles give every SM one; None: gemm.cu (K split over a block's warps, many blocks for narrow products)."""
+    if m < 2 * TILED_GEMM_BLOCK:
+        return None
+    warpgroups = wgmma_warpgroups(m, n, sm_count)
+    if wgmma and 4 * wgmma_blocks(m, n, warpgroups) >= sm_count:
+        return wgmma_kernel(warpgroups)
+    if math.ceil(m / TILED_GEMM_BLOCK) * math.ceil(n / TILED_GEMM_BLOCK) >= sm_count:
+        return "gemm_tiled"
+    return None
 
 
 def tiled_shared_bytes(rows: int) -> int:

@@ -48,7 +48,7 @@ HOPPER = HardwareProfile(
     sm_count=132,
     memory_bandwidth_gbs=3350.0,
     shared_memory_per_block=227 * 1024,
-    matrix_instructions="mma.sync (wgmma capable)",
+    matrix_instructions="mma.sync; wgmma for prefill-sized products",
 )
 PROFILES: dict[tuple[int, int], HardwareProfile] = {(12, 1): GB10, (9, 0): HOPPER}
 """Known targets by compute capability."""
@@ -80,3 +80,8 @@ def detect(cupy: Any) -> HardwareProfile:
         sm_count=int(attributes["MultiProcessorCount"]),
         shared_memory_per_block=int(attributes.get("MaxSharedMemoryPerBlockOptin", profile.shared_memory_per_block)),
     )
+
+
+def has_wgmma(arch: str) -> bool:
+    """Whether kernels compiled for ``arch`` have Hopper's warpgroup matrix instructions (wgmma: sm_90a only)."""
+    return arch == "sm_90a"

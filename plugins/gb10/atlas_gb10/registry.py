@@ -35,6 +35,8 @@ REGISTRY: dict[tuple[str, str, str], KernelVariant] = {
     (GENERIC, "attention_inputs", "bf16"): KernelVariant("attention_inputs.cu"),
     (GENERIC, "gemm", "bf16"): KernelVariant("gemm.cu", (("GEMM_KSPLIT", 8),)),
     (GENERIC, "gemm_tiled", "bf16"): KernelVariant("gemm_tiled.cu"),
+    # Hopper: prefill products on wgmma (the kernel traps elsewhere; the host takes it on sm_90a only)
+    ("hopper", "gemm_wgmma", "bf16"): KernelVariant("gemm_wgmma.cu"),
     # GGUF block formats besides Q8_0: gemm.cu and moe.cu built with one format's kernels (gemm_gguf_blocks.cuh)
     **{
         (GENERIC, op, f"gguf_{name}"): KernelVariant(f"{op}.cu", (("GEMM_KSPLIT", 8), ("GGUF_TYPE", ggml_type)))

@@ -4,7 +4,8 @@
 
 Prints per (rows x K x N) the microseconds per call under graph replay and the TFLOP/s reached, as a share
 of ``--peak-tflops`` (the device's dense bf16 matrix peak; 790 for an H100 SXM through cuBLAS), for the
-default path (gemm_tiled.cu where it pays) and the batch-invariant one (gemm.cu).
+default path (`CudaBackend.prefill_gemm`'s kernel: gemm_wgmma.cu on Hopper, gemm_tiled.cu, where they pay),
+each prefill kernel forced, and the batch-invariant path (gemm.cu).
 """
 
 from __future__ import annotations
@@ -13,16 +14,19 @@ import argparse
 
 import numpy as np
 from atlas_gb10.backend import CudaBackend
+from atlas_gb10.hardware import has_wgmma
 from timing import time_call
 
-SHAPES = [  # (K, N): Llama-3-8B q/k/v, o, gate/up, down; Qwen3-30B-A3B q/k/v
+SHAPES = [  # (K, N): the 4096-cubed product, Llama-3-8B q/k/v, o, gate/up, down; Qwen3-30B-A3B q/k/v
     (4096, 6144),
     (4096, 4096),
     (4096, 28672),
     (14336, 4096),
     (2048, 5120),
 ]
-ROWS = (512, 2048, 8192)
+ROWS = (512, 2048, 4096, 8192)
+FORCED = ("gemm_tiled", "gemm_wgmma_w2", "gemm_wgmma_w3")
+"""Prefill kernels timed on their own beside the default (gemm_wgmma.cu's only where the device has wgmma)."""
 
 
 def main() -> None:
@@ -38,11 +42,23 @@ def main() -> None:
             out = backend.cp.empty((m, n), dtype=x.dtype)
             flops = 2.0 * m * n * k
             line = f"{m:5d} x {k:5d} x {n:5d}"
-            for invariant in (False, True):
-                backend.batch_invariant = invariant
-                us = time_call(lambda x=x, w=w, out=out: backend.linear(x, w, out=out), iterations=20)
+            paths = {
+                f"default ({backend.prefill_gemm(m, n) or 'gemm'})": lambda x=x, w=w, out=out: backend.linear(
+                    x, w, out=out
+                ),
+                **{
+                    name: lambda x=x, w=w, out=out, m=m, n=n, k=k, name=name: backend._prefill_gemm(
+                        name, x, k, w, None, out, n, m, n, k
+                    )
+                    for name in FORCED
+                    if name == "gemm_tiled" or has_wgmma(backend.profile.arch)
+                },
+                "invariant": lambda x=x, w=w, out=out: backend.linear(x, w, out=out),
+            }
+            for name, call in paths.items():
+                backend.batch_invariant = name == "invariant"
+                us = time_call(call, iterations=20)
                 tflops = flops / us / 1e6
-                name = "invariant" if invariant else "default"
                 line += f"  {name} {us:9.1f} us {tflops:6.1f} TFLOP/s ({100 * tflops / args.peak_tflops:4.1f}%)"
             backend.batch_invariant = False
             print(line, flush=True)

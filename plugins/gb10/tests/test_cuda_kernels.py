@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from atlas_gb10.backend import CudaBackend
+from atlas_gb10.hardware import has_wgmma
 
 REASON = CudaBackend.availability()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"the cuda backend cannot run here: {REASON}")
@@ -46,23 +47,34 @@ def test_gemm_rows_do_not_depend_on_the_batch(backend: CudaBackend, k: int, n: i
     np.testing.assert_array_equal(moved, full[[7, 250, 7]], err_msg="a row's result depends on its position")
 
 
+@pytest.mark.parametrize("name", ["gemm_tiled", "gemm_wgmma_w2", "gemm_wgmma_w3"])
 @pytest.mark.parametrize(("m", "n", "k"), [(1280, 4096, 1024), (1300, 2000, 2056)], ids=["aligned", "ragged"])
-def test_tiled_gemm_of_prefill_products(backend: CudaBackend, m: int, n: int, k: int) -> None:
-    """gemm_tiled.cu (prefill-sized products outside the batch-invariant mode) against float64, with a bias and
-    ragged edges; a row gets the same bits in any product the tiled kernel computes."""
+def test_prefill_gemm_kernels(backend: CudaBackend, name: str, m: int, n: int, k: int) -> None:
+    """The prefill products outside the batch-invariant mode, gemm_tiled.cu and (on Hopper) gemm_wgmma.cu, against
+    float64 with a bias and ragged edges (M, N and K off their tiles); a row gets the same bits wherever it sits in
+    the product; `linear` takes the kernel `prefill_gemm` names, not the batch-invariant one."""
+    if name.startswith("gemm_wgmma") and not has_wgmma(backend.profile.arch):
+        pytest.skip(f"wgmma needs Hopper (sm_90a), this device compiles for {backend.profile.arch}")
     rng = np.random.default_rng(m + k)
     x = backend.from_numpy(rng.standard_normal((m, k), dtype=np.float32))
     w = backend.from_numpy(rng.standard_normal((n, k), dtype=np.float32) * k**-0.5, weight=True)
     bias = backend.from_numpy(rng.standard_normal(n, dtype=np.float32), weight=True)
-    assert backend._tiled_gemm_pays(m, n)
-    full = host(backend, backend.linear(x, w, bias))
+
+    def product(first: int, kernel: str) -> np.ndarray:
+        out = backend.cp.empty((m - first, n), dtype=x.dtype)
+        return host(backend, backend._prefill_gemm(kernel, x[first:], k, w, bias, out, n, m - first, n, k))
+
+    full = product(0, name)
     want = host(backend, x) @ host(backend, w).T + host(backend, bias)
     assert np.abs(full - want).max() <= 3e-2 * np.abs(want).max()
+    np.testing.assert_array_equal(product(128, name), full[128:], err_msg="a row's bits depend on where it sits")
+    chosen = backend.prefill_gemm(m, n)
+    assert chosen is not None
     with batch_invariant_mode(backend):
         invariant = host(backend, backend.linear(x, w, bias))
-    assert not np.array_equal(full, invariant), "the product did not take the tiled kernel"
-    assert backend._tiled_gemm_pays(m - 128, n)
-    np.testing.assert_array_equal(host(backend, backend.linear(x[128:], w, bias)), full[128:])
+    linear = host(backend, backend.linear(x, w, bias))
+    np.testing.assert_array_equal(linear, product(0, chosen))
+    assert not np.array_equal(linear, invariant), "the product took the batch-invariant kernel"
 
 
 def test_rms_norm_rows_do_not_depend_on_the_batch(backend: CudaBackend) -> None:
