@@ -189,7 +189,7 @@ class CudaBackend(Backend):
         ldx, ldo = element_strides(x)[0], element_strides(out)[0]
         kind, weight_args, weight_aligned = weight_operand(weight)
         vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_aligned
-        prefill = self.prefill_gemm(m, n) if kind == "bf16" and vec else None
+        prefill = self.prefill_gemm(m, n, k) if kind == "bf16" and vec else None
         if prefill is not None:
             return self._prefill_gemm(prefill, x, ldx, weight, bias, out, ldo, m, n, k)
         mt, nt = self.gemm_tile(m, n, k, kind)
@@ -203,12 +203,12 @@ class CudaBackend(Backend):
         )
         return out
 
-    def prefill_gemm(self, m: int, n: int) -> str | None:
-        """The prefill kernel of an ``[m, n]`` bf16 product (`gemm_shapes.prefill_kernel`): none in the
+    def prefill_gemm(self, m: int, n: int, k: int) -> str | None:
+        """The prefill kernel of an ``[m, n]`` bf16 product over ``k`` (`gemm_shapes.prefill_kernel`): none in the
         batch-invariant mode, gemm_wgmma.cu's only on Hopper (sm_90a)."""
         if self.batch_invariant:
             return None
-        return prefill_kernel(m, n, self.profile.sm_count, has_wgmma(self.profile.arch))
+        return prefill_kernel(m, n, self.profile.sm_count, has_wgmma(self.profile.arch), k)
 
     def _prefill_gemm(
         self,

@@ -45,15 +45,24 @@ def wgmma_blocks(m: int, n: int, warpgroups: int) -> int:
     return math.ceil(m / (64 * warpgroups)) * math.ceil(n / WGMMA_COLUMNS)
 
 
-def prefill_kernel(m: int, n: int, sm_count: int, wgmma: bool) -> str | None:
-    """The kernel of a prefill-sized ``[m, n]`` bf16 product outside the batch-invariant mode (at least 256 rows):
-    gemm_wgmma.cu's where the device has wgmma and its blocks fill at least a quarter of the SMs (faster than the
-    others on every such shape measured, down to 64 blocks of 512 rows), else ``gemm_tiled`` where its 128 x 128
-    tiles give every SM one; None: gemm.cu (K split over a block's warps, many blocks for narrow products)."""
+WGMMA_MIN_K, WGMMA_MIN_N = 2048, 4096
+"""gemm_wgmma.cu takes products at least this deep and wide: the shapes it was measured faster on (K 2,048 to
+14,336, N 4,096 to 28,672). Qwen3-0.6B's products (K 1,024 to 3,072, N 1,024 to 6,144) made the offline
+throughput run slower with it (5,721 against 8,467 output tok/s), so narrower and shallower ones keep the
+mma.sync kernels."""
+
+
+def prefill_kernel(m: int, n: int, sm_count: int, wgmma: bool, k: int = WGMMA_MIN_K) -> str | None:
+    """The kernel of a prefill-sized ``[m, n]`` bf16 product over ``k`` outside the batch-invariant mode (at least
+    256 rows): gemm_wgmma.cu's where the device has wgmma, the product is at least `WGMMA_MIN_K` deep and
+    `WGMMA_MIN_N` wide and its blocks fill at least a quarter of the SMs (faster than the others on every such shape
+    measured, down to 64 blocks of 512 rows), else ``gemm_tiled`` where its 128 x 128 tiles give every SM one;
+    None: gemm.cu (K split over a block's warps, many blocks for narrow products)."""
     if m < 2 * TILED_GEMM_BLOCK:
         return None
     warpgroups = wgmma_warpgroups(m, n, sm_count)
-    if wgmma and 4 * wgmma_blocks(m, n, warpgroups) >= sm_count:
+    deep_and_wide = k >= WGMMA_MIN_K and n >= WGMMA_MIN_N
+    if wgmma and deep_and_wide and 4 * wgmma_blocks(m, n, warpgroups) >= sm_count:
         return wgmma_kernel(warpgroups)
     if math.ceil(m / TILED_GEMM_BLOCK) * math.ceil(n / TILED_GEMM_BLOCK) >= sm_count:
         return "gemm_tiled"

@@ -43,7 +43,7 @@ def main() -> None:
             flops = 2.0 * m * n * k
             line = f"{m:5d} x {k:5d} x {n:5d}"
             paths = {
-                f"default ({backend.prefill_gemm(m, n) or 'gemm'})": lambda x=x, w=w, out=out: backend.linear(
+                f"default ({backend.prefill_gemm(m, n, k) or 'gemm'})": lambda x=x, w=w, out=out: backend.linear(
                     x, w, out=out
                 ),
                 **{

@@ -68,7 +68,7 @@ def test_prefill_gemm_kernels(backend: CudaBackend, name: str, m: int, n: int, k
     want = host(backend, x) @ host(backend, w).T + host(backend, bias)
     assert np.abs(full - want).max() <= 3e-2 * np.abs(want).max()
     np.testing.assert_array_equal(product(128, name), full[128:], err_msg="a row's bits depend on where it sits")
-    chosen = backend.prefill_gemm(m, n)
+    chosen = backend.prefill_gemm(m, n, k)
     assert chosen is not None
     with batch_invariant_mode(backend):
         invariant = host(backend, backend.linear(x, w, bias))

@@ -106,26 +106,30 @@ def test_decode_tile_is_the_measured_fastest(k: int, n: int, n_tiles: int) -> No
 
 
 @pytest.mark.parametrize(
-    ("m", "n", "warpgroups"),
+    ("m", "k", "n", "warpgroups"),
     [  # the faster gemm_wgmma.cu block of each prefill shape measured on H100 (132 SMs; docs/benchmarks.md)
-        (512, 6144, 2),
-        (2048, 6144, 3),
-        (4096, 6144, 3),
-        (8192, 6144, 3),
-        (512, 4096, 2),
-        (2048, 4096, 2),
-        (4096, 4096, 3),
-        (8192, 4096, 3),
-        (2048, 28672, 3),
-        (8192, 28672, 3),
-        (2048, 5120, 3),
-        (8192, 5120, 3),
+        (512, 4096, 6144, 2),
+        (2048, 4096, 6144, 3),
+        (4096, 4096, 6144, 3),
+        (8192, 4096, 6144, 3),
+        (512, 4096, 4096, 2),
+        (2048, 4096, 4096, 2),
+        (4096, 4096, 4096, 3),
+        (8192, 4096, 4096, 3),
+        (2048, 4096, 28672, 3),
+        (8192, 4096, 28672, 3),
+        (2048, 14336, 4096, 2),
+        (2048, 2048, 5120, 3),
+        (8192, 2048, 5120, 3),
     ],
 )
-def test_prefill_kernel_is_the_measured_fastest(m: int, n: int, warpgroups: int) -> None:
+def test_prefill_kernel_is_the_measured_fastest(m: int, k: int, n: int, warpgroups: int) -> None:
     from atlas_gb10.gemm_shapes import prefill_kernel
 
-    assert prefill_kernel(m, n, 132, wgmma=True) == f"gemm_wgmma_w{warpgroups}"
-    assert prefill_kernel(m, n, 132, wgmma=False) in ("gemm_tiled", None)  # other devices: the mma.sync kernel
-    assert prefill_kernel(255, n, 132, wgmma=True) is None  # decode-sized products keep gemm.cu
-    assert prefill_kernel(300, 96, 132, wgmma=True) is None  # 2 blocks: gemm.cu splits K over many more
+    assert prefill_kernel(m, n, 132, True, k) == f"gemm_wgmma_w{warpgroups}"
+    assert prefill_kernel(m, n, 132, False, k) in ("gemm_tiled", None)  # other devices: the mma.sync kernels
+    assert prefill_kernel(255, n, 132, True, k) is None  # decode-sized products keep gemm.cu
+    assert prefill_kernel(300, 96, 132, True, k) is None  # 2 blocks: gemm.cu splits K over many more
+    # Qwen3-0.6B's shallow or narrow products were slower on wgmma in the throughput run: the mma.sync kernels
+    assert prefill_kernel(m, 1024, 132, True, 3072) in ("gemm_tiled", None)
+    assert prefill_kernel(m, 6144, 132, True, 1024) == "gemm_tiled"
