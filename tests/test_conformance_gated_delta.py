@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from atlas_core.backends.base import Array
+from atlas_core.backends.ops.checkpoints import CHECKPOINTED_TOKENS
 from atlas_core.backends.ops.gated_delta import (
     GatedDeltaOps,
     OutputNorm,
@@ -190,6 +191,23 @@ def test_gated_delta_rule_writes_checkpoints(case: Case) -> None:
     case.assert_close(state_dev[written], oracle[1][written], "gated_delta_rule checkpoint rows", dtype=np.float32)
     untouched = [s for s in range(len(state)) if s not in written]
     case.assert_equal(case.host(state_dev)[untouched], state[untouched], "gated_delta_rule rows outside the step")
+
+
+def test_checkpoints_refused_in_long_sequences(case: Case) -> None:
+    """A sequence with checkpoints has fewer than `CHECKPOINTED_TOKENS` tokens in a call (backends take the chunked
+    form for longer ones); a longer one is refused with the rule in the message."""
+    lengths = [2, CHECKPOINTED_TOKENS]
+    dev, g_dev, beta_dev, *_, state, slots, starts = delta_inputs(case, lengths, spare_slots=CHECKPOINTED_TOKENS)
+    free = [s for s in range(len(state)) if s not in slots]
+    with pytest.raises(ValueError, match=f"fewer than {CHECKPOINTED_TOKENS} tokens"):
+        case.backend.ops(GatedDeltaOps).gated_delta_rule(
+            *(dev["q"][0], dev["k"][0], dev["v"][0], g_dev, beta_dev),
+            case.backend.from_numpy(state, dtype=np.dtype(np.float32)),
+            case.backend.from_numpy(starts),
+            case.backend.from_numpy(np.asarray(slots, dtype=np.int32)),
+            scale=1.0,
+            checkpoints=case.backend.from_numpy(verify_checkpoints(lengths, [False, True], free)),
+        )
 
 
 def test_gated_delta_rule_continues_across_calls(case: Case) -> None:

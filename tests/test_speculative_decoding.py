@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from atlas_core import LLM, SamplingParams
+from atlas_core.backends.ops.checkpoints import CHECKPOINTED_TOKENS
 from atlas_core.engine.runner import ScheduledChunk
 from atlas_core.engine.sequence import Sequence
 from atlas_core.engine.spec.config import SpeculativeConfig, speculative_config
@@ -176,6 +177,21 @@ def test_structured_output_speculates_with_masks_that_follow_the_drafts(default_
         assert outputs_of(spec, prompts, params) == want
     stats = spec.engine.runner.spec_stats
     assert 0 < stats.accepted < stats.proposed
+
+
+def test_hybrid_drafts_stay_in_short_sequences() -> None:
+    """On a hybrid model a chunk with drafts stays under `CHECKPOINTED_TOKENS` tokens (the recurrent ops checkpoint
+    the draft positions of such sequences only; the NumPy references refuse others): a sequence resuming 70 known
+    tokens (after preemption) gets no drafts, one decoding gets them."""
+    spec = LLM(TINY / "qwen3_next", num_speculative_tokens=4, enable_prefix_caching=False)
+    prompt = mixed_prompts(spec.loaded.model.vocab_size, count=1)[0]
+    spec.engine.add_request("r", None, prompt, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
+    while not spec.engine.scheduler.running or not spec.engine.scheduler.running[0].output_ids:
+        spec.engine.step()
+    seq, scheduler = spec.engine.scheduler.running[0], spec.engine.scheduler
+    assert scheduler._draft_room(seq, 100, {}, count=1) == 4
+    assert scheduler._draft_room(seq, 100, {}, count=CHECKPOINTED_TOKENS - 3) == 2
+    assert scheduler._draft_room(seq, 100, {}, count=70) == 0
 
 
 def tight_kv_gib(llm: LLM) -> float:

@@ -355,37 +355,39 @@ class ModelRunner:
     ) -> None:
         """Give each sampling row's sequence its sampled tokens (``tokens`` in row order, one per row and draft
         token): one, or those `accept_sampled` keeps. ``indices``: the logits row of each token (for logprobs)."""
-        guided = self.guided if self.guided is not None and self.guided.active else None
-        first = 0
-        for seq, _, draft in sample_rows:
-            span = slice(first, first + len(draft) + 1)
-            first = span.stop
+        try:
+            guided = self.guided if self.guided is not None and self.guided.active else None
+            first = 0
+            for seq, _, draft in sample_rows:
+                span = slice(first, first + len(draft) + 1)
+                first = span.stop
 
-            def record(i: int, token: int, seq: Sequence = seq, row: int = span.start) -> None:
-                if guided:
-                    guided.accept(seq, token)
-                if seq.logprobs is not None:
-                    top = seq.params.logprobs
-                    assert logprobs is not None and top is not None  # a sequence records logprobs when asked to
-                    assert indices is not None  # logprobs come with their rows
-                    entry = position_logprobs(logprobs[int(indices[row]) + i], token, top, self.tokenizer)
-                    seq.cumulative_logprob += entry[token].logprob
-                    seq.logprobs.append(entry)
-                seq.append_token(token)
+                def record(i: int, token: int, seq: Sequence = seq, row: int = span.start) -> None:
+                    if guided:
+                        guided.accept(seq, token)
+                    if seq.logprobs is not None:
+                        top = seq.params.logprobs
+                        assert logprobs is not None and top is not None  # a sequence records logprobs when asked to
+                        assert indices is not None  # logprobs come with their rows
+                        entry = position_logprobs(logprobs[int(indices[row]) + i], token, top, self.tokenizer)
+                        seq.cumulative_logprob += entry[token].logprob
+                        seq.logprobs.append(entry)
+                    seq.append_token(token)
 
-            try:
-                accepted = accept_sampled(seq, draft, tokens[span], record)
-            except Exception as exc:  # one request's failure (e.g. detokenizing) never stops the batch
-                seq.request.fail(f"{type(exc).__name__}: {exc}")
-                continue
-            if draft:
-                self.spec_stats.record(len(draft), accepted)
-                self._accepted[seq] = accepted
-                seq.num_computed += accepted
-                if self.checkpoints is not None and accepted < len(draft) and not seq.finished:
-                    self.checkpoints.keep(seq, accepted)
-        if self.checkpoints is not None:
-            self.checkpoints.apply()
+                try:
+                    accepted = accept_sampled(seq, draft, tokens[span], record)
+                except Exception as exc:  # one request's failure (e.g. detokenizing) never stops the batch
+                    seq.request.fail(f"{type(exc).__name__}: {exc}")
+                    continue
+                if draft:
+                    self.spec_stats.record(len(draft), accepted)
+                    self._accepted[seq] = accepted
+                    seq.num_computed += accepted
+                    if self.checkpoints is not None and accepted < len(draft) and not seq.finished:
+                        self.checkpoints.keep(seq, accepted)
+        finally:  # the step's rollbacks run whatever happened, before the next forward reads the slots
+            if self.checkpoints is not None:
+                self.checkpoints.apply()
 
 
 def _tokens_per_seq(chunks: list[ScheduledChunk]) -> int:

@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from atlas_core.backends.ops.checkpoints import CHECKPOINTED_TOKENS
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.config import SchedulingPolicy
 from atlas_core.engine.kv_offload import KVOffload
@@ -162,8 +163,12 @@ class Scheduler:
     ) -> int:
         """Speculative decoding: make room for ``count`` tokens of ``seq`` (its decode token, or the rest of
         its known tokens) and up to ``draft_room(seq)`` (at most ``budget``) draft tokens behind them,
-        without preempting anyone; how many drafts fit (0: none, and nothing reserved)."""
+        without preempting anyone; how many drafts fit (0: none, and nothing reserved). On models with recurrent
+        state the tokens and drafts together stay under `CHECKPOINTED_TOKENS` (the ops checkpoint the state of
+        each draft position only in such sequences)."""
         room = min(self.draft_room(seq), budget) if self.draft_room is not None else 0
+        if self.state_slots is not None:  # recurrent layers checkpoint the drafts of short sequences only
+            room = min(room, CHECKPOINTED_TOKENS - 1 - count)
         if room < 1 or self.blocks.num_free_blocks < len(self.running):  # keep a block for each decoder
             return 0
         needed = self.blocks.prepare_write(seq.table, seq.num_computed, seq.num_computed + count + room)

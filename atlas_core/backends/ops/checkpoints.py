@@ -6,13 +6,17 @@ state *after* token ``t`` (the sequence's state through ``t``) into row ``checkp
 arrays; ``-1`` writes nothing. Speculative decoding's verify steps on hybrid models use it: the state after
 each draft position is kept, and when later drafts are rejected the state after the last accepted one is
 copied back into the sequence's slot, without recomputing any token. Checkpoint rows are distinct from each
-other and from the batch's ``state_slots``; a backend may take the recurrent (token by token) form of every
-sequence of a call that has checkpoints.
+other and from the batch's ``state_slots``, and a sequence with checkpoints has fewer than
+`CHECKPOINTED_TOKENS` tokens in the call (a verify step's known token and drafts), so that a backend computes it
+in the recurrent (token by token) form while the other sequences of the call may take a chunked one.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+CHECKPOINTED_TOKENS = 64
+"""A sequence with checkpoints has fewer tokens than this in a call (the chunked forms start at 64 tokens)."""
 
 
 def checkpoint_segments(start: int, end: int, checkpoints: np.ndarray | None) -> list[tuple[int, int, int]]:
@@ -32,14 +36,29 @@ def checkpoint_segments(start: int, end: int, checkpoints: np.ndarray | None) ->
     return segments
 
 
-def check_checkpoints(checkpoints: np.ndarray | None, tokens: int, state_slots: np.ndarray, num_slots: int) -> None:
+def check_checkpoints(
+    checkpoints: np.ndarray | None,
+    tokens: int,
+    state_slots: np.ndarray,
+    num_slots: int,
+    query_start_loc: np.ndarray | None = None,
+) -> None:
     """`ValueError` unless ``checkpoints`` (when given) has one entry per token, every entry -1 or a row of the
-    state that no sequence of the batch holds, and no row twice."""
+    state that no sequence of the batch holds, no row twice, and (with ``query_start_loc``) no sequence with
+    checkpoints has `CHECKPOINTED_TOKENS` tokens or more."""
     if checkpoints is None:
         return
     rows = np.asarray(checkpoints, dtype=np.int64)
     if rows.shape != (tokens,):
         raise ValueError(f"checkpoints has shape {rows.shape}, expected one entry per token ({tokens},)")
+    if query_start_loc is not None:
+        starts = np.asarray(query_start_loc, dtype=np.int64)
+        for start, end in zip(starts[:-1], starts[1:], strict=True):
+            if end - start >= CHECKPOINTED_TOKENS and (rows[start:end] >= 0).any():
+                raise ValueError(
+                    f"a sequence of {end - start} tokens has checkpoints; sequences with checkpoints have fewer "
+                    f"than {CHECKPOINTED_TOKENS} tokens in a call"
+                )
     taken = rows[rows >= 0]
     if (rows < -1).any() or (taken >= num_slots).any():
         raise ValueError(f"checkpoint rows {taken.tolist()} are outside the state's {num_slots} slots (-1: none)")

@@ -173,7 +173,7 @@ def gated_delta_rule_reference(
             f"gated_delta_rule: q {q.shape}, k {k.shape}, v {v.shape} and state {state.shape} do not fit "
             "(q, k [T, Hk, Dk], v [T, Hv, Dv] with Hv a multiple of Hk, state [S, Hv, Dk, Dv])"
         )
-    check_checkpoints(checkpoints, tokens, state_slots, state.shape[0])
+    check_checkpoints(checkpoints, tokens, state_slots, state.shape[0], query_start_loc)
     group = value_heads // key_heads
     out = np.zeros((tokens, value_heads, value_dim), dtype=np.float32)
     for start, end, slot in _sequences(query_start_loc, state_slots, state.shape[0]):

@@ -81,7 +81,7 @@ def causal_conv1d_reference(
             f"causal_conv1d: x {x.shape}, weight {weight.shape} and conv_state {conv_state.shape} do not agree "
             "(expected x [T, C], weight [C, K], conv_state [S, C, K-1])"
         )
-    check_checkpoints(checkpoints, x.shape[0], state_slots, conv_state.shape[0])
+    check_checkpoints(checkpoints, x.shape[0], state_slots, conv_state.shape[0], query_start_loc)
     w = weight.astype(F32)
     out = np.empty(x.shape, dtype=x.dtype)
     for r0, r1, slot in _sequences(query_start_loc, state_slots):
@@ -168,7 +168,7 @@ def mamba2_scan_reference(
     heads = x.shape[1]
     if heads % B.shape[1]:
         raise ValueError(f"mamba2_scan: {heads} heads are not a multiple of {B.shape[1]} groups")
-    check_checkpoints(checkpoints, x.shape[0], state_slots, ssm_state.shape[0])
+    check_checkpoints(checkpoints, x.shape[0], state_slots, ssm_state.shape[0], query_start_loc)
     out = np.empty(x.shape, dtype=x.dtype)
     a, d = A.astype(F32), D.astype(F32)
     for r0, r1, slot in _sequences(query_start_loc, state_slots):

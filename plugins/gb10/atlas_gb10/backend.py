@@ -208,7 +208,7 @@ class CudaBackend(Backend):
         batch-invariant mode, gemm_wgmma.cu's only on Hopper (sm_90a)."""
         if self.batch_invariant:
             return None
-        return prefill_kernel(m, n, self.profile.sm_count, has_wgmma(self.profile.arch), k)
+        return prefill_kernel(m, n, k, self.profile.sm_count, has_wgmma(self.profile.arch))
 
     def _prefill_gemm(
         self,

@@ -6,8 +6,8 @@ written once:
 
 * the recurrent form (``gated_delta_rule_bf16``): a block per (32 value dims, value head, sequence) keeps its
   slice of the fp32 state ``[Dk, 32]`` in registers and walks the tokens in order, storing it after the tokens
-  that have checkpoints. Decode, verify steps, calls with checkpoints and every sequence in the batch-invariant
-  mode take it: its bits do not depend on how a prompt is cut into calls.
+  that have checkpoints. Decode, verify steps (sequences with checkpoints are shorter than a chunk) and every
+  sequence in the batch-invariant mode take it: its bits do not depend on how a prompt is cut into calls.
 * the chunked form (``gated_delta_chunked_k*_bf16``), for sequences with at least `CHUNK_TOKENS` tokens in a
   call outside the batch-invariant mode: 64 tokens at a time on the tensor cores (the kernel's header states
   the algebra), the prefill path.
@@ -189,10 +189,10 @@ class CudaGatedDeltaOps(GatedDeltaOps):
         norm: OutputNorm | None,
         checkpoints: Array | None,
     ) -> Array:
-        """The recurrent launch, and the chunked one where `chunked_kernel` finds one and no token has a checkpoint;
-        ``gates``: the ``GDN_GATE_PARAMS`` arguments of ``recurrent_gates.cuh``; with ``norm``, the output normed
-        (inside the recurrent kernel where `normed_kernel` finds one, else by `rms_norm_silu_gate` after the
-        launches)."""
+        """The recurrent launch, and the chunked one where `chunked_kernel` finds one (sequences with checkpoints are
+        shorter than its `CHUNK_TOKENS`: the recurrent kernel writes them); ``gates``: the ``GDN_GATE_PARAMS``
+        arguments of ``recurrent_gates.cuh``; with ``norm``, the output normed (inside the recurrent kernel where
+        `normed_kernel` finds one, else by `rms_norm_silu_gate` after the launches)."""
         backend = self.backend
         tokens, key_heads, key_dim = q.shape
         value_heads, value_dim = v.shape[1:]
@@ -201,7 +201,7 @@ class CudaGatedDeltaOps(GatedDeltaOps):
                 f"gated_delta_rule: q {q.shape}, k {k.shape}, v {v.shape} and state {state.shape} do not fit "
                 "(q, k [T, Hk, Dk], v [T, Hv, Dv] with Hv a multiple of Hk, state [S, Hv, Dk, Dv])"
             )
-        check_state_slots(backend, state_slots, state.shape[0], checkpoints, tokens)
+        check_state_slots(backend, state_slots, state.shape[0], checkpoints, tokens, query_start_loc)
         if state.dtype != F32 or not state.flags.c_contiguous:
             raise TypeError(f"gated_delta_rule: the state must be a contiguous float32 array, got {state.dtype}")
         backend.require_bf16("gated_delta_rule", q, k, v)
@@ -219,9 +219,7 @@ class CudaGatedDeltaOps(GatedDeltaOps):
             *(state, query_start_loc, state_slots, out),
             *(np.int32(key_heads), np.int32(value_heads)),
         )
-        chunked = None
-        if checkpoints is None:
-            chunked = chunked_kernel(backend, "gated_delta", (q, k, v), key_dim, value_dim, num_seqs)
+        chunked = chunked_kernel(backend, "gated_delta", (q, k, v), key_dim, value_dim, num_seqs)
         chunk_from = np.int32(CHUNK_TOKENS if chunked else NO_CHUNKS)
         flags = (np.float32(scale), np.int32(l2norm_qk), chunk_from)
         recurrent = (*inputs, np.int32(key_dim), np.int32(value_dim), *flags, null_or(checkpoints))

@@ -52,7 +52,7 @@ throughput run slower with it (5,721 against 8,467 output tok/s), so narrower an
 mma.sync kernels."""
 
 
-def prefill_kernel(m: int, n: int, sm_count: int, wgmma: bool, k: int = WGMMA_MIN_K) -> str | None:
+def prefill_kernel(m: int, n: int, k: int, sm_count: int, wgmma: bool) -> str | None:
     """The kernel of a prefill-sized ``[m, n]`` bf16 product over ``k`` outside the batch-invariant mode (at least
     256 rows): gemm_wgmma.cu's where the device has wgmma, the product is at least `WGMMA_MIN_K` deep and
     `WGMMA_MIN_N` wide and its blocks fill at least a quarter of the SMs (faster than the others on every such shape

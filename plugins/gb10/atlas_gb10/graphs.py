@@ -19,7 +19,7 @@ Kernels are captured as programmatic launches where the device has them (`launch
 kernel's launch overlaps the tail of the one before it.
 
 Steps of several tokens per sequence, as many for each (`ForwardBatch.tokens_per_seq`: speculative
-decoding's verify steps, the recompute after a rejected draft, short prefill chunks), replay graphs of
+decoding's verify steps, a recompute after preemption, short prefill chunks), replay graphs of
 their own, keyed by the exact number of sequences (at most `MAX_VERIFY_SEQS`), the tokens per sequence
 and the context splits, at most `MAX_VERIFY_GRAPHS` of them; their inputs have their own buffers, with the
 recurrent-state checkpoints of each token (`ForwardBatch.state_checkpoints`, -1 where a step has none). A

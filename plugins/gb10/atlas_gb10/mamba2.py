@@ -7,9 +7,10 @@ the state rows with the same per-sequence kernel (outputs off). That kernel also
 checkpointed tokens. ``mamba2_scan`` and ``mamba2_decode`` are one recurrent kernel: a warp per (8 head
 dims, head, sequence) keeps those rows of the fp32 SSM state in registers and walks the sequence's tokens
 in order, with dt bias, softplus, the dt limits and the D skip fused, storing the state after checkpointed
-tokens. Outside the batch-invariant mode, in calls without checkpoints, sequences with at least 64 tokens in
-a ``mamba2_scan`` call take the chunked form instead (SSD over 64-token chunks on the tensor cores,
-``kernels/chunked_scan.cu``); the kernels' chunks are their own, whatever the model's ``chunk_size``.
+tokens (sequences with checkpoints are shorter than a chunk). Outside the batch-invariant mode, sequences
+with at least 64 tokens in a ``mamba2_scan`` call take the chunked form instead (SSD over 64-token chunks on
+the tensor cores, ``kernels/chunked_scan.cu``); the kernels' chunks are their own, whatever the model's
+``chunk_size``.
 ``gated_rms_norm`` is a warp per (token, group), ``relu_squared`` elementwise. Decode steps read nothing
 back to the host, so they capture.
 """
@@ -79,7 +80,7 @@ class CudaMamba2Ops(Mamba2Ops):
         if taps > CONV_MAX_TAPS:
             return super().causal_conv1d(x, weight, bias, conv_state, query_start_loc, state_slots, checkpoints)
         backend.require_bf16("causal_conv1d", x, weight, bias, conv_state)
-        check_state_slots(backend, state_slots, conv_state.shape[0], checkpoints, tokens)
+        check_state_slots(backend, state_slots, conv_state.shape[0], checkpoints, tokens, query_start_loc)
         if not conv_state.flags.c_contiguous:
             raise ValueError("causal_conv1d: the conv state must be contiguous")
         x = backend.contiguous_rows(x)
@@ -175,8 +176,8 @@ class CudaMamba2Ops(Mamba2Ops):
         checkpoints: Array | None,
     ) -> Array:
         """`mamba2_scan` over the sequences of ``query_start_loc``, or with None one token per sequence
-        (`mamba2_decode`); the state size must have `lane_states`. A call with ``checkpoints`` takes the recurrent
-        form for every sequence."""
+        (`mamba2_decode`); the state size must have `lane_states`. Sequences with checkpoints are shorter than a
+        chunk, so the recurrent kernel writes them."""
         backend, cp = self.backend, self.backend.cp
         tokens, heads, head_dim = x.shape
         groups, state_size = B.shape[1:]
@@ -186,7 +187,7 @@ class CudaMamba2Ops(Mamba2Ops):
                 "(x [T, Hm, P], B/C [T, G, N] with Hm a multiple of G, ssm_state [S, Hm, P, N])"
             )
         backend.require_bf16("mamba2 scan", x, dt, B, C)
-        check_state_slots(backend, state_slots, ssm_state.shape[0], checkpoints, tokens)
+        check_state_slots(backend, state_slots, ssm_state.shape[0], checkpoints, tokens, query_start_loc)
         if ssm_state.dtype != F32 or not ssm_state.flags.c_contiguous:
             raise TypeError(f"mamba2 scan: the SSM state must be a contiguous float32 array, got {ssm_state.dtype}")
         x, dt, B, C = (backend.contiguous_rows(a) for a in (x, dt, B, C))
@@ -204,7 +205,7 @@ class CudaMamba2Ops(Mamba2Ops):
             *(np.float32(dt_min), np.float32(dt_max)),
         )
         chunked = None
-        if query_start_loc is not None and checkpoints is None:
+        if query_start_loc is not None:
             chunked = chunked_kernel(backend, "mamba2", (x, B, C), state_size, head_dim, num_seqs)
         chunk_from = np.int32(CHUNK_TOKENS if chunked else NO_CHUNKS)
         kernel(backend, f"mamba2_scan_n{lane_states(state_size)}_bf16")(

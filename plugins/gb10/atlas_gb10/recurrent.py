@@ -52,11 +52,16 @@ class _LastChecked:
 
 
 def check_state_slots(
-    backend: Any, state_slots: Array, num_slots: int, checkpoints: Array | None = None, tokens: int = 0
+    backend: Any,
+    state_slots: Array,
+    num_slots: int,
+    checkpoints: Array | None = None,
+    tokens: int = 0,
+    query_start_loc: Array | None = None,
 ) -> None:
     """Raise `ValueError` when a slot lies outside ``[-1, num_slots)`` or two sequences share a slot (-1, a
     padding row that reads and writes no state, may repeat), or when ``checkpoints`` (one entry per token of the
-    ``tokens``) breaks `atlas_core.backends.ops.checkpoints.check_checkpoints`.
+    ``tokens``, sequences at ``query_start_loc``) breaks `atlas_core.backends.ops.checkpoints.check_checkpoints`.
 
     The check reads the slots on the host, a synchronisation, so it runs once per slot array (every layer of
     a forward receives the same arrays, which must not be modified in place afterwards) and never while the
@@ -65,7 +70,8 @@ def check_state_slots(
     if backend.cp.cuda.get_current_stream().is_capturing():
         return
     if checkpoints is not None and checkpoints is not _LastChecked.checkpoints:
-        check_checkpoints(backend.to_numpy(checkpoints), tokens, backend.to_numpy(state_slots), num_slots)
+        starts = None if query_start_loc is None else backend.to_numpy(query_start_loc)
+        check_checkpoints(backend.to_numpy(checkpoints), tokens, backend.to_numpy(state_slots), num_slots, starts)
         _LastChecked.checkpoints = checkpoints
     if state_slots is _LastChecked.slots:
         return

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from atlas_core.backends.ops.checkpoints import CHECKPOINTED_TOKENS
+
 KERNEL_DIR = Path(__file__).parent / "kernels"
 
 
@@ -55,7 +57,7 @@ REGISTRY: dict[tuple[str, str, str], KernelVariant] = {
     (GENERIC, "logits", "bf16"): KernelVariant("logits.cu"),
     (GENERIC, "moe", "bf16"): KernelVariant("moe.cu", (("GEMM_KSPLIT", 8),)),
     (GENERIC, "mla", "bf16"): KernelVariant("mla.cu", (("MLA_TILE_N", 64), ("MLA_SPLIT", 256))),
-    (GENERIC, "recurrent", "bf16"): KernelVariant("recurrent.cu"),
+    (GENERIC, "recurrent", "bf16"): KernelVariant("recurrent.cu", (("CHECKPOINTED_TOKENS", CHECKPOINTED_TOKENS),)),
     (GENERIC, "chunked_scan", "bf16"): KernelVariant("chunked_scan.cu"),
     # GB10: 99 KiB of shared memory per block, so attention uses half-size key tiles.
     ("gb10", "attention", "bf16"): KernelVariant("attention.cu", (("ATT_TILE_N", 32), ("ATT_SPLIT", 64))),

@@ -126,10 +126,22 @@ def test_decode_tile_is_the_measured_fastest(k: int, n: int, n_tiles: int) -> No
 def test_prefill_kernel_is_the_measured_fastest(m: int, k: int, n: int, warpgroups: int) -> None:
     from atlas_gb10.gemm_shapes import prefill_kernel
 
-    assert prefill_kernel(m, n, 132, True, k) == f"gemm_wgmma_w{warpgroups}"
-    assert prefill_kernel(m, n, 132, False, k) in ("gemm_tiled", None)  # other devices: the mma.sync kernels
-    assert prefill_kernel(255, n, 132, True, k) is None  # decode-sized products keep gemm.cu
-    assert prefill_kernel(300, 96, 132, True, k) is None  # 2 blocks: gemm.cu splits K over many more
+    assert prefill_kernel(m, n, k, 132, True) == f"gemm_wgmma_w{warpgroups}"
+    assert prefill_kernel(m, n, k, 132, False) in ("gemm_tiled", None)  # other devices: the mma.sync kernels
+    assert prefill_kernel(255, n, k, 132, True) is None  # decode-sized products keep gemm.cu
+    assert prefill_kernel(300, 96, k, 132, True) is None  # 2 blocks: gemm.cu splits K over many more
     # Qwen3-0.6B's shallow or narrow products were slower on wgmma in the throughput run: the mma.sync kernels
-    assert prefill_kernel(m, 1024, 132, True, 3072) in ("gemm_tiled", None)
-    assert prefill_kernel(m, 6144, 132, True, 1024) == "gemm_tiled"
+    assert prefill_kernel(m, 1024, 3072, 132, True) in ("gemm_tiled", None)
+    assert prefill_kernel(m, 6144, 1024, 132, True) == "gemm_tiled"
+
+
+def test_checkpointed_sequences_take_the_recurrent_kernels() -> None:
+    """Sequences with state checkpoints (speculative decoding's verify steps) are shorter than the chunked kernels'
+    threshold, so the recurrent kernels, which write the checkpoints, take them in every call."""
+    from atlas_gb10.recurrent import CHUNK_TOKENS
+    from atlas_gb10.registry import GENERIC, lookup
+
+    from atlas_core.backends.ops.checkpoints import CHECKPOINTED_TOKENS
+
+    assert CHECKPOINTED_TOKENS <= CHUNK_TOKENS
+    assert lookup(GENERIC, "recurrent", "bf16").define("CHECKPOINTED_TOKENS", 0) == CHECKPOINTED_TOKENS

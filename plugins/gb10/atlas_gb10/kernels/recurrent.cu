@@ -18,6 +18,9 @@
 #define GDN_L2_EPS 1e-6f
 #define SSM_ROWS 8         // Mamba-2 state rows (head dims) per warp
 #define SSM_WARPS 4
+#ifndef CHECKPOINTED_TOKENS
+#define CHECKPOINTED_TOKENS 64  // a sequence with checkpoints has fewer tokens in a call (the registry passes core's)
+#endif
 
 // ---- causal conv1d + SiLU ------------------------------------------------------------------------------
 // x [T, C] (row stride ldx), weight [C, K], bias [C] or null, state [S, C, K-1] (the last K-1 inputs,
@@ -56,8 +59,8 @@ __device__ __forceinline__ void store_window(const float (&win)[CONV_MAX_K], bf1
 
 // A thread per (channel, sequence) walks the sequence's rows with the window in registers, writes every
 // output when `outputs` (decode-sized batches), stores the windows of checkpointed rows, and leaves the last
-// K-1 inputs in the state row. Without `outputs` it only updates the state (and the checkpoints), after
-// conv1d_tokens_bf16 has written the outputs. Grid (ceil(C / blockDim), B).
+// K-1 inputs in the state row. Without `outputs` it only updates the state (and the checkpoints of sequences
+// short enough to have them), after conv1d_tokens_bf16 has written the outputs. Grid (ceil(C / blockDim), B).
 extern "C" __global__ void conv1d_sequences_bf16(const bf16_t* __restrict__ x, long long ldx,
                                                  const bf16_t* __restrict__ weight, const bf16_t* __restrict__ bias,
                                                  bf16_t* __restrict__ state, const int* __restrict__ starts,
@@ -76,7 +79,8 @@ extern "C" __global__ void conv1d_sequences_bf16(const bf16_t* __restrict__ x, l
     for (int i = 0; i < CONV_MAX_K; ++i)
         win[CONV_MAX_K - 1 - i] = (row && i < taps - 1) ? bf16_to_float(row[taps - 2 - i]) : 0.0f;
     const float bias_c = bias ? bf16_to_float(bias[c]) : 0.0f;
-    for (long long t = (outputs || checkpoints) ? r0 : max(r0, r1 - (taps - 1)); t < r1; ++t) {
+    const bool walk_all = outputs || (checkpoints && r1 - r0 < CHECKPOINTED_TOKENS);
+    for (long long t = walk_all ? r0 : max(r0, r1 - (taps - 1)); t < r1; ++t) {
 #pragma unroll
         for (int j = 0; j < CONV_MAX_K - 1; ++j) win[j] = win[j + 1];
         win[CONV_MAX_K - 1] = bf16_to_float(x[t * ldx + c]);
