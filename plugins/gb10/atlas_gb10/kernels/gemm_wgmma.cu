@@ -92,7 +92,6 @@ __device__ __forceinline__ void wgmma_product(const bf16_t* __restrict__ x, long
         }
         asm volatile("cp.async.commit_group;\n" ::);
     };
-    await_inputs();
     float d[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) d[i] = 0.0f;
@@ -153,6 +152,7 @@ __device__ __forceinline__ void wgmma_product(const bf16_t* __restrict__ x, long
         gemm_wgmma_w##W##_bf16(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ w,            \
                                const bf16_t* __restrict__ bias, bf16_t* __restrict__ out, long long ldo, int M, int N, \
                                int K) {                                                                               \
+        await_inputs();                                                                                               \
         WGMMA_BODY(W)                                                                                                 \
     }
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
