@@ -163,16 +163,16 @@ def test_causal_conv1d(case: Case, lengths: list[int], kernel: int, bias: bool) 
 
 
 def test_causal_conv1d_writes_checkpoints(case: Case) -> None:
-    """A verify step (sequences of 3 and 4 tokens with checkpoints, a decode token and a 9-token prefill
+    """A verify step (sequences of 3 and 4 tokens with checkpoints, a decode token and 9- and 70-token prefills
     without): each checkpoint row holds the window that ends with its token."""
-    lengths, channels, kernel, num_slots = [3, 1, 9, 4], 11, 4, 12
+    lengths, channels, kernel, num_slots = [3, 1, 9, 70, 4], 11, 4, 12
     ((x_dev, x),) = views(case, case.normal(sum(lengths), channels, scale=2.0))
     w_dev, w = case.upload(case.normal(channels, kernel), weight=True)
     b_dev, b = case.upload(case.normal(channels), weight=True)
     state_dev, state = case.upload(case.normal(num_slots, channels, kernel - 1))
     starts_dev, starts, slots_dev, slots = batch_layout(case, lengths, num_slots)
     free = [s for s in range(num_slots) if s not in slots]
-    checkpoints = verify_checkpoints(lengths, [True, False, False, True], free)
+    checkpoints = verify_checkpoints(lengths, [True, False, False, False, True], free)
     want, want_state = oracle_conv(x, w, b, state, starts, slots, checkpoints)
     got = case.backend.ops(Mamba2Ops).causal_conv1d(
         x_dev, w_dev, b_dev, state_dev, starts_dev, slots_dev, checkpoints=case.backend.from_numpy(checkpoints)
