@@ -197,8 +197,7 @@ class ModelRunner:
             np.concatenate(slots).astype(np.int32, copy=False),
             np.asarray(state_slots, dtype=np.int32),
         )
-        checkpointed = checkpoints is not None
-        uploads = (*host, np.asarray(checkpoint_rows, dtype=np.int32)) if checkpointed else host
+        uploads = (*host, np.asarray(checkpoint_rows, dtype=np.int32)) if checkpoints is not None else host
         input_ids, token_positions, query_start, lengths, block_tables, slot_mapping, slot_ids, *checkpoint_slots = (
             self.backend.upload_int32(uploads)
         )
@@ -221,7 +220,7 @@ class ModelRunner:
             visual=visual,
             rope_rows=rope_rows,
             host_inputs=host,
-            state_checkpoints=checkpoint_slots[0] if checkpointed else None,
+            state_checkpoints=checkpoint_slots[0] if checkpoint_slots else None,
         )
         return batch, rows
 

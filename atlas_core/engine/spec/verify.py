@@ -107,7 +107,7 @@ class DraftCheckpoints:
         if num_drafts > self.per_sequence:
             raise ValueError(f"{num_drafts} drafts but {self.per_sequence} checkpoint slots per sequence")
         positions = [self._checkpoint(seq, i) for i in range(num_drafts)]
-        return [-1] * (num_tokens - 1) + positions + [-1] * (1 if num_tokens else 0)
+        return [-1] * (num_tokens - 1) + positions + [-1]
 
     def keep(self, seq: Sequence, accepted: int) -> None:
         """``seq`` kept ``accepted`` drafts, fewer than it verified: queue its state's rollback to that position."""

@@ -60,10 +60,10 @@ def prefill_kernel(m: int, n: int, k: int, sm_count: int, wgmma: bool) -> str | 
     None: gemm.cu (K split over a block's warps, many blocks for narrow products)."""
     if m < 2 * TILED_GEMM_BLOCK:
         return None
-    warpgroups = wgmma_warpgroups(m, n, sm_count)
-    deep_and_wide = k >= WGMMA_MIN_K and n >= WGMMA_MIN_N
-    if wgmma and deep_and_wide and 4 * wgmma_blocks(m, n, warpgroups) >= sm_count:
-        return wgmma_kernel(warpgroups)
+    if wgmma and k >= WGMMA_MIN_K and n >= WGMMA_MIN_N:
+        warpgroups = wgmma_warpgroups(m, n, sm_count)
+        if 4 * wgmma_blocks(m, n, warpgroups) >= sm_count:
+            return wgmma_kernel(warpgroups)
     if math.ceil(m / TILED_GEMM_BLOCK) * math.ceil(n / TILED_GEMM_BLOCK) >= sm_count:
         return "gemm_tiled"
     return None

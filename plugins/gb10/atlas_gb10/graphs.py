@@ -22,7 +22,8 @@ Steps of several tokens per sequence, as many for each (`ForwardBatch.tokens_per
 decoding's verify steps, a recompute after preemption, short prefill chunks), replay graphs of
 their own, keyed by the exact number of sequences (at most `MAX_VERIFY_SEQS`), the tokens per sequence
 and the context splits, at most `MAX_VERIFY_GRAPHS` of them; their inputs have their own buffers, with the
-recurrent-state checkpoints of each token (`ForwardBatch.state_checkpoints`, -1 where a step has none). A
+recurrent-state checkpoints of each token for models with recurrent layers (`ForwardBatch.state_checkpoints`, -1
+where a step has none). A
 model whose multi-token step cannot be captured (MLA, say) runs those steps eagerly.
 """
 
@@ -89,7 +90,8 @@ class CudaDecodeGraphs:
         self.failed = False
         self.replays = 0
         self.last_hidden: Any = None
-        self.verify = _VerifyBuffers(backend, self.table_width, hidden_width)
+        recurrent = bool(getattr(model, "has_recurrent_state", False))
+        self.verify = _VerifyBuffers(backend, self.table_width, hidden_width, recurrent)
         self.verify_failed = False
         self.capture_error = ""
         self.verify_graphs: dict[tuple[int, int, int], tuple[Any, ...]] = {}
@@ -264,9 +266,9 @@ class CudaDecodeGraphs:
 
 class _VerifyBuffers:
     """The fixed inputs of verify graphs: up to `MAX_VERIFY_SEQS` sequences of `MAX_VERIFY_TOKENS` tokens
-    (and their hidden-state inputs, for an MTP step)."""
+    (and their hidden-state inputs, for an MTP step; with ``recurrent``, their state checkpoints)."""
 
-    def __init__(self, backend: Any, table_width: int, hidden_width: int) -> None:
+    def __init__(self, backend: Any, table_width: int, hidden_width: int, recurrent: bool) -> None:
         tokens, seqs = MAX_VERIFY_SEQS * MAX_VERIFY_TOKENS, MAX_VERIFY_SEQS
         self.cp = cp = backend.cp
         self.input_hidden = backend.zeros((tokens, hidden_width), backend.activation_dtype) if hidden_width else None
@@ -276,7 +278,7 @@ class _VerifyBuffers:
         self.seq_lens = cp.zeros((seqs,), dtype=np.int32)
         self.block_tables = cp.zeros((seqs, table_width), dtype=np.int32)
         self.state_slots = cp.full((seqs,), -1, dtype=np.int32)
-        self.state_checkpoints = cp.full((tokens,), -1, dtype=np.int32)
+        self.state_checkpoints = cp.full((tokens,), -1, dtype=np.int32) if recurrent else None
 
     def warm_up_batch(self, b: int, q: int) -> ForwardBatch:
         """The batch over the buffers for ``b`` sequences of ``q`` tokens, set for a warm-up that reads
@@ -286,7 +288,8 @@ class _VerifyBuffers:
         self.block_tables[:b] = 0
         self.slot_mapping[:n] = -1
         self.state_slots[:b] = -1
-        self.state_checkpoints[:n] = -1
+        if self.state_checkpoints is not None:
+            self.state_checkpoints[:n] = -1
         return ForwardBatch(
             input_ids=self.input_ids[:n],
             positions=self.positions[:n],
@@ -300,7 +303,7 @@ class _VerifyBuffers:
             state_slots=self.state_slots[:b],
             tokens_per_seq=q,
             input_hidden=None if self.input_hidden is None else self.input_hidden[:n],
-            state_checkpoints=self.state_checkpoints[:n],
+            state_checkpoints=None if self.state_checkpoints is None else self.state_checkpoints[:n],
         )
 
     def load(self, batch: ForwardBatch, width: int) -> None:
@@ -312,9 +315,8 @@ class _VerifyBuffers:
         self.seq_lens[:b] = meta.seq_lens
         self.block_tables[:b, :width] = meta.block_tables
         self.state_slots[:b] = batch.state_slots
-        if batch.state_checkpoints is None:
-            self.state_checkpoints[:n] = -1
-        else:
-            self.state_checkpoints[:n] = batch.state_checkpoints
+        if self.state_checkpoints is not None:
+            checkpoints = batch.state_checkpoints
+            self.state_checkpoints[:n] = -1 if checkpoints is None else checkpoints
         if self.input_hidden is not None:
             self.input_hidden[:n] = batch.input_hidden
