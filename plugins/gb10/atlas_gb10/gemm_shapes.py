@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+from atlas_gb10.quantized_weights import LOW8_ROWS
 from atlas_gb10.registry import GENERIC, lookup
 
 GEMM_TILES = ((2, 4), (1, 4), (1, 2), (1, 1))
@@ -104,11 +105,15 @@ def decode_n_tiles(n: int, k: int, sm_count: int) -> int:
 
 def gemm_tile(m: int, n: int, k: int, kind: str, sm_count: int) -> tuple[int, int]:
     """gemm.cu's block tile (m-tiles, n-tiles) for an ``[m, n]`` output over ``k`` of weight kind ``kind``.
-    Decode-sized bf16 products (m <= 16) take `decode_n_tiles`; the quantized kinds one n-tile per block, or two
-    for very wide outputs; larger m takes the largest tile that still gives every SM a block."""
+    Decode-sized bf16 products (m <= 16) take `decode_n_tiles`. The quantized kinds' ``vec8`` kernels (m <= 8) pair
+    two n-tiles in each mma step (gemm_core.cuh's swapped fragments), so they take two n-tiles wherever that still
+    gives every SM a block; m 9..16, one n-tile, or two for very wide outputs. Larger m takes the largest tile that
+    still gives every SM a block."""
     if m <= 16:
         if kind == "bf16":
             return 1, decode_n_tiles(n, k, sm_count)
+        if m <= LOW8_ROWS:
+            return (1, 2) if n >= 16 * sm_count else (1, 1)
         return (1, 2) if n >= 64 * sm_count else (1, 1)
     for mt, nt in GEMM_TILES:
         if math.ceil(n / (8 * nt)) * math.ceil(m / (16 * mt)) >= sm_count:

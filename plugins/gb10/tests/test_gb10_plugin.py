@@ -135,6 +135,29 @@ def test_prefill_kernel_is_the_measured_fastest(m: int, k: int, n: int, warpgrou
     assert prefill_kernel(m, 6144, 1024, 132, True) == "gemm_tiled"
 
 
+@pytest.mark.parametrize(
+    ("k", "n", "n_tiles"),
+    [
+        (4096, 28672, 2),
+        (14336, 4096, 2),
+        (4096, 6144, 2),
+        (1024, 4096, 2),
+        (2048, 5120, 2),
+        (4096, 2048, 1),
+        (2048, 1024, 1),
+    ],
+)
+def test_quantized_decode_tile_is_the_measured_fastest(k: int, n: int, n_tiles: int) -> None:
+    """One-row FP8 / NVFP4 / Q8_0 products on an H100 (gemm_tiles.py): two n-tiles a block, paired in each mma step,
+    wherever that leaves a block for every SM; the 9..16-row kernels keep one n-tile below very wide outputs."""
+    from atlas_gb10.gemm_shapes import gemm_tile
+
+    for kind in ("fp8", "nvfp4", "gguf_q8_0"):
+        assert gemm_tile(1, n, k, kind, 132) == (1, n_tiles)
+        assert gemm_tile(8, n, k, kind, 132) == (1, n_tiles)
+    assert gemm_tile(12, 6144, 4096, "fp8", 132) == (1, 1)
+
+
 def test_checkpointed_sequences_take_the_recurrent_kernels() -> None:
     """Sequences with state checkpoints (speculative decoding's verify steps) are shorter than the chunked kernels'
     threshold, so the recurrent kernels, which write the checkpoints, take them in every call."""

@@ -125,17 +125,84 @@ struct Checked {
     static constexpr bool value = B;
 };
 
-// acc[i][j] += one 32-wide chunk's products of x fragments a and weight fragments b, two mma steps.
-template <int MT, int NT>
+// Where the fragments acc[i][j][e] of a chunk loop sit in its (MT x 16) x (NT x 8) tile, for load mode VEC and NT
+// n-tiles (g = lane / 4, q = lane % 4).
+// - Standard: the mma's rows are x rows. acc[i][j][e] holds row 16 i + g + (e & 2 ? 8 : 0), column 8 j + 2 q + (e & 1).
+// - Swapped (decode: VEC_LOW8 with NT even): the weight's columns are the mma's rows and the x rows its columns, so a
+//   pair of n-tiles takes one mma step instead of two, with no fragment of zero rows. acc[i][j][e] holds row 16 i +
+//   2 q + e, column 8 j + g, for e < 2; e >= 2 holds nothing. `to_standard` moves them where Standard has them.
+// Each output element sums the same products in the same order either way.
+template <int VEC, int NT>
+struct FragMap {
+    static constexpr bool SWAPPED = VEC == VEC_LOW8 && NT % 2 == 0;
+    // How many distinct columns of an n-tile a lane holds.
+    static constexpr int COLUMNS = SWAPPED ? 1 : 2;
+
+    // The tile column of this lane's p-th column (p < COLUMNS) of n-tile j.
+    __device__ static __forceinline__ int column(int j, int p) {
+        const int lane = threadIdx.x & 31;
+        return 8 * j + (SWAPPED ? lane >> 2 : 2 * (lane & 3) + p);
+    }
+
+    // Which of this lane's columns of its n-tile element e lies in; -1: the element holds nothing.
+    __device__ static constexpr int column_of(int e) { return SWAPPED ? (e < 2 ? 0 : -1) : (e & 1); }
+};
+
+// acc[i][j][e] += part[i][j][e] * s for the elements in this lane's p-th column of n-tile j (FragMap).
+template <int MT, int NT, int VEC>
+__device__ __forceinline__ void add_column(float (&acc)[MT][NT][4], const float (&part)[MT][NT][4], int j, int p,
+                                           float s) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (FragMap<VEC, NT>::column_of(e) == p) acc[i][j][e] = __fmaf_rn(part[i][j][e], s, acc[i][j][e]);
+}
+
+// acc[i][j] += one 32-wide chunk's products of x fragments a and weight fragments b, two mma steps, in the layout
+// FragMap<VEC, NT> gives.
+template <int MT, int NT, int VEC>
 __device__ __forceinline__ void mma_chunk(float (&acc)[MT][NT][4], const Frag8 (&a)[MT][2], const Frag8 (&b)[NT]) {
 #pragma unroll
     for (int s = 0; s < 2; ++s)
 #pragma unroll
-        for (int i = 0; i < MT; ++i)
+        for (int i = 0; i < MT; ++i) {
+            if constexpr (FragMap<VEC, NT>::SWAPPED) {
 #pragma unroll
-            for (int j = 0; j < NT; ++j)
-                mma_16816(acc[i][j], a[i][0].w[2 * s], a[i][1].w[2 * s], a[i][0].w[2 * s + 1], a[i][1].w[2 * s + 1],
-                          b[j].w[2 * s], b[j].w[2 * s + 1]);
+                for (int j = 0; j < NT; j += 2)
+                    mma_16816(acc[i][j][0], acc[i][j][1], acc[i][j + 1][0], acc[i][j + 1][1], b[j].w[2 * s],
+                              b[j + 1].w[2 * s], b[j].w[2 * s + 1], b[j + 1].w[2 * s + 1], a[i][0].w[2 * s],
+                              a[i][0].w[2 * s + 1]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+                    mma_16816(acc[i][j], a[i][0].w[2 * s], a[i][1].w[2 * s], a[i][0].w[2 * s + 1],
+                              a[i][1].w[2 * s + 1], b[j].w[2 * s], b[j].w[2 * s + 1]);
+            }
+        }
+}
+
+// Swapped fragments (FragMap) moved to the Standard layout within the warp: the element of row g, column 2 q + e
+// of n-tile j comes from lane 4 (2 q + e) + g / 2, which holds it as its element g % 2. All lanes take part.
+template <int MT, int NT>
+__device__ __forceinline__ void to_standard(float (&acc)[MT][NT][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            float v[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int from = 4 * (2 * q + e) + (g >> 1);
+                const float even = __shfl_sync(0xffffffffu, acc[i][j][0], from);
+                const float odd = __shfl_sync(0xffffffffu, acc[i][j][1], from);
+                v[e] = g & 1 ? odd : even;
+            }
+            acc[i][j][0] = v[0];
+            acc[i][j][1] = v[1];
+            acc[i][j][2] = acc[i][j][3] = 0.0f;
+        }
 }
 
 // How many consecutive chunks one weight load of a lane covers (`chunk_batches`' G) for weight type W: 1 for
@@ -209,7 +276,7 @@ __device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long lo
             else
                 b[0] = frag_at(w_rows[j] + lane_k(c, K));
         },
-        [&](int, const Frag8 (&b)[NT], const Frag8 (&a)[MT][2]) { mma_chunk<MT, NT>(acc, a, b); });
+        [&](int, const Frag8 (&b)[NT], const Frag8 (&a)[MT][2]) { mma_chunk<MT, NT, VEC>(acc, a, b); });
 }
 
 // The products of a bf16 weight (mma_chunks); the quantized kinds' overloads are in their own headers
@@ -245,6 +312,7 @@ __device__ __forceinline__ void tile_partials(TilePartials<MT, NT>& partials, co
     zero_frags<MT, NT>(acc);
 
     accumulate<MT, NT, U, VEC>(x, ldx, x_rows, w, m0, M, n0, N, K, c_begin, c_end, acc);
+    if constexpr (FragMap<VEC, NT>::SWAPPED) to_standard<MT, NT>(acc);
 
 #pragma unroll
     for (int i = 0; i < MT; ++i)

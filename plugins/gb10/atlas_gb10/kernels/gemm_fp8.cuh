@@ -80,15 +80,16 @@ template <int MT, int NT, int U, int VEC>
 __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
                                            const Fp8Weight& w, int m0, int M, int n0, int N, int K, int c_begin,
                                            int c_end, float (&acc)[MT][NT][4]) {
+    using Frags = FragMap<VEC, NT>;
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int scale_cols = (K + w.bk - 1) / w.bk;
     const int chunks_per_block = w.bk >= K ? c_end + 1 : w.bk / 32;
-    const float* scale_rows[NT][2];
+    const float* scale_rows[NT][Frags::COLUMNS];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int p = 0; p < 2; ++p) {
-            const int col = n0 + j * 8 + 2 * q + p;
+        for (int p = 0; p < Frags::COLUMNS; ++p) {
+            const int col = n0 + Frags::column(j, p);
             scale_rows[j][p] = col < N ? w.scales + (long long)(col / w.bn) * scale_cols : nullptr;
         }
     float part[MT][NT][4];
@@ -96,24 +97,21 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
     int block = c_begin / chunks_per_block;
     int next_block = (block + 1) * chunks_per_block;
     // The current block's scales, loaded as the block starts so that its flush does not wait for them.
-    float scale[NT][2];
+    float scale[NT][Frags::COLUMNS];
     auto load_scales = [&](int b) {
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
-            for (int p = 0; p < 2; ++p) scale[j][p] = scale_rows[j][p] && b < scale_cols ? scale_rows[j][p][b] : 0.0f;
+            for (int p = 0; p < Frags::COLUMNS; ++p)
+                scale[j][p] = scale_rows[j][p] && b < scale_cols ? scale_rows[j][p][b] : 0.0f;
     };
     load_scales(block);
     auto flush = [&]() {
 #pragma unroll
-        for (int i = 0; i < MT; ++i)
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    acc[i][j][e] = __fmaf_rn(part[i][j][e], scale[j][e & 1], acc[i][j][e]);
-                    part[i][j][e] = 0.0f;
-                }
+            for (int p = 0; p < Frags::COLUMNS; ++p) add_column<MT, NT, VEC>(acc, part, j, p, scale[j][p]);
+        zero_frags<MT, NT>(part);
     };
     // Chunk c's products from its weight bytes raw[j] (n-tile j) and x fragments a.
     auto multiply = [&](int c, const uint2 (&raw)[NT], const Frag8 (&a)[MT][2]) {
@@ -128,7 +126,7 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
             const uint4 v = e4m3x8_to_bf16x8(raw[j]);
             b[j] = Frag8{{v.x, v.y, v.z, v.w}};
         }
-        mma_chunk<MT, NT>(part, a, b);
+        mma_chunk<MT, NT, VEC>(part, a, b);
     };
     const unsigned char* w_rows[NT];
 #pragma unroll

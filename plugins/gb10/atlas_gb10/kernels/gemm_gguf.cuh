@@ -81,16 +81,12 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
             }
             float part[MT][NT][4];
             zero_frags<MT, NT>(part);
-            mma_chunk<MT, NT>(part, a, b);
+            mma_chunk<MT, NT, VEC>(part, a, b);
 #pragma unroll
             for (int j = 0; j < NT; ++j)
 #pragma unroll
-                for (int p = 0; p < 2; ++p) {
-                    const float d = q8_0_scale(w.data, n0 + j * 8 + 2 * q + p, N, c, K);
-#pragma unroll
-                    for (int i = 0; i < MT; ++i)
-#pragma unroll
-                        for (int e = p; e < 4; e += 2) acc[i][j][e] = __fmaf_rn(part[i][j][e], d, acc[i][j][e]);
-                }
+                for (int p = 0; p < FragMap<VEC, NT>::COLUMNS; ++p)
+                    add_column<MT, NT, VEC>(acc, part, j, p,
+                                            q8_0_scale(w.data, n0 + FragMap<VEC, NT>::column(j, p), N, c, K));
         });
 }

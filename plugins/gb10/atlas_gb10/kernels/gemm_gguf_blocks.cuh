@@ -189,9 +189,10 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
                                            const GgufBlocks<T>& w, int m0, int M, int n0, int N, int K, int c_begin,
                                            int c_end, float (&acc)[MT][NT][4]) {
     using B = GgufBlocks<T>;
+    using Frags = FragMap<VEC, NT>;
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     // Q4_K / Q5_K: the columns' headers of the current super-block (header_block), reloaded as a block starts.
-    uint4 header[NT][2];
+    uint4 header[NT][Frags::COLUMNS];
     int header_block = -1;
     const unsigned char* w_rows[NT];
 #pragma unroll
@@ -212,8 +213,8 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
 #pragma unroll
                     for (int j = 0; j < NT; ++j)
 #pragma unroll
-                        for (int p = 0; p < 2; ++p)
-                            header[j][p] = k_quant_header(w.data, B::row_bytes(K), n0 + j * 8 + 2 * q + p, N,
+                        for (int p = 0; p < Frags::COLUMNS; ++p)
+                            header[j][p] = k_quant_header(w.data, B::row_bytes(K), n0 + Frags::column(j, p), N,
                                                           header_block, B::BYTES);
                 }
             }
@@ -232,32 +233,28 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
                     lo[j] = q < 2 ? b[j] : Frag8{{0u, 0u, 0u, 0u}};
                     hi[j] = q < 2 ? Frag8{{0u, 0u, 0u, 0u}} : b[j];
                 }
-                mma_chunk<MT, NT>(parts[0], a, lo);
-                mma_chunk<MT, NT>(parts[1], a, hi);
+                mma_chunk<MT, NT, VEC>(parts[0], a, lo);
+                mma_chunk<MT, NT, VEC>(parts[1], a, hi);
             } else {
-                mma_chunk<MT, NT>(parts[0], a, b);
+                mma_chunk<MT, NT, VEC>(parts[0], a, b);
                 if constexpr (B::OFFSET) {
                     Frag8 ones[NT];
 #pragma unroll
                     for (int j = 0; j < NT; ++j) ones[j] = Frag8{{0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u}};
-                    mma_chunk<MT, NT>(parts[1], a, ones);
+                    mma_chunk<MT, NT, VEC>(parts[1], a, ones);
                 }
             }
 #pragma unroll
             for (int j = 0; j < NT; ++j)
 #pragma unroll
-                for (int p = 0; p < 2; ++p) {
+                for (int p = 0; p < Frags::COLUMNS; ++p) {
                     float s, second;
                     if constexpr (T == GGUF_Q4_K || T == GGUF_Q5_K)
                         k_quant_coefficients(header[j][p], sub, s, second);
                     else
-                        gguf_coefficients<T>(w.data, n0 + j * 8 + 2 * q + p, N, c, K, s, second);
-#pragma unroll
-                    for (int i = 0; i < MT; ++i)
-#pragma unroll
-                        for (int e = p; e < 4; e += 2)
-                            acc[i][j][e] = __fmaf_rn(parts[1][i][j][e], second,
-                                                     __fmaf_rn(parts[0][i][j][e], s, acc[i][j][e]));
+                        gguf_coefficients<T>(w.data, n0 + Frags::column(j, p), N, c, K, s, second);
+                    add_column<MT, NT, VEC>(acc, parts[0], j, p, s);
+                    add_column<MT, NT, VEC>(acc, parts[1], j, p, second);
                 }
         });
 }

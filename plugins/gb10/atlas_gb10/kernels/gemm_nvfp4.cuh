@@ -124,7 +124,7 @@ template <int MT, int NT, int U, int VEC>
 __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
                                            const Nvfp4Weight& w, int m0, int M, int n0, int N, int K, int c_begin,
                                            int c_end, float (&acc)[MT][NT][4]) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int g = (threadIdx.x & 31) >> 2;
     float part[MT][NT][4];
     zero_frags<MT, NT>(part);
     const unsigned char* w_rows[NT];
@@ -146,16 +146,12 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
                 b[j] = Frag8{{e2m1_pair_scaled<0>(word, s2), e2m1_pair_scaled<1>(word, s2),
                               e2m1_pair_scaled<2>(word, s2), e2m1_pair_scaled<3>(word, s2)}};
             }
-            mma_chunk<MT, NT>(part, a, b);
+            mma_chunk<MT, NT, VEC>(part, a, b);
         });
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int p = 0; p < 2; ++p) {
-            const float factor = nvfp4_factor(w.data, n0 + j * 8 + 2 * q + p, N, K);
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-                for (int e = p; e < 4; e += 2) acc[i][j][e] = __fmaf_rn(part[i][j][e], factor, acc[i][j][e]);
-        }
+        for (int p = 0; p < FragMap<VEC, NT>::COLUMNS; ++p)
+            add_column<MT, NT, VEC>(acc, part, j, p,
+                                    nvfp4_factor(w.data, n0 + FragMap<VEC, NT>::column(j, p), N, K));
 }

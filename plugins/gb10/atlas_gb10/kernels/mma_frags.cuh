@@ -6,13 +6,19 @@
 
 #define LOG2E 1.4426950408889634f
 
-// c += a b on the tensor cores: a 16 x 16 bf16 A fragment (a0..a3), a 16 x 8 B fragment (b0, b1), fp32 c.
-__device__ __forceinline__ void mma_16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
-                                          unsigned b1) {
+// c += a b on the tensor cores: a 16 x 16 bf16 A fragment (a0..a3), a 16 x 8 B fragment (b0, b1), fp32 c0..c3.
+__device__ __forceinline__ void mma_16816(float& c0, float& c1, float& c2, float& c3, unsigned a0, unsigned a1,
+                                          unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The same with the accumulators c[0..3] of one fragment.
+__device__ __forceinline__ void mma_16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                          unsigned b1) {
+    mma_16816(c[0], c[1], c[2], c[3], a0, a1, a2, a3, b0, b1);
 }
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned* r, const bf16_t* p) {
