@@ -28,7 +28,14 @@ from atlas_gb10 import attention_inputs, rowwise
 from atlas_gb10.arrays import BF16, FP8_CACHE, element_strides, null_or
 from atlas_gb10.attention import AttentionRunner
 from atlas_gb10.download import PinnedDownload
-from atlas_gb10.gemm_shapes import TILED_GEMM_BLOCK, WGMMA_COLUMNS, gemm_tile, prefill_kernel, tiled_shared_bytes
+from atlas_gb10.gemm_shapes import (
+    TILED_GEMM_BLOCK,
+    WGMMA_COLUMNS,
+    gemm_tile,
+    low8_loads,
+    prefill_kernel,
+    tiled_shared_bytes,
+)
 from atlas_gb10.hardware import has_wgmma
 from atlas_gb10.quantized_weights import (
     FORMATS,
@@ -193,7 +200,10 @@ class CudaBackend(Backend):
         if prefill is not None:
             return self._prefill_gemm(prefill, x, ldx, weight, bias, out, ldo, m, n, k)
         mt, nt = self.gemm_tile(m, n, k, kind)
-        name = f"gemm_{kind}_m{mt}_n{nt}_{gemm_loads(kind, vec, m)}"
+        loads = gemm_loads(kind, vec, m)
+        if loads == "vec8":
+            loads = low8_loads(kind, n, nt, self.profile.sm_count)
+        name = f"gemm_{kind}_m{mt}_n{nt}_{loads}"
         kernel = self.kernels.function("gemm", name, gemm_module(kind))
         grid = (math.ceil(n / (8 * nt)), math.ceil(m / (16 * mt)))
         kernel(

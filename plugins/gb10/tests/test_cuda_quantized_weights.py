@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from atlas_gb10.backend import CudaBackend
+from atlas_gb10.gemm_shapes import low8_loads
 from atlas_gb10.quantized_weights import GGUF_Q8_0, ROW_FORMATS
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
@@ -124,6 +125,23 @@ def test_linear_over_nvfp4_is_the_product_of_the_dequantized_weight(backend: Cud
     weight = nvfp4(np.random.default_rng(n + k), (n, k), parts)
     assert backend.keeps_quantized(weight) and weight.format == NVFP4
     assert_product_of_the_dequantized_weight(backend, weight, rows, 0.5625 + (8 + 15) / k + 0.01, case)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 12])
+@pytest.mark.parametrize("fmt", ["fp8", NVFP4, GGUF_Q8_0])
+def test_three_block_decode_kernels(backend: CudaBackend, fmt: str, rows: int) -> None:
+    """Products whose decode blocks fill 2-3 an SM take the ``vec8x3`` kernels: the same products and bits."""
+    n, k = 16 * (5 * backend.profile.sm_count // 2), 512
+    assert low8_loads(fmt, n, backend.gemm_tile(1, n, k, fmt)[1], backend.profile.sm_count) == "vec8x3"
+    rng = np.random.default_rng(rows)
+    values = rng.standard_normal((n, k), dtype=np.float32) * 0.05
+    if fmt == NVFP4:
+        weight, size = nvfp4_from_float(values), 0.5625 + (8 + 15) / k + 0.01
+    elif fmt == GGUF_Q8_0:
+        weight, size = gguf_quantize(values, Q.Q8_0), 34 / 32 + 15 / k + 0.01
+    else:
+        weight, size = quantize_fp8(values, (128, 128)), 1.2
+    assert_product_of_the_dequantized_weight(backend, weight, rows, size, f"{fmt}, N = {n}")
 
 
 @pytest.mark.parametrize("case", list(DEQUANTIZED_AT_LOAD))

@@ -158,6 +158,18 @@ def test_quantized_decode_tile_is_the_measured_fastest(k: int, n: int, n_tiles: 
     assert gemm_tile(12, 6144, 4096, "fp8", 132) == (1, 1)
 
 
+def test_three_block_decode_kernels_take_one_and_a_half_waves() -> None:
+    """``vec8x3`` (three blocks an SM) where two n-tile blocks number 2-3 an SM (an H100's 264-396: Llama-3-8B and
+    Qwen3-30B-A3B q/k/v), for the kinds that have it; ``vec8`` elsewhere."""
+    from atlas_gb10.gemm_shapes import low8_loads
+
+    for kind in ("fp8", "nvfp4", "gguf_q8_0"):
+        assert low8_loads(kind, 6144, 2, 132) == low8_loads(kind, 5120, 2, 132) == "vec8x3"
+        assert low8_loads(kind, 28672, 2, 132) == low8_loads(kind, 4096, 2, 132) == "vec8"
+        assert low8_loads(kind, 1024, 1, 132) == "vec8"
+    assert low8_loads("gguf_q4_k", 6144, 2, 132) == "vec8"
+
+
 def test_checkpointed_sequences_take_the_recurrent_kernels() -> None:
     """Sequences with state checkpoints (speculative decoding's verify steps) are shorter than the chunked kernels'
     threshold, so the recurrent kernels, which write the checkpoints, take them in every call."""

@@ -39,6 +39,9 @@ GEMM_KERNEL(2, 4, 2, false, any, 1)
 
 GEMM_FP8_KERNEL(1, 1, 8, VEC_LOW8, vec8, 2)
 GEMM_FP8_KERNEL(1, 2, 8, VEC_LOW8, vec8, 2)
+// `vec8x3`: three blocks an SM (shorter load batches in fewer registers), for products whose blocks would fill
+// one and a half waves of two an SM (gemm_shapes.low8_loads).
+GEMM_FP8_KERNEL(1, 2, 4, VEC_LOW8, vec8x3, 3)
 GEMM_FP8_KERNEL(1, 1, 8, true, vec, 2)
 GEMM_FP8_KERNEL(1, 2, 4, true, vec, 2)
 GEMM_FP8_KERNEL(1, 4, 2, true, vec, 2)
@@ -75,6 +78,8 @@ GEMM_FP8_KERNEL(2, 4, 2, false, any, 1)
 #ifndef GGUF_TYPE
 GEMM_ROWS_KERNELS(gemm_nvfp4, Nvfp4Weight)
 GEMM_ROWS_KERNELS(gemm_gguf_q8_0, Q8_0Weight)
+GEMM_ROWS_KERNEL(gemm_nvfp4, Nvfp4Weight, 1, 2, 8, VEC_LOW8, vec8x3, 3)
+GEMM_ROWS_KERNEL(gemm_gguf_q8_0, Q8_0Weight, 1, 2, 4, VEC_LOW8, vec8x3, 3)
 #else
 // Built with GGUF_TYPE (a GGML type id, registry dtype gguf_q4_0 ... gguf_q6_k): that format's kernels alone.
 GGUF_KERNELS(GEMM_ROWS_KERNELS)
