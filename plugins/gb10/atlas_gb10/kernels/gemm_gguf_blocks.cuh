@@ -53,6 +53,14 @@ struct GgufBlocks {
     __device__ __forceinline__ static int coefficients_at(int K) { return K / 2 + (HIGH_BITS ? K / 8 : 0); }
 };
 
+// Consecutive chunks that one lane's loads serve: Q4_K and Q5_K sub-blocks 2i and 2i + 1 hold their codes in the low
+// and high nibbles of the same bytes (Q5_K's high bits: one byte per 8 elements of all 8 sub-blocks); Q6_K's
+// quarters 0 and 2 of a half share their code bytes, quarters 1 and 3 theirs, and all four their high-bit bytes.
+template <int T>
+struct ChunksPerLoad<GgufBlocks<T>> {
+    static constexpr int value = T == GGUF_Q6_K ? 4 : GgufBlocks<T>::K_QUANT ? 2 : 1;
+};
+
 template <int T>
 __device__ __forceinline__ GgufBlocks<T> bank_matrix(const GgufBlocks<T>& w, int e, int N, int K) {
     return GgufBlocks<T>{w.data + (long long)e * N * GgufBlocks<T>::row_bytes(K)};
@@ -95,6 +103,23 @@ __device__ __forceinline__ GgufChunk gguf_chunk_in(const unsigned char* __restri
         c.high = ld_8_by_halves(block + 128 + 32 * h + l);
     }
     return c;
+}
+
+// This lane's bytes of chunks c .. c + G - 1 (G = ChunksPerLoad, c a multiple of G, inside the row at `row`): the
+// bytes they share loaded once.
+template <int T, int G>
+__device__ __forceinline__ void gguf_chunks_in(const unsigned char* __restrict__ row, int c, int K,
+                                               GgufChunk (&out)[G]) {
+    if constexpr (T == GGUF_Q6_K) {
+        out[0] = gguf_chunk_in<T>(row, lane_k(c, K), K);
+        out[1] = GgufChunk{gguf_chunk_in<T>(row, lane_k(c + 1, K), K).codes, out[0].high};
+        out[2] = out[0];
+        out[3] = out[1];
+    } else {
+        out[0] = gguf_chunk_in<T>(row, lane_k(c, K), K);
+#pragma unroll
+        for (int h = 1; h < G; ++h) out[h] = out[0];
+    }
 }
 
 // Row `row`'s bytes for elements k .. k + 7 (k % 8 == 0; zeros outside the matrix).
@@ -197,13 +222,17 @@ __device__ __forceinline__ void accumulate(const bf16_t* __restrict__ x, long lo
     const unsigned char* w_rows[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) w_rows[j] = w.data + min(n0 + j * 8 + g, N - 1) * B::row_bytes(K);
-    chunk_batches<MT, NT, U, 1, VEC, GgufChunk>(
+    chunk_batches<MT, NT, U, ChunksPerLoad<GgufBlocks<T>>::value, VEC, GgufChunk>(
         x, ldx, x_rows, m0, M, K, c_begin, c_end, n0 + NT * 8 <= N,
-        [&](int c, int j, GgufChunk(&raw)[1], auto checked) {
-            if constexpr (decltype(checked)::value)
-                raw[0] = gguf_chunk<T>(w.data, n0 + j * 8 + g, N, lane_k(c, K), K);
-            else
-                raw[0] = gguf_chunk_in<T>(w_rows[j], lane_k(c, K), K);
+        [&](int c, int j, GgufChunk(&raw)[ChunksPerLoad<GgufBlocks<T>>::value], auto checked) {
+            constexpr int G = ChunksPerLoad<GgufBlocks<T>>::value;
+            if constexpr (decltype(checked)::value) {
+#pragma unroll
+                for (int h = 0; h < G; ++h)
+                    raw[h] = gguf_chunk<T>(w.data, n0 + j * 8 + g, N, lane_k(c < 0 ? c : c + h, K), K);
+            } else {
+                gguf_chunks_in<T, G>(w_rows[j], c, K, raw);
+            }
         },
         [&](int c, const GgufChunk (&raw)[NT], const Frag8 (&a)[MT][2]) {
             const int sub = (c * 32 % B::BLOCK) >> 5;
