@@ -259,7 +259,8 @@ __device__ __forceinline__ void chunk_batches(const bf16_t* __restrict__ x, long
 }
 
 // acc[i][j] (this lane's fragments of the tile at rows m0.., columns n0..) += the products of the 32-wide K
-// chunks [c_begin, c_end) of a bf16 weight, chunk after chunk in order, two mma steps each (chunk_batches).
+// chunks [c_begin, c_end) of a bf16 weight, chunk after chunk in order, two mma steps each (chunk_batches). The
+// fragments are in FragMap<VEC, NT>'s layout: swapped for VEC_LOW8 with NT even, which tile_partials undoes.
 template <int MT, int NT, int U, int VEC>
 __device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
                                            const bf16_t* __restrict__ w, int m0, int M, int n0, int N, int K,
