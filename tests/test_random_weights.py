@@ -211,12 +211,12 @@ def test_dummy_load_format_needs_a_folder_with_a_config(tmp_path: Path) -> None:
     assert loaded.name == f"{tmp_path.name} (random weights)" and loaded.tokenizer is None
 
 
-@pytest.mark.parametrize("quantization", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("quantization", ["fp8", "nvfp4", "gguf_q4_0", "gguf_q8_0"])
 @pytest.mark.parametrize("name", ["llama", "qwen3_moe", "nemotron_h"])
 def test_random_quantized_weights_are_the_format_a_checkpoint_holds(name: str, quantization: str) -> None:
-    """``--quantization``: the decoder layers' linear weights (expert banks included) are random FP8 or NVFP4 kept
-    quantized by the backend, routers, norms, embeddings and the LM head stay bf16, and the model generates; the
-    same name gives the same values in every process (here: twice)."""
+    """``--quantization``: the decoder layers' linear weights (expert banks included) are random FP8, NVFP4 or GGUF
+    blocks kept quantized by the backend, routers, norms, embeddings and the LM head stay bf16, and the model
+    generates; the same name gives the same values in every process (here: twice)."""
     from atlas_core.testing.quantized import quantized_weights
     from atlas_core.weights.nvfp4 import NVFP4
     from atlas_core.weights.quantized import FP8_E4M3
@@ -224,14 +224,18 @@ def test_random_quantized_weights_are_the_format_a_checkpoint_holds(name: str, q
     settings = {"backend": "numpy", "kv_cache_memory_gib": 1 / 16, "max_seq_len": 64, "quantization": quantization}
     llm = random_weights_llm(str(TINY / name), **settings)
     held = quantized_weights(llm.loaded.model)
-    assert held and {w.format for w in held} == {FP8_E4M3 if quantization == "fp8" else NVFP4}
+    formats = {w.format for w in held}
+    assert held and formats == {
+        FP8_E4M3 if quantization == "fp8" else NVFP4 if quantization == "nvfp4" else quantization
+    }
     source = llm.loaded.source
     assert isinstance(source, RandomWeightSource)
     from atlas_core.bench.header import checkpoint_dtypes
 
     assert f"decoder linear weights {quantization}" in checkpoint_dtypes(llm.loaded)
     kept = [n for n in source.names() if source.get_quantized(n) is None]
-    assert not any(n.endswith("proj.weight") for n in kept if ".layers." in n)
+    block = 32 if quantization.startswith("gguf_") else 16  # GGUF rows hold whole blocks, or stay bf16
+    assert not any(n.endswith("proj.weight") and source.shape(n)[-1] % block == 0 for n in kept if ".layers." in n)
     for part in ("embed", "norm", *(("lm_head",) if name != "llama" else ()), *((".gate.",) if "moe" in name else ())):
         assert any(part in n for n in kept), f"{part} tensors must stay bf16"
     assert all(source.shape(n) == tuple(source.get(n).shape) for n in list(source.names())[:8])
@@ -239,6 +243,26 @@ def test_random_quantized_weights_are_the_format_a_checkpoint_holds(name: str, q
     first = llm.generate([[1, 2, 3, 4, 5]], params)[0].outputs[0].token_ids
     again = random_weights_llm(str(TINY / name), **settings).generate([[1, 2, 3, 4, 5]], params)
     assert len(first) == 4 and again[0].outputs[0].token_ids == first
+
+
+def test_random_gguf_weights_are_whole_blocks_of_the_pool() -> None:
+    """K-quant random weights: runs of whole blocks (a name's always the same), only where rows hold whole
+    256-element super-blocks; the values stay near the bf16 weights' size."""
+    from gguf import GGMLQuantizationType as Q
+
+    from atlas_core.weights.quantized import dequantize
+    from atlas_core.weights.random_source import GGUF_TYPE_KEY, gguf_pool
+
+    shapes = {"model.layers.0.mlp.down_proj.weight": (48, 512), "model.layers.0.mlp.up_proj.weight": (48, 96)}
+    source = RandomWeightSource({GGUF_TYPE_KEY: "Q4_K"}, shapes)
+    weight = source.get_quantized("model.layers.0.mlp.down_proj.weight")
+    assert weight is not None and weight.format == "gguf_q4_k" and weight.data.shape == (48, 2 * 144)
+    assert source.get_quantized("model.layers.0.mlp.up_proj.weight") is None  # 96 columns: not whole super-blocks
+    again = RandomWeightSource({GGUF_TYPE_KEY: "Q4_K"}, shapes).get_quantized("model.layers.0.mlp.down_proj.weight")
+    assert again is not None and np.array_equal(again.data, weight.data)
+    blocks = gguf_pool(source.seed, Q.Q4_K).reshape(-1, 144)
+    assert all((blocks == block).all(axis=1).any() for block in weight.data.reshape(-1, 144)[:4])
+    assert 0.001 < float(np.abs(dequantize(weight)).max()) < 1.0
 
 
 def test_quantization_needs_random_weights() -> None:

@@ -25,7 +25,7 @@ copy bandwidth, matrix-product FLOP/s) unless given with --bandwidth-gbps / --pe
 
 
 def add_random_weights_arg(parser: argparse.ArgumentParser) -> None:
-    from atlas_core.bench.random_weights import PRESETS
+    from atlas_core.bench.random_weights import PRESETS, QUANTIZATIONS
 
     parser.add_argument(
         "--random-weights",
@@ -41,10 +41,10 @@ def add_random_weights_arg(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--quantization",
-        choices=("fp8", "nvfp4"),
+        choices=QUANTIZATIONS,
         default=None,
-        help="with --random-weights: the decoder layers' linear weights in FP8 (128 x 128 blocks) or NVFP4, as "
-        "such a checkpoint stores them (default: bf16)",
+        help="with --random-weights: the decoder layers' linear weights in FP8 (128 x 128 blocks), NVFP4 or a GGUF "
+        "block format (gguf_q4_k, ...), as such a checkpoint stores them (default: bf16)",
     )
 
 

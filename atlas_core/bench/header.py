@@ -17,6 +17,7 @@ from atlas_core.bench.roofline import (
     measure_copy_bandwidth,
     measure_matmul_flops,
 )
+from atlas_core.weights.gguf_quantized import FORMATS as GGUF_FORMATS
 from atlas_core.weights.random_source import RandomWeightSource
 
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -59,8 +60,10 @@ def checkpoint_dtypes(loaded: Any) -> str:
     """What the checkpoint stores, e.g. ``GGUF Q4_1 69%, Q8_0 31%`` or ``safetensors bfloat16``."""
     resolved = loaded.resolved
     if isinstance(loaded.source, RandomWeightSource):
-        scheme = loaded.source.quantization
+        scheme, gguf_type = loaded.source.quantization, loaded.source.gguf_type
         quantized = "" if scheme is None else f", decoder linear weights {scheme.format} ({scheme.method})"
+        if gguf_type is not None:
+            quantized = f", decoder linear weights {GGUF_FORMATS[gguf_type]} (GGUF blocks)"
         return f"none: random bf16 weights{quantized} (--random-weights)"
     if resolved.kind == "gguf":
         try:

@@ -9,7 +9,9 @@ loading costs a copy. ``--num-layers N`` keeps the first N layers of a shape too
 built (`check_fits`). Split models work as with a checkpoint: every rank builds its share of the same
 random model from the config that `random_weights_llm` writes to a temporary folder. ``--quantization fp8``
 or ``nvfp4`` declares that quantization in it (`QUANTIZATION_CONFIGS`), so the decoder layers' linear
-weights are random FP8 or NVFP4 as such a checkpoint holds them.
+weights are random FP8 or NVFP4 as such a checkpoint holds them; ``gguf_q4_k`` and the other GGUF block formats
+(`GGUF_QUANTIZATIONS`) make them random blocks of that format, kept as stored (the embedding and LM head stay
+bf16, where a llama.cpp file would quantize them too).
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
 from atlas_core.backends.memory import available_memory, weight_itemsize
 from atlas_core.errors import ModelLoadError
+from atlas_core.weights.gguf_quantized import FORMATS, QTYPES
 from atlas_core.weights.nvfp4 import NVFP4
 from atlas_core.weights.quant_config import QuantizationScheme
-from atlas_core.weights.random_source import quantizable
+from atlas_core.weights.random_source import GGUF_TYPE_KEY, quantizable
 
 PRESETS: dict[str, dict[str, Any]] = json.loads(resources.files(__package__).joinpath("presets.json").read_text())
 """Shapes of real models: their published config.json values that matter here (``presets.json``)."""
@@ -37,8 +42,16 @@ QUANTIZATION_CONFIGS: dict[str, dict[str, Any]] = {
     "nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16},
 }
 """``--quantization`` -> the ``quantization_config`` written into the random model's config.json."""
-QUANTIZED_BYTES = {"fp8": 1 + 4 / 128**2, "nvfp4": 0.5625}
+GGUF_QUANTIZATIONS: dict[str, GGMLQuantizationType] = QTYPES
+"""``--quantization`` names of the GGUF block formats (``gguf_q4_k``, ...) -> their GGML types."""
+QUANTIZED_BYTES = {
+    "fp8": 1 + 4 / 128**2,
+    "nvfp4": 0.5625,
+    **{name: GGML_QUANT_SIZES[qtype][1] / GGML_QUANT_SIZES[qtype][0] for name, qtype in GGUF_QUANTIZATIONS.items()},
+}
 """Bytes per quantized weight element (scales included) of each ``--quantization``."""
+QUANTIZATIONS = (*QUANTIZATION_CONFIGS, *GGUF_QUANTIZATIONS)
+"""Every ``--quantization`` name."""
 PER_LAYER_KEYS = ("layer_types", "layers_block_type", "attn_type_list", "hybrid_override_pattern")
 """Config keys holding one entry per layer (lists, or Nemotron-H's pattern string)."""
 
@@ -97,7 +110,10 @@ def cut_layers(config: dict[str, Any], keep: int) -> dict[str, Any]:
 
 
 def declared_quantization(config: dict[str, Any]) -> str | None:
-    """The ``--quantization`` name of what ``config`` (a config.json) declares: ``fp8``, ``nvfp4`` or None."""
+    """The ``--quantization`` name of what ``config`` (a config.json) declares: ``fp8``, ``nvfp4``, a GGUF block
+    format of a random model (`GGUF_TYPE_KEY`) or None."""
+    if GGUF_TYPE_KEY in config:
+        return FORMATS[GGMLQuantizationType[config[GGUF_TYPE_KEY]]]
     scheme = QuantizationScheme.from_config(config)
     return None if scheme is None else "nvfp4" if scheme.format == NVFP4 else "fp8"
 
@@ -162,7 +178,10 @@ def random_weights_llm(
         config = cut_layers(config, num_layers)
         name = f"{name}, {num_layers} layer{'s' if num_layers > 1 else ''}"
     if quantization is not None:
-        config = copy.deepcopy(config) | {"quantization_config": QUANTIZATION_CONFIGS[quantization]}
+        if quantization in GGUF_QUANTIZATIONS:
+            config = copy.deepcopy(config) | {GGUF_TYPE_KEY: GGUF_QUANTIZATIONS[quantization].name}
+        else:
+            config = copy.deepcopy(config) | {"quantization_config": QUANTIZATION_CONFIGS[quantization]}
         name = f"{name}, {quantization}"
     engine_config = EngineConfig(**engine_args)
     registry = get_registry()

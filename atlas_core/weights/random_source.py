@@ -9,7 +9,10 @@ shares of the same random model, and loading costs a copy. The shapes come from 
 A config.json that declares a quantization (``quantization_config``: FP8 or NVFP4, `QuantizationScheme`) gets
 its decoder layers' linear weights quantized as such a checkpoint stores them (`get_quantized`, `quantizable`):
 FP8 elements from one pool of E4M3 bytes with one scale in every block, NVFP4 elements from random bytes with
-one group scale and factor, so that benchmarks run the quantized kernels at their real bytes.
+one group scale and factor, so that benchmarks run the quantized kernels at their real bytes. A config.json
+holding `GGUF_TYPE_KEY` (written by ``atlas bench --quantization gguf_q4_k`` and the like; no checkpoint has it)
+gets those weights in that GGUF block format instead (`random_gguf_weight`'s blocks), wherever their rows hold
+whole blocks.
 """
 
 from __future__ import annotations
@@ -22,13 +25,19 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from atlas_core.errors import ModelLoadError
+from atlas_core.weights.gguf_quantized import gguf_weight, random_gguf_weight
 from atlas_core.weights.nvfp4 import NVFP4, nvfp4_weight
 from atlas_core.weights.quant_config import QuantizationScheme
 from atlas_core.weights.quantized import ELEMENT_DTYPES, FP8_E4M3, QuantizedWeight, dequantize, scale_grid
 
 POOL_ELEMENTS = 1 << 26
+POOL_BLOCKS = 1 << 16
+"""Blocks in the pool of random GGUF blocks (`gguf_pool`)."""
+GGUF_TYPE_KEY = "atlas_random_gguf_type"
+"""The config.json key naming the GGML type (``Q4_K``, ...) of a random model's quantized weights."""
 WEIGHT_STD = 0.02
 BF16 = np.dtype(ml_dtypes.bfloat16)
 NEAR_ONE_SUFFIXES = ("norm.weight", "scale", "layer_scalar")
@@ -94,6 +103,17 @@ def byte_pool(seed: int) -> np.ndarray:
     return pool
 
 
+@functools.lru_cache(maxsize=1)
+def gguf_pool(seed: int, qtype: GGMLQuantizationType) -> np.ndarray:
+    """The bytes of `POOL_BLOCKS` random blocks of ``qtype`` (read-only, `random_gguf_weight`): random GGUF
+    weights are runs of whole blocks of it."""
+    block_size = GGML_QUANT_SIZES[qtype][0]
+    rng = np.random.default_rng([seed, 2])
+    pool = np.ascontiguousarray(random_gguf_weight(rng, qtype, (POOL_BLOCKS, block_size)).data).reshape(-1)
+    pool.flags.writeable = False
+    return pool
+
+
 class RandomWeightSource:
     """A `WeightSource` of random bf16 tensors with the given names and shapes; a name's values depend
     only on the name and ``seed``."""
@@ -105,6 +125,8 @@ class RandomWeightSource:
         self._shapes = shapes
         self.quantization = QuantizationScheme.from_config(config)
         """The quantization config.json declares (None: every tensor bf16)."""
+        self.gguf_type = GGMLQuantizationType[config[GGUF_TYPE_KEY]] if GGUF_TYPE_KEY in config else None
+        """The GGUF block format of the quantized weights (`GGUF_TYPE_KEY`), or None."""
 
     @classmethod
     def for_loader(cls, config: dict[str, Any], loader_class: Any) -> RandomWeightSource:
@@ -135,6 +157,8 @@ class RandomWeightSource:
     def get_quantized(self, name: str) -> QuantizedWeight | None:
         """Tensor ``name`` as the declared quantization stores it, when it is `quantizable`; else None."""
         scheme, shape = self.quantization, self._shape(name)
+        if self.gguf_type is not None:
+            return self._gguf_quantized(name, shape, self.gguf_type)
         if scheme is None or not quantizable(name, shape):
             return None
         if scheme.format == NVFP4:
@@ -144,6 +168,16 @@ class RandomWeightSource:
         block = scheme.blocks[0] if scheme.blocks else (shape[-2], shape[-1])
         scales = np.full(scale_grid(shape, block), FP8_SCALE, dtype=np.float32)
         return QuantizedWeight(FP8_E4M3, self._slice(fp8_pool(self.seed), name, shape), scales, block, shape)
+
+    def _gguf_quantized(self, name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType) -> QuantizedWeight | None:
+        """Tensor ``name`` as runs of `gguf_pool`'s blocks, when it is `quantizable` in whole blocks; else None."""
+        block_size, type_size = GGML_QUANT_SIZES[qtype]
+        if not quantizable(name, shape) or shape[-1] % block_size:
+            return None
+        blocks = self._slice(
+            gguf_pool(self.seed, qtype), name, (math.prod(shape) // block_size * type_size,), type_size
+        )
+        return gguf_weight(blocks, qtype, shape)
 
     def shape(self, name: str) -> tuple[int, ...]:
         """Tensor ``name``'s shape, without building it."""
@@ -157,10 +191,11 @@ class RandomWeightSource:
     def _rng(self, name: str) -> np.random.Generator:
         return np.random.default_rng([self.seed, zlib.crc32(name.encode())])
 
-    def _slice(self, pool: np.ndarray, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """``shape``'s worth of ``pool`` from an offset that depends on ``name`` only (repeated past its end)."""
+    def _slice(self, pool: np.ndarray, name: str, shape: tuple[int, ...], unit: int = 1) -> np.ndarray:
+        """``shape``'s worth of ``pool`` from an offset, a multiple of ``unit``, that depends on ``name`` only
+        (repeated past its end)."""
         count = math.prod(shape)
         if count > pool.size:
             return np.resize(pool, count).reshape(shape)
-        start = int(self._rng(name).integers(0, pool.size - count + 1))
+        start = unit * int(self._rng(name).integers(0, (pool.size - count) // unit + 1))
         return pool[start : start + count].reshape(shape)

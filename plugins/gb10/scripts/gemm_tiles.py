@@ -28,7 +28,7 @@ from atlas_gb10.quantized_weights import LOW8_ROWS
 from gguf import GGMLQuantizationType
 from timing import copy_bandwidth, report, time_rotating
 
-from atlas_core.testing.gguf_blocks import gguf_blocks
+from atlas_core.weights.gguf_quantized import random_gguf_weight
 from atlas_core.weights.nvfp4 import nvfp4_from_float
 from atlas_core.weights.quantized import quantize_fp8
 
@@ -71,7 +71,7 @@ def quantized(kind: str, weight: np.ndarray, rng: np.random.Generator) -> Any:
         return quantize_fp8(weight, (128, 128))
     if kind == "nvfp4":
         return nvfp4_from_float(weight)
-    return gguf_blocks(rng, GGMLQuantizationType[kind.removeprefix("gguf_").upper()], weight.shape)
+    return random_gguf_weight(rng, GGMLQuantizationType[kind.removeprefix("gguf_").upper()], weight.shape)
 
 
 def upload(backend: CudaBackend, weight: Any) -> Any:

@@ -22,10 +22,10 @@ from gguf import GGMLQuantizationType as Q
 from atlas_core import LLM
 from atlas_core.backends.ops.moe import MoEOps
 from atlas_core.testing.checkpoints import TinyCheckpoints
-from atlas_core.testing.gguf_blocks import gguf_blocks
 from atlas_core.testing.nvfp4 import dequantized_nvfp4_copy
 from atlas_core.testing.quantized import dequantized_copy, prompt_logits, quantized_weights, sample_prompts
 from atlas_core.weights.gguf_quantized import quantize as gguf_quantize
+from atlas_core.weights.gguf_quantized import random_gguf_weight
 from atlas_core.weights.nvfp4 import NVFP4, nvfp4_from_float
 from atlas_core.weights.quantized import QuantizedWeight, dequantize, quantize_fp8
 
@@ -171,7 +171,7 @@ def test_linear_over_gguf_q8_0_is_the_product_of_the_dequantized_weight(
 def test_linear_over_gguf_blocks_is_the_product_of_the_dequantized_weight(
     backend: CudaBackend, qtype: Q, shape: tuple[int, int], rows: int
 ) -> None:
-    weight = gguf_blocks(np.random.default_rng(sum(shape)), qtype, shape)
+    weight = random_gguf_weight(np.random.default_rng(sum(shape)), qtype, shape)
     assert backend.keeps_quantized(weight) and weight.format in ROW_FORMATS
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     assert_product_of_the_dequantized_weight(
@@ -191,8 +191,8 @@ def test_expert_products_over_quantized_banks(backend: CudaBackend, tokens: int,
     elif fmt.startswith("gguf_"):
         qtype = Q[fmt.removeprefix("gguf_").upper()]
         w_in, w_out = (
-            gguf_blocks(rng, qtype, (experts, 2 * width, hidden)),
-            gguf_blocks(rng, qtype, (experts, hidden, width)),
+            random_gguf_weight(rng, qtype, (experts, 2 * width, hidden)),
+            random_gguf_weight(rng, qtype, (experts, hidden, width)),
         )
     else:
         w_in = quantize_fp8(rng.standard_normal((experts, 2 * width, hidden), dtype=np.float32) * 0.05, (32, 128))
