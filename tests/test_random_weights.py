@@ -247,7 +247,7 @@ def test_random_quantized_weights_are_the_format_a_checkpoint_holds(name: str, q
 
 def test_random_gguf_weights_are_whole_blocks_of_the_pool() -> None:
     """K-quant random weights: runs of whole blocks (a name's always the same), only where rows hold whole
-    256-element super-blocks; the values stay near the bf16 weights' size."""
+    256-element super-blocks; the values stay below 1."""
     from gguf import GGMLQuantizationType as Q
 
     from atlas_core.weights.quantized import dequantize

@@ -138,8 +138,10 @@ def check_fits(
     itemsize = weight_itemsize(backend)
     sizes = [math.prod(shape) for shape in shapes.values()]
     on_device = backend.device_memory() is not None
+    block = GGML_QUANT_SIZES[GGUF_QUANTIZATIONS[quantization]][0] if quantization in GGUF_QUANTIZATIONS else 16
     stored = sum(
-        math.prod(shape) * (QUANTIZED_BYTES[quantization] if quantization and quantizable(n, shape) else itemsize)
+        math.prod(shape)
+        * (QUANTIZED_BYTES[quantization] if quantization and quantizable(n, shape, block) else itemsize)
         for n, shape in shapes.items()
     )
     needed = int(stored) // (ranks if on_device else 1) + (0 if on_device else 2 * max(sizes))

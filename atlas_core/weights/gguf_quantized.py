@@ -77,7 +77,7 @@ def random_gguf_weight(
     """A random ``shape`` weight (``[..., N, K]``) in ``qtype``, for tests and benchmarks: normal values times 0.05
     quantized by the gguf package where it can (the 32-element block types), else random K-quant blocks whose
     f16 super-block scales are set small (d 2^-10 and dmin 2^-11; Q6_K's d 2^-12), so that the values stay
-    below 1."""
+    below 2 (Q4_K and Q6_K below 1)."""
     if qtype not in K_QUANTS:
         return quantize(rng.standard_normal(shape, dtype=np.float32) * 0.05, qtype)
     block_size, type_size = GGML_QUANT_SIZES[qtype]

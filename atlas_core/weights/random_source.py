@@ -66,13 +66,14 @@ the LM head, convolutions, state-space parameters, vision towers, routers, DeepS
 delta net's small gate projections."""
 
 
-def quantizable(name: str, shape: tuple[int, ...]) -> bool:
+def quantizable(name: str, shape: tuple[int, ...], block: int = 16) -> bool:
     """Whether a quantized checkpoint stores tensor ``name`` quantized: a linear weight or expert bank of a decoder
-    layer (at least 2-D, whole groups of 16 columns), not a router or gate, norm, embedding or convolution."""
+    layer (at least 2-D, whole groups of 16 columns, or of ``block`` for a GGUF block format), not a router or gate,
+    norm, embedding or convolution."""
     return (
         ".layers." in name
         and len(shape) >= 2
-        and shape[-1] % 16 == 0
+        and shape[-1] % math.lcm(16, block) == 0
         and not name.endswith("gate.weight")
         and not any(part in name for part in NOT_QUANTIZED)
     )
@@ -172,7 +173,7 @@ class RandomWeightSource:
     def _gguf_quantized(self, name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType) -> QuantizedWeight | None:
         """Tensor ``name`` as runs of `gguf_pool`'s blocks, when it is `quantizable` in whole blocks; else None."""
         block_size, type_size = GGML_QUANT_SIZES[qtype]
-        if not quantizable(name, shape) or shape[-1] % block_size:
+        if not quantizable(name, shape, block_size):
             return None
         blocks = self._slice(
             gguf_pool(self.seed, qtype), name, (math.prod(shape) // block_size * type_size,), type_size

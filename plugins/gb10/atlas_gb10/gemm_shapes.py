@@ -109,9 +109,9 @@ THREE_BLOCK_KINDS = frozenset({"fp8", "nvfp4", "gguf_q8_0"})
 
 def low8_loads(kind: str, n: int, n_tiles: int, sm_count: int) -> str:
     """The suffix of the ``vec8`` kernel for an ``n``-column product of ``n_tiles`` n-tiles a block: ``vec8x3``
-    (three blocks an SM, shorter load batches) where the blocks number more than two an SM but at most three, so
-    that they run in one wave instead of one and a half (an H100, one row: FP8 Llama-3-8B q/k/v 14.4 -> 12.5 us,
-    Qwen3-30B-A3B q/k/v 8.5 -> 7.0 us); ``vec8`` elsewhere, where it was as fast or faster."""
+    (three blocks an SM, in at most 85 registers a thread) where the blocks number more than two an SM but at most
+    three, so that they run in one wave instead of one and a half (an H100, one row: FP8 Llama-3-8B q/k/v 14.4 ->
+    12.5 us, Qwen3-30B-A3B q/k/v 8.5 -> 7.0 us); ``vec8`` elsewhere, where it was as fast or faster."""
     blocks = math.ceil(n / (8 * n_tiles))
     if kind in THREE_BLOCK_KINDS and n_tiles == 2 and 2 * sm_count < blocks <= 3 * sm_count:
         return "vec8x3"

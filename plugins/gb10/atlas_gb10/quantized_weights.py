@@ -183,8 +183,8 @@ def weight_operand(weight: Array | QuantizedWeight) -> tuple[str, tuple[Any, ...
 
 LOW8_ROWS = 8
 """Products of at most this many rows take the quantized kinds' ``vec8`` kernels (``VEC_LOW8`` in
-``kernels/gemm_core.cuh``): the same bits, with the weight's columns as the mma's rows (a pair of n-tiles per mma
-step, no fragments of zero rows)."""
+``kernels/gemm_core.cuh``): the same bits; with two n-tiles a block, the weight's columns are the mma's rows (a pair
+of n-tiles per mma step, no fragments of zero rows)."""
 
 
 def gemm_loads(kind: str, vec: bool, rows: int) -> str:

@@ -127,20 +127,37 @@ def test_linear_over_nvfp4_is_the_product_of_the_dequantized_weight(backend: Cud
     assert_product_of_the_dequantized_weight(backend, weight, rows, 0.5625 + (8 + 15) / k + 0.01, case)
 
 
+def wide_weight(fmt: str, n: int, k: int, seed: int) -> tuple[QuantizedWeight, float]:
+    """A random ``[n, k]`` weight in ``fmt`` (``fp8``, NVFP4 or a GGUF format) and its bytes per element bound."""
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal((n, k), dtype=np.float32) * 0.05
+    if fmt == NVFP4:
+        return nvfp4_from_float(values), 0.5625 + (8 + 15) / k + 0.01
+    if fmt == "fp8":
+        return quantize_fp8(values, (128, 128)), 1.2
+    qtype = Q[fmt.removeprefix("gguf_").upper()]
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    return random_gguf_weight(rng, qtype, (n, k)), type_size / block_size + 15 / k + 0.01
+
+
 @pytest.mark.parametrize("rows", [1, 5, 12])
 @pytest.mark.parametrize("fmt", ["fp8", NVFP4, GGUF_Q8_0])
 def test_three_block_decode_kernels(backend: CudaBackend, fmt: str, rows: int) -> None:
     """Products whose decode blocks fill 2-3 an SM take the ``vec8x3`` kernels: the same products and bits."""
     n, k = 16 * (5 * backend.profile.sm_count // 2), 512
     assert low8_loads(fmt, n, backend.gemm_tile(1, n, k, fmt)[1], backend.profile.sm_count) == "vec8x3"
-    rng = np.random.default_rng(rows)
-    values = rng.standard_normal((n, k), dtype=np.float32) * 0.05
-    if fmt == NVFP4:
-        weight, size = nvfp4_from_float(values), 0.5625 + (8 + 15) / k + 0.01
-    elif fmt == GGUF_Q8_0:
-        weight, size = gguf_quantize(values, Q.Q8_0), 34 / 32 + 15 / k + 0.01
-    else:
-        weight, size = quantize_fp8(values, (128, 128)), 1.2
+    weight, size = wide_weight(fmt, n, k, rows)
+    assert_product_of_the_dequantized_weight(backend, weight, rows, size, f"{fmt}, N = {n}")
+
+
+@pytest.mark.parametrize("rows", [1, 5, 12])
+@pytest.mark.parametrize("fmt", ["fp8", NVFP4, GGUF_Q8_0, "gguf_q4_0", "gguf_q5_1", "gguf_q4_k", "gguf_q6_k"])
+def test_two_tile_decode_kernels(backend: CudaBackend, fmt: str, rows: int) -> None:
+    """Decode products of two n-tiles a block (swapped fragments) with a last block half outside the matrix, for
+    every format: the same products, and bits that do not depend on the batch."""
+    n, k = 16 * 4 * backend.profile.sm_count + 8, 512
+    assert backend.gemm_tile(1, n, k, fmt) == (1, 2)
+    weight, size = wide_weight(fmt, n, k, rows)
     assert_product_of_the_dequantized_weight(backend, weight, rows, size, f"{fmt}, N = {n}")
 
 

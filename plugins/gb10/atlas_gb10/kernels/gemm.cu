@@ -39,7 +39,7 @@ GEMM_KERNEL(2, 4, 2, false, any, 1)
 
 GEMM_FP8_KERNEL(1, 1, 8, VEC_LOW8, vec8, 2)
 GEMM_FP8_KERNEL(1, 2, 8, VEC_LOW8, vec8, 2)
-// `vec8x3`: three blocks an SM (shorter load batches in fewer registers), for products whose blocks would fill
+// `vec8x3`: three blocks an SM (at most 85 registers a thread), for products whose blocks would fill
 // one and a half waves of two an SM (gemm_shapes.low8_loads).
 GEMM_FP8_KERNEL(1, 2, 4, VEC_LOW8, vec8x3, 3)
 GEMM_FP8_KERNEL(1, 1, 8, true, vec, 2)

@@ -206,7 +206,8 @@ __device__ __forceinline__ void to_standard(float (&acc)[MT][NT][4]) {
 }
 
 // How many consecutive chunks one weight load of a lane covers (`chunk_batches`' G) for weight type W: 1 for
-// bf16 (16 bytes a chunk already); the quantized kinds specialise it so that a lane's load is 16 bytes.
+// bf16 (16 bytes a chunk already); the quantized kinds specialise it so that a lane's load is 16 bytes, or (the
+// K-quants) so that bytes which consecutive chunks share are loaded once.
 template <typename W>
 struct ChunksPerLoad {
     static constexpr int value = 1;
