@@ -10,8 +10,8 @@ built (`check_fits`). Split models work as with a checkpoint: every rank builds 
 random model from the config that `random_weights_llm` writes to a temporary folder. ``--quantization fp8``
 or ``nvfp4`` declares that quantization in it (`QUANTIZATION_CONFIGS`), so the decoder layers' linear
 weights are random FP8 or NVFP4 as such a checkpoint holds them; ``gguf_q4_k`` and the other GGUF block formats
-(`GGUF_QUANTIZATIONS`) make them random blocks of that format, kept as stored (the embedding and LM head stay
-bf16, where a llama.cpp file would quantize them too).
+(their format names, `QTYPES`) make them random blocks of that format, kept as stored (the embedding and LM head
+stay bf16, where a llama.cpp file would quantize them too).
 """
 
 from __future__ import annotations
@@ -42,15 +42,13 @@ QUANTIZATION_CONFIGS: dict[str, dict[str, Any]] = {
     "nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16},
 }
 """``--quantization`` -> the ``quantization_config`` written into the random model's config.json."""
-GGUF_QUANTIZATIONS: dict[str, GGMLQuantizationType] = QTYPES
-"""``--quantization`` names of the GGUF block formats (``gguf_q4_k``, ...) -> their GGML types."""
 QUANTIZED_BYTES = {
     "fp8": 1 + 4 / 128**2,
     "nvfp4": 0.5625,
-    **{name: GGML_QUANT_SIZES[qtype][1] / GGML_QUANT_SIZES[qtype][0] for name, qtype in GGUF_QUANTIZATIONS.items()},
+    **{name: GGML_QUANT_SIZES[qtype][1] / GGML_QUANT_SIZES[qtype][0] for name, qtype in QTYPES.items()},
 }
 """Bytes per quantized weight element (scales included) of each ``--quantization``."""
-QUANTIZATIONS = (*QUANTIZATION_CONFIGS, *GGUF_QUANTIZATIONS)
+QUANTIZATIONS = (*QUANTIZATION_CONFIGS, *QTYPES)
 """Every ``--quantization`` name."""
 PER_LAYER_KEYS = ("layer_types", "layers_block_type", "attn_type_list", "hybrid_override_pattern")
 """Config keys holding one entry per layer (lists, or Nemotron-H's pattern string)."""
@@ -138,7 +136,7 @@ def check_fits(
     itemsize = weight_itemsize(backend)
     sizes = [math.prod(shape) for shape in shapes.values()]
     on_device = backend.device_memory() is not None
-    block = GGML_QUANT_SIZES[GGUF_QUANTIZATIONS[quantization]][0] if quantization in GGUF_QUANTIZATIONS else 16
+    block = GGML_QUANT_SIZES[QTYPES[quantization]][0] if quantization in QTYPES else 16
     stored = sum(
         math.prod(shape)
         * (QUANTIZED_BYTES[quantization] if quantization and quantizable(n, shape, block) else itemsize)
@@ -180,8 +178,8 @@ def random_weights_llm(
         config = cut_layers(config, num_layers)
         name = f"{name}, {num_layers} layer{'s' if num_layers > 1 else ''}"
     if quantization is not None:
-        if quantization in GGUF_QUANTIZATIONS:
-            config = copy.deepcopy(config) | {GGUF_TYPE_KEY: GGUF_QUANTIZATIONS[quantization].name}
+        if quantization in QTYPES:
+            config = copy.deepcopy(config) | {GGUF_TYPE_KEY: QTYPES[quantization].name}
         else:
             config = copy.deepcopy(config) | {"quantization_config": QUANTIZATION_CONFIGS[quantization]}
         name = f"{name}, {quantization}"
