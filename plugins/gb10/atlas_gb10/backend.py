@@ -31,10 +31,13 @@ from atlas_gb10.download import PinnedDownload
 from atlas_gb10.gemm_shapes import (
     TILED_GEMM_BLOCK,
     WGMMA_COLUMNS,
+    WGMMA_DEPTH,
+    WGMMA_ROWS,
     gemm_tile,
     low8_loads,
     prefill_kernel,
     tiled_shared_bytes,
+    wgmma_tiles,
 )
 from atlas_gb10.hardware import has_wgmma
 from atlas_gb10.quantized_weights import (
@@ -46,6 +49,7 @@ from atlas_gb10.quantized_weights import (
     weight_operand,
 )
 from atlas_gb10.sampling import LogitsOps
+from atlas_gb10.tensor_maps import bf16_rows_map
 
 
 class CudaBackend(Backend):
@@ -233,19 +237,21 @@ class CudaBackend(Backend):
         n: int,
         k: int,
     ) -> Array:
-        """``out = x weight^T (+ bias)`` through prefill kernel ``name``: ``gemm_tiled`` or gemm_wgmma.cu's
-        ``gemm_wgmma_w2`` / ``gemm_wgmma_w3`` (`gemm_shapes.wgmma_kernel`; Hopper only)."""
-        args = (x, np.int64(ldx), weight, null_or(bias), out, np.int64(ldo), np.int32(m), np.int32(n), np.int32(k))
+        """``out = x weight^T (+ bias)`` through prefill kernel ``name``: ``gemm_tiled``, or `WGMMA` (Hopper only;
+        its TMA loads need x's address and row stride 16-byte aligned, as every prefill kernel's 16-byte loads
+        do)."""
+        args: tuple[Any, ...] = (x, np.int64(ldx), weight, null_or(bias), out, np.int64(ldo), *map(np.int32, (m, n, k)))
         grid: tuple[int, ...]
         if name == "gemm_tiled":
             kernel, smem = self._kernel(name, "gemm_tiled_bf16"), tiled_shared_bytes(TILED_GEMM_BLOCK)
             grid, threads = (math.ceil(n / TILED_GEMM_BLOCK), math.ceil(m / TILED_GEMM_BLOCK)), 256
         else:
-            warpgroups = int(name.removeprefix("gemm_wgmma_w"))
-            kernel = self._kernel("gemm_wgmma", f"{name}_bf16")
-            smem = self.kernels.constants("gemm_wgmma", "gemm_wgmma_shared_bytes", 2)[warpgroups - 2]
-            grid = (math.ceil(m / (64 * warpgroups)) * math.ceil(n / WGMMA_COLUMNS),)
-            threads = 128 * warpgroups
+            x_map = bf16_rows_map(x.data.ptr, m, k, ldx, WGMMA_ROWS, WGMMA_DEPTH)
+            w_map = bf16_rows_map(weight.data.ptr, n, k, k, WGMMA_COLUMNS, WGMMA_DEPTH)
+            args = (x_map, w_map, *args[3:])
+            kernel = self._kernel("gemm_wgmma", "gemm_wgmma_bf16")
+            smem = self.kernels.constants("gemm_wgmma", "gemm_wgmma_shared_bytes", 1)[0]
+            grid, threads = (min(self.profile.sm_count, wgmma_tiles(m, n)),), 384
         kernel.max_dynamic_shared_size_bytes = smem
         kernel(grid, (threads,), args, shared_mem=smem)
         return out

@@ -16,55 +16,37 @@ TILED_GEMM_BLOCK = 128
 """gemm_tiled.cu's output tile (rows and columns)."""
 
 
-WGMMA_COLUMNS = 256
-"""Columns of a gemm_wgmma.cu tile; its rows are 64 per warpgroup of the block."""
-WGMMA_SPEED = {2: 1.0, 3: 1.2}
-"""Tile rows per unit of time of gemm_wgmma.cu's blocks of two and three warpgroups, relative (H100, 2026-11-27):
-three read 110 flops of operands a byte from L2 against two's 85, the bound of this kernel."""
+WGMMA = "gemm_wgmma"
+"""gemm_wgmma.cu's kernel (Hopper): TMA loads, warp-specialised warpgroups, persistent blocks of `WGMMA_ROWS` x
+`WGMMA_COLUMNS` tiles."""
+WGMMA_ROWS, WGMMA_COLUMNS = 128, 256
+"""Rows and columns of a gemm_wgmma.cu output tile (two multiplying warpgroups of 64 rows)."""
+WGMMA_DEPTH = 64
+"""K elements of a gemm_wgmma.cu stage (128 bytes: the row of its 128-byte swizzle)."""
 
 
-def wgmma_kernel(warpgroups: int) -> str:
-    """The name of gemm_wgmma.cu's kernel of ``warpgroups`` warpgroups (2 or 3), without its ``_bf16``."""
-    return f"gemm_wgmma_w{warpgroups}"
+def wgmma_tiles(m: int, n: int) -> int:
+    """gemm_wgmma.cu's output tiles for an ``[m, n]`` product."""
+    return math.ceil(m / WGMMA_ROWS) * math.ceil(n / WGMMA_COLUMNS)
 
 
-def wgmma_warpgroups(m: int, n: int, sm_count: int) -> int:
-    """The warpgroups per gemm_wgmma.cu block for an ``[m, n]`` product: the fewest waves of blocks times a block's
-    time (its rows over `WGMMA_SPEED`); ties go to three (fewer blocks). Two win where three leave a nearly empty
-    last wave (2,048 rows of 4,096 columns: 176 blocks of three on 132 SMs against 256 of two) and on a single
-    wave (512 rows); this rule picks the faster of the two on every shape measured (docs/benchmarks.md)."""
-
-    def cost(warpgroups: int) -> float:
-        waves = math.ceil(wgmma_blocks(m, n, warpgroups) / max(1, sm_count))
-        return waves * 64 * warpgroups / WGMMA_SPEED[warpgroups]
-
-    return min((3, 2), key=cost)
-
-
-def wgmma_blocks(m: int, n: int, warpgroups: int) -> int:
-    """gemm_wgmma.cu's blocks for an ``[m, n]`` product with ``warpgroups`` warpgroups a block."""
-    return math.ceil(m / (64 * warpgroups)) * math.ceil(n / WGMMA_COLUMNS)
-
-
-WGMMA_MIN_K, WGMMA_MIN_N = 2048, 4096
-"""gemm_wgmma.cu takes products at least this deep and wide: the shapes it was measured faster on (K 2,048 to
-14,336, N 4,096 to 28,672). Qwen3-0.6B's products (K 1,024 to 3,072, N 1,024 to 6,144) made the offline
-throughput run slower with it (5,721 against 8,467 output tok/s), so narrower and shallower ones keep the
-mma.sync kernels."""
+WGMMA_MIN_K, WGMMA_MIN_N = 1024, 1024
+"""gemm_wgmma.cu takes products at least this deep and wide: the smallest it was measured on (Qwen3-0.6B's, K
+1,024 to 3,072 and N 1,024 to 6,144), where it beat the mma.sync kernels 1.7-2.2x wherever its tiles filled a
+quarter of the SMs."""
 
 
 def prefill_kernel(m: int, n: int, k: int, sm_count: int, wgmma: bool) -> str | None:
     """The kernel of a prefill-sized ``[m, n]`` bf16 product over ``k`` outside the batch-invariant mode (at least
     256 rows): gemm_wgmma.cu's where the device has wgmma, the product is at least `WGMMA_MIN_K` deep and
-    `WGMMA_MIN_N` wide and its blocks fill at least a quarter of the SMs (faster than the others on every such shape
-    measured, down to 64 blocks of 512 rows), else ``gemm_tiled`` where its 128 x 128 tiles give every SM one;
+    `WGMMA_MIN_N` wide and its tiles fill at least a quarter of the SMs (faster than the others on every such shape
+    measured, down to 64 tiles: 512 x 1024 x 4096; gemm.cu won on 16), else ``gemm_tiled`` where its 128 x 128
+    tiles give every SM one;
     None: gemm.cu (K split over a block's warps, many blocks for narrow products)."""
     if m < 2 * TILED_GEMM_BLOCK:
         return None
-    if wgmma and k >= WGMMA_MIN_K and n >= WGMMA_MIN_N:
-        warpgroups = wgmma_warpgroups(m, n, sm_count)
-        if 4 * wgmma_blocks(m, n, warpgroups) >= sm_count:
-            return wgmma_kernel(warpgroups)
+    if wgmma and k >= WGMMA_MIN_K and n >= WGMMA_MIN_N and 4 * wgmma_tiles(m, n) >= sm_count:
+        return WGMMA
     if math.ceil(m / TILED_GEMM_BLOCK) * math.ceil(n / TILED_GEMM_BLOCK) >= sm_count:
         return "gemm_tiled"
     return None

@@ -39,7 +39,7 @@ def programmatic_launch_available(arch: str) -> bool:
     if not supports_programmatic_launch(arch):
         return False
     try:
-        return hasattr(_driver(), "cuLaunchKernelEx")
+        return hasattr(cuda_driver(), "cuLaunchKernelEx")
     except (OSError, AttributeError):
         return False
 
@@ -68,7 +68,7 @@ class _LaunchConfig(ctypes.Structure):
 
 
 @functools.cache
-def _driver() -> Any:
+def cuda_driver() -> Any:
     """The CUDA driver library with ``cuLaunchKernelEx``'s signature (AttributeError where it lacks it)."""
     driver = ctypes.CDLL("libcuda.so.1")
     driver.cuLaunchKernelEx.argtypes = [
@@ -81,6 +81,13 @@ def _driver() -> Any:
     return driver
 
 
+def driver_error_name(status: int) -> str:
+    """The name of a CUDA driver ``CUresult`` (``CUDA_ERROR_INVALID_VALUE``)."""
+    name = ctypes.c_char_p()
+    cuda_driver().cuGetErrorName(status, ctypes.byref(name))
+    return name.value.decode() if name.value else f"CUresult {status}"
+
+
 @functools.cache
 def _programmatic_attribute() -> _LaunchAttribute:
     attribute = _LaunchAttribute()
@@ -89,12 +96,15 @@ def _programmatic_attribute() -> _LaunchAttribute:
     return attribute
 
 
-def kernel_argument(value: Any) -> ctypes._SimpleCData:
+def kernel_argument(value: Any) -> ctypes._SimpleCData | ctypes.Array[ctypes.c_ubyte]:
     """The C value of one kernel argument as CuPy passes it: a device array's pointer, a NumPy scalar's value
-    in its own width, a Python int as ``long long``, a float as ``double``, a bool as ``bool``."""
+    in its own width (a structured one's bytes), a Python int as ``long long``, a float as ``double``, a bool as
+    ``bool``."""
     pointer = getattr(getattr(value, "data", None), "ptr", None)
     if pointer is not None:  # a CuPy array
         return ctypes.c_void_p(pointer)
+    if isinstance(value, np.void):  # a structure passed by value (a tensor map): its bytes
+        return (ctypes.c_ubyte * value.dtype.itemsize).from_buffer_copy(value.tobytes())
     if isinstance(value, np.generic):
         c_type: Any = np.ctypeslib.as_ctypes_type(value.dtype)  # type: ignore[arg-type]
         return c_type(value.item())
@@ -151,10 +161,6 @@ class Kernel:
             ctypes.pointer(_programmatic_attribute()),
             1,
         )
-        driver = _driver()
-        status = driver.cuLaunchKernelEx(ctypes.byref(config), self.raw.kernel.ptr, params, None)
+        status = cuda_driver().cuLaunchKernelEx(ctypes.byref(config), self.raw.kernel.ptr, params, None)
         if status:
-            name = ctypes.c_char_p()
-            driver.cuGetErrorName(status, ctypes.byref(name))
-            reason = name.value.decode() if name.value else f"CUresult {status}"
-            raise RuntimeError(f"launching kernel {self.raw.name}: {reason}")
+            raise RuntimeError(f"launching kernel {self.raw.name}: {driver_error_name(status)}")

@@ -17,15 +17,20 @@ from atlas_gb10.backend import CudaBackend
 from atlas_gb10.hardware import has_wgmma
 from timing import time_call
 
-SHAPES = [  # (K, N): the 4096-cubed product, Llama-3-8B q/k/v, o, gate/up, down; Qwen3-30B-A3B q/k/v
+SHAPES = [  # (K, N): the 4096-cubed product, Llama-3-8B q/k/v, o, gate/up, down; Qwen3-30B-A3B q/k/v;
+    # Qwen3-0.6B q/k/v, o, gate/up, down
     (4096, 6144),
     (4096, 4096),
     (4096, 28672),
     (14336, 4096),
     (2048, 5120),
+    (1024, 4096),
+    (2048, 1024),
+    (1024, 6144),
+    (3072, 1024),
 ]
 ROWS = (512, 2048, 4096, 8192)
-FORCED = ("gemm_tiled", "gemm_wgmma_w2", "gemm_wgmma_w3")
+FORCED = ("gemm_tiled", "gemm_wgmma")
 """Prefill kernels timed on their own beside the default (gemm_wgmma.cu's only where the device has wgmma)."""
 
 

@@ -132,7 +132,7 @@ def test_without_a_driver_that_has_them_launches_are_not_programmatic(monkeypatc
     def no_driver() -> None:
         raise OSError("libcuda.so.1: cannot open shared object file")
 
-    monkeypatch.setattr("atlas_gb10.launch._driver", no_driver)
+    monkeypatch.setattr("atlas_gb10.launch.cuda_driver", no_driver)
     assert not programmatic_launch_available(HOPPER.arch)
 
 

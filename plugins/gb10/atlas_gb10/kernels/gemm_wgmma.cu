@@ -1,56 +1,44 @@
-// out[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) for prefill-sized dense products on Hopper's warpgroup tensor-core
-// instructions (wgmma, sm_90a): (64 * WARPGROUPS) x 256 output tiles, each of the block's warpgroups computing
-// 64 x 256 with m64n256k16 steps whose operands both come from shared memory. Taller tiles read fewer operand
-// bytes per product from L2, which bounds this kernel (three warpgroups: 110 flops a byte, two: 85).
+// out[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) for prefill-sized dense products on Hopper (sm_90a): operands
+// brought into shared memory by the TMA unit, multiplied by warpgroup tensor-core instructions (wgmma).
 //
-// Blocks run in groups of WG_GROUP_M row tiles (the row tile varies fastest within a group), so that the blocks
-// resident together share their weight tiles in L2 even when the weight does not fit it.
+// A persistent block of three warpgroups (one an SM) takes the 128 x 256 output tiles blockIdx.x, + gridDim.x, ...,
+// in groups of WG_GROUP_M row tiles (the row tile fastest within a group) so that the blocks resident together
+// share their weight tiles in L2 even when the weight does not fit it. Warpgroup 0 produces: one thread fills
+// WG_STAGES shared-memory stages, each a 128 x 64 tile of x and a 256 x 64 tile of w, through two tensor maps
+// (atlas_gb10.tensor_maps: zeros past M, N and K, in the 128-byte swizzled layout wgmma reads: row r's 16-byte
+// chunk c at r * 128 + ((c ^ (r % 8)) * 16), tiles 1024-byte aligned); a stage's full barrier completes when its
+// bytes have landed. Warpgroups 1 and 2 each multiply 64 rows of the tile by its 256 columns with m64n256k16
+// steps, a stage at a time, and free a stage (its empty barrier, one arrival a warp) once the wgmma group that
+// read it has retired (wgmma.wait_group 1: one group stays in flight). They store a tile while the producer
+// already fills the next one's stages; the producer gives its registers up to their 128 accumulators a thread.
 //
-// K runs in 64-wide tiles through WG_STAGES shared-memory stages filled with cp.async (16 bytes a thread a copy,
-// zeros past M, N and K) in the 128-byte swizzled layout wgmma reads: row r's 16-byte chunk c of a tile lands at
-// r * 128 + ((c ^ (r % 8)) * 16), the tile 1024-byte aligned. Two tiles are in flight while the warpgroups
-// multiply a third and the wgmma of the tile before may still run (wgmma.wait_group 1): a stage is refilled only
-// after every warpgroup has passed the wait that retired its last reader. Each output element sums its K tiles in
-// order, so a row's result depends on its x row, w and K only (not on M or where the row sits); it is not the
-// bits of gemm.cu's batch-invariant product. Requires K % 8 == 0 and 16-byte aligned rows (the host checks).
+// Each output element sums its K tiles in order, so a row's result depends on its x row, w and K only (not on M
+// or where the row sits); it is not the bits of gemm.cu's batch-invariant product. Requires K % 8 == 0 and
+// 16-byte aligned rows (the host checks).
 #include "common.cuh"
 
+#define WG_BM 128
 #define WG_BN 256
 #define WG_BK 64
 #define WG_STAGES 4
 #define WG_GROUP_M 8
-#define WG_B_BYTES (WG_BN * WG_BK * 2)
+#define WG_STAGE_BYTES ((WG_BM + WG_BN) * WG_BK * 2)
 
-// The dynamic shared memory of a block of W warpgroups: the stages, and slack to align them to 1024 bytes.
-#define WG_SHARED_BYTES(W) (WG_STAGES * (64 * (W) * WG_BK * 2 + WG_B_BYTES) + 1024)
-extern "C" __device__ int gemm_wgmma_shared_bytes[2] = {WG_SHARED_BYTES(2), WG_SHARED_BYTES(3)};
+// The dynamic shared memory of a block: the stages, a full and an empty barrier a stage, and the alignment slack.
+extern "C" __device__ int gemm_wgmma_shared_bytes[1] = {WG_STAGES * WG_STAGE_BYTES + 2 * WG_STAGES * 8 + 1024};
+
+// A CUtensorMap (cuda.h), made on the host by cuTensorMapEncodeTiled (atlas_gb10.tensor_maps) and passed by value.
+struct alignas(64) TensorMap {
+    unsigned long long opaque[16];
+};
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-// 16 bytes from global memory to shared memory, asynchronously; src_bytes 0 fills zeros.
-__device__ __forceinline__ void copy16(unsigned smem, const void* global, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(global), "r"(src_bytes));
-}
 
 // The wgmma descriptor of a K-major operand tile at shared address `smem` (1024-byte aligned), 128-byte swizzle:
 // start address >> 4, leading byte offset 1 (unused by swizzled K-major tiles), 1024 bytes between 8-row groups.
 __device__ __forceinline__ unsigned long long tile_descriptor(unsigned smem) {
     return (unsigned long long)((smem & 0x3ffff) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
            (1ull << 62);
-}
-
-// Rows [0, rows) of a 64-wide K tile at k0 of the [*, K] matrix `src` (row stride ld, rows past `limit` zeros) into
-// the swizzled tile at shared address `tile`: chunk i of the tile is thread i's, i + THREADS the next, ...
-template <int ROWS, int THREADS>
-__device__ __forceinline__ void load_tile(unsigned tile, const bf16_t* __restrict__ src, long long ld, int row0,
-                                          int limit, int k0, int K) {
-#pragma unroll
-    for (int i = threadIdx.x; i < ROWS * 8; i += THREADS) {
-        const int r = i >> 3, c = i & 7, k = k0 + c * 8;
-        const bool inside = row0 + r < limit && k < K;
-        const bf16_t* p = inside ? src + (long long)(row0 + r) * ld + k : src;
-        copy16(tile + r * 128 + ((c ^ (r & 7)) << 4), p, inside ? 16 : 0);
-    }
 }
 
 // d (this thread's 128 accumulators of a 64 x 256 tile) += A (64 x 16) B (16 x 256), or = with accumulate 0.
@@ -69,55 +57,27 @@ __device__ __forceinline__ void fence_operands(float (&d)[128]) {
     for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-template <int WARPGROUPS>
-__device__ __forceinline__ void wgmma_product(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ w,
-                                              const bf16_t* __restrict__ bias, bf16_t* __restrict__ out, long long ldo,
-                                              int M, int N, int K) {
-    constexpr int BM = 64 * WARPGROUPS, THREADS = 128 * WARPGROUPS, A_BYTES = BM * WG_BK * 2;
-    constexpr int STAGE_BYTES = A_BYTES + WG_B_BYTES;
-    extern __shared__ unsigned char wg_smem[];
-    const unsigned base = ((unsigned)__cvta_generic_to_shared(wg_smem) + 1023u) & ~1023u;
-    // grouped order: WG_GROUP_M row tiles a group, the row tile fastest
-    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + WG_BN - 1) / WG_BN;
-    const int per_group = WG_GROUP_M * tiles_n, first_m = (int)(blockIdx.x / per_group) * WG_GROUP_M;
-    const int group_rows = min(tiles_m - first_m, WG_GROUP_M), in_group = (int)(blockIdx.x % per_group);
-    const int m0 = (first_m + in_group % group_rows) * BM, n0 = (in_group / group_rows) * WG_BN;
-    const int warpgroup = threadIdx.x >> 7, tiles = (K + WG_BK - 1) / WG_BK;
-    auto stage_a = [&](int s) { return base + s * STAGE_BYTES; };
-    auto stage_b = [&](int s) { return base + s * STAGE_BYTES + A_BYTES; };
-    auto load = [&](int t) {
-        if (t < tiles) {
-            load_tile<BM, THREADS>(stage_a(t % WG_STAGES), x, ldx, m0, M, t * WG_BK, K);
-            load_tile<WG_BN, THREADS>(stage_b(t % WG_STAGES), w, K, n0, N, t * WG_BK, K);
-        }
-        asm volatile("cp.async.commit_group;\n" ::);
-    };
-    float d[128];
-#pragma unroll
-    for (int i = 0; i < 128; ++i) d[i] = 0.0f;
-#pragma unroll
-    for (int t = 0; t < WG_STAGES - 2; ++t) load(t);
-    for (int t = 0; t < tiles; ++t) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(WG_STAGES - 3));
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();  // tile t is in place; every warpgroup has retired the wgmma of tile t - 2
-        load(t + WG_STAGES - 2);
-        const unsigned long long da = tile_descriptor(stage_a(t % WG_STAGES) + warpgroup * 64 * 128);
-        const unsigned long long db = tile_descriptor(stage_b(t % WG_STAGES));
-        fence_operands(d);
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int kk = 0; kk < WG_BK / 16; ++kk) wgmma_64x256x16(d, da + 2 * kk, db + 2 * kk, 1);
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        fence_operands(d);
-    }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+// d += the 64 x 64 A tile at shared address a_tile times the 256 x 64 B tile at b_tile (both swizzled, 1024-byte
+// aligned), issued as one wgmma group; returns once at most this group is pending (the one before has retired).
+__device__ __forceinline__ void multiply_k_tile(float (&d)[128], unsigned a_tile, unsigned b_tile) {
+    const unsigned long long da = tile_descriptor(a_tile), db = tile_descriptor(b_tile);
     fence_operands(d);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < WG_BK / 16; ++kk) wgmma_64x256x16(d, da + 2 * kk, db + 2 * kk, 1);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    fence_operands(d);
+}
+
+// Stores a warpgroup's 64 x 256 accumulators d (+ bias) as bf16 rows row0 .. row0 + 63, columns n0 .. n0 + 255
+// of out (those inside M x N).
+__device__ __forceinline__ void store_tile(const float (&d)[128], const bf16_t* __restrict__ bias,
+                                           bf16_t* __restrict__ out, long long ldo, int row0, int n0, int M, int N) {
     // d[4j + e]: row 16 * warp + lane / 4 (+ 8 for e >= 2), column 8j + 2 (lane % 4) + (e & 1) of the warpgroup's
     // tile; the two columns of a pair are stored as one word where the rows allow it
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
-    const int row = m0 + warpgroup * 64 + warp * 16 + (lane >> 2);
+    const int row = row0 + warp * 16 + (lane >> 2);
     const bool paired = (ldo & 1) == 0 && ((unsigned long long)out & 3) == 0;
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
@@ -144,21 +104,124 @@ __device__ __forceinline__ void wgmma_product(const bf16_t* __restrict__ x, long
     }
 }
 
+// The first row and column of output tile `tile` of an M x N output in grouped order: WG_GROUP_M row tiles a group,
+// the row tile fastest.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& m0, int& n0) {
+    const int tiles_m = (M + WG_BM - 1) / WG_BM, tiles_n = (N + WG_BN - 1) / WG_BN;
+    const int per_group = WG_GROUP_M * tiles_n, first_m = tile / per_group * WG_GROUP_M;
+    const int group_rows = min(tiles_m - first_m, WG_GROUP_M), in_group = tile % per_group;
+    m0 = (first_m + in_group % group_rows) * WG_BM;
+    n0 = in_group / group_rows * WG_BN;
+}
+
+__device__ __forceinline__ void barrier_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+
+// One arrival that also expects `bytes` of asynchronous copies to complete on the barrier's current phase.
+__device__ __forceinline__ void barrier_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Waits until the barrier's phase of parity `parity` has completed (at once for the phase before a fresh
+// barrier's first: parity 1).
+__device__ __forceinline__ void barrier_wait(unsigned bar, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    }
+}
+
+// The box of `map` at (column c0, row c1) into shared memory at `dst` (zeros outside the tensor), completing on
+// barrier `bar`.
+__device__ __forceinline__ void tma_load(unsigned dst, const TensorMap& map, unsigned bar, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+        :
+        : "r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+
+// The block's tiles (see the top of this file).
+__device__ __forceinline__ void wgmma_product(const TensorMap& x_map, const TensorMap& w_map,
+                                              const bf16_t* __restrict__ bias, bf16_t* __restrict__ out, long long ldo,
+                                              int M, int N, int K) {
+    extern __shared__ unsigned char wg_smem[];
+    const unsigned base = ((unsigned)__cvta_generic_to_shared(wg_smem) + 1023u) & ~1023u;
+    const unsigned bars = base + WG_STAGES * WG_STAGE_BYTES;
+    auto full = [&](int s) { return bars + 8 * s; };
+    auto empty = [&](int s) { return bars + 8 * (WG_STAGES + s); };
+    auto stage_a = [&](int s) { return base + s * WG_STAGE_BYTES; };
+    auto stage_b = [&](int s) { return base + s * WG_STAGE_BYTES + WG_BM * WG_BK * 2; };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < WG_STAGES; ++s) {
+            barrier_init(full(s), 1);
+            barrier_init(empty(s), 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const int tiles = ((M + WG_BM - 1) / WG_BM) * ((N + WG_BN - 1) / WG_BN), k_tiles = (K + WG_BK - 1) / WG_BK;
+    const int warpgroup = threadIdx.x >> 7;
+    if (warpgroup == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (threadIdx.x != 0) return;
+        int step = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            int m0, n0;
+            tile_origin(tile, M, N, m0, n0);
+            for (int t = 0; t < k_tiles; ++t, ++step) {
+                const int s = step % WG_STAGES;
+                barrier_wait(empty(s), ((step / WG_STAGES) & 1) ^ 1);
+                barrier_expect(full(s), WG_STAGE_BYTES);
+                tma_load(stage_a(s), x_map, full(s), t * WG_BK, m0);
+                tma_load(stage_b(s), w_map, full(s), t * WG_BK, n0);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int lane = threadIdx.x & 31;
+    const unsigned rows_offset = (warpgroup - 1) * 64 * 128;
+    int step = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        int m0, n0;
+        tile_origin(tile, M, N, m0, n0);
+        float d[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+        for (int t = 0; t < k_tiles; ++t, ++step) {
+            const int s = step % WG_STAGES;
+            barrier_wait(full(s), (step / WG_STAGES) & 1);
+            multiply_k_tile(d, stage_a(s) + rows_offset, stage_b(s));
+            if (t > 0 && lane == 0) barrier_arrive(empty((step - 1) % WG_STAGES));
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        fence_operands(d);
+        if (lane == 0) barrier_arrive(empty((step - 1) % WG_STAGES));
+        store_tile(d, bias, out, ldo, m0 + (warpgroup - 1) * 64, n0, M, N);
+    }
+}
+
 #endif
 
-// A block of W warpgroups computes one (64 W) x 256 tile; the grid is one-dimensional, tiles_m * tiles_n blocks.
-#define GEMM_WGMMA_KERNEL(W)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(128 * W, 1)                                                          \
-        gemm_wgmma_w##W##_bf16(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ w,            \
-                               const bf16_t* __restrict__ bias, bf16_t* __restrict__ out, long long ldo, int M, int N, \
-                               int K) {                                                                               \
-        await_inputs();                                                                                               \
-        WGMMA_BODY(W)                                                                                                 \
-    }
+// A persistent grid of at most one block an SM, 384 threads, gemm_wgmma_shared_bytes of shared memory; x_map reads
+// x [M, K] in boxes of 64 columns x 128 rows, w_map w [N, K] in boxes of 64 x 256, both with the 128-byte swizzle.
+extern "C" __global__ void __launch_bounds__(384, 1)
+    gemm_wgmma_bf16(const __grid_constant__ TensorMap x_map, const __grid_constant__ TensorMap w_map,
+                    const bf16_t* __restrict__ bias, bf16_t* __restrict__ out, long long ldo, int M, int N, int K) {
+    await_inputs();
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WGMMA_BODY(W) wgmma_product<W>(x, ldx, w, bias, out, ldo, M, N, K);
+    wgmma_product(x_map, w_map, bias, out, ldo, M, N, K);
 #else
-#define WGMMA_BODY(W) __trap();
+    __trap();
 #endif
-GEMM_WGMMA_KERNEL(2)
-GEMM_WGMMA_KERNEL(3)
+}
