@@ -30,6 +30,10 @@ MMA_HEAD_STEPS = (2, 4, 5, 6, 8, 16)
 """The tensor-core prefill kernels (attention_mma.cu): head dims padded to 16 x these (32 to 256), where the
 device's shared memory per block holds their tiles (`mma_shared_bytes`)."""
 MMA_TILE_N = 64
+MMA_ROWS = 64
+"""Rows of an attention_mma.cu item whose warps own 16 rows; `AttentionRunner.mma_rows` may double them."""
+MMA_X2_MAX_STEPS = 8
+"""The widest heads (16 x this) with 128-row attention_mma.cu kernels (``_x2``): wider ones need more registers."""
 
 
 @dataclass
@@ -129,10 +133,13 @@ class AttentionRunner:
             and self.static is None
             and not self.backend.batch_invariant
         )
-        plan = self._plan(meta, group, tokens, kv_heads, max_rows=16 if dpt == WIDE else 64, tensor_cores=tensor_cores)
+        mma_rows = self.mma_rows(steps) if tensor_cores and steps is not None else 0
+        plan = self._plan(meta, group, tokens, kv_heads, max_rows=16 if dpt == WIDE else 64, mma_rows=mma_rows)
         tile_rows = plan.tile_rows
-        if tensor_cores and tile_rows == 64 and steps is not None:
-            return self._tensor_core_prefill(q, k_cache, v_cache, meta, scales, out, sliding_window, plan, steps, dtype)
+        if mma_rows and tile_rows == 64 and steps is not None:
+            return self._tensor_core_prefill(
+                q, k_cache, v_cache, meta, scales, out, sliding_window, plan, steps, mma_rows, dtype
+            )
         if (
             tile_rows == 64
             and group <= 16
@@ -194,12 +201,15 @@ class AttentionRunner:
         sliding_window: int | None,
         plan: _Plan,
         steps: int,
+        rows: int,
         dtype: str,
     ) -> Any:
-        """A direct-mode plan of 64-row items through attention_mma.cu (head dim padded to 16 x ``steps``)."""
+        """A direct-mode plan of ``rows``-row items (`mma_rows`) through attention_mma.cu (head dim padded to 16 x
+        ``steps``)."""
         kv_heads = k_cache.shape[2]
-        kernel = self.backend.kernels.function("attention_mma", f"attention_mma_d{steps}", dtype)
-        smem = mma_shared_bytes(steps)
+        name = f"attention_mma_d{steps}" + ("_x2" if rows == 2 * MMA_ROWS else "")
+        kernel = self.backend.kernels.function("attention_mma", name, dtype)
+        smem = mma_shared_bytes(steps, rows)
         if smem > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = smem
         kernel(
@@ -209,6 +219,16 @@ class AttentionRunner:
             shared_mem=smem,
         )
         return out
+
+    def mma_rows(self, steps: int) -> int:
+        """Rows of an attention_mma.cu item for heads padded to 16 x ``steps``: 128 (warps of 32 rows, half the
+        shared-memory reads a row) for heads up to 128 wide where the device's shared memory per block holds their
+        tiles, else 64. Both give a row the same bits."""
+        wide = (
+            steps <= MMA_X2_MAX_STEPS
+            and mma_shared_bytes(steps, 2 * MMA_ROWS) <= self.backend.profile.shared_memory_per_block
+        )
+        return 2 * MMA_ROWS if wide else MMA_ROWS
 
     def shared_bytes(self, tile_rows: int, dpt: int, d: int, dtype: str = "bf16") -> int:
         """attention.cu's shared memory for one block (``dtype``: the caches', ``bf16`` or ``fp8``, whose key and
@@ -232,10 +252,11 @@ class AttentionRunner:
         tokens: int,
         kv_heads: int,
         max_rows: int = 64,
-        tensor_cores: bool = False,
+        mma_rows: int = 0,
     ) -> _Plan:
-        """The work of one launch. ``tensor_cores``: an eager forward whose tiles take 64 rows runs them in direct
-        mode (the tensor-core prefill kernel, which has no split mode)."""
+        """The work of one launch. ``mma_rows`` (the tensor-core prefill kernel's item rows; 0: not taken): an
+        eager forward whose tiles take 64 rows runs items of that many rows in direct mode (the tensor-core prefill
+        kernel, which has no split mode)."""
         static = self.static
         if static is not None and static.query_tokens == 1:
             return _Plan(static.work, int(static.work.shape[0]), static.splits, 16 if group <= 16 else 64)
@@ -249,8 +270,8 @@ class AttentionRunner:
             return _Plan(work, int(work.shape[0]), static.splits, tile_rows)
         q_lens, lengths = self.host_lengths(meta)
         tile_rows = 16 if int(q_lens.max(initial=0)) * group <= 16 or max_rows == 16 else 64
-        if tensor_cores and tile_rows == 64:
-            work = _items(*_tiles(q_lens, tile_rows // group), 0)
+        if mma_rows and tile_rows == 64:
+            work = _items(*_tiles(q_lens, mma_rows // group), 0)
             return _Plan(self.cp.asarray(work), len(work), 0, tile_rows)
         work, splits = self.work_list(q_lens, lengths, tile_rows // group, kv_heads, self.split)
         return _Plan(self.cp.asarray(work), len(work), splits, tile_rows)
@@ -291,11 +312,11 @@ class AttentionRunner:
         return np.diff(cached[1]), cached[2]
 
 
-def mma_shared_bytes(steps: int) -> int:
-    """attention_mma.cu's shared memory for heads padded to 16 x ``steps``: two tiles' KV slots, 64 query rows
-    and two key and value tiles in rows padded by 8, the rows' positions."""
+def mma_shared_bytes(steps: int, rows: int = MMA_ROWS) -> int:
+    """attention_mma.cu's shared memory for heads padded to 16 x ``steps`` and items of ``rows`` query rows: two
+    tiles' KV slots, the query rows and two key and value tiles in rows padded by 8, the rows' positions."""
     stride = 16 * steps + 8
-    return 2 * MMA_TILE_N * 8 + (64 + 4 * MMA_TILE_N) * stride * 2 + 2 * 64 * 4
+    return 2 * MMA_TILE_N * 8 + (rows + 4 * MMA_TILE_N) * stride * 2 + 2 * rows * 4
 
 
 def _kernel_args(

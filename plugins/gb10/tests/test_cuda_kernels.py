@@ -179,6 +179,28 @@ def test_tensor_core_prefill_rows_do_not_depend_on_the_batch(backend: CudaBacken
     np.testing.assert_array_equal(single, fast[first:last])
 
 
+@pytest.mark.parametrize(("d", "group", "window"), [(128, 4, None), (64, 8, 300), (80, 3, None)])
+def test_tensor_core_prefill_items_of_64_and_128_rows_give_the_same_bits(
+    backend: CudaBackend, d: int, group: int, window: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """attention_mma.cu's 128-row items (warps of 32 rows: `AttentionRunner.mma_rows` on devices whose shared
+    memory holds them) give every row the bits of its 64-row items, ragged query tiles and GQA groups that do not
+    divide the rows included."""
+    runner = backend.attention_runner
+    steps = -(-d // 16)
+    if runner.mma_rows(steps) != 128:
+        pytest.skip(f"{d}-wide heads: this device's shared memory per block cannot hold 128-row tiles")
+    rng = np.random.default_rng(d + group)
+    kv_heads = 2
+    meta, tokens, (k_cache, v_cache) = paged(backend, rng, [(700, 77), (0, 300), (1500, 129)], kv_heads, d)
+    q = backend.from_numpy(rng.standard_normal((tokens, kv_heads * group, d), dtype=np.float32))
+    wide = host(backend, backend.attention(q, k_cache, v_cache, meta, d**-0.5, sliding_window=window))
+    monkeypatch.setattr(runner, "mma_rows", lambda steps: 64)
+    narrow = host(backend, backend.attention(q, k_cache, v_cache, meta, d**-0.5, sliding_window=window))
+    assert np.isfinite(wide).all()
+    np.testing.assert_array_equal(wide, narrow)
+
+
 @pytest.mark.parametrize("window", [None, 300])
 def test_attention_split_and_direct_modes_give_the_same_bits(backend: CudaBackend, window: int | None) -> None:
     rng = np.random.default_rng(2)

@@ -108,12 +108,12 @@ __device__ __forceinline__ void attention_decode_body(ATTENTION_PARAMS) {
         // ---- masks and the softmax of rows r0 (sc[.][0..1]) and r1 (sc[.][2..3]) over the warp's keys
         const RowMasks masks{key_start, qlast[r0], qlast[r1], qpos[r0], qpos[r1], window};
         float mx0, mx1;
-        mask_scores<2>(sc, first + warp * 16, qd, masks, scale2, mx0, mx1);
-        const float m0 = quad_max(mx0), m1 = quad_max(mx1);
+        mask_scores<2>(sc, first + warp * 16, qd, masks, mx0, mx1);
+        const float m0 = quad_max(mx0) * scale2, m1 = quad_max(mx1) * scale2;
         const float base0 = m0 == NEG_INF ? 0.0f : m0, base1 = m1 == NEG_INF ? 0.0f : m1;
         unsigned pa[2][2];
         float sum0, sum1;
-        exp2_pack<2>(sc, base0, base1, pa, sum0, sum1);
+        exp2_pack<2>(sc, scale2, base0, base1, pa, sum0, sum1);
         const float l0 = quad_sum(sum0), l1 = quad_sum(sum1);
         // ---- this warp's O = P V: one k-step of its 16 keys, 2 * DK n-tiles of 8 dims
         float o[2 * DK][4];

@@ -69,15 +69,15 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // The visibility of the scores of a lane's two rows, r0 (s[n][0..1]) and r1 (s[n][2..3]), over N n-tiles of keys
 // k0 + 8 n + 2 qd + e: a row at position p sees keys from key_start up to its last one (causal, or its image's end)
-// and, with a sliding window, after p - window. Seen scores are scaled into log2 units (scale2), the others are
-// -inf; mx0 / mx1 return the lane's max of each row.
+// and, with a sliding window, after p - window. Unseen scores become -inf; mx0 / mx1 return the lane's max of each
+// row (unscaled: the caller multiplies it by the scale, which rounds it as the scaled scores' max would be).
 struct RowMasks {
     int key_start, last0, last1, p0, p1, window;
 };
 
 template <int N>
-__device__ __forceinline__ void mask_scores(float (&s)[N][4], int k0, int qd, const RowMasks& m, float scale2,
-                                            float& mx0, float& mx1) {
+__device__ __forceinline__ void mask_scores(float (&s)[N][4], int k0, int qd, const RowMasks& m, float& mx0,
+                                            float& mx1) {
     mx0 = mx1 = NEG_INF;
 #pragma unroll
     for (int n = 0; n < N; ++n)
@@ -87,23 +87,35 @@ __device__ __forceinline__ void mask_scores(float (&s)[N][4], int k0, int qd, co
             const bool seen = kpos >= m.key_start;
             const bool v0 = seen && kpos <= m.last0 && (m.window <= 0 || kpos > m.p0 - m.window);
             const bool v1 = seen && kpos <= m.last1 && (m.window <= 0 || kpos > m.p1 - m.window);
-            s[n][e] = v0 ? s[n][e] * scale2 : NEG_INF;
-            s[n][2 + e] = v1 ? s[n][2 + e] * scale2 : NEG_INF;
+            s[n][e] = v0 ? s[n][e] : NEG_INF;
+            s[n][2 + e] = v1 ? s[n][2 + e] : NEG_INF;
             mx0 = fmaxf(mx0, s[n][e]);
             mx1 = fmaxf(mx1, s[n][2 + e]);
         }
 }
 
-// P = exp2(s - base) of the two rows' N n-tiles as bf16 pairs, the A fragments of P V (pa[n][0] row r0, pa[n][1]
-// row r1, keys 8 n + 2 qd and + 1), and this lane's sums of each row's unrounded values.
+// mask_scores' maxima for a tile every score of which is seen (the scores stay as they are).
 template <int N>
-__device__ __forceinline__ void exp2_pack(const float (&s)[N][4], float base0, float base1, unsigned (&pa)[N][2],
-                                          float& sum0, float& sum1) {
+__device__ __forceinline__ void row_maxima(const float (&s)[N][4], float& mx0, float& mx1) {
+    mx0 = mx1 = NEG_INF;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+    }
+}
+
+// P = exp2(s scale2 - base) (scores into log2 units and the row's scaled max off in one fma) of the two rows' N
+// n-tiles as bf16 pairs, the A fragments of P V (pa[n][0] row r0, pa[n][1] row r1, keys 8 n + 2 qd and + 1), and
+// this lane's sums of each row's unrounded values.
+template <int N>
+__device__ __forceinline__ void exp2_pack(const float (&s)[N][4], float scale2, float base0, float base1,
+                                          unsigned (&pa)[N][2], float& sum0, float& sum1) {
     sum0 = sum1 = 0.0f;
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-        const float e00 = exp2f(s[n][0] - base0), e01 = exp2f(s[n][1] - base0);
-        const float e10 = exp2f(s[n][2] - base1), e11 = exp2f(s[n][3] - base1);
+        const float e00 = exp2f(fmaf(s[n][0], scale2, -base0)), e01 = exp2f(fmaf(s[n][1], scale2, -base0));
+        const float e10 = exp2f(fmaf(s[n][2], scale2, -base1)), e11 = exp2f(fmaf(s[n][3], scale2, -base1));
         sum0 += e00 + e01;
         sum1 += e10 + e11;
         pa[n][0] = pack_bf16(e00, e01);
