@@ -108,6 +108,10 @@ class AttentionRunner:
         cp = self.cp
         dtype = cache_kind("attention", k_cache, v_cache, kv_scales)
         k_scale, v_scale = kv_scales or (1.0, 1.0)
+        if not scale * k_scale > 0:  # the kernels take the row max of unscaled scores, then scale it
+            raise ValueError(
+                f"attention: the softmax scale times the key scale must be positive, got {scale * k_scale}"
+            )
         scales = (scale * k_scale, v_scale)
         tokens, q_heads, d = q.shape
         _, block_size, kv_heads, _ = k_cache.shape

@@ -48,7 +48,11 @@ def test_gemm_rows_do_not_depend_on_the_batch(backend: CudaBackend, k: int, n: i
 
 
 @pytest.mark.parametrize("name", ["gemm_tiled", "gemm_wgmma"])
-@pytest.mark.parametrize(("m", "n", "k"), [(1280, 4096, 1024), (1300, 2000, 2056)], ids=["aligned", "ragged"])
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [(1280, 4096, 1024), (1300, 2000, 2056), (1300, 4096, 2056)],
+    ids=["aligned", "ragged", "ragged-tiles-a-block"],  # the last: 176 wgmma tiles, 33 K tiles each
+)
 def test_prefill_gemm_kernels(backend: CudaBackend, name: str, m: int, n: int, k: int) -> None:
     """The prefill products outside the batch-invariant mode, gemm_tiled.cu and (on Hopper) gemm_wgmma.cu, against
     float64 with a bias and ragged edges (M, N and K off their tiles); a row gets the same bits wherever it sits in

@@ -206,7 +206,7 @@ __device__ __forceinline__ void wgmma_product(const TensorMap& x_map, const Tens
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         fence_operands(d);
-        if (lane == 0) barrier_arrive(empty((step - 1) % WG_STAGES));
+        if (lane == 0 && k_tiles > 0) barrier_arrive(empty((step - 1) % WG_STAGES));
         store_tile(d, bias, out, ldo, m0 + (warpgroup - 1) * 64, n0, M, N);
     }
 }

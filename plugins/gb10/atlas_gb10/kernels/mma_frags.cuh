@@ -70,7 +70,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 // The visibility of the scores of a lane's two rows, r0 (s[n][0..1]) and r1 (s[n][2..3]), over N n-tiles of keys
 // k0 + 8 n + 2 qd + e: a row at position p sees keys from key_start up to its last one (causal, or its image's end)
 // and, with a sliding window, after p - window. Unseen scores become -inf; mx0 / mx1 return the lane's max of each
-// row (unscaled: the caller multiplies it by the scale, which rounds it as the scaled scores' max would be).
+// row (unscaled: the caller multiplies it by the scale, which must be positive, and so gets the max of the scaled
+// scores with the same rounding).
 struct RowMasks {
     int key_start, last0, last1, p0, p1, window;
 };
