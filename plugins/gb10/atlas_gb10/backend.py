@@ -123,12 +123,14 @@ class CudaBackend(Backend):
         return self.uploader.upload_int32(arrays)
 
     def keeps_quantized(self, weight: QuantizedWeight) -> bool:
-        """NVFP4, and FP8 in scale blocks the kernels take (`atlas_gb10.quantized_weights.executes_natively`)."""
+        """NVFP4, the GGUF block formats, and FP8 in scale blocks the kernels take
+        (`atlas_gb10.quantized_weights.executes_natively`)."""
         return executes_natively(weight)
 
     def upload_quantized(self, weight: QuantizedWeight) -> Array | QuantizedWeight:
-        """FP8 and NVFP4 weights stay quantized on the device (`atlas_gb10.quantized_weights`); other formats and FP8
-        scale blocks the kernels do not take are dequantized at load (bf16), with the base class's log line."""
+        """FP8, NVFP4 and GGUF block weights stay quantized on the device (`atlas_gb10.quantized_weights`); other
+        formats and FP8 scale blocks the kernels do not take are dequantized at load (bf16), with the base class's
+        log line."""
         if self.keeps_quantized(weight):
             return upload_native(self, weight)
         return super().upload_quantized(weight)

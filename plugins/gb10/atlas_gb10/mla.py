@@ -14,7 +14,7 @@
   partial is ``heads x L`` floats, which for DeepSeek-V3 outweighs 64 keys of cache).
 
 Prefill runs the same absorbed kernel (see docs/gpu.md: the expanded form saves FLOPs only against
-a tensor-core dense attention kernel, which this backend does not have yet).
+a tensor-core dense attention kernel, `attention_mma.cu`, on which it is not written).
 """
 
 from __future__ import annotations
