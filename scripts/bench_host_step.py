@@ -9,9 +9,12 @@ engine's bookkeeping and the outputs). It prints the median of each, in ms per s
 the host alone would allow.
 
     python scripts/bench_host_step.py [MODEL] [--num-seqs 256] [--prompt-len 128] [--max-tokens 64]
+        [--backend cuda] [--random-weights [--num-layers N]] [--kv-cache-memory-gib 0.5]
 
 MODEL defaults to the tiny llama fixture (a forward of well under a millisecond per layer on the numpy
-backend, so the host's share stands out); ``--backend cuda`` times the same phases on a device.
+backend, so the host's share stands out); ``--backend cuda`` times the same phases on a device, and
+``--random-weights`` takes MODEL as a preset of `atlas bench` (``qwen3-0.6b``: the offline throughput run's
+shape) or a config.json path, with random weights.
 """
 
 from __future__ import annotations
@@ -57,9 +60,18 @@ def main() -> None:
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--random-weights", action="store_true", help="MODEL is a preset or a config.json path")
+    parser.add_argument("--num-layers", type=int, default=None, help="with --random-weights: the first N layers")
+    parser.add_argument("--kv-cache-memory-gib", type=float, default=0.5)
     args = parser.parse_args()
 
-    llm = LLM(args.model, backend=args.backend, max_num_seqs=args.num_seqs, kv_cache_memory_gib=0.5)
+    engine_args = {"max_num_seqs": args.num_seqs, "kv_cache_memory_gib": args.kv_cache_memory_gib}
+    if args.random_weights:
+        from atlas_core.bench.random_weights import random_weights_llm
+
+        llm = random_weights_llm(args.model, backend=args.backend, num_layers=args.num_layers, **engine_args)
+    else:
+        llm = LLM(args.model, backend=args.backend, **engine_args)
     engine = llm.engine
     vocab = engine.loaded.model.vocab_size
     rng = np.random.default_rng(0)
