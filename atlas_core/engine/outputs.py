@@ -41,7 +41,8 @@ class CompletionOutput:
 class RequestOutput:
     """A request's prompt and its completions. ``prompt_logprobs[0]`` is None (no context).
     ``num_cached_tokens`` prompt tokens were served from the prefix cache; ``error`` is set when
-    the request failed (its completions then finish with reason ``"error"``). ``embedding``: the
+    the request failed (its completions then finish with reason ``"error"``; ``error_invalid``: through its
+    own input, such as an output constraint the grammar cannot follow). ``embedding``: the
     pooled final hidden state ``[H]`` (float32) of a finished pooling request, else None.
     ``prompt_token_ids`` is the request's own list, the same object in each of its outputs (a long prompt
     is not copied at every step): read it, do not modify it."""
@@ -54,6 +55,7 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+    error_invalid: bool = False
     embedding: np.ndarray | None = None
 
 

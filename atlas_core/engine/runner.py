@@ -25,6 +25,7 @@ from atlas_core.engine.sampling_inputs import logit_adjustments, sampling_tensor
 from atlas_core.engine.sequence import Sequence
 from atlas_core.engine.spec.proposer import HiddenObserver, HiddenSpan
 from atlas_core.engine.spec.verify import DraftCheckpoints, SpeculationStats, accept_sampled
+from atlas_core.errors import InvalidRequestError
 from atlas_core.model.transformer import TransformerModel
 from atlas_core.tokenizer import Tokenizer
 
@@ -376,7 +377,7 @@ class ModelRunner:
                 try:
                     accepted = accept_sampled(seq, draft, tokens[span], record)
                 except Exception as exc:  # one request's failure (e.g. detokenizing) never stops the batch
-                    seq.request.fail(f"{type(exc).__name__}: {exc}")
+                    seq.request.fail(f"{type(exc).__name__}: {exc}", invalid=isinstance(exc, InvalidRequestError))
                     continue
                 if draft:
                     self.spec_stats.record(len(draft), accepted)

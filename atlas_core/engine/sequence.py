@@ -193,6 +193,8 @@ class Request:
         )
         self.num_cached_tokens = 0
         self.error: str | None = None
+        self.error_invalid = False
+        """The request's own input made it fail (`fail`'s ``invalid``)."""
         self.pooler = Pooler(params.pooling, len(self.prompt_ids)) if params.pooling else None
         self.images: RequestImages | None = None
         """The prompt's images (set by `LLMEngine.add_request`); None: a text-only request."""
@@ -207,9 +209,11 @@ class Request:
     def finished(self) -> bool:
         return all(seq.finished for seq in self.seqs)
 
-    def fail(self, message: str) -> None:
-        """Finish every unfinished sequence with reason ``error``."""
+    def fail(self, message: str, *, invalid: bool = False) -> None:
+        """Finish every unfinished sequence with reason ``error``. ``invalid``: the request's own input is the
+        cause (its output constraint cannot be followed), not the server."""
         self.error = message
+        self.error_invalid = invalid
         for seq in self.seqs:
             if not seq.finished:
                 seq.finish("error")
@@ -225,5 +229,6 @@ class Request:
             prompt_logprobs=self.prompt_logprobs,
             num_cached_tokens=self.num_cached_tokens,
             error=self.error,
+            error_invalid=self.error_invalid,
             embedding=self.pooler.result() if self.pooler is not None and not self.error else None,
         )

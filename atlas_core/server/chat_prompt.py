@@ -17,7 +17,7 @@ from atlas_core.model.vision import PreparedImage, expand_placeholders
 from atlas_core.parsing.types import ToolDefinition
 from atlas_core.server.errors import invalid
 from atlas_core.server.media import ImageRef, MediaPolicy, openai_image, prepare_images
-from atlas_core.server.sampling import check_prompt_length
+from atlas_core.server.sampling import check_prompt_length, check_text_chars
 from atlas_core.server.schemas_openai import ChatCompletionRequest, ChatMessage, ImagePart, NamedToolChoice
 from atlas_core.server.state import ModelRuntime, ServerState
 from atlas_core.tokenizer.chat_encoding import EncodedChat, encode_chat
@@ -71,7 +71,10 @@ def render(runtime: ModelRuntime, setup: ChatSetup, *, check_length: bool = True
     Blocking work: routes run it in a worker thread."""
     if not setup.messages:
         raise invalid("messages must not be empty", param="messages")
+    if check_length:
+        check_text_chars(runtime.tokenizer, sum(map(_text_chars, setup.messages)), runtime.max_seq_len - 1)
     vision = runtime.engine.engine.loaded.model.vision
+    images = prepare_images(vision, setup.images, setup.media)  # first: a text-only model refuses images by name
     rewrite = None
     if vision is not None and setup.images:
         rewrite = partial(vision.rewrite_template_text, token=runtime.tokenizer.token_to_str)
@@ -85,7 +88,6 @@ def render(runtime: ModelRuntime, setup: ChatSetup, *, check_length: bool = True
         special_tokens_in_content=setup.special_tokens_in_content,
         rewrite=rewrite,
     )
-    images = prepare_images(vision, setup.images, setup.media)
     ids = prompt.ids
     if vision is not None and images:
         try:
@@ -95,6 +97,17 @@ def render(runtime: ModelRuntime, setup: ChatSetup, *, check_length: bool = True
     if check_length:
         check_prompt_length(len(ids), runtime.max_seq_len)
     return ChatPrompt(prompt.text, ids, images)
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of the text in a message (its strings, nested parts and tool calls included)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(map(_text_chars, value.values()))
+    if isinstance(value, list):
+        return sum(map(_text_chars, value))
+    return 0
 
 
 def check_tool_choice(tools: list[ToolDefinition], choice: ToolChoice) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, InternalServerException, ValidationException
 
 from atlas_core.errors import AtlasError, InvalidRequestError
 
@@ -59,6 +59,10 @@ class APIError(Exception):
         self.message = message
         self.param = param
         self.code = code
+
+
+CLIENT_CLOSED = 499
+"""Status recorded (in the request metrics) for a request whose client hung up before its response."""
 
 
 def invalid(message: str, param: str | None = None) -> APIError:
@@ -120,6 +124,8 @@ def as_api_error(exc: Exception) -> APIError:
         return APIError(400, str(exc))
     if isinstance(exc, ValidationException):
         return APIError(400, _validation_message(exc), param=_first_key(exc))
+    if isinstance(exc, InternalServerException) and "disconnected" in str(exc.detail):  # while sending the body
+        return APIError(CLIENT_CLOSED, "the client closed the connection before it had sent the request body")
     if isinstance(exc, HTTPException):
         return APIError(exc.status_code, _http_message(exc))
     if isinstance(exc, AtlasError):

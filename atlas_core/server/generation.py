@@ -19,15 +19,12 @@ from litestar.types import Receive
 from atlas_core.engine.outputs import RequestOutput
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.model.vision import PreparedImage
-from atlas_core.server.errors import APIError
+from atlas_core.server.errors import CLIENT_CLOSED, APIError, invalid
 from atlas_core.server.state import ServerState
 
 T = TypeVar("T")
 
 log = logging.getLogger("atlas.requests")
-
-CLIENT_CLOSED = 499
-"""Status recorded (in the request metrics) for a request whose client hung up before its response."""
 
 
 async def generate(
@@ -70,6 +67,11 @@ async def generate(
 
 
 def _raise_if_failed(state: ServerState, output: RequestOutput) -> None:
+    if output.error and output.error_invalid:  # the request's own constraint could not be followed
+        raise invalid(
+            f"generation stopped: {output.error}; simplify the requested output format (a JSON schema that refers "
+            "to itself, for example, can exceed what the grammar can follow)"
+        )
     if output.error:
         raise APIError(500, f"generation failed: {output.error}")
     if output.finished and any(c.finish_reason == "abort" for c in output.outputs):

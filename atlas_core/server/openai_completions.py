@@ -13,7 +13,7 @@ from atlas_core.engine.outputs import PositionLogprobs, RequestOutput
 from atlas_core.server.errors import invalid
 from atlas_core.server.generation import merge
 from atlas_core.server.logprob_format import TokenTexts, completion_logprobs
-from atlas_core.server.sampling import check_prompt_length
+from atlas_core.server.sampling import check_prompt_length, check_text_chars
 from atlas_core.server.schemas_openai import (
     Completion,
     CompletionChoice,
@@ -58,6 +58,7 @@ def prompts_of(runtime: ModelRuntime, items: list[str | list[int]]) -> list[Prom
     prompts = []
     for item in items:
         if isinstance(item, str):
+            check_text_chars(tokenizer, len(item), runtime.max_seq_len - 1, param="prompt")
             prompts.append(Prompt(item, tokenizer.encode(item), True))
         else:
             bad = [token for token in item if not 0 <= token < vocab]

@@ -23,7 +23,7 @@ from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.errors import InvalidRequestError
 from atlas_core.server.errors import invalid
 from atlas_core.server.generation import final, generate, unless_disconnected
-from atlas_core.server.sampling import check_sequences
+from atlas_core.server.sampling import check_sequences, check_text_chars
 from atlas_core.server.state import ModelRuntime, ServerState
 
 
@@ -80,6 +80,8 @@ def tokenized(runtime: ModelRuntime, items: list[str | list[int]]) -> list[list[
     vocab, limit = runtime.vocab_size, runtime.max_seq_len
     out = []
     for i, item in enumerate(items):
+        if isinstance(item, str):
+            check_text_chars(runtime.tokenizer, len(item), limit, param="input")
         ids = runtime.tokenizer.encode(item) if isinstance(item, str) else list(item)
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:

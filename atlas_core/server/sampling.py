@@ -10,6 +10,7 @@ from atlas_core.errors import InvalidRequestError
 from atlas_core.server.errors import APIError, invalid
 from atlas_core.server.schemas_openai import SamplerFields
 from atlas_core.server.state import ServerConfig
+from atlas_core.tokenizer.tokenizer import Tokenizer
 
 
 def check_prompt_length(num_tokens: int, max_seq_len: int, *, param: str = "messages") -> None:
@@ -20,6 +21,18 @@ def check_prompt_length(num_tokens: int, max_seq_len: int, *, param: str = "mess
         raise invalid(
             f"prompt too long: {num_tokens} tokens > {max_seq_len - 1} (max_seq_len {max_seq_len} minus one token "
             "for the answer); shorten the prompt or start the server with a larger --max-seq-len",
+            param=param,
+        )
+
+
+def check_text_chars(tokenizer: Tokenizer, chars: int, tokens: int, *, param: str = "messages") -> None:
+    """400 before tokenizing a text of ``chars`` characters that cannot fit in ``tokens`` tokens (more than
+    `Tokenizer.max_text_chars`), so that a flood of text is refused at once instead of holding the tokenizer
+    (and, through the interpreter lock, the server) for many seconds."""
+    if chars > tokenizer.max_text_chars(tokens):
+        raise invalid(
+            f"prompt too long: its {chars} characters cannot fit in the {tokens} tokens the context leaves; shorten "
+            "it or start the server with a larger --max-seq-len",
             param=param,
         )
 

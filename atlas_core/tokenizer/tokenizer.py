@@ -15,6 +15,7 @@ BOS rule, applied by `Tokenizer.encode` when ``add_special_tokens`` is true:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -146,6 +147,18 @@ class Tokenizer:
     def vocab_size(self) -> int:
         """Number of token ids the tokenizer knows, added tokens included."""
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @functools.cached_property
+    def longest_token_chars(self) -> int:
+        """Characters of the longest vocabulary entry, added tokens included (byte-level entries hold one
+        character a byte), at least 1: a text of ``c`` characters takes about ``c / longest_token_chars`` tokens
+        or more, so a text can be refused as too long without tokenizing it (`max_text_chars`)."""
+        return max((len(token) for token in self.backend.get_vocab(with_added_tokens=True)), default=1) or 1
+
+    def max_text_chars(self, max_tokens: int) -> int:
+        """Characters beyond which a text cannot fit in ``max_tokens`` tokens: `longest_token_chars` per token,
+        times 4 for normalizers that merge characters (NFKC composes a letter and its combining marks)."""
+        return 4 * self.longest_token_chars * max_tokens
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; BOS is handled as the module docstring describes."""

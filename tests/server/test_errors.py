@@ -39,8 +39,25 @@ SCHEMA_REQUEST = (
 )
 
 
+SELF_REFERENCE = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+
 CHAT_CASES: list[tuple[str, Any, str, str | None]] = [
     ("malformed JSON", b'{"messages": [', "not valid JSON", None),
+    (  # refused by name before the chat template sees list content
+        "image on a text-only model",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+        "image content is not supported: the served model reads text only",
+        None,
+    ),
+    (  # the grammar gives up on this schema during generation: the request's fault, a 400 and not a 500
+        "self-referencing schema",
+        {
+            "messages": ASK,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SELF_REFERENCE}},
+        },
+        "simplify the requested output format",
+        None,
+    ),
     ("not an object", b"[1, 2]", "Expected `object`", None),
     ("messages wrong type", {"messages": "hello"}, "`messages`: Expected `array`", "messages"),
     ("temperature wrong type", {"messages": ASK, "temperature": "hot"}, "`temperature`", "temperature"),
@@ -277,3 +294,13 @@ def test_still_serving_after_all_that(server: LiveServer, http: httpx.Client) ->
     response = http.post("/v1/chat/completions", json={"messages": ASK, "temperature": 0})
     assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "fine"
     assert not server.engine.requests
+
+
+def test_a_client_gone_while_sending_its_body_is_recorded_as_499() -> None:
+    """Litestar reports a body cut short by a disconnect as a server exception; it is the client's doing."""
+    from litestar.exceptions import InternalServerException
+
+    from atlas_core.server.errors import CLIENT_CLOSED, as_api_error
+
+    error = as_api_error(InternalServerException("client disconnected prematurely"))
+    assert error.status == CLIENT_CLOSED == 499 and "before it had sent the request body" in error.message

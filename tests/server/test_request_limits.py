@@ -4,6 +4,7 @@ whether or not it streams."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -63,6 +64,45 @@ def test_over_limit_requests_get_a_400_at_once(
     message = response.json()["error"]["message"]
     assert what in message and change in message
     assert not server.engine.requests
+
+
+FLOOD = "a " * 2_000_000  # 4 MB of text: tokenizing it would hold the server for seconds
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": FLOOD}, "prompt"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": FLOOD}]}]},
+            "messages",
+        ),
+        (
+            "/v1/messages",
+            {"model": "scripted", "max_tokens": 4, "messages": [{"role": "user", "content": FLOOD}]},
+            None,
+        ),
+        ("/v1/embeddings", {"input": [FLOOD]}, "input"),
+    ],
+    ids=["completions", "chat", "messages", "embeddings"],
+)
+def test_a_flood_of_text_is_refused_before_it_is_tokenized(
+    scripted: ScriptedFactory, path: str, body: dict, param: str | None
+) -> None:
+    """A prompt with more characters than the context's tokens could hold gets its 400 at once, while /health
+    keeps answering: the text is never handed to the tokenizer."""
+    server = scripted({}, max_seq_len=256)
+    start = time.monotonic()
+    response = httpx.post(server.url + path, json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert time.monotonic() - start < 2.0
+    error = response.json()["error"]
+    assert re.search(r"prompt too long: its 400000\d characters cannot fit", error["message"]), error["message"]
+    assert "--max-seq-len" in error["message"]
+    if param is not None:
+        assert error["param"] == param
+    assert httpx.get(server.url + "/health", timeout=5).status_code == 200
 
 
 @pytest.mark.parametrize(
