@@ -82,7 +82,9 @@ def tokenized(runtime: ModelRuntime, items: list[str | list[int]]) -> list[list[
     for i, item in enumerate(items):
         if isinstance(item, str):
             check_text_chars(runtime.tokenizer, len(item), limit, param="input")
-        ids = runtime.tokenizer.encode(item) if isinstance(item, str) else list(item)
+            ids = runtime.tokenizer.encode(item)
+        else:
+            ids = list(item)
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise invalid(f"input[{i}]: token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="input")

@@ -242,15 +242,16 @@ class CudaBackend(Backend):
         """``out = x weight^T (+ bias)`` through prefill kernel ``name``: ``gemm_tiled``, or `WGMMA` (Hopper only;
         its TMA loads need x's address and row stride 16-byte aligned, as every prefill kernel's 16-byte loads
         do)."""
-        args: tuple[Any, ...] = (x, np.int64(ldx), weight, null_or(bias), out, np.int64(ldo), *map(np.int32, (m, n, k)))
+        rest = (null_or(bias), out, np.int64(ldo), np.int32(m), np.int32(n), np.int32(k))
         grid: tuple[int, ...]
         if name == "gemm_tiled":
+            args: tuple[Any, ...] = (x, np.int64(ldx), weight, *rest)
             kernel, smem = self._kernel(name, "gemm_tiled_bf16"), tiled_shared_bytes(TILED_GEMM_BLOCK)
             grid, threads = (math.ceil(n / TILED_GEMM_BLOCK), math.ceil(m / TILED_GEMM_BLOCK)), 256
         else:
             x_map = bf16_rows_map(x.data.ptr, m, k, ldx, WGMMA_ROWS, WGMMA_DEPTH)
             w_map = bf16_rows_map(weight.data.ptr, n, k, k, WGMMA_COLUMNS, WGMMA_DEPTH)
-            args = (x_map, w_map, *args[3:])
+            args = (x_map, w_map, *rest)
             kernel = self._kernel("gemm_wgmma", "gemm_wgmma_bf16")
             smem = self.kernels.constants("gemm_wgmma", "gemm_wgmma_shared_bytes", 1)[0]
             grid, threads = (min(self.profile.sm_count, wgmma_tiles(m, n)),), 384
