@@ -45,9 +45,9 @@ def test_steps_queued_ahead_give_the_tokens_of_steps_run_in_turn(monkeypatch: An
     assert queued == in_turn
     assert none == 0
     assert [len(tokens) for tokens in queued] == [40, 25, 33]
-    # every decode step after the first is queued, except the steps whose token starts a KV block (16 tokens a
-    # block: the scheduler gives it) and those after a sequence finished with its last token
-    assert hits >= 25
+    # every decode step after the first (tokens 3 to 40 of the longest request) is queued: those whose token starts
+    # a KV block (16 tokens a block) reserve it, and a sequence that finishes with its last token leaves its row
+    assert hits == 38
 
 
 def test_a_finished_or_aborted_sequence_leaves_the_rest_of_the_queued_step(monkeypatch: Any) -> None:
@@ -74,6 +74,13 @@ def test_a_request_that_joins_runs_beside_the_queued_step_and_changes_nothing(mo
     in_turn, _ = run(False, monkeypatch, join)
     assert queued == in_turn
     assert hits > 0
+
+
+def test_recurrent_models_queue_no_step_whose_token_starts_a_block(monkeypatch: Any) -> None:
+    """Their states are saved for the prefix cache at block boundaries, after the step that reaches one."""
+    queued, hits = run(True, monkeypatch, model="qwen3_next")
+    assert queued == run(False, monkeypatch, model="qwen3_next")[0]
+    assert 0 < hits < 38
 
 
 def test_steps_that_depend_on_the_unread_token_are_not_queued(monkeypatch: Any) -> None:

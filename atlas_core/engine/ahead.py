@@ -19,11 +19,16 @@ block the scheduler made private to it, and for recurrent layers the state it ad
 tail block is partial, so never in the prefix cache, and its state slot is initialised again by whoever gets
 it next; a dropped step's KV entries are written again, with the same values, by the step that runs instead.
 
+A sequence whose next token starts a KV block gets the block before the step is queued
+(`Scheduler.reserve_next_block`: the one the next schedule would give it, which then finds it there); when no block
+is free, the step is not queued and the scheduler makes room as usual. A sequence that reaches its length limit
+with the running step's token runs in the queued step like one that samples a stop token: its row is left unread.
+
 Not queued: steps of sequences with logprobs, or sampled with penalties, biases or pending ``min_tokens``
-(which depend on the token not yet read), a sequence that reaches its length limit with the running step's
-token, and a next token that starts a KV block (the scheduler gives the block; recurrent states are saved for
-the prefix cache at block boundaries, after the step that reaches one). A queued step samples each sequence's
-next output token with the draw a step built afresh would use (`Sequence.uniform`), so the tokens are the same.
+(which depend on the token not yet read), and, on models with recurrent state, steps whose token starts a KV block
+(recurrent states are saved for the prefix cache at block boundaries, after the step that reaches one). A queued
+step samples each sequence's next output token with the draw a step built afresh would use (`Sequence.uniform`),
+so the tokens are the same.
 """
 
 from __future__ import annotations
@@ -61,18 +66,11 @@ class AheadStep:
         return self.prediction.decodes(chunk, row) and chunk.seq.table.blocks == self.prediction.blocks[row]
 
 
-def may_run_ahead(seqs: Seq[Sequence], block_size: int) -> bool:
+def may_run_ahead(seqs: Seq[Sequence]) -> bool:
     """Whether the next decode step of ``seqs`` (each sampled one token in the running step, not read yet) may be
-    queued ahead: no logprobs, penalties, biases or pending ``min_tokens``, no sequence that reaches its length
-    limit with the running step's token, and each one's next position in a block it has (a new block is the
-    scheduler's to give, and a recurrent state is saved for the prefix cache only at block boundaries)."""
+    queued ahead: no logprobs, penalties, biases or pending ``min_tokens``."""
     return all(
-        seq.logprobs is None
-        and not seq.params.penalised
-        and not seq.params.logit_bias
-        and not seq.min_tokens_pending
-        and len(seq.token_ids) + 1 < seq.max_len
-        and seq.num_computed // block_size < len(seq.table.blocks)
+        seq.logprobs is None and not seq.params.penalised and not seq.params.logit_bias and not seq.min_tokens_pending
         for seq in seqs
     )
 
@@ -96,10 +94,13 @@ class AheadQueue:
         self,
         lookahead: DecodeLookahead,
         backend: Backend,
-        block_size: int,
         forward: Callable[[ForwardBatch], tuple[Array | None, Array | None]],
+        reserve: Callable[[Sequence], bool] | None,
     ) -> None:
-        self.lookahead, self.backend, self.block_size, self.forward = lookahead, backend, block_size, forward
+        """``reserve(seq)``: gives a sequence the KV block its next token starts (`Scheduler.reserve_next_block`);
+        None where steps that need one are not queued (models with recurrent state, saved at block boundaries)."""
+        self.lookahead, self.backend, self.forward = lookahead, backend, forward
+        self.reserve = reserve
         self.step: AheadStep | None = None
         self.hits = 0
         """Steps that ran ahead and were taken."""
@@ -159,9 +160,9 @@ class AheadQueue:
 
     def queue(self) -> None:
         """Launch the prepared decode step and start copying its tokens to the host, when its sequences may run
-        ahead (`may_run_ahead`); the prediction is used up either way."""
-        prepared = self.lookahead.take_ahead()
-        if prepared is None or not may_run_ahead(prepared[0].seqs, self.block_size):
+        ahead (`may_run_ahead`) and have the KV blocks their tokens need (`DecodeLookahead.take_ahead`)."""
+        prepared = self.lookahead.take_ahead(may_run_ahead, self.reserve)
+        if prepared is None:
             return
         prediction, batch = prepared
         _, logits = self.forward(batch)

@@ -164,6 +164,12 @@ class BlockManager:
         if not 0 <= start <= end:
             raise ValueError(f"bad write range {start}..{end}")
         size = self.block_size
+        first = start // size
+        if end == start + 1 and first < len(table.blocks):  # a decode token: the common case, checked first
+            block = table.blocks[first]
+            if self._ref[block] == 1 and self._content[block] == _NO_CONTENT:  # private, never cached: no change
+                del table.hashes[first:]
+                return []
         needed = self.blocks_for(end)
         num_new = max(0, needed - len(table.blocks))
         written = range(start // size, min(needed, len(table.blocks))) if start < end else range(0)

@@ -235,7 +235,7 @@ class LLM:
         with tqdm(total=len(order), desc="generating", disable=not use_tqdm) as progress:
             try:
                 while self.engine.has_unfinished():
-                    for output in self.engine.step():
+                    for output in self.engine.step(finished_only=True):
                         if output.finished:
                             results[output.request_id] = output
                             progress.update(1)

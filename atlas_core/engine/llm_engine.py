@@ -155,6 +155,7 @@ class LLMEngine:
             self.guided,
             checkpoints,
             self.speculation.observer if self.speculation else None,
+            None if model.has_recurrent_state else self.scheduler.reserve_next_block,
         )
         if self.speculation:
             self.speculation.guided = self.guided
@@ -252,8 +253,10 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    def step(self) -> list[RequestOutput]:
-        """Run one batched forward; return the outputs of requests that produced tokens or finished."""
+    def step(self, finished_only: bool = False) -> list[RequestOutput]:
+        """Run one batched forward; return the outputs of requests that produced tokens or finished (with
+        ``finished_only``, of those that finished: an output holds all of a request's tokens so far, so building
+        one for every request every step costs as much as its length)."""
         step = self.scheduler.schedule()
         if not step.chunks:
             if self.offload is not None and len(self.offload.loads):
@@ -287,9 +290,11 @@ class LLMEngine:
             for seq in request.seqs:
                 if seq.finished:
                     self._release(seq)
-            if request.finished:
+            finished = request.finished
+            if finished:
                 self.requests.pop(request_id, None)
-            outputs.append(request.output())
+            if finished or not finished_only:
+                outputs.append(request.output())
         return outputs
 
     def _decodes_again(self, step: ScheduledStep) -> bool:

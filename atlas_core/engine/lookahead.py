@@ -14,6 +14,7 @@ batch as usual. The prepared batch holds the same values as one built afresh, so
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -129,7 +130,7 @@ class DecodeLookahead:
         if prediction is None or prediction.tokens is None or len(chunks) != len(prediction.seqs):
             return None
         bs = self.block_size
-        grown: list[tuple[int, int]] = []  # (row, new block)
+        grown: list[int] = []  # rows whose token starts a new block
         for row, (chunk, position, table) in enumerate(
             zip(chunks, prediction.positions, prediction.blocks, strict=True)
         ):
@@ -141,27 +142,50 @@ class DecodeLookahead:
             if len(blocks) != len(table):  # the token starts a block: only that one may be new
                 if position // bs != len(table) or len(blocks) != len(table) + 1 or blocks[:-1] != table:
                     return None
-                grown.append((row, blocks[-1]))
+                grown.append(row)
             elif blocks != table:
                 return None
         ids = np.asarray([seq.token_ids[-1] for seq in prediction.seqs], dtype=np.int32)
-        host = prediction.host
-        if grown:  # the new blocks' table entries and KV slots, uploaded now
-            host_tables, host_slots = host[3], host[4]
-            for row, block in grown:
-                host_tables[row, prediction.positions[row] // bs] = block
-                host_slots[row] = slot_of(prediction.seqs[row].table.blocks, bs, prediction.positions[row])
-            prediction.device[3:5] = self.backend.upload_int32([host_tables, host_slots])
+        self._add_blocks(prediction, grown)
         return self._batch(prediction, ids)
 
-    def take_ahead(self) -> tuple[Prediction, ForwardBatch] | None:
+    def take_ahead(
+        self, admits: Callable[[list[Sequence]], bool], reserve: Callable[[Sequence], bool] | None
+    ) -> tuple[Prediction, ForwardBatch] | None:
         """The prepared batch before the running step's tokens are read (`atlas_core.engine.ahead`): the prediction
-        and the batch, whose input ids are those tokens on the device; None when nothing is prepared or some
-        sequence's token starts a KV block (which the scheduler has not given yet). The prediction is used up."""
-        prediction, self._next = self._next, None
-        if prediction is None or prediction.tokens is None or bool((prediction.host[4] < 0).any()):
+        and the batch, whose input ids are those tokens on the device. ``admits(seqs)``: whether the predicted
+        sequences may run ahead; ``reserve(seq)``: gives a sequence the KV block its token starts
+        (`Scheduler.reserve_next_block`), None where none may be given ahead. None, leaving the prediction to `take`,
+        when nothing is prepared, ``admits`` refuses, or a sequence's new block cannot be had; else the prediction
+        is used up."""
+        prediction = self._next
+        if prediction is None or prediction.tokens is None or not admits(prediction.seqs):
             return None
+        missing = np.flatnonzero(prediction.host[4] < 0).tolist()
+        reserved = []
+        for row in missing:
+            if reserve is None or not reserve(prediction.seqs[row]):  # `take` finds the blocks given so far
+                break
+            reserved.append(row)
+        self._add_blocks(prediction, reserved)
+        if len(reserved) < len(missing):
+            return None
+        self._next = None
         return prediction, self._batch(prediction, None)
+
+    def _add_blocks(self, prediction: Prediction, rows: list[int]) -> None:
+        """Enter into ``prediction`` the new KV block that the token of each of ``rows`` starts (the last of its
+        sequence's table): its table entry and KV slot, uploaded again."""
+        if not rows:
+            return
+        bs = self.block_size
+        host_tables, host_slots = prediction.host[3], prediction.host[4]
+        for row in rows:
+            blocks, position = prediction.seqs[row].table.blocks, prediction.positions[row]
+            host_tables[row, position // bs] = blocks[-1]
+            host_slots[row] = slot_of(blocks, bs, position)
+            prediction.blocks[row] = list(blocks)
+        prediction.device[3:5] = self.backend.upload_int32([host_tables, host_slots])
 
     def _batch(self, prediction: Prediction, ids: np.ndarray | None) -> ForwardBatch:
         """The prepared batch; ``ids``: the tokens on the host, when they are known there."""

@@ -8,7 +8,9 @@ their prompt is complete (`atlas_core.engine.pooling`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -105,10 +107,13 @@ class ModelRunner:
         guided: GuidedDecoding | None = None,
         checkpoints: DraftCheckpoints | None = None,
         hidden_observer: HiddenObserver | None = None,
+        reserve_next_block: Callable[[Sequence], bool] | None = None,
     ) -> None:
         """``checkpoints``: hybrid models with speculative decoding (the recurrent state at each draft
         position, restored for sequences whose drafts were rejected). ``hidden_observer``: a proposer that
-        reads each step's final hidden states (MTP)."""
+        reads each step's final hidden states (MTP). ``reserve_next_block``: gives a decoding sequence the KV block
+        its next token starts, for decode steps queued ahead (`atlas_core.engine.ahead`); None where none may be
+        given ahead (models with recurrent state)."""
         self.model, self.backend, self.kv, self.tokenizer = model, backend, kv, tokenizer
         self.decode_graphs = decode_graphs
         self.guided = guided
@@ -120,7 +125,7 @@ class ModelRunner:
         """Prepares each pure-decode step's successor while it runs (None: every batch is built afresh). Using it,
         `build_batch` takes up the prepared step."""
         self.ahead = (
-            AheadQueue(self.lookahead, backend, kv.block_size, self._forward)
+            AheadQueue(self.lookahead, backend, self._forward, reserve_next_block)
             if self.lookahead is not None and backend.queues_work and hidden_observer is None
             else None
         )
@@ -361,20 +366,11 @@ class ModelRunner:
             for seq, _, draft in sample_rows:
                 span = slice(first, first + len(draft) + 1)
                 first = span.stop
-
-                def record(i: int, token: int, seq: Sequence = seq, row: int = span.start) -> None:
-                    if guided:
-                        guided.accept(seq, token)
-                    if seq.logprobs is not None:
-                        top = seq.params.logprobs
-                        assert logprobs is not None and top is not None  # a sequence records logprobs when asked to
-                        assert indices is not None  # logprobs come with their rows
-                        entry = position_logprobs(logprobs[int(indices[row]) + i], token, top, self.tokenizer)
-                        seq.cumulative_logprob += entry[token].logprob
-                        seq.logprobs.append(entry)
-                    seq.append_token(token)
-
                 try:
+                    if not draft and guided is None and seq.logprobs is None:  # one token, nothing else to record
+                        seq.append_token(tokens[span.start])
+                        continue
+                    record = partial(self._record, seq, span.start, guided, indices, logprobs)
                     accepted = accept_sampled(seq, draft, tokens[span], record)
                 except Exception as exc:  # one request's failure (e.g. detokenizing) never stops the batch
                     seq.request.fail(f"{type(exc).__name__}: {exc}", invalid=isinstance(exc, InvalidRequestError))
@@ -388,6 +384,29 @@ class ModelRunner:
         finally:  # the step's rollbacks run whatever happened, before the next forward reads the slots
             if self.checkpoints is not None:
                 self.checkpoints.apply()
+
+    def _record(
+        self,
+        seq: Sequence,
+        row: int,
+        guided: GuidedDecoding | None,
+        indices: np.ndarray | None,
+        logprobs: np.ndarray | None,
+        i: int,
+        token: int,
+    ) -> None:
+        """Give ``seq`` its ``i``-th token of the step (sampled in logits row ``indices[row] + i``): the grammar
+        and the logprobs record it, then the sequence appends it."""
+        if guided:
+            guided.accept(seq, token)
+        if seq.logprobs is not None:
+            top = seq.params.logprobs
+            assert logprobs is not None and top is not None  # a sequence records logprobs when asked to
+            assert indices is not None  # logprobs come with their rows
+            entry = position_logprobs(logprobs[int(indices[row]) + i], token, top, self.tokenizer)
+            seq.cumulative_logprob += entry[token].logprob
+            seq.logprobs.append(entry)
+        seq.append_token(token)
 
 
 def _tokens_per_seq(chunks: list[ScheduledChunk]) -> int:

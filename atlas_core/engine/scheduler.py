@@ -158,6 +158,16 @@ class Scheduler:
             if victim is seq:
                 return False
 
+    def reserve_next_block(self, seq: Sequence) -> bool:
+        """Give the decoding ``seq`` now the fresh KV block that its next position (``num_computed``, the first of a
+        block) starts, which the next `schedule` would give it (`BlockManager.prepare_write`, which then finds it
+        there): a decode step queued ahead writes that position before the scheduler runs
+        (`atlas_core.engine.ahead`). False, changing nothing, when no block is free (the scheduler then makes
+        room as usual)."""
+        position = seq.num_computed
+        assert position == len(seq.table.blocks) * self.blocks.block_size  # the block's first position
+        return self.blocks.prepare_write(seq.table, position, position + 1) is not None
+
     def _draft_room(
         self, seq: Sequence, budget: int, copies: dict[Sequence, list[tuple[int, int]]], count: int = 1
     ) -> int:

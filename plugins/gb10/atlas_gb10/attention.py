@@ -78,6 +78,9 @@ class AttentionRunner:
         """Eager forwards: "auto" (split-K when blocks would leave SMs idle), "always" or "never";
         results are identical."""
         self._host_meta: tuple[AttentionMetadata, np.ndarray, np.ndarray] | None = None
+        self._plans: tuple[Any, Any, dict[tuple[int, ...], _Plan]] | None = None
+        """The eager work lists of one forward (keyed, as `host_lengths`, by its query starts and lengths on the
+        device), one per launch shape: every layer of that shape runs the same."""
 
     def splits_for(self, context: int, split: int | None = None) -> int:
         """Splits of ``split`` keys (default: attention's) that cover ``context`` keys, at least 1."""
@@ -260,7 +263,7 @@ class AttentionRunner:
     ) -> _Plan:
         """The work of one launch. ``mma_rows`` (the tensor-core prefill kernel's item rows; 0: not taken): an
         eager forward whose tiles take 64 rows runs items of that many rows in direct mode (the tensor-core prefill
-        kernel, which has no split mode)."""
+        kernel, which has no split mode). An eager forward's plans are built once for all its layers."""
         static = self.static
         if static is not None and static.query_tokens == 1:
             return _Plan(static.work, int(static.work.shape[0]), static.splits, 16 if group <= 16 else 64)
@@ -272,6 +275,17 @@ class AttentionRunner:
                 static.derived[key] = self.cp.asarray(_items(*_tiles(q_lens, tile_rows // group), static.splits))
             work = static.derived[key]
             return _Plan(work, int(work.shape[0]), static.splits, tile_rows)
+        cached = self._plans
+        if cached is None or cached[0] is not meta.query_start_loc or cached[1] is not meta.seq_lens:
+            self._plans = cached = (meta.query_start_loc, meta.seq_lens, {})
+        shape = (group, tokens, kv_heads, max_rows, mma_rows)
+        plan = cached[2].get(shape)
+        if plan is None:
+            plan = cached[2][shape] = self._eager_plan(meta, group, kv_heads, max_rows, mma_rows)
+        return plan
+
+    def _eager_plan(self, meta: AttentionMetadata, group: int, kv_heads: int, max_rows: int, mma_rows: int) -> _Plan:
+        """`_plan` for an eager forward: its work list, built on the host and uploaded."""
         q_lens, lengths = self.host_lengths(meta)
         tile_rows = 16 if int(q_lens.max(initial=0)) * group <= 16 or max_rows == 16 else 64
         if mma_rows and tile_rows == 64:
