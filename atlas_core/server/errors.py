@@ -142,6 +142,10 @@ def as_api_error(exc: Exception) -> APIError:
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
+EMPTY_BODY = "'data'"
+"""Litestar's validation message for a route's missing ``data`` (an empty request body)."""
+
+
 def _validation_message(exc: ValidationException) -> str:
     problems = exc.extra if isinstance(exc.extra, list) else []
     parts = []
@@ -149,6 +153,8 @@ def _validation_message(exc: ValidationException) -> str:
         if isinstance(problem, dict):
             key = problem.get("key")
             text = str(problem.get("message", "invalid value"))
+            if key == "data" and text == EMPTY_BODY:
+                return "the request body is empty: send a JSON object (Content-Type: application/json)"
             parts.append(f"`{key}`: {text}" if key and key != "data" else text)
     return "invalid request body: " + ("; ".join(parts) if parts else str(exc.detail))
 

@@ -275,6 +275,7 @@ def test_undecodable_bodies_are_400_on_every_route(http: httpx.Client, path: str
         (b'{"messages": [{"role": "user", "content": "\xff\xfe"}], "prompt": "\xff"}', "not valid Unicode"),
         (b"[" * 10_000 + b"]" * 10_000, "nested too deeply"),
         (b'{"prompt": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", "nested too deeply"),
+        (b"", "the request body is empty: send a JSON object"),
     ]
     for body, words in bodies:
         response = http.post(path, content=body, headers={"content-type": "application/json"})
