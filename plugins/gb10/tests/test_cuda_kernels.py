@@ -393,3 +393,27 @@ def test_a_steps_metadata_uploads_in_one_copy(backend: CudaBackend) -> None:
     large = [np.arange(20000), np.arange(3)]
     for host, device in zip(large, backend.upload_int32(large), strict=True):
         np.testing.assert_array_equal(backend.to_numpy(device), host)
+
+
+SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {
+    }
+}
+"""
+
+
+def test_metadata_larger_than_a_slot_uploads_without_waiting_for_queued_work(backend: CudaBackend) -> None:
+    """Block tables of many long sequences (more than a pinned slot) are staged in pinned memory of their own: the
+    host does not wait for the kernels queued before the copy (a decode step queued ahead), and the values arrive."""
+    cp = backend.cp
+    spin = cp.RawKernel(SPIN, "spin")
+    tables = np.arange(256 * 128, dtype=np.int32).reshape(256, 128)  # 128 KiB: two slots' worth
+    for _ in range(3):  # the pinned memory of a finished copy is released and taken again
+        stream = cp.cuda.get_current_stream()
+        spin((1,), (1,), (np.int64(400_000_000),))  # about 0.2-0.3 s at the SMs' clock
+        uploaded = backend.upload_int32([tables, np.arange(5)])
+        assert not stream.done, "the upload waited for the kernel queued before it"
+        np.testing.assert_array_equal(backend.to_numpy(uploaded[0]), tables)
+        np.testing.assert_array_equal(backend.to_numpy(uploaded[1]), np.arange(5))
