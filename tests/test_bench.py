@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from atlas_core.backends.numpy_backend import NumpyBackend
 from atlas_core.bench.roofline import decode_roofline, weight_traffic
 from atlas_core.bench.throughput import make_workload
 from atlas_core.cli import main
@@ -146,6 +147,21 @@ def test_throughput_generates_exactly_the_requested_tokens(capsys: pytest.Captur
     assert req_rate == pytest.approx(6 / seconds, rel=0.0006 / seconds + 0.01)
     (percent,) = numbers(out, "ceiling", "total tok/s -> #% of ceiling")
     assert 0 <= percent <= 100
+    steps, queued = numbers(out, "steps", "# forward steps, # of them launched before the tokens")
+    assert max(workload.output_lens) <= steps <= outputs and queued == 0  # the numpy backend queues no work
+
+
+def test_throughput_counts_the_steps_queued_ahead(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a backend that queues work, decode steps of the same sequences are launched ahead (`tests/test_ahead.py`
+    runs the numpy backend so)."""
+    monkeypatch.setattr(NumpyBackend, "queues_work", True)
+    args = ("--num-requests", "2", "--min-len", "30", "--max-len", "30")
+    code, out = bench(capsys, "throughput", str(TINY / "llama"), *CEILINGS, *args)
+    assert code == 0
+    steps, queued = numbers(out, "steps", "# forward steps, # of them launched before the tokens")
+    assert steps == 30 and queued == 28  # a prefill step, then decode steps: all but the first queued
 
 
 def test_throughput_clamps_lengths_to_max_seq_len(capsys: pytest.CaptureFixture[str]) -> None:

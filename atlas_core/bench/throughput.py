@@ -120,6 +120,7 @@ def measure_throughput(args: argparse.Namespace, llm: Any) -> int:
     llm.generate(warm, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     scheduler: Any = getattr(engine, "scheduler", None)  # engines without one report no preemptions
     preempted_before = getattr(scheduler, "num_preemptions", None)
+    steps_before, ahead_before = getattr(engine, "num_steps", None), _queued_ahead(engine)
     start = time.perf_counter()
     outputs = llm.generate(workload.prompts, params, use_tqdm=args.progress)
     elapsed = time.perf_counter() - start
@@ -134,6 +135,12 @@ def measure_throughput(args: argparse.Namespace, llm: Any) -> int:
         f"throughput    {generated / elapsed:.1f} output tok/s, {total / elapsed:.1f} total tok/s, "
         f"{len(outputs) / elapsed:.2f} req/s"
     )
+    if steps_before is not None:
+        queued = _queued_ahead(engine) - ahead_before
+        print(
+            f"steps         {engine.num_steps - steps_before} forward steps, {queued} of them launched before the "
+            "tokens of the step before were read (atlas_core/engine/ahead.py)"
+        )
     if preempted_before is not None:
         preemptions = scheduler.num_preemptions - preempted_before
         print(f"preemptions   {preemptions} (sequences sent back to the queue for lack of KV blocks, to be recomputed)")
@@ -154,3 +161,9 @@ def measure_throughput(args: argparse.Namespace, llm: Any) -> int:
         print(f"atlas bench: generated {generated} tokens, expected {workload.output_tokens}", file=sys.stderr)
         return 1
     return 0
+
+
+def _queued_ahead(engine: Any) -> int:
+    """Decode steps the engine's runner has taken from its queue (0 where it queues none)."""
+    ahead = getattr(getattr(engine, "runner", None), "ahead", None)
+    return int(ahead.hits) if ahead is not None else 0

@@ -160,6 +160,8 @@ class LLMEngine:
         if self.speculation:
             self.speculation.guided = self.guided
         self.requests: dict[str, Request] = {}
+        self.num_steps = 0
+        """Forward steps run since start (steps with nothing scheduled do not count)."""
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -262,6 +264,7 @@ class LLMEngine:
             if self.offload is not None and len(self.offload.loads):
                 self.offload.wait(LOAD_WAIT_S)  # only sequences whose KV is on its way back are left
             return []
+        self.num_steps += 1
         for chunk in step.chunks:
             self._start_forks(chunk)
         if self.speculation:
