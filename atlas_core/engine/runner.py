@@ -360,8 +360,22 @@ class ModelRunner:
     ) -> None:
         """Give each sampling row's sequence its sampled tokens (``tokens`` in row order, one per row and draft
         token): one, or those `accept_sampled` keeps. ``indices``: the logits row of each token (for logprobs)."""
+        guided = self.guided if self.guided is not None and self.guided.active else None
+
+        def record(seq: Sequence, row: int, i: int, token: int) -> None:
+            """Give ``seq`` its ``i``-th token of the step, sampled in logits row ``indices[row] + i``."""
+            if guided:
+                guided.accept(seq, token)
+            if seq.logprobs is not None:
+                top = seq.params.logprobs
+                assert logprobs is not None and top is not None  # a sequence records logprobs when asked to
+                assert indices is not None  # logprobs come with their rows
+                entry = position_logprobs(logprobs[int(indices[row]) + i], token, top, self.tokenizer)
+                seq.cumulative_logprob += entry[token].logprob
+                seq.logprobs.append(entry)
+            seq.append_token(token)
+
         try:
-            guided = self.guided if self.guided is not None and self.guided.active else None
             first = 0
             for seq, _, draft in sample_rows:
                 span = slice(first, first + len(draft) + 1)
@@ -370,8 +384,7 @@ class ModelRunner:
                     if not draft and guided is None and seq.logprobs is None:  # one token, nothing else to record
                         seq.append_token(tokens[span.start])
                         continue
-                    record = partial(self._record, seq, span.start, guided, indices, logprobs)
-                    accepted = accept_sampled(seq, draft, tokens[span], record)
+                    accepted = accept_sampled(seq, draft, tokens[span], partial(record, seq, span.start))
                 except Exception as exc:  # one request's failure (e.g. detokenizing) never stops the batch
                     seq.request.fail(f"{type(exc).__name__}: {exc}", invalid=isinstance(exc, InvalidRequestError))
                     continue
@@ -384,29 +397,6 @@ class ModelRunner:
         finally:  # the step's rollbacks run whatever happened, before the next forward reads the slots
             if self.checkpoints is not None:
                 self.checkpoints.apply()
-
-    def _record(
-        self,
-        seq: Sequence,
-        row: int,
-        guided: GuidedDecoding | None,
-        indices: np.ndarray | None,
-        logprobs: np.ndarray | None,
-        i: int,
-        token: int,
-    ) -> None:
-        """Give ``seq`` its ``i``-th token of the step (sampled in logits row ``indices[row] + i``): the grammar
-        and the logprobs record it, then the sequence appends it."""
-        if guided:
-            guided.accept(seq, token)
-        if seq.logprobs is not None:
-            top = seq.params.logprobs
-            assert logprobs is not None and top is not None  # a sequence records logprobs when asked to
-            assert indices is not None  # logprobs come with their rows
-            entry = position_logprobs(logprobs[int(indices[row]) + i], token, top, self.tokenizer)
-            seq.cumulative_logprob += entry[token].logprob
-            seq.logprobs.append(entry)
-        seq.append_token(token)
 
 
 def _tokens_per_seq(chunks: list[ScheduledChunk]) -> int:
