@@ -160,7 +160,7 @@ class Sequence:
         return CompletionOutput(
             index=self.index,
             text=self.stopper.text,
-            token_ids=list(self.output_ids),
+            token_ids=self.output_ids,  # a fresh slice: copied once
             cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
             logprobs=self.logprobs,
             finish_reason=self.finish_reason,
