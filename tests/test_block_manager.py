@@ -152,6 +152,16 @@ def test_rewriting_a_cached_private_block_uncaches_it() -> None:
     assert run_prompt(manager, list(range(9)))[1] == 4
 
 
+def test_rewriting_one_token_of_a_cached_block_uncaches_it() -> None:
+    """A one-token write (a decode token, which takes `prepare_write`'s fast path when its block is private and
+    uncached) into a cached block still forgets the block's cache entry."""
+    manager = BlockManager(8, 4)
+    table = run_prompt(manager, list(range(8)))[0]
+    assert manager.prepare_write(table, 7, 8) == [] and len(table.hashes) == 1
+    manager.check_invariants()
+    assert run_prompt(manager, list(range(9)))[1] == 4
+
+
 def test_concurrent_duplicates_chain_onto_the_cached_entry() -> None:
     manager = BlockManager(16, 4)
     shared = list(range(8))
