@@ -172,7 +172,7 @@ class BlockManager:
                 return []
         needed = self.blocks_for(end)
         num_new = max(0, needed - len(table.blocks))
-        written = range(start // size, min(needed, len(table.blocks))) if start < end else range(0)
+        written = range(first, min(needed, len(table.blocks))) if start < end else range(0)
         shared = [j for j in written if self._ref[table.blocks[j]] > 1]
         if num_new + len(shared) > self.num_free_blocks:
             return None

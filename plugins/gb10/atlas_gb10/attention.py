@@ -11,7 +11,6 @@ install a `StaticAttentionPlan` instead, so nothing reads back or allocates on t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ import numpy as np
 from atlas_core.backends.base import AttentionMetadata
 from atlas_gb10.arrays import cache_kind
 from atlas_gb10.attention_decode import decode_kernel
+from atlas_gb10.attention_work import ForwardInputs, LaunchPlan, StaticAttentionPlan, query_tiles, work_items
 
 THREADS = 128
 HEAD_DIM_VARIANTS = (1, 2, 4, 8, 16)
@@ -36,34 +36,6 @@ MMA_X2_MAX_STEPS = 8
 """The widest heads (16 x this) with 128-row attention_mma.cu kernels (``_x2``): wider ones need more registers."""
 
 
-@dataclass
-class StaticAttentionPlan:
-    """A fixed work list for graph capture: every sequence of the bucket is ``query_tokens`` tokens (one
-    decode token, or a verify step's token and its drafts), cut into ``splits`` splits of the context
-    (rows whose context is shorter get empty splits); 0: direct mode."""
-
-    work: Any
-    """Device int32 ``[num_seqs * splits, 4]``: (sequence, 0, split, 0)."""
-    splits: int
-    derived: dict[str, Any] = field(default_factory=dict)
-    """Plans other kernels derive from this one (MLA's, whose splits are longer; the query tiles of
-    several tokens per sequence), made during the eager warm-up before capture and kept as long as the
-    graph that holds this plan."""
-    query_tokens: int = 1
-
-    @property
-    def num_seqs(self) -> int:
-        return int(self.work.shape[0]) // max(self.splits, 1)
-
-
-@dataclass
-class _Plan:
-    work: Any
-    items: int
-    splits: int  # 0: direct mode
-    tile_rows: int
-
-
 class AttentionRunner:
     """Plans and launches `Backend.attention` for one backend."""
 
@@ -77,10 +49,7 @@ class AttentionRunner:
         self.split_policy = "auto"
         """Eager forwards: "auto" (split-K when blocks would leave SMs idle), "always" or "never";
         results are identical."""
-        self._host_meta: tuple[AttentionMetadata, np.ndarray, np.ndarray] | None = None
-        self._plans: tuple[Any, Any, dict[tuple[int, ...], _Plan]] | None = None
-        """The eager work lists of one forward (keyed, as `host_lengths`, by its query starts and lengths on the
-        device), one per launch shape: every layer of that shape runs the same."""
+        self._forward: ForwardInputs | None = None
 
     def splits_for(self, context: int, split: int | None = None) -> int:
         """Splits of ``split`` keys (default: attention's) that cover ``context`` keys, at least 1."""
@@ -91,7 +60,7 @@ class AttentionRunner:
         With several ``query_tokens`` per sequence, the items of each tile of them are derived when the
         tile size is known (`_plan`, in the eager warm-up)."""
         seqs = np.arange(num_seqs)
-        work = _items(seqs, np.zeros_like(seqs), splits if splits > 1 else 0)
+        work = work_items(seqs, np.zeros_like(seqs), splits if splits > 1 else 0)
         return StaticAttentionPlan(self.cp.asarray(work), splits if splits > 1 else 0, query_tokens=query_tokens)
 
     def __call__(
@@ -206,7 +175,7 @@ class AttentionRunner:
         scales: tuple[float, float],
         out: Any,
         sliding_window: int | None,
-        plan: _Plan,
+        plan: LaunchPlan,
         steps: int,
         rows: int,
         dtype: str,
@@ -260,39 +229,41 @@ class AttentionRunner:
         kv_heads: int,
         max_rows: int = 64,
         mma_rows: int = 0,
-    ) -> _Plan:
+    ) -> LaunchPlan:
         """The work of one launch. ``mma_rows`` (the tensor-core prefill kernel's item rows; 0: not taken): an
         eager forward whose tiles take 64 rows runs items of that many rows in direct mode (the tensor-core prefill
         kernel, which has no split mode). An eager forward's plans are built once for all its layers."""
         static = self.static
         if static is not None and static.query_tokens == 1:
-            return _Plan(static.work, int(static.work.shape[0]), static.splits, 16 if group <= 16 else 64)
+            return LaunchPlan(static.work, int(static.work.shape[0]), static.splits, 16 if group <= 16 else 64)
         if static is not None:  # a captured verify step: query tiles of the sequences' tokens
             tile_rows = 16 if static.query_tokens * group <= 16 or max_rows == 16 else 64
             key = f"tiles_{tile_rows}_{group}"
             if key not in static.derived:
                 q_lens = np.full(static.num_seqs, static.query_tokens)
-                static.derived[key] = self.cp.asarray(_items(*_tiles(q_lens, tile_rows // group), static.splits))
+                static.derived[key] = self.cp.asarray(
+                    work_items(*query_tiles(q_lens, tile_rows // group), static.splits)
+                )
             work = static.derived[key]
-            return _Plan(work, int(work.shape[0]), static.splits, tile_rows)
-        cached = self._plans
-        if cached is None or cached[0] is not meta.query_start_loc or cached[1] is not meta.seq_lens:
-            self._plans = cached = (meta.query_start_loc, meta.seq_lens, {})
+            return LaunchPlan(work, int(work.shape[0]), static.splits, tile_rows)
+        plans = self._forward_inputs(meta).plans
         shape = (group, tokens, kv_heads, max_rows, mma_rows)
-        plan = cached[2].get(shape)
+        plan = plans.get(shape)
         if plan is None:
-            plan = cached[2][shape] = self._eager_plan(meta, group, kv_heads, max_rows, mma_rows)
+            plan = plans[shape] = self._eager_plan(meta, group, kv_heads, max_rows, mma_rows)
         return plan
 
-    def _eager_plan(self, meta: AttentionMetadata, group: int, kv_heads: int, max_rows: int, mma_rows: int) -> _Plan:
+    def _eager_plan(
+        self, meta: AttentionMetadata, group: int, kv_heads: int, max_rows: int, mma_rows: int
+    ) -> LaunchPlan:
         """`_plan` for an eager forward: its work list, built on the host and uploaded."""
         q_lens, lengths = self.host_lengths(meta)
         tile_rows = 16 if int(q_lens.max(initial=0)) * group <= 16 or max_rows == 16 else 64
         if mma_rows and tile_rows == 64:
-            work = _items(*_tiles(q_lens, mma_rows // group), 0)
-            return _Plan(self.cp.asarray(work), len(work), 0, tile_rows)
+            work = work_items(*query_tiles(q_lens, mma_rows // group), 0)
+            return LaunchPlan(self.cp.asarray(work), len(work), 0, tile_rows)
         work, splits = self.work_list(q_lens, lengths, tile_rows // group, kv_heads, self.split)
-        return _Plan(self.cp.asarray(work), len(work), splits, tile_rows)
+        return LaunchPlan(self.cp.asarray(work), len(work), splits, tile_rows)
 
     def work_list(
         self,
@@ -309,25 +280,27 @@ class AttentionRunner:
         and contexts span several splits of ``split`` keys (or `split_policy` says "always"), every item
         is cut into its splits; the kernels give the same bits either way.
         """
-        seqs, first = _tiles(q_lens, tokens_per_tile)
+        seqs, first = query_tiles(q_lens, tokens_per_tile)
         splits = self.splits_for(int(lengths.max(initial=1)), split)
         idle = len(seqs) * blocks_per_item < self.backend.profile.sm_count
         if self.split_policy == "always" or (self.split_policy == "auto" and splits > 1 and idle):
-            return _items(seqs, first, splits), splits
-        return _items(seqs, first, 0), 0
+            return work_items(seqs, first, splits), splits
+        return work_items(seqs, first, 0), 0
 
     def host_lengths(self, meta: AttentionMetadata) -> tuple[np.ndarray, np.ndarray]:
-        """Query tokens and context length of every sequence on the host, read once per forward (per device
-        arrays of query starts and lengths, shared by every attention kernel of that forward, including those
-        given a copy of the metadata with other fields, as Gemma 4's causal full-attention layers are)."""
-        cached = self._host_meta
-        if (
-            cached is None
-            or cached[0].query_start_loc is not meta.query_start_loc
-            or cached[0].seq_lens is not meta.seq_lens
-        ):
-            self._host_meta = cached = (meta, self.cp.asnumpy(meta.query_start_loc), self.cp.asnumpy(meta.seq_lens))
-        return np.diff(cached[1]), cached[2]
+        """Query tokens and context length of every sequence on the host, read once per forward
+        (`ForwardInputs`)."""
+        inputs = self._forward_inputs(meta)
+        return np.diff(inputs.host_starts), inputs.host_lengths
+
+    def _forward_inputs(self, meta: AttentionMetadata) -> ForwardInputs:
+        """The `ForwardInputs` of ``meta``'s forward: those of the last launch when it shares its device arrays of
+        query starts and lengths, else read afresh."""
+        inputs = self._forward
+        if inputs is None or inputs.query_start_loc is not meta.query_start_loc or inputs.seq_lens is not meta.seq_lens:
+            starts, lengths = self.cp.asnumpy(meta.query_start_loc), self.cp.asnumpy(meta.seq_lens)
+            self._forward = inputs = ForwardInputs(meta.query_start_loc, meta.seq_lens, starts, lengths)
+        return inputs
 
 
 def mma_shared_bytes(steps: int, rows: int = MMA_ROWS) -> int:
@@ -381,24 +354,3 @@ def _kernel_args(
         np.int32(q_vec),
         np.uint64(0) if meta.visible_end is None else meta.visible_end,
     )
-
-
-def _tiles(q_lens: np.ndarray, tokens_per_tile: int) -> tuple[np.ndarray, np.ndarray]:
-    """(sequence, first query token) of every tile of ``tokens_per_tile`` query tokens."""
-    seqs = np.repeat(np.arange(len(q_lens)), -(-q_lens // tokens_per_tile))
-    first = np.concatenate([np.arange(0, n, tokens_per_tile) for n in q_lens]) if len(q_lens) else np.zeros(0, np.int64)
-    return seqs, first
-
-
-def _items(seqs: np.ndarray, first: np.ndarray, splits: int) -> np.ndarray:
-    """Work items (sequence, first query token, split, 0): each tile cut into ``splits`` splits of its
-    context, or (direct mode, ``splits`` 0) one item per tile with split -1."""
-    if not splits:
-        work = np.zeros((len(seqs), 4), dtype=np.int32)
-        work[:, 0], work[:, 1], work[:, 2] = seqs, first, -1
-        return work
-    work = np.zeros((len(seqs) * splits, 4), dtype=np.int32)
-    work[:, 0] = np.repeat(seqs, splits)
-    work[:, 1] = np.repeat(first, splits)
-    work[:, 2] = np.tile(np.arange(splits), len(seqs))
-    return work
