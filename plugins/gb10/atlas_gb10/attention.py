@@ -19,6 +19,7 @@ from atlas_core.backends.base import AttentionMetadata
 from atlas_gb10.arrays import cache_kind
 from atlas_gb10.attention_decode import decode_kernel
 from atlas_gb10.attention_work import ForwardInputs, LaunchPlan, StaticAttentionPlan, query_tiles, work_items
+from atlas_gb10.hardware import has_wgmma
 
 THREADS = 128
 HEAD_DIM_VARIANTS = (1, 2, 4, 8, 16)
@@ -34,6 +35,9 @@ MMA_ROWS = 64
 """Rows of an attention_mma.cu item whose warps own 16 rows; `AttentionRunner.mma_rows` may double them."""
 MMA_X2_MAX_STEPS = 8
 """The widest heads (16 x this) with 128-row attention_mma.cu kernels (``_x2``): wider ones need more registers."""
+WGMMA_STEPS = 8
+"""Heads padded to 16 x this (113 to 128 wide) take attention_wgmma.cu's kernel for 128-row items on Hopper."""
+WGMMA_THREADS = 256
 
 
 class AttentionRunner:
@@ -46,6 +50,9 @@ class AttentionRunner:
         self.tile_n = variant.define("ATT_TILE_N", 64)
         self.split = variant.define("ATT_SPLIT", 64)
         self.static: StaticAttentionPlan | None = None
+        self.wgmma_prefill = has_wgmma(backend.profile.arch)
+        """Whether 128-row prefill items of 128-wide heads over bf16 caches take attention_wgmma.cu (Hopper's
+        warpgroup instructions) instead of attention_mma.cu's ``_x2`` kernel: other bits, within bf16 tolerance."""
         self.split_policy = "auto"
         """Eager forwards: "auto" (split-K when blocks would leave SMs idle), "always" or "never";
         results are identical."""
@@ -181,16 +188,21 @@ class AttentionRunner:
         dtype: str,
     ) -> Any:
         """A direct-mode plan of ``rows``-row items (`mma_rows`) through attention_mma.cu (head dim padded to 16 x
-        ``steps``)."""
+        ``steps``), or attention_wgmma.cu where `wgmma_prefill` takes them."""
         kv_heads = k_cache.shape[2]
-        name = f"attention_mma_d{steps}" + ("_x2" if rows == 2 * MMA_ROWS else "")
-        kernel = self.backend.kernels.function("attention_mma", name, dtype)
-        smem = mma_shared_bytes(steps, rows)
+        kernels = self.backend.kernels
+        if self.wgmma_prefill and rows == 2 * MMA_ROWS and steps == WGMMA_STEPS and dtype == "bf16":
+            kernel = kernels.function("attention_wgmma", "attention_wgmma_d8")
+            smem, threads = kernels.constants("attention_wgmma", "attention_wgmma_shared_bytes", 1)[0], WGMMA_THREADS
+        else:
+            name = f"attention_mma_d{steps}" + ("_x2" if rows == 2 * MMA_ROWS else "")
+            kernel = kernels.function("attention_mma", name, dtype)
+            smem, threads = mma_shared_bytes(steps, rows), THREADS
         if smem > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = smem
         kernel(
             (plan.items, kv_heads),
-            (THREADS,),
+            (threads,),
             _kernel_args(q, k_cache, v_cache, meta, plan.work, out, scales, sliding_window),
             shared_mem=smem,
         )

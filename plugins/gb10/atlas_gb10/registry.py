@@ -39,6 +39,8 @@ REGISTRY: dict[tuple[str, str, str], KernelVariant] = {
     (GENERIC, "gemm_tiled", "bf16"): KernelVariant("gemm_tiled.cu"),
     # Hopper: prefill products on wgmma (the kernel traps elsewhere; the host takes it on sm_90a only)
     ("hopper", "gemm_wgmma", "bf16"): KernelVariant("gemm_wgmma.cu"),
+    # Hopper: prefill attention on wgmma for 128-wide heads over bf16 caches (likewise taken on sm_90a only)
+    ("hopper", "attention_wgmma", "bf16"): KernelVariant("attention_wgmma.cu"),
     # GGUF block formats besides Q8_0: gemm.cu and moe.cu built with one format's kernels (gemm_gguf_blocks.cuh)
     **{
         (GENERIC, op, f"gguf_{name}"): KernelVariant(f"{op}.cu", (("GEMM_KSPLIT", 8), ("GGUF_TYPE", ggml_type)))

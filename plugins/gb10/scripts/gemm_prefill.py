@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 from atlas_gb10.backend import CudaBackend
 from atlas_gb10.hardware import has_wgmma
-from timing import time_call
+from timing import rate, time_call
 
 SHAPES = [  # (K, N): the 4096-cubed product, Llama-3-8B q/k/v, o, gate/up, down; Qwen3-30B-A3B q/k/v;
     # Qwen3-0.6B q/k/v, o, gate/up, down
@@ -62,9 +62,7 @@ def main() -> None:
             }
             for name, call in paths.items():
                 backend.batch_invariant = name == "invariant"
-                us = time_call(call, iterations=20)
-                tflops = flops / us / 1e6
-                line += f"  {name} {us:9.1f} us {tflops:6.1f} TFLOP/s ({100 * tflops / args.peak_tflops:4.1f}%)"
+                line += f"  {name} {rate(flops, time_call(call, iterations=20), args.peak_tflops)}"
             backend.batch_invariant = False
             print(line, flush=True)
 

@@ -84,3 +84,9 @@ def report(what: str, us: float, nbytes: int, peak: float) -> None:
     percentage of ``peak`` (bytes per second)."""
     share = 100 * nbytes / (us * 1e-6) / peak
     print(f"{what} {us:8.1f} us  {nbytes / us / 1e3:7.0f} GB/s  {share:5.1f}% of copy bandwidth", flush=True)
+
+
+def rate(flops: float, us: float, peak_tflops: float) -> str:
+    """A call's time beside its TFLOP/s and their share of ``peak_tflops``, as the scripts print them."""
+    tflops = flops / us / 1e6
+    return f"{us:9.1f} us {tflops:6.1f} TFLOP/s ({100 * tflops / peak_tflops:4.1f}%)"

@@ -198,11 +198,55 @@ def test_tensor_core_prefill_items_of_64_and_128_rows_give_the_same_bits(
     kv_heads = 2
     meta, tokens, (k_cache, v_cache) = paged(backend, rng, [(700, 77), (0, 300), (1500, 129)], kv_heads, d)
     q = backend.from_numpy(rng.standard_normal((tokens, kv_heads * group, d), dtype=np.float32))
+    monkeypatch.setattr(runner, "wgmma_prefill", False)  # attention_mma.cu's _x2 kernel, not attention_wgmma.cu
     wide = host(backend, backend.attention(q, k_cache, v_cache, meta, d**-0.5, sliding_window=window))
     monkeypatch.setattr(runner, "mma_rows", lambda steps: 64)
     narrow = host(backend, backend.attention(q, k_cache, v_cache, meta, d**-0.5, sliding_window=window))
     assert np.isfinite(wide).all()
     np.testing.assert_array_equal(wide, narrow)
+
+
+@pytest.mark.parametrize(("d", "group", "window"), [(128, 4, None), (120, 3, 300), (128, 8, None)])
+def test_wgmma_prefill_matches_the_mma_kernel(
+    backend: CudaBackend, d: int, group: int, window: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """attention_wgmma.cu (Hopper) within bf16 tolerance of attention_mma.cu's 128-row kernel: heads padded to 128,
+    GQA groups that do not divide the rows, an item whose second warpgroup has no rows, a sliding window; and a
+    sequence's rows get the same bits alone as beside other sequences."""
+    runner = backend.attention_runner
+    if not runner.wgmma_prefill:
+        pytest.skip(f"wgmma needs Hopper (sm_90a), this device compiles for {backend.profile.arch}")
+    rng = np.random.default_rng(d + group)
+    kv_heads = 2
+    lengths = [(700, 77), (0, 300), (1500, 129), (64, 5)]
+    meta, tokens, (k_cache, v_cache) = paged(backend, rng, lengths, kv_heads, d)
+    q = backend.from_numpy(rng.standard_normal((tokens, kv_heads * group, d), dtype=np.float32))
+    kernels, function = backend.kernels, backend.kernels.function
+    taken: list[str] = []
+    monkeypatch.setattr(
+        kernels, "function", lambda op, name, dtype="bf16": taken.append(name) or function(op, name, dtype)
+    )
+    fast = host(backend, backend.attention(q, k_cache, v_cache, meta, d**-0.5, sliding_window=window))
+    assert taken == ["attention_wgmma_d8"]
+    monkeypatch.setattr(runner, "wgmma_prefill", False)
+    mma = host(backend, backend.attention(q, k_cache, v_cache, meta, d**-0.5, sliding_window=window))
+    assert taken[1:] == ["attention_mma_d8_x2"]
+    monkeypatch.setattr(runner, "wgmma_prefill", True)
+    assert np.isfinite(fast).all()
+    assert np.abs(fast - mma).max() <= 2e-2 * np.abs(mma).max()
+    from atlas_core.backends.base import AttentionMetadata
+
+    starts, lens = backend.to_numpy(meta.query_start_loc), backend.to_numpy(meta.seq_lens)
+    tables = backend.to_numpy(meta.block_tables)
+    first, last = int(starts[2]), int(starts[3])
+    alone = AttentionMetadata(
+        backend.from_numpy(np.asarray([0, last - first], dtype=np.int32)),
+        backend.from_numpy(lens[2:3].copy()),
+        backend.from_numpy(tables[2:3].copy()),
+        backend.from_numpy(np.zeros(last - first, dtype=np.int32)),
+    )
+    single = host(backend, backend.attention(q[first:last], k_cache, v_cache, alone, d**-0.5, sliding_window=window))
+    np.testing.assert_array_equal(single, fast[first:last])
 
 
 @pytest.mark.parametrize("window", [None, 300])

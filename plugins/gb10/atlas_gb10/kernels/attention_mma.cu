@@ -11,8 +11,8 @@
 // A row's result depends on that row and its keys only (key tiles aligned to key 0, processed in order), so a
 // token gets the same bits whatever else its tile or batch holds; the arithmetic differs from attention.cu's
 // (tensor-core dot products, P in bf16), which is why the batch-invariant mode does not use this kernel.
+#include "attention_frags.cuh"
 #include "gemm_core.cuh"
-#include "mma_frags.cuh"
 #include "paged_kv.cuh"
 
 #define MMA_TILE_N 64
@@ -90,21 +90,8 @@ __device__ __forceinline__ void attention_mma_body(
         for (int n = 0; n < 2 * DK; ++n) o[a][n][0] = o[a][n][1] = o[a][n][2] = o[a][n][3] = 0.0f;
     }
     const float scale2 = scale * LOG2E;  // scores in log2 units: exp2f
-    // The earliest last key and the latest position of this warp's rows that exist: a tile from key_start on that
-    // ends by the first and starts inside the window of the second needs no masks (warp-uniform)
-    int warp_last = 0x7fffffff, warp_pos = -1;
-#pragma unroll
-    for (int a = 0; a < ATOMS; ++a)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int r = r0(a) + 8 * half;
-            if (qlast[r] >= 0) {
-                warp_last = min(warp_last, qlast[r]);
-                warp_pos = max(warp_pos, qpos[r]);
-            }
-        }
-    warp_last = __reduce_min_sync(0xffffffffu, warp_last);
-    warp_pos = __reduce_max_sync(0xffffffffu, warp_pos);
+    const int2 bounds = warp_key_bounds<ATOMS>(qpos, qlast, warp * ATOMS * 16, lane);
+    const int warp_last = bounds.x, warp_pos = bounds.y;
 
     for (int it = 0; it < tiles; ++it) {
 #if KV_FP8
@@ -167,35 +154,9 @@ __device__ __forceinline__ void attention_mma_body(
             t0 >= key_start && t0 + MMA_TILE_N - 1 <= warp_last && (window <= 0 || t0 > warp_pos - window);
         unsigned pa[ATOMS][8][2];
 #pragma unroll
-        for (int a = 0; a < ATOMS; ++a) {
-            float mx0, mx1;
-            if (interior) {
-                row_maxima<8>(s[a], mx0, mx1);
-            } else {
-                const int ra = r0(a);  // the rows' masks from shared memory: fewer registers held across tiles
-                const RowMasks masks{key_start, qlast[ra], qlast[ra + 8], qpos[ra], qpos[ra + 8], window};
-                mask_scores<8>(s[a], t0, qd, masks, mx0, mx1);
-            }
-            const float mn0 = fmaxf(m0[a], quad_max(mx0) * scale2), mn1 = fmaxf(m1[a], quad_max(mx1) * scale2);
-            const float alpha0 = mn0 == NEG_INF ? 1.0f : exp2f(m0[a] - mn0);  // m = -inf: exp2f(-inf) = 0
-            const float alpha1 = mn1 == NEG_INF ? 1.0f : exp2f(m1[a] - mn1);
-            const float base0 = mn0 == NEG_INF ? 0.0f : mn0, base1 = mn1 == NEG_INF ? 0.0f : mn1;
-            m0[a] = mn0;
-            m1[a] = mn1;
-            float sum0, sum1;
-            exp2_pack<8>(s[a], scale2, base0, base1, pa[a], sum0, sum1);
-            l0[a] = l0[a] * alpha0 + sum0;
-            l1[a] = l1[a] * alpha1 + sum1;
-            if (__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {  // a product by 1 changes no bits
-#pragma unroll
-                for (int n = 0; n < 2 * DK; ++n) {
-                    o[a][n][0] *= alpha0;
-                    o[a][n][1] *= alpha0;
-                    o[a][n][2] *= alpha1;
-                    o[a][n][3] *= alpha1;
-                }
-            }
-        }
+        for (int a = 0; a < ATOMS; ++a)
+            softmax_tile<8, 2 * DK>(s[a], o[a], m0[a], m1[a], l0[a], l1[a], pa[a], interior, qpos, qlast, r0(a),
+                                    key_start, window, t0, qd, scale2);
 
         // ---- O += P V: 4 k-steps of 16 keys, 2 * DK n-tiles of 8 dims
 #pragma unroll
@@ -217,26 +178,11 @@ __device__ __forceinline__ void attention_mma_body(
     }
     cp_async_wait_all();  // without key tiles, nothing waited for the query rows' copies (load_q_rows)
 
+    // v_scale: 1 for bf16 caches (the same bits as 1 / L), the layer's value scale for fp8 ones
 #pragma unroll
-    for (int a = 0; a < ATOMS; ++a) {
-        const float L0 = quad_sum(l0[a]), L1 = quad_sum(l1[a]);
-        // v_scale: 1 for bf16 caches (the same bits as 1 / L), the layer's value scale for fp8 ones
-        const float inv0 = L0 > 0.0f ? v_scale / L0 : 0.0f, inv1 = L1 > 0.0f ? v_scale / L1 : 0.0f;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int r = r0(a) + 8 * half;
-            if (r >= rows) continue;
-            const float inv = half ? inv1 : inv0;
-            const long long t = q_begin + tile_tok + r / group;
-            bf16_t* dst = out + t * o_s0 + (long long)(hk * group + r % group) * o_s1;
-#pragma unroll
-            for (int n = 0; n < 2 * DK; ++n) {
-                const int col = n * 8 + 2 * qd;
-                if (col < d) dst[col] = float_to_bf16(o[a][n][2 * half] * inv);
-                if (col + 1 < d) dst[col + 1] = float_to_bf16(o[a][n][2 * half + 1] * inv);
-            }
-        }
-    }
+    for (int a = 0; a < ATOMS; ++a)
+        store_rows<2 * DK>(o[a], l0[a], l1[a], r0(a), rows, qd, v_scale, out, o_s0, o_s1, q_begin + tile_tok, hk, group,
+                           d);
 }
 
 // attention_mma_d{DK}: 64-row items; attention_mma_d{DK}_x2: 128-row items (heads up to 128 wide).

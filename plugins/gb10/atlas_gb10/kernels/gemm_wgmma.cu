@@ -15,7 +15,7 @@
 // Each output element sums its K tiles in order, so a row's result depends on its x row, w and K only (not on M
 // or where the row sits); it is not the bits of gemm.cu's batch-invariant product. Requires K % 8 == 0 and
 // 16-byte aligned rows (the host checks).
-#include "common.cuh"
+#include "wgmma.cuh"
 
 #define WG_BM 128
 #define WG_BN 256
@@ -34,13 +34,6 @@ struct alignas(64) TensorMap {
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// The wgmma descriptor of a K-major operand tile at shared address `smem` (1024-byte aligned), 128-byte swizzle:
-// start address >> 4, leading byte offset 1 (unused by swizzled K-major tiles), 1024 bytes between 8-row groups.
-__device__ __forceinline__ unsigned long long tile_descriptor(unsigned smem) {
-    return (unsigned long long)((smem & 0x3ffff) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
-           (1ull << 62);
-}
-
 // d (this thread's 128 accumulators of a 64 x 256 tile) += A (64 x 16) B (16 x 256), or = with accumulate 0.
 __device__ __forceinline__ void wgmma_64x256x16(float (&d)[128], unsigned long long desc_a, unsigned long long desc_b,
                                                 int accumulate) {
@@ -52,21 +45,16 @@ __device__ __forceinline__ void wgmma_64x256x16(float (&d)[128], unsigned long l
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-__device__ __forceinline__ void fence_operands(float (&d)[128]) {
-#pragma unroll
-    for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
 // d += the 64 x 64 A tile at shared address a_tile times the 256 x 64 B tile at b_tile (both swizzled, 1024-byte
 // aligned), issued as one wgmma group; returns once at most this group is pending (the one before has retired).
 __device__ __forceinline__ void multiply_k_tile(float (&d)[128], unsigned a_tile, unsigned b_tile) {
     const unsigned long long da = tile_descriptor(a_tile), db = tile_descriptor(b_tile);
     fence_operands(d);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < WG_BK / 16; ++kk) wgmma_64x256x16(d, da + 2 * kk, db + 2 * kk, 1);
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    wgmma_commit();
+    wgmma_wait<1>();
     fence_operands(d);
 }
 
@@ -204,7 +192,7 @@ __device__ __forceinline__ void wgmma_product(const TensorMap& x_map, const Tens
             multiply_k_tile(d, stage_a(s) + rows_offset, stage_b(s));
             if (t > 0 && lane == 0) barrier_arrive(empty((step - 1) % WG_STAGES));
         }
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        wgmma_wait<0>();
         fence_operands(d);
         if (lane == 0 && k_tiles > 0) barrier_arrive(empty((step - 1) % WG_STAGES));
         store_tile(d, bias, out, ldo, m0 + (warpgroup - 1) * 64, n0, M, N);

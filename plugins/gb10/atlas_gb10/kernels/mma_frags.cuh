@@ -39,6 +39,14 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     return (unsigned)float_to_bf16(lo) | ((unsigned)float_to_bf16(hi) << 16);
 }
 
+// pack_bf16 in one instruction (sm_80 and later) for values that are not NaN: the same round-to-nearest-even bits
+// (a NaN would become the canonical one, where float_to_bf16 keeps its payload).
+__device__ __forceinline__ unsigned pack_bf16_finite(float lo, float hi) {
+    unsigned packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
+
 // Rows 16 w .. 16 w + 15 (A fragments from a row-major bf16 tile) times the row-major tile b [16 ks .., 16 nd ..]:
 // acc[2 nd], acc[2 nd + 1] += a (k-step ks) b, for nd < ND.
 template <int ND>
@@ -95,15 +103,33 @@ __device__ __forceinline__ void mask_scores(float (&s)[N][4], int k0, int qd, co
         }
 }
 
-// mask_scores' maxima for a tile every score of which is seen (the scores stay as they are).
+// mask_scores' maxima for a tile every score of which is seen (the scores stay as they are), as a tree of
+// pairwise maxima (short dependency chains; max is exact, so the order changes no bits). N a power of two.
 template <int N>
 __device__ __forceinline__ void row_maxima(const float (&s)[N][4], float& mx0, float& mx1) {
-    mx0 = mx1 = NEG_INF;
+    float m[N][2];
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-        mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-        mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+        m[n][0] = fmaxf(s[n][0], s[n][1]);
+        m[n][1] = fmaxf(s[n][2], s[n][3]);
     }
+#pragma unroll
+    for (int width = N / 2; width > 0; width /= 2)
+#pragma unroll
+        for (int n = 0; n < width; ++n) {
+            m[n][0] = fmaxf(m[n][0], m[n + width][0]);
+            m[n][1] = fmaxf(m[n][1], m[n + width][1]);
+        }
+    mx0 = m[0][0];
+    mx1 = m[0][1];
+}
+
+// 2^x in one instruction (ex2.approx.ftz): results below 2^-126 (P of a score that far below its row's max) are
+// 0 instead of subnormal, which a softmax weight relative to the row max's 1 does not notice.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // P = exp2(s scale2 - base) (scores into log2 units and the row's scaled max off in one fma) of the two rows' N
@@ -115,11 +141,11 @@ __device__ __forceinline__ void exp2_pack(const float (&s)[N][4], float scale2, 
     sum0 = sum1 = 0.0f;
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-        const float e00 = exp2f(fmaf(s[n][0], scale2, -base0)), e01 = exp2f(fmaf(s[n][1], scale2, -base0));
-        const float e10 = exp2f(fmaf(s[n][2], scale2, -base1)), e11 = exp2f(fmaf(s[n][3], scale2, -base1));
+        const float e00 = exp2_ftz(fmaf(s[n][0], scale2, -base0)), e01 = exp2_ftz(fmaf(s[n][1], scale2, -base0));
+        const float e10 = exp2_ftz(fmaf(s[n][2], scale2, -base1)), e11 = exp2_ftz(fmaf(s[n][3], scale2, -base1));
         sum0 += e00 + e01;
         sum1 += e10 + e11;
-        pa[n][0] = pack_bf16(e00, e01);
-        pa[n][1] = pack_bf16(e10, e11);
+        pa[n][0] = pack_bf16_finite(e00, e01);  // exp2f of a score less its row's max (or -inf): never NaN
+        pa[n][1] = pack_bf16_finite(e10, e11);
     }
 }

@@ -19,6 +19,12 @@ typedef unsigned char kv_t;
 typedef bf16_t kv_t;
 #endif
 
+// Rows of `stride` elements: the offset of row r's column j.
+struct RowStride {
+    int stride;
+    __device__ __forceinline__ int operator()(int r, int j) const { return r * stride + j; }
+};
+
 #if KV_FP8
 // Start copying one tile of TILE_N keys and values into shared memory as their E4M3 bytes (rows of `stride`
 // bytes, columns 0 .. d_pad - 1 with d_pad = d rounded up to 8; 8-byte asynchronous copies when d % 8 == 0,
@@ -65,19 +71,22 @@ __device__ __forceinline__ void unstage_kv_tile(bf16_t* Kb, bf16_t* Vb, const kv
     }
 }
 #else
-// Start copying one tile of TILE_N keys and values into shared memory (rows of `stride` elements, columns
-// 0 .. d_pad - 1 with d_pad = d rounded up to 8; 16-byte asynchronous copies when the head dim allows, plain
-// loads otherwise; keys without a slot (-1) become zeros), by THREADS threads.
-template <int TILE_N, int THREADS>
-__device__ __forceinline__ void load_kv_tile(bf16_t* Kb, bf16_t* Vb, const long long* slots,
-                                             const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
-                                             int kv_heads, int hk, int d, int d_pad, int stride, int tid) {
-    const int chunks = d_pad / 8;
+// Start copying one tile of TILE_N keys and values into shared memory (columns 0 .. d_pad - 1 with d_pad = d
+// rounded up to 8, key c's columns j .. j + 7 at Kb + at(c, j) and Vb + at(c, j); 16-byte asynchronous copies
+// when the head dim allows, plain loads otherwise; keys without a slot (-1) become zeros), by THREADS threads.
+// ROW_CHUNKS: a compile-time bound on d_pad / 8 (chunks past d_pad are skipped), or 0 for none.
+template <int TILE_N, int THREADS, int ROW_CHUNKS, class Offset>
+__device__ __forceinline__ void load_kv_tile_at(bf16_t* Kb, bf16_t* Vb, Offset at, const long long* slots,
+                                                const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
+                                                int kv_heads, int hk, int d, int d_pad, int tid) {
+    const int chunks = ROW_CHUNKS > 0 ? ROW_CHUNKS : d_pad / 8;
+#pragma unroll
     for (int i = tid; i < TILE_N * chunks; i += THREADS) {
         const int c = i / chunks, j = (i - c * chunks) * 8;
+        if (ROW_CHUNKS > 0 && j >= d_pad) continue;
         const long long slot = slots[c];
-        bf16_t* kdst = Kb + c * stride + j;
-        bf16_t* vdst = Vb + c * stride + j;
+        bf16_t* kdst = Kb + at(c, j);
+        bf16_t* vdst = Vb + at(c, j);
         if (slot < 0) {
             const uint4 zero = {0u, 0u, 0u, 0u};
             *reinterpret_cast<uint4*>(kdst) = zero;
@@ -101,6 +110,14 @@ __device__ __forceinline__ void load_kv_tile(bf16_t* Kb, bf16_t* Vb, const long 
             *reinterpret_cast<uint4*>(vdst) = vv4;
         }
     }
+}
+
+// load_kv_tile_at into rows of `stride` elements.
+template <int TILE_N, int THREADS>
+__device__ __forceinline__ void load_kv_tile(bf16_t* Kb, bf16_t* Vb, const long long* slots,
+                                             const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
+                                             int kv_heads, int hk, int d, int d_pad, int stride, int tid) {
+    load_kv_tile_at<TILE_N, THREADS, 0>(Kb, Vb, RowStride{stride}, slots, k_cache, v_cache, kv_heads, hk, d, d_pad, tid);
 }
 #endif
 
@@ -160,20 +177,21 @@ __device__ __forceinline__ void tile_values(const unsigned char* row, int d0, fl
 }
 
 // Query rows of a work item into shared memory: row r (< rows) is query token `first_token + r / group`, head
-// `hk * group + r % group`; `chunks` 8-element chunks of each of `tile_rows` rows (columns from d on, and rows
-// from `rows` on, become zeros). q_vec: 16-byte asynchronous copies (d % 8 == 0 and aligned rows), which the
-// caller's next cp.async commit and wait cover (the first key tile's), so that they overlap the block-table reads.
-template <int THREADS>
-__device__ __forceinline__ void load_q_rows(bf16_t* Qs, int stride, const bf16_t* __restrict__ q, long long q_s0,
-                                            long long q_s1, long long first_token, int tile_rows, int rows,
-                                            int group, int hk, int d, int chunks, int q_vec, int tid) {
+// `hk * group + r % group`; `chunks` 8-element chunks of each of `tile_rows` rows, row r's columns j .. j + 7 at
+// Qs + at(r, j) (columns from d on, and rows from `rows` on, become zeros). q_vec: 16-byte asynchronous copies
+// (d % 8 == 0 and aligned rows), which the caller's next cp.async commit and wait cover (the first key tile's),
+// so that they overlap the block-table reads.
+template <int THREADS, class Offset>
+__device__ __forceinline__ void load_q_rows_at(bf16_t* Qs, Offset at, const bf16_t* __restrict__ q, long long q_s0,
+                                               long long q_s1, long long first_token, int tile_rows, int rows,
+                                               int group, int hk, int d, int chunks, int q_vec, int tid) {
     for (int i = tid; i < tile_rows * chunks; i += THREADS) {
         const int r = i / chunks, j = (i - r * chunks) * 8;
         uint4 v = {0u, 0u, 0u, 0u};
         if (r < rows && j < d) {
             const bf16_t* src = q + (first_token + r / group) * q_s0 + (long long)(hk * group + r % group) * q_s1 + j;
             if (q_vec) {
-                cp_async16(Qs + r * stride + j, src);
+                cp_async16(Qs + at(r, j), src);
                 continue;
             } else {
                 unsigned w[4];
@@ -183,8 +201,17 @@ __device__ __forceinline__ void load_q_rows(bf16_t* Qs, int stride, const bf16_t
                 v.x = w[0]; v.y = w[1]; v.z = w[2]; v.w = w[3];
             }
         }
-        *reinterpret_cast<uint4*>(Qs + r * stride + j) = v;
+        *reinterpret_cast<uint4*>(Qs + at(r, j)) = v;
     }
+}
+
+// load_q_rows_at into rows of `stride` elements.
+template <int THREADS>
+__device__ __forceinline__ void load_q_rows(bf16_t* Qs, int stride, const bf16_t* __restrict__ q, long long q_s0,
+                                            long long q_s1, long long first_token, int tile_rows, int rows,
+                                            int group, int hk, int d, int chunks, int q_vec, int tid) {
+    load_q_rows_at<THREADS>(Qs, RowStride{stride}, q, q_s0, q_s1, first_token, tile_rows, rows, group, hk, d, chunks,
+                            q_vec, tid);
 }
 
 // The parameters of attention.cu's kernels, which attention_decode.cu's take too (one argument list on the host:
