@@ -18,7 +18,14 @@ import numpy as np
 from atlas_core.backends.base import AttentionMetadata
 from atlas_gb10.arrays import cache_kind
 from atlas_gb10.attention_decode import decode_kernel
-from atlas_gb10.attention_work import ForwardInputs, LaunchPlan, StaticAttentionPlan, query_tiles, work_items
+from atlas_gb10.attention_work import (
+    ForwardInputs,
+    LaunchPlan,
+    StaticAttentionPlan,
+    longest_first,
+    query_tiles,
+    work_items,
+)
 from atlas_gb10.hardware import has_wgmma
 
 THREADS = 128
@@ -192,16 +199,18 @@ class AttentionRunner:
         kv_heads = k_cache.shape[2]
         kernels = self.backend.kernels
         if self.wgmma_prefill and rows == 2 * MMA_ROWS and steps == WGMMA_STEPS and dtype == "bf16":
+            # blocks (KV head, item): every head's longest items start first
             kernel = kernels.function("attention_wgmma", "attention_wgmma_d8")
             smem, threads = kernels.constants("attention_wgmma", "attention_wgmma_shared_bytes", 1)[0], WGMMA_THREADS
+            grid = (kv_heads, plan.items)
         else:
             name = f"attention_mma_d{steps}" + ("_x2" if rows == 2 * MMA_ROWS else "")
             kernel = kernels.function("attention_mma", name, dtype)
-            smem, threads = mma_shared_bytes(steps, rows), THREADS
+            smem, threads, grid = mma_shared_bytes(steps, rows), THREADS, (plan.items, kv_heads)
         if smem > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = smem
         kernel(
-            (plan.items, kv_heads),
+            grid,
             (threads,),
             _kernel_args(q, k_cache, v_cache, meta, plan.work, out, scales, sliding_window),
             shared_mem=smem,
@@ -272,7 +281,8 @@ class AttentionRunner:
         q_lens, lengths = self.host_lengths(meta)
         tile_rows = 16 if int(q_lens.max(initial=0)) * group <= 16 or max_rows == 16 else 64
         if mma_rows and tile_rows == 64:
-            work = work_items(*query_tiles(q_lens, mma_rows // group), 0)
+            tokens = mma_rows // group
+            work = work_items(*longest_first(*query_tiles(q_lens, tokens), q_lens, lengths, tokens), 0)
             return LaunchPlan(self.cp.asarray(work), len(work), 0, tile_rows)
         work, splits = self.work_list(q_lens, lengths, tile_rows // group, kv_heads, self.split)
         return LaunchPlan(self.cp.asarray(work), len(work), splits, tile_rows)

@@ -60,6 +60,16 @@ def query_tiles(q_lens: np.ndarray, tokens_per_tile: int) -> tuple[np.ndarray, n
     return seqs, first
 
 
+def longest_first(
+    seqs: np.ndarray, first: np.ndarray, q_lens: np.ndarray, lengths: np.ndarray, tokens_per_tile: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The tiles of `query_tiles` in descending order of the keys their last token sees (ties in their order), so
+    that the blocks that run longest start first and the short ones fill the last wave."""
+    last = np.minimum(first + tokens_per_tile, q_lens[seqs]) - 1
+    order = np.argsort(-(lengths[seqs] - q_lens[seqs] + last), kind="stable")
+    return seqs[order], first[order]
+
+
 def work_items(seqs: np.ndarray, first: np.ndarray, splits: int) -> np.ndarray:
     """Work items (sequence, first query token, split, 0): each tile cut into ``splits`` splits of its
     context, or (direct mode, ``splits`` 0) one item per tile with split -1."""

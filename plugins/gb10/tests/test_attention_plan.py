@@ -9,6 +9,7 @@ import types
 import numpy as np
 import pytest
 from atlas_gb10.attention import AttentionRunner
+from atlas_gb10.attention_work import longest_first, query_tiles
 from atlas_gb10.hardware import GB10, HOPPER
 from atlas_gb10.mla import CudaMLAOps, mla_shared_bytes
 from atlas_gb10.registry import all_variants, lookup
@@ -81,6 +82,16 @@ def test_eager_plans_cut_idle_decodes_into_splits_and_keep_prefills_whole() -> N
     few_heads = ops._plan(meta([(0, 300)]), heads=4, width=40)  # 38 blocks leave SMs idle: split mode
     assert few_heads.splits == 2 and few_heads.items == 38 * 2
     assert few_heads.work[::2, 1].tolist()[:3] == [0, 8, 16], "32-row blocks hold 8 tokens of 4 heads"
+
+
+def test_prefill_tiles_run_longest_first() -> None:
+    """The tensor-core prefill items start with those whose last token sees the most keys; none is lost."""
+    q_lens, lengths = np.asarray([70, 5, 40]), np.asarray([100, 500, 40])
+    seqs, first = query_tiles(q_lens, 32)
+    ordered = longest_first(seqs, first, q_lens, lengths, 32)
+    last_keys = [int(lengths[s] - q_lens[s] + min(f + 32, q_lens[s]) - 1) for s, f in zip(*ordered, strict=True)]
+    assert last_keys == [499, 99, 93, 61, 39, 31]
+    assert sorted(zip(*ordered, strict=True)) == sorted(zip(seqs, first, strict=True))
 
 
 def test_graph_plans_derive_from_the_static_attention_plan() -> None:

@@ -2,7 +2,8 @@
 // 128-row work items of attention_mma.cu's `_x2` kernels (the same work list, rows of (query token, query head of
 // the GQA group), masks and paged key/value tiles), with FlashAttention's loop over key tiles of 64.
 //
-// A block of two warpgroups takes one item for one KV head; warpgroup w owns rows 64 w .. 64 w + 63. The query
+// A block of two warpgroups takes one item (blockIdx.y) for one KV head (blockIdx.x, so that every head's first
+// items, the longest in the host's order, start first); warpgroup w owns rows 64 w .. 64 w + 63. The query
 // rows and a ring of two key/value tiles sit in shared memory in the 128-byte swizzled layout wgmma reads (64
 // columns a block, `Swizzled128`); every thread copies its share of the next tile (cp.async) while the current
 // one is computed, one barrier a tile. Per tile, a warpgroup computes S = Q K^T (m64n64k16 from shared memory, K
@@ -63,7 +64,7 @@ __device__ __forceinline__ void attention_wgmma_body(
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const BlockWork bw = block_work(work, query_start, seq_lens, block_tables, table_width, q_heads, kv_heads, AW_ROWS,
-                                    window, visible_end);
+                                    window, visible_end, blockIdx.y, blockIdx.x);
     const WorkRows& w = bw.w;
     const int rows = w.rows, key_start = w.key_start, key_end = w.key_end, hk = bw.hk, group = bw.group;
     if (rows <= 0) return;

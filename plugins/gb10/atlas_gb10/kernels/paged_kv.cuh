@@ -255,8 +255,8 @@ __device__ __forceinline__ WorkRows work_rows(const int* __restrict__ query_star
     return w;
 }
 
-// This block's work item (item blockIdx.x of `work`: sequence, first query token, split or -1 for all of them;
-// the KV head blockIdx.y): its rows (`work_rows`, tile_rows at most), its GQA group and the sequence's block table.
+// This block's work item (item `item_index` of `work`, blockIdx.x unless given: sequence, first query token, split
+// or -1 for all of them; the KV head `head`, blockIdx.y unless given): its rows (`work_rows`, tile_rows at most), its GQA group and the sequence's block table.
 struct BlockWork {
     WorkRows w;
     int split, hk, group;
@@ -266,13 +266,14 @@ struct BlockWork {
 __device__ __forceinline__ BlockWork block_work(const int4* __restrict__ work, const int* __restrict__ query_start,
                                                 const int* __restrict__ seq_lens, const int* __restrict__ block_tables,
                                                 int table_width, int q_heads, int kv_heads, int tile_rows, int window,
-                                                const int* __restrict__ visible_end) {
-    const int4 item = work[blockIdx.x];
+                                                const int* __restrict__ visible_end, int item_index = blockIdx.x,
+                                                int head = blockIdx.y) {
+    const int4 item = work[item_index];
     BlockWork bw;
     bw.group = q_heads / kv_heads;
     bw.w = work_rows(query_start, seq_lens, item.x, item.y, tile_rows, bw.group, window, visible_end);
     bw.split = item.z;
-    bw.hk = blockIdx.y;
+    bw.hk = head;
     bw.table = block_tables + (long long)item.x * table_width;
     return bw;
 }
