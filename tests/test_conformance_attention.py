@@ -94,8 +94,22 @@ def oracle_head_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np
 
 @pytest.mark.parametrize(
     ("tokens", "q_heads", "kv_heads", "head_dim", "rotary_dim", "norms"),
-    [(1, 4, 2, 16, 16, "qk"), (9, 6, 2, 16, 8, "none"), (7, 3, 3, 12, 8, "q"), (5, 4, 1, 40, 40, "qk")],
-    ids=["decode_qk_norm", "prefill_partial_no_norm", "q_norm_only", "wide_heads_mixed_slots"],
+    [
+        (1, 4, 2, 16, 16, "qk"),
+        (9, 6, 2, 16, 8, "none"),
+        (7, 3, 3, 12, 8, "q"),
+        (5, 4, 1, 40, 40, "qk"),
+        (6, 4, 2, 128, 128, "qk"),
+        (3, 2, 1, 64, 64, "none"),
+    ],
+    ids=[
+        "decode_qk_norm",
+        "prefill_partial_no_norm",
+        "q_norm_only",
+        "wide_heads_mixed_slots",
+        "heads_of_128",
+        "heads_of_64_no_norm",
+    ],
 )
 def test_qk_norm_rope_write_kv(
     case: Case, tokens: int, q_heads: int, kv_heads: int, head_dim: int, rotary_dim: int, norms: str

@@ -75,6 +75,39 @@ WRITE_KV_KERNEL(write_kv_fp8, unsigned char)
 #define QKR_WARPS 4
 #define QKR_MAX_D 256
 
+// One q or k head of qk_norm_rope_write_kv_body whose width d = 32 E is all rotated (2 half == d, E even): lane l
+// holds elements l + 32 m, so each rotated pair (m, m + E / 2) sits in one lane's registers. The same arithmetic,
+// in the same order, as the general path.
+template <int E, typename Put>
+__device__ __forceinline__ void norm_rope_head(const bf16_t* __restrict__ src, const bf16_t* __restrict__ weight,
+                                               float eps, const float* __restrict__ c, const float* __restrict__ s,
+                                               int lane, Put put) {
+    float x[E], cs[E / 2], ss[E / 2];
+#pragma unroll
+    for (int m = 0; m < E; ++m) x[m] = bf16_to_float(src[lane + 32 * m]);
+#pragma unroll
+    for (int m = 0; m < E / 2; ++m) {
+        cs[m] = c[lane + 32 * m];
+        ss[m] = s[lane + 32 * m];
+    }
+    if (weight) {
+        float sq = 0.0f;
+#pragma unroll
+        for (int m = 0; m < E; ++m) sq = __fmaf_rn(x[m], x[m], sq);
+        const float inv = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(__shfl_sync(0xffffffffu, warp_sum(sq), 0), (float)(32 * E)), eps));
+#pragma unroll
+        for (int m = 0; m < E; ++m)
+            x[m] = bf16_to_float(float_to_bf16(__fmul_rn(__fmul_rn(x[m], inv), bf16_to_float(weight[lane + 32 * m]))));
+    }
+#pragma unroll
+    for (int m = 0; m < E / 2; ++m) {
+        const int j = lane + 32 * m;
+        const float a = x[m], b = x[m + E / 2];
+        put(j, float_to_bf16(__fsub_rn(__fmul_rn(a, cs[m]), __fmul_rn(b, ss[m]))));
+        put(j + 16 * E, float_to_bf16(__fadd_rn(__fmul_rn(b, cs[m]), __fmul_rn(a, ss[m]))));
+    }
+}
+
 template <typename KV>
 __device__ __forceinline__ void qk_norm_rope_write_kv_body(
     const bf16_t* __restrict__ q, long long q_s0, long long q_s1, int q_heads, const bf16_t* __restrict__ k,
@@ -111,6 +144,15 @@ __device__ __forceinline__ void qk_norm_rope_write_kv_body(
             else
                 store_kv(k_dst + i, x, k_scale);
         };
+        if (2 * half == d && (d == 64 || d == 128 || d == 256)) {  // the common widths: registers only
+            if (d == 64)
+                norm_rope_head<2>(src, weight, eps, c, s, lane, put);
+            else if (d == 128)
+                norm_rope_head<4>(src, weight, eps, c, s, lane, put);
+            else
+                norm_rope_head<8>(src, weight, eps, c, s, lane, put);
+            continue;
+        }
         // every global read of the head first (one memory round trip), then the arithmetic
         constexpr int PER_LANE = QKR_MAX_D / 32;
         float xs[PER_LANE], ws[PER_LANE], cs[PER_LANE / 2], ss[PER_LANE / 2];

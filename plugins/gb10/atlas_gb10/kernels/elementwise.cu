@@ -92,7 +92,7 @@ extern "C" __global__ void rms_norm_block_bf16(const bf16_t* __restrict__ x, lon
 }
 
 // Gated activations: x [rows, 2I] = [gate | up] (row stride ldx) -> out [rows, I] (row stride ldo),
-// out = act(gate) * up with fp32 math.
+// out = act(gate) * up with fp32 math; 16-byte accesses where I, the row strides and the pointers allow.
 struct Silu {
     __device__ float operator()(float g) const { return g / (1.0f + expf(-g)); }  // g -> -inf: g / inf = -0, never NaN
 };
@@ -103,17 +103,56 @@ struct GeluTanh {
     }
 };
 
+// Output elements c .. c + N - 1 of row r (16-byte aligned when N == 8).
+template <int N, typename Activation>
+__device__ __forceinline__ void gated_elements(const bf16_t* __restrict__ x, long long ldx, bf16_t* __restrict__ out,
+                                               long long ldo, int inner, long long r, int c, Activation act) {
+    const bf16_t* gate = x + r * ldx + c;
+    bf16_t* dst = out + r * ldo + c;
+    if (N == 1) {
+        *dst = float_to_bf16(act(bf16_to_float(*gate)) * bf16_to_float(gate[inner]));
+        return;
+    }
+    const uint4 g = *reinterpret_cast<const uint4*>(gate), u = *reinterpret_cast<const uint4*>(gate + inner);
+    const unsigned gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {u.x, u.y, u.z, u.w};
+    unsigned o[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+        o[e] = (unsigned)float_to_bf16(act(bf16_lo(gw[e])) * bf16_lo(uw[e])) |
+               ((unsigned)float_to_bf16(act(bf16_hi(gw[e])) * bf16_hi(uw[e])) << 16);
+    *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// Every output element once, N at a time (a row's inner / N units), the grid striding over them; 32-bit index
+// arithmetic where the units fit it.
+template <int N, typename Activation>
+__device__ __forceinline__ void gated_units(const bf16_t* __restrict__ x, long long ldx, bf16_t* __restrict__ out,
+                                            long long ldo, int inner, long long rows, Activation act) {
+    const int width = inner / N;
+    const long long n = rows * width, first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    if (n <= 0x7fffffffLL) {
+        for (int i = (int)first; i < (int)n; i += (int)stride) {
+            const int r = i / width;
+            gated_elements<N>(x, ldx, out, ldo, inner, r, (i - r * width) * N, act);
+        }
+        return;
+    }
+    for (long long i = first; i < n; i += stride) {
+        const long long r = i / width;
+        gated_elements<N>(x, ldx, out, ldo, inner, r, (int)(i - r * width) * N, act);
+    }
+}
+
 template <typename Activation>
 __device__ void gated_mul(const bf16_t* __restrict__ x, long long ldx, bf16_t* __restrict__ out, long long ldo, int inner,
                           long long rows, Activation act) {
-    const long long n = rows * inner;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const long long r = i / inner;
-        const int c = (int)(i - r * inner);
-        const float g = bf16_to_float(x[r * ldx + c]);
-        const float u = bf16_to_float(x[r * ldx + inner + c]);
-        out[r * ldo + c] = float_to_bf16(act(g) * u);
-    }
+    const bool vec = (inner & 7) == 0 && (ldx & 7) == 0 && (ldo & 7) == 0 &&
+                     (((unsigned long long)x | (unsigned long long)out) & 15) == 0;
+    if (vec)
+        gated_units<8>(x, ldx, out, ldo, inner, rows, act);
+    else
+        gated_units<1>(x, ldx, out, ldo, inner, rows, act);
 }
 
 extern "C" __global__ void silu_mul_bf16(const bf16_t* __restrict__ x, long long ldx, bf16_t* __restrict__ out,
