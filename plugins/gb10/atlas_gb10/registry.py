@@ -34,6 +34,7 @@ GGUF_BLOCK_TYPES = {"q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q4_k": 12, "q5_
 
 REGISTRY: dict[tuple[str, str, str], KernelVariant] = {
     (GENERIC, "elementwise", "bf16"): KernelVariant("elementwise.cu"),
+    (GENERIC, "rms_norm", "bf16"): KernelVariant("rms_norm.cu"),
     (GENERIC, "attention_inputs", "bf16"): KernelVariant("attention_inputs.cu"),
     (GENERIC, "gemm", "bf16"): KernelVariant("gemm.cu", (("GEMM_KSPLIT", 8),)),
     (GENERIC, "gemm_tiled", "bf16"): KernelVariant("gemm_tiled.cu"),

@@ -57,11 +57,11 @@ def rms_norm(
         )
         suffix = "_vec_bf16" if aligned else "_bf16"
         if aligned and 256 < d <= 1024:
-            backend._kernel("elementwise", "rms_norm_quad" + suffix)((rows,), (128,), args)
+            backend._kernel("rms_norm", "rms_norm_quad" + suffix)((rows,), (128,), args)
         elif d <= 1024:
-            backend._kernel("elementwise", "rms_norm_warp" + suffix)((math.ceil(rows / 4),), (128,), args)
+            backend._kernel("rms_norm", "rms_norm_warp" + suffix)((math.ceil(rows / 4),), (128,), args)
         else:
-            backend._kernel("elementwise", "rms_norm_block" + suffix)((rows,), (256,), args)
+            backend._kernel("rms_norm", "rms_norm_block" + suffix)((rows,), (256,), args)
     return normed, (summed if residual is not None else x)
 
 

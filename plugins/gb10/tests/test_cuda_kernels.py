@@ -402,7 +402,7 @@ def test_warm_kernel_cache_compiles_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("op", "name"),
     [
-        ("elementwise", "rms_norm_block_vec_bf16"),
+        ("rms_norm", "rms_norm_block_vec_bf16"),
         ("gemm", "gemm_bf16_m1_n2_vec"),
         ("attention", "attention_m16_d4"),
         ("attention_decode", "attention_decode_d8"),
