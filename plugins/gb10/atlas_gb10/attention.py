@@ -45,6 +45,8 @@ MMA_X2_MAX_STEPS = 8
 WGMMA_STEPS = 8
 """Heads padded to 16 x this (113 to 128 wide) take attention_wgmma.cu's kernel for 128-row items on Hopper."""
 WGMMA_THREADS = 256
+MAX_GRID_Y = 65535
+"""CUDA's limit on a grid's second dimension (attention_wgmma.cu's items)."""
 
 
 class AttentionRunner:
@@ -198,7 +200,7 @@ class AttentionRunner:
         ``steps``), or attention_wgmma.cu where `wgmma_prefill` takes them."""
         kv_heads = k_cache.shape[2]
         kernels = self.backend.kernels
-        if self.wgmma_prefill and rows == 2 * MMA_ROWS and steps == WGMMA_STEPS and dtype == "bf16":
+        if self.takes_wgmma(rows, steps, dtype, plan.items):
             # blocks (KV head, item): every head's longest items start first
             kernel = kernels.function("attention_wgmma", "attention_wgmma_d8")
             smem, threads = kernels.constants("attention_wgmma", "attention_wgmma_shared_bytes", 1)[0], WGMMA_THREADS
@@ -216,6 +218,18 @@ class AttentionRunner:
             shared_mem=smem,
         )
         return out
+
+    def takes_wgmma(self, rows: int, steps: int, dtype: str, items: int) -> bool:
+        """Whether a tensor-core prefill launch of ``items`` items of ``rows`` rows, heads padded to 16 x ``steps``,
+        over ``dtype`` caches runs attention_wgmma.cu (`wgmma_prefill`; its grid holds the items in its second
+        dimension, at most `MAX_GRID_Y`) rather than attention_mma.cu."""
+        return (
+            self.wgmma_prefill
+            and rows == 2 * MMA_ROWS
+            and steps == WGMMA_STEPS
+            and dtype == "bf16"
+            and items <= MAX_GRID_Y
+        )
 
     def mma_rows(self, steps: int) -> int:
         """Rows of an attention_mma.cu item for heads padded to 16 x ``steps``: 128 (warps of 32 rows, half the

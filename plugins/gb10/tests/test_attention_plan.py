@@ -84,6 +84,17 @@ def test_eager_plans_cut_idle_decodes_into_splits_and_keep_prefills_whole() -> N
     assert few_heads.work[::2, 1].tolist()[:3] == [0, 8, 16], "32-row blocks hold 8 tokens of 4 heads"
 
 
+def test_wgmma_prefill_takes_128_wide_heads_over_bf16_caches_on_hopper() -> None:
+    hopper, gb10 = HostBackend(HOPPER).attention_runner, HostBackend(GB10).attention_runner
+    assert hopper.takes_wgmma(128, 8, "bf16", 100)
+    assert not gb10.takes_wgmma(128, 8, "bf16", 100), "no wgmma on sm_121"
+    assert not hopper.takes_wgmma(64, 8, "bf16", 100), "64-row items: attention_mma.cu"
+    assert not hopper.takes_wgmma(128, 5, "bf16", 100), "heads of 80: attention_mma.cu"
+    assert not hopper.takes_wgmma(128, 8, "fp8", 100), "fp8 caches: attention_mma.cu"
+    assert hopper.takes_wgmma(128, 8, "bf16", 65535)
+    assert not hopper.takes_wgmma(128, 8, "bf16", 65536), "more items than a grid's second dimension holds"
+
+
 def test_prefill_tiles_run_longest_first() -> None:
     """The tensor-core prefill items start with those whose last token sees the most keys; none is lost."""
     q_lens, lengths = np.asarray([70, 5, 40]), np.asarray([100, 500, 40])

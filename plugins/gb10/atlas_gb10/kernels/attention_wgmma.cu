@@ -110,6 +110,9 @@ __device__ __forceinline__ void attention_wgmma_body(
     for (int it = 0; it < tiles; ++it) {
         const int buf = it & 1;
         cp_async_wait_all();
+        // this thread's shared-memory writes (copies, zeros, the first tile's query rows), which the generic proxy
+        // made, ordered before the wgmma reads (async proxy) that follow the barrier
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();  // tile it has landed; every warpgroup is done with tile it - 1 and its slots
         if (it + 2 < tiles)
             tile_slots<AW_TILE_N, AW_THREADS>(kslot + buf * AW_TILE_N, bw.table, tile_lo + (it + 2) * AW_TILE_N,

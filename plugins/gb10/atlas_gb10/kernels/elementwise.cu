@@ -62,7 +62,7 @@ __device__ __forceinline__ void gated_units(const bf16_t* __restrict__ x, long l
     const int width = inner / N;
     const long long n = rows * width, first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    if (n <= 0x7fffffffLL) {
+    if (n <= 0x7fffffffLL - stride) {  // i + stride never overflows
         for (int i = (int)first; i < (int)n; i += (int)stride) {
             const int r = i / width;
             gated_elements<N>(x, ldx, out, ldo, inner, r, (i - r * width) * N, act);

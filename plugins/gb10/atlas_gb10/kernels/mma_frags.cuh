@@ -145,7 +145,7 @@ __device__ __forceinline__ void exp2_pack(const float (&s)[N][4], float scale2, 
         const float e10 = exp2_ftz(fmaf(s[n][2], scale2, -base1)), e11 = exp2_ftz(fmaf(s[n][3], scale2, -base1));
         sum0 += e00 + e01;
         sum1 += e10 + e11;
-        pa[n][0] = pack_bf16_finite(e00, e01);  // exp2f of a score less its row's max (or -inf): never NaN
+        pa[n][0] = pack_bf16_finite(e00, e01);  // NaN only from NaN or infinite scores (a payload then differs)
         pa[n][1] = pack_bf16_finite(e10, e11);
     }
 }
