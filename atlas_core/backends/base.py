@@ -105,7 +105,7 @@ class Backend(ABC):
         return None
 
     def decode_graphs(self, model: Any, kv: Any) -> Any:
-        """Captured pure-decode steps for ``model`` over ``kv`` (`atlas_core.engine.runner.DecodeGraphs`),
+        """Captured pure-decode steps for ``model`` over ``kv`` (`atlas_core.engine.decode_graphs.DecodeGraphs`),
         or None when this backend runs everything eagerly."""
         return None
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol
 
 import numpy as np
 
@@ -19,6 +18,7 @@ from atlas_core.backends.base import Array, AttentionMetadata, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import KVCache, slots_for
 from atlas_core.engine.ahead import AheadQueue
+from atlas_core.engine.decode_graphs import DecodeGraphs
 from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.engine.images import BatchImages
 from atlas_core.engine.logprobs import position_logprobs
@@ -53,33 +53,6 @@ class ScheduledChunk:
     def samples(self) -> bool:
         """True when this chunk reaches the end of the sequence's known tokens, so a token is sampled."""
         return self.seq.num_computed + self.num_tokens == len(self.seq.token_ids)
-
-
-class DecodeGraphs(Protocol):
-    """Captured pure-decode forwards over fixed buffers, one per batch-size bucket (CUDA graphs), and,
-    where the backend captures them too, steps of as many tokens per sequence (`ForwardBatch.tokens_per_seq`:
-    speculative decoding's verify steps, short prefill chunks).
-
-    A backend offers them through ``Backend.decode_graphs(model, kv)``; results must equal the
-    eager forward's.
-    """
-
-    def can_run(self, batch: ForwardBatch) -> bool:
-        """True when a captured graph serves this batch (pure decode, or a uniform verify step)."""
-        ...
-
-    last_hidden: Array | None
-    """The final hidden states ``[T, H]`` of the last `run` (valid until the next one); speculative
-    proposers that read hidden states (MTP) use them. None: the backend does not keep them."""
-
-    def run(self, batch: ForwardBatch) -> Array:
-        """Replay: the logits ``[T, V]`` of every token of the batch."""
-        ...
-
-    def close(self) -> None:
-        """Release the captured graphs (a split model's before its communicator closes: NCCL waits for the
-        graphs holding its collectives to be gone); `run` may capture again afterwards."""
-        ...
 
 
 @dataclass

@@ -166,7 +166,7 @@ class MirroredKVCache(KVCache):
 
 
 class MirroredGraphs:
-    """Rank 0's decode graphs of a split model (`atlas_core.engine.runner.DecodeGraphs`): each step they serve
+    """Rank 0's decode graphs of a split model (`atlas_core.engine.decode_graphs.DecodeGraphs`): each step they serve
     is posted as one ``graph`` instruction, then replayed here with the model's calls unposted; every rank
     then waits for the step's collectives (`CommBackend.wait`, bounded by the comm timeout)."""
 

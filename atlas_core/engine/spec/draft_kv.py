@@ -17,7 +17,7 @@ from atlas_core.engine.block_manager import BlockManager, BlockTable
 from atlas_core.engine.sequence import Sequence
 
 if TYPE_CHECKING:
-    from atlas_core.engine.runner import DecodeGraphs
+    from atlas_core.engine.decode_graphs import DecodeGraphs
 
 
 @dataclass

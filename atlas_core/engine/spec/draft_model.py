@@ -13,7 +13,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from atlas_core.backends.base import Backend
-from atlas_core.engine.runner import DecodeGraphs
+from atlas_core.engine.decode_graphs import DecodeGraphs
 from atlas_core.engine.sequence import Sequence
 from atlas_core.engine.spec.config import SpeculativeConfig
 from atlas_core.engine.spec.draft_kv import DraftKV, DraftRows, forward_rows

@@ -24,7 +24,7 @@ import numpy as np
 from atlas_core.backends.base import Array, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import AnyKVLayout, KVCache
-from atlas_core.engine.runner import DecodeGraphs
+from atlas_core.engine.decode_graphs import DecodeGraphs
 from atlas_core.engine.sequence import Sequence
 from atlas_core.engine.spec.draft_kv import DraftRows, draft_batch, forward_rows
 from atlas_core.engine.spec.proposer import HiddenSpan

@@ -67,7 +67,7 @@ def bucket(n: int) -> int:
 
 
 class CudaDecodeGraphs:
-    """`atlas_core.engine.runner.DecodeGraphs` on CUDA graphs."""
+    """`atlas_core.engine.decode_graphs.DecodeGraphs` on CUDA graphs."""
 
     def __init__(self, backend: Any, model: Any, kv: Any) -> None:
         cp = backend.cp

@@ -51,7 +51,7 @@ for _op in COUNTED_OPS:
 
 
 class EagerDecodeGraphs:
-    """Decode "graphs" that run the forward eagerly (`atlas_core.engine.runner.DecodeGraphs`): the hook a
+    """Decode "graphs" that run the forward eagerly (`atlas_core.engine.decode_graphs.DecodeGraphs`): the hook a
     backend with captured graphs implements, in its simplest form. ``replays`` counts the steps served."""
 
     def __init__(self, model: Any, kv: Any) -> None:
