@@ -57,15 +57,7 @@ __device__ __forceinline__ void attention_mma_body(
     row_positions<MMA_THREADS>(qpos, qlast, w, ROWS, visible_end, tid);
     load_q_rows<MMA_THREADS>(Qs, STRIDE, q, q_s0, q_s1, q_begin + tile_tok, ROWS, rows, group, hk, d, D_PAD / 8, q_vec,
                              tid);
-    if (d8 < D_PAD) {  // the tile loads write columns below d8 only: the rest of K and V stays zero
-        const int pad_chunks = (D_PAD - d8) / 8;
-        for (int i = tid; i < 2 * MMA_TILE_N * pad_chunks; i += MMA_THREADS) {
-            const int row = i / pad_chunks, j = d8 + (i - row * pad_chunks) * 8;
-            const uint4 zero = {0u, 0u, 0u, 0u};
-            *reinterpret_cast<uint4*>(Ks + row * STRIDE + j) = zero;
-            *reinterpret_cast<uint4*>(Vs + row * STRIDE + j) = zero;
-        }
-    }
+    if (d8 < D_PAD) zero_tile_columns<MMA_THREADS>(Ks, Vs, RowStride{STRIDE}, 2 * MMA_TILE_N, d8, D_PAD, tid);
     const int tile_lo = key_start / MMA_TILE_N * MMA_TILE_N;
     const int tiles = key_end > tile_lo ? (key_end - tile_lo + MMA_TILE_N - 1) / MMA_TILE_N : 0;
     if (tiles > 0) tile_slots<MMA_TILE_N, MMA_THREADS>(kslot, table, tile_lo, key_start, key_end, block_size, tid);

@@ -73,15 +73,9 @@ __device__ __forceinline__ void attention_wgmma_body(
     row_positions<AW_THREADS>(qpos, qlast, w, AW_ROWS, visible_end, tid);
     load_q_rows_at<AW_THREADS>(Qs, q_at, q, q_s0, q_s1, w.q_begin + w.tile_tok, AW_ROWS, rows, group, hk, d, AW_D / 8,
                                q_vec, tid);
-    if (d8 < AW_D) {  // the tile loads write columns below d8 only: the rest of K and V stays zero
-        const int pad_chunks = (AW_D - d8) / 8;
-        for (int i = tid; i < 2 * AW_TILE_N * pad_chunks; i += AW_THREADS) {
-            const int row = i / pad_chunks, j = d8 + (i - row * pad_chunks) * 8;
-            const int at = (row / AW_TILE_N) * (AW_KV_BYTES / 2) + kv_at(row % AW_TILE_N, j);
-            const uint4 zero = {0u, 0u, 0u, 0u};
-            *reinterpret_cast<uint4*>(Ks + at) = zero;
-            *reinterpret_cast<uint4*>(Vs + at) = zero;
-        }
+    if (d8 < AW_D) {  // both buffers' rows: row r of buffer r / AW_TILE_N
+        const auto ring_at = [&](int r, int j) { return (r / AW_TILE_N) * (AW_KV_BYTES / 2) + kv_at(r % AW_TILE_N, j); };
+        zero_tile_columns<AW_THREADS>(Ks, Vs, ring_at, 2 * AW_TILE_N, d8, AW_D, tid);
     }
     const int tile_lo = key_start / AW_TILE_N * AW_TILE_N;
     const int tiles = key_end > tile_lo ? (key_end - tile_lo + AW_TILE_N - 1) / AW_TILE_N : 0;

@@ -25,6 +25,21 @@ struct RowStride {
     __device__ __forceinline__ int operator()(int r, int j) const { return r * stride + j; }
 };
 
+// Zeros in columns d_pad .. d_full - 1 (multiples of 8) of `rows` key rows and value rows (row r's columns j .. j + 7
+// at Kb + at(r, j) and Vb + at(r, j)), by THREADS threads: the tile loads write columns below d_pad only, so the
+// padding of heads narrower than the kernel's stays zero.
+template <int THREADS, class Offset>
+__device__ __forceinline__ void zero_tile_columns(bf16_t* Kb, bf16_t* Vb, Offset at, int rows, int d_pad, int d_full,
+                                                  int tid) {
+    const int pad_chunks = (d_full - d_pad) / 8;
+    for (int i = tid; i < rows * pad_chunks; i += THREADS) {
+        const int row = i / pad_chunks, j = d_pad + (i - row * pad_chunks) * 8;
+        const uint4 zero = {0u, 0u, 0u, 0u};
+        *reinterpret_cast<uint4*>(Kb + at(row, j)) = zero;
+        *reinterpret_cast<uint4*>(Vb + at(row, j)) = zero;
+    }
+}
+
 #if KV_FP8
 // Start copying one tile of TILE_N keys and values into shared memory as their E4M3 bytes (rows of `stride`
 // bytes, columns 0 .. d_pad - 1 with d_pad = d rounded up to 8; 8-byte asynchronous copies when d % 8 == 0,
