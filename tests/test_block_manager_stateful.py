@@ -1,6 +1,6 @@
 """`BlockManager` driven like an engine by stateful property tests (prompts, repeats, chunked computes, rewrites,
-forks, frees, prefix-cache resets) and checked against a shadow KV cache: ref counts, free blocks, KV never overwritten, hash chains;
-with prefix caching off, and with a hash that always collides."""
+forks, frees, prefix-cache resets) and checked against a shadow KV cache: ref counts, free blocks, KV never
+overwritten, hash chains; with prefix caching off, and with a hash that always collides."""
 
 from __future__ import annotations
 
