@@ -1,5 +1,5 @@
-"""Backend conformance: dense and logits ops (embedding, linear, rms_norm, silu_mul, rope,
-log_softmax, argmax) against float64 oracles.
+"""Backend conformance: dense and logits ops (embedding, linear, rms_norm, silu_mul, gelu_tanh_mul,
+gated_linear, rope, log_softmax, argmax) against float64 oracles.
 
 Fixtures, tolerances, the seed handling (``ATLAS_CONFORMANCE_SEED``) and the oracles shared with
 other modules are in ``atlas_core.testing`` (``conformance``, ``oracles``).
@@ -121,6 +121,35 @@ def test_gelu_tanh_mul(case: Case, tokens: int, inner: int) -> None:
         case.check_out_variants(
             lambda out: case.backend.gelu_tanh_mul(x_dev, out=out), oracle_gelu_tanh_mul(x), "gelu_tanh_mul"
         )
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize(
+    ("tokens", "k", "inner", "bias"),
+    [(1, 33, 13, False), (6, 64, 32, True), (300, 1032, 1480, True)],
+    ids=["decode", "small", "prefill"],  # prefill: a product a device may fuse with its gate (off its tiles)
+)
+def test_gated_linear(case: Case, activation: str, tokens: int, k: int, inner: int, bias: bool) -> None:
+    """The same bits as `linear` then the gated op, and ``act(gate) * up`` of that product against float64 (the
+    product's own accuracy is `test_linear`'s)."""
+    x_dev, _ = case.upload(case.normal(tokens, k))
+    w_dev, _ = case.upload(case.normal(2 * inner, k, scale=2.0 * k**-0.5), weight=True)
+    b_dev, _ = case.upload(case.normal(2 * inner), weight=True) if bias else (None, None)
+    inputs = {"x": x_dev, "weight": w_dev} | ({"bias": b_dev} if bias else {})
+    with case.unchanged("gated_linear", **inputs):
+        fused = case.backend.gated_linear(x_dev, w_dev, activation, b_dev)
+    product = case.backend.linear(x_dev, w_dev, b_dev)
+    gated = case.backend.silu_mul(product) if activation == "silu" else case.backend.gelu_tanh_mul(product)
+    np.testing.assert_array_equal(case.host(fused), case.host(gated))
+    oracle = oracle_silu_mul if activation == "silu" else oracle_gelu_tanh_mul
+    case.assert_close(fused, oracle(case.host(product)), "gated_linear")
+
+
+def test_gated_linear_refuses_another_activation(case: Case) -> None:
+    x_dev, _ = case.upload(case.normal(2, 8))
+    w_dev, _ = case.upload(case.normal(6, 8), weight=True)
+    with pytest.raises(ValueError, match="'relu2' is not one of silu, gelu_tanh"):
+        case.backend.gated_linear(x_dev, w_dev, "relu2")
 
 
 # ---- rotary embedding ----------------------------------------------------------------------------

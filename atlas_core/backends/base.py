@@ -43,7 +43,18 @@ log = logging.getLogger("atlas.backends")
 
 Array = Any
 """A backend's array type (``numpy.ndarray`` for the reference, ``cupy.ndarray`` on CUDA)."""
-__all__ = ["Array", "AttentionMetadata", "Backend", "Download", "LogitAdjustments", "ReadyDownload", "SamplingTensors"]
+GATED_ACTIVATIONS = ("silu", "gelu_tanh")
+"""The gate activations of `Backend.gated_linear`."""
+__all__ = [
+    "GATED_ACTIVATIONS",
+    "Array",
+    "AttentionMetadata",
+    "Backend",
+    "Download",
+    "LogitAdjustments",
+    "ReadyDownload",
+    "SamplingTensors",
+]
 """What the contract names; the ops' input records are defined in `atlas_core.backends.inputs`."""
 
 
@@ -203,6 +214,18 @@ class Backend(ABC):
     def gelu_tanh_mul(self, x: Array, out: Array | None = None) -> Array:
         """GeGLU activation (Gemma): ``x[T, 2I]`` = [gate | up] -> ``gelu_tanh(gate) * up`` ``[T, I]``,
         ``gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))``."""
+
+    def gated_linear(
+        self, x: Array, weight: Array | QuantizedWeight, activation: str, bias: Array | None = None
+    ) -> Array:
+        """A gated feed-forward's first product: ``linear(x, weight, bias)``, whose ``[T, 2I]`` result is
+        [gate | up], through its gate ``activation`` (``"silu"``: `silu_mul`; ``"gelu_tanh"``: `gelu_tanh_mul`)
+        -> ``[T, I]``. A backend may fuse the two; its results must be those of the two ops (the same bits).
+        Raises ValueError for another activation."""
+        if activation not in GATED_ACTIVATIONS:
+            raise ValueError(f"gated_linear: activation {activation!r} is not one of {', '.join(GATED_ACTIVATIONS)}")
+        product = self.linear(x, weight, bias)
+        return self.silu_mul(product) if activation == "silu" else self.gelu_tanh_mul(product)
 
     @abstractmethod
     def rope(self, q: Array, k: Array, positions: Array, cos: Array, sin: Array) -> None:

@@ -11,5 +11,5 @@ class GeGLUMLP(SwiGLUMLP):
 
     def __call__(self, x: Array) -> Array:
         backend = self.backend
-        hidden = backend.gelu_tanh_mul(backend.linear(x, self.gate_up, self.gate_up_bias))
+        hidden = backend.gated_linear(x, self.gate_up, "gelu_tanh", self.gate_up_bias)
         return backend.linear(hidden, self.down, self.down_bias)

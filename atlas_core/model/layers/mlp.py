@@ -22,5 +22,5 @@ class SwiGLUMLP:
 
     def __call__(self, x: Array) -> Array:
         backend = self.backend
-        hidden = backend.silu_mul(backend.linear(x, self.gate_up, self.gate_up_bias))
+        hidden = backend.gated_linear(x, self.gate_up, "silu", self.gate_up_bias)
         return backend.linear(hidden, self.down, self.down_bias)

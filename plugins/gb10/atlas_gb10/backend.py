@@ -28,18 +28,9 @@ from atlas_gb10 import attention_inputs, rowwise
 from atlas_gb10.arrays import BF16, FP8_CACHE, element_strides, null_or
 from atlas_gb10.attention import AttentionRunner
 from atlas_gb10.download import PinnedDownload
-from atlas_gb10.gemm_shapes import (
-    TILED_GEMM_BLOCK,
-    WGMMA_COLUMNS,
-    WGMMA_DEPTH,
-    WGMMA_ROWS,
-    gemm_tile,
-    low8_loads,
-    prefill_kernel,
-    tiled_shared_bytes,
-    wgmma_tiles,
-)
+from atlas_gb10.gemm_shapes import WGMMA, gemm_tile, low8_loads, prefill_kernel
 from atlas_gb10.hardware import has_wgmma
+from atlas_gb10.prefill_products import GATED_KERNELS, gated_wgmma_product, prefill_product
 from atlas_gb10.quantized_weights import (
     FORMATS,
     executes_natively,
@@ -49,7 +40,6 @@ from atlas_gb10.quantized_weights import (
     weight_operand,
 )
 from atlas_gb10.sampling import LogitsOps
-from atlas_gb10.tensor_maps import bf16_rows_map
 
 
 class CudaBackend(Backend):
@@ -204,7 +194,7 @@ class CudaBackend(Backend):
         vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_aligned
         prefill = self.prefill_gemm(m, n, k) if kind == "bf16" and vec else None
         if prefill is not None:
-            return self._prefill_gemm(prefill, x, ldx, weight, bias, out, ldo, m, n, k)
+            return prefill_product(self, prefill, x, ldx, weight, bias, out, ldo, m, n, k)
         mt, nt = self.gemm_tile(m, n, k, kind)
         loads = gemm_loads(kind, vec, m)
         if loads == "vec8":
@@ -219,45 +209,28 @@ class CudaBackend(Backend):
         )
         return out
 
+    def gated_linear(
+        self, x: Array, weight: Array | QuantizedWeight, activation: str, bias: Array | None = None
+    ) -> Array:
+        """gemm_wgmma.cu's gated kernel where it takes the product (`prefill_gemm`), the default elsewhere: the
+        same bits either way."""
+        m, k = x.shape
+        if isinstance(weight, QuantizedWeight) or activation not in GATED_KERNELS or weight.shape[0] % 2 or m == 0:
+            return super().gated_linear(x, weight, activation, bias)
+        self.require_bf16("gated_linear", x, weight, bias)
+        x = self.contiguous_rows(x)
+        ldx = element_strides(x)[0]
+        aligned = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_operand(weight)[2]
+        if not aligned or self.prefill_gemm(m, weight.shape[0], k) != WGMMA:
+            return super().gated_linear(x, weight, activation, bias)
+        return gated_wgmma_product(self, activation, x, ldx, weight, bias, m, k)
+
     def prefill_gemm(self, m: int, n: int, k: int) -> str | None:
         """The prefill kernel of an ``[m, n]`` bf16 product over ``k`` (`gemm_shapes.prefill_kernel`): none in the
         batch-invariant mode, gemm_wgmma.cu's only on Hopper (sm_90a)."""
         if self.batch_invariant:
             return None
         return prefill_kernel(m, n, k, self.profile.sm_count, has_wgmma(self.profile.arch))
-
-    def _prefill_gemm(
-        self,
-        name: str,
-        x: Array,
-        ldx: int,
-        weight: Array,
-        bias: Array | None,
-        out: Array,
-        ldo: int,
-        m: int,
-        n: int,
-        k: int,
-    ) -> Array:
-        """``out = x weight^T (+ bias)`` through prefill kernel ``name``: ``gemm_tiled``, or `WGMMA` (Hopper only;
-        its TMA loads need x's address and row stride 16-byte aligned, as every prefill kernel's 16-byte loads
-        do)."""
-        rest = (null_or(bias), out, np.int64(ldo), np.int32(m), np.int32(n), np.int32(k))
-        grid: tuple[int, ...]
-        if name == "gemm_tiled":
-            args: tuple[Any, ...] = (x, np.int64(ldx), weight, *rest)
-            kernel, smem = self._kernel(name, "gemm_tiled_bf16"), tiled_shared_bytes(TILED_GEMM_BLOCK)
-            grid, threads = (math.ceil(n / TILED_GEMM_BLOCK), math.ceil(m / TILED_GEMM_BLOCK)), 256
-        else:
-            x_map = bf16_rows_map(x.data.ptr, m, k, ldx, WGMMA_ROWS, WGMMA_DEPTH)
-            w_map = bf16_rows_map(weight.data.ptr, n, k, k, WGMMA_COLUMNS, WGMMA_DEPTH)
-            args = (x_map, w_map, *rest)
-            kernel = self._kernel("gemm_wgmma", "gemm_wgmma_bf16")
-            smem = self.kernels.constants("gemm_wgmma", "gemm_wgmma_shared_bytes", 1)[0]
-            grid, threads = (min(self.profile.sm_count, wgmma_tiles(m, n)),), 384
-        kernel.max_dynamic_shared_size_bytes = smem
-        kernel(grid, (threads,), args, shared_mem=smem)
-        return out
 
     def gemm_tile(self, m: int, n: int, k: int, kind: str = "bf16") -> tuple[int, int]:
         """The block tile of gemm.cu for an ``[m, n]`` output over ``k`` (`gemm_shapes.gemm_tile`)."""

@@ -17,10 +17,10 @@ TILED_GEMM_BLOCK = 128
 
 
 WGMMA = "gemm_wgmma"
-"""gemm_wgmma.cu's kernel (Hopper): TMA loads, warp-specialised warpgroups, persistent blocks of `WGMMA_ROWS` x
-`WGMMA_COLUMNS` tiles."""
-WGMMA_ROWS, WGMMA_COLUMNS = 128, 256
-"""Rows and columns of a gemm_wgmma.cu output tile (two multiplying warpgroups of 64 rows)."""
+"""gemm_wgmma.cu's kernel (Hopper): TMA loads, warp-specialised warpgroups, persistent blocks whose two
+multiplying warpgroups take `WGMMA_ROWS` x `WGMMA_COLUMNS` tiles in turn."""
+WGMMA_ROWS, WGMMA_COLUMNS = 128, 128
+"""Rows and columns of a gemm_wgmma.cu tile of products (a gated kernel's tile has half as many output columns)."""
 WGMMA_DEPTH = 64
 """K elements of a gemm_wgmma.cu stage (128 bytes: the row of its 128-byte swizzle)."""
 
@@ -39,13 +39,13 @@ quarter of the SMs."""
 def prefill_kernel(m: int, n: int, k: int, sm_count: int, wgmma: bool) -> str | None:
     """The kernel of a prefill-sized ``[m, n]`` bf16 product over ``k`` outside the batch-invariant mode (at least
     256 rows): gemm_wgmma.cu's where the device has wgmma, the product is at least `WGMMA_MIN_K` deep and
-    `WGMMA_MIN_N` wide and its tiles fill at least a quarter of the SMs (faster than the others on every such shape
-    measured, down to 64 tiles: 512 x 1024 x 4096; gemm.cu won on 16), else ``gemm_tiled`` where its 128 x 128
+    `WGMMA_MIN_N` wide and its tiles fill at least half the SMs (faster than the others on every such shape
+    measured, down to 128 tiles: 512 x 1024 x 4096; gemm.cu won on 32), else ``gemm_tiled`` where its 128 x 128
     tiles give every SM one;
     None: gemm.cu (K split over a block's warps, many blocks for narrow products)."""
     if m < 2 * TILED_GEMM_BLOCK:
         return None
-    if wgmma and k >= WGMMA_MIN_K and n >= WGMMA_MIN_N and 4 * wgmma_tiles(m, n) >= sm_count:
+    if wgmma and k >= WGMMA_MIN_K and n >= WGMMA_MIN_N and 2 * wgmma_tiles(m, n) >= sm_count:
         return WGMMA
     if math.ceil(m / TILED_GEMM_BLOCK) * math.ceil(n / TILED_GEMM_BLOCK) >= sm_count:
         return "gemm_tiled"

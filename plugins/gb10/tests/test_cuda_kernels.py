@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from atlas_gb10.backend import CudaBackend
 from atlas_gb10.hardware import has_wgmma
+from atlas_gb10.prefill_products import prefill_product
 
 REASON = CudaBackend.availability()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"the cuda backend cannot run here: {REASON}")
@@ -61,7 +62,7 @@ def test_prefill_gemm_kernels(backend: CudaBackend, name: str, m: int, n: int, k
 
     def product(first: int, kernel: str) -> np.ndarray:
         out = backend.cp.empty((m - first, n), dtype=x.dtype)
-        return host(backend, backend._prefill_gemm(kernel, x[first:], k, w, bias, out, n, m - first, n, k))
+        return host(backend, prefill_product(backend, kernel, x[first:], k, w, bias, out, n, m - first, n, k))
 
     full = product(0, name)
     want = host(backend, x) @ host(backend, w).T + host(backend, bias)
@@ -74,6 +75,33 @@ def test_prefill_gemm_kernels(backend: CudaBackend, name: str, m: int, n: int, k
     linear = host(backend, backend.linear(x, w, bias))
     np.testing.assert_array_equal(linear, product(0, chosen))
     assert not np.array_equal(linear, invariant), "the product took the batch-invariant kernel"
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize(
+    ("m", "inner", "k", "with_bias"),
+    [(1280, 2048, 1024, False), (1300, 1000, 2056, True), (300, 1480, 1032, True)],
+    ids=["aligned", "ragged", "few-rows"],  # ragged: units off the 64-wide tiles, M and K off theirs
+)
+def test_gated_prefill_products_give_the_unfused_bits(
+    backend: CudaBackend, activation: str, m: int, inner: int, k: int, with_bias: bool
+) -> None:
+    """On Hopper, `gated_linear` of a prefill-sized product takes gemm_wgmma.cu's gated kernel, whose epilogue
+    gives the bits of the plain product followed by the elementwise gated kernel, saturated gates included."""
+    if not has_wgmma(backend.profile.arch):
+        pytest.skip(f"wgmma needs Hopper (sm_90a), this device compiles for {backend.profile.arch}")
+    assert backend.prefill_gemm(m, 2 * inner, k) == "gemm_wgmma"
+    rng = np.random.default_rng(m + inner)
+    x = backend.from_numpy(rng.standard_normal((m, k), dtype=np.float32))
+    w_host = rng.standard_normal((2 * inner, k), dtype=np.float32) * k**-0.5
+    w_host[:3] *= 60.0  # gates far into both tails of the activation
+    w = backend.from_numpy(w_host, weight=True)
+    bias = backend.from_numpy(rng.standard_normal(2 * inner, dtype=np.float32), weight=True) if with_bias else None
+    fused = host(backend, backend.gated_linear(x, w, activation, bias))
+    product = backend.linear(x, w, bias)
+    gated = backend.silu_mul(product) if activation == "silu" else backend.gelu_tanh_mul(product)
+    np.testing.assert_array_equal(fused, host(backend, gated))
+    assert np.isfinite(fused).all()
 
 
 def test_rms_norm_rows_do_not_depend_on_the_batch(backend: CudaBackend) -> None:

@@ -4,7 +4,7 @@
 //
 // Every kernel computes each row with a fixed thread layout that depends only on the row width,
 // never on the number of rows, so a row's result is bitwise the same in any batch.
-#include "common.cuh"
+#include "activations.cuh"
 
 // out[t, :] = weight[ids[t], :]; one block per token.
 extern "C" __global__ void embedding_bf16(const bf16_t* __restrict__ weight, const int* __restrict__ ids,
@@ -24,15 +24,6 @@ extern "C" __global__ void embedding_bf16(const bf16_t* __restrict__ weight, con
 
 // Gated activations: x [rows, 2I] = [gate | up] (row stride ldx) -> out [rows, I] (row stride ldo),
 // out = act(gate) * up with fp32 math; 16-byte accesses where I, the row strides and the pointers allow.
-struct Silu {
-    __device__ float operator()(float g) const { return g / (1.0f + expf(-g)); }  // g -> -inf: g / inf = -0, never NaN
-};
-
-struct GeluTanh {
-    __device__ float operator()(float g) const {
-        return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-    }
-};
 
 // Output elements c .. c + N - 1 of row r (16-byte aligned when N == 8).
 template <int N, typename Activation>
