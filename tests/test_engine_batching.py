@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from atlas_core import LLM
+from atlas_core.engine.config import default_token_budget
 from atlas_core.testing.family import GREEDY, assert_batch_invariant, assert_no_leaks, greedy_alone, mixed_prompts
 from tests.conftest import TINY
 
@@ -66,3 +67,13 @@ def _gib_for_tokens(model_name: str, tokens: int) -> float:
     """A KV budget holding about ``tokens`` tokens of the tiny model (fp32)."""
     layers = 3 if model_name == "llama" else 2
     return tokens * layers * 2 * 2 * 16 * 4 / 2**30
+
+
+def test_token_budget_follows_the_device_memory_unless_set() -> None:
+    """Unset, the step's token budget is 8,192 on devices of at least 70 GiB and 2,048 elsewhere (host backends
+    included); a set budget is kept."""
+    assert default_token_budget(None) == 2048
+    assert default_token_budget((20 * 2**30, 24 * 2**30)) == 2048
+    assert default_token_budget((70 * 2**30, 80 * 2**30)) == 8192
+    assert LLM(TINY / "llama").engine.config.max_num_batched_tokens == 2048
+    assert LLM(TINY / "llama", max_num_batched_tokens=96).engine.config.max_num_batched_tokens == 96

@@ -9,7 +9,7 @@ from atlas_core.backends.base import Backend
 from atlas_core.backends.kv_dtypes import dtype_label
 from atlas_core.batch.kv_cache import KVCache, kv_storage_layouts, plan_kv_cache, with_kv_scales
 from atlas_core.engine.block_manager import BlockManager
-from atlas_core.engine.config import EngineConfig, kv_budget
+from atlas_core.engine.config import EngineConfig, default_token_budget, kv_budget
 from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.engine.images import RequestImages
 from atlas_core.engine.kv_calibration import read_kv_scales
@@ -42,6 +42,8 @@ class LLMEngine:
     def __init__(self, loaded: LoadedModel, backend: Backend, config: EngineConfig) -> None:
         self.loaded, self.backend, self.config = loaded, backend, config
         backend.batch_invariant = config.batch_invariant
+        if config.max_num_batched_tokens is None:
+            config.max_num_batched_tokens = default_token_budget(backend.device_memory())
         model = loaded.model
         if config.max_seq_len and config.max_seq_len > model.max_position_embeddings:
             raise InvalidRequestError(

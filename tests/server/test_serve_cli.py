@@ -89,7 +89,7 @@ def test_precedence_flag_env_family_default() -> None:
     assert settings["max_num_seqs"] == 8
     assert settings["enable_prefix_caching"] is False and settings["api_key"] == ["a", "b"]
     assert settings["default_chat_template_kwargs"] == {"x": 1}
-    assert (settings["max_num_batched_tokens"], settings.sources["max_num_batched_tokens"]) == (2048, "default")
+    assert (settings["max_num_batched_tokens"], settings.sources["max_num_batched_tokens"]) == (None, "default")
     unknown = settings.apply_family_defaults(
         {"tool_call_parser": "hermes", "reasoning_parser": "qwen3", "max_num_batched_tokens": 512, "colour": "red"}
     )
