@@ -75,115 +75,37 @@ WRITE_KV_KERNEL(write_kv_fp8, unsigned char)
 #define QKR_WARPS 4
 #define QKR_MAX_D 256
 
-// V consecutive bf16 (V = 1, 2, 4; the address aligned to 2 V bytes) as floats, and back.
-template <int V>
-__device__ __forceinline__ void load_bf16(const bf16_t* __restrict__ p, float (&x)[V]) {
-    if constexpr (V == 1) {
-        x[0] = bf16_to_float(*p);
-    } else if constexpr (V == 2) {
-        const unsigned w = *reinterpret_cast<const unsigned*>(p);
-        x[0] = bf16_lo(w);
-        x[1] = bf16_hi(w);
-    } else {
-        const uint2 w = *reinterpret_cast<const uint2*>(p);
-        x[0] = bf16_lo(w.x);
-        x[1] = bf16_hi(w.x);
-        x[2] = bf16_lo(w.y);
-        x[3] = bf16_hi(w.y);
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_bf16(bf16_t* __restrict__ p, const bf16_t (&v)[V]) {
-    if constexpr (V == 1) {
-        *p = v[0];
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<unsigned*>(p) = v[0] | ((unsigned)v[1] << 16);
-    } else {
-        *reinterpret_cast<uint2*>(p) = make_uint2(v[0] | ((unsigned)v[1] << 16), v[2] | ((unsigned)v[3] << 16));
-    }
-}
-
-// V consecutive floats (the address aligned to 4 V bytes).
-template <int V>
-__device__ __forceinline__ void load_f32(const float* __restrict__ p, float (&x)[V]) {
-    if constexpr (V == 1) {
-        x[0] = *p;
-    } else if constexpr (V == 2) {
-        const float2 w = *reinterpret_cast<const float2*>(p);
-        x[0] = w.x;
-        x[1] = w.y;
-    } else {
-        const float4 w = *reinterpret_cast<const float4*>(p);
-        x[0] = w.x;
-        x[1] = w.y;
-        x[2] = w.z;
-        x[3] = w.w;
-    }
-}
-
-// V rotated key elements into a cache: one store into a bf16 cache, `store_kv` each into an fp8 one.
-template <int V>
-__device__ __forceinline__ void store_kv_run(bf16_t* dst, const bf16_t (&v)[V], float) {
-    store_bf16<V>(dst, v);
-}
-template <int V>
-__device__ __forceinline__ void store_kv_run(unsigned char* dst, const bf16_t (&v)[V], float scale) {
-#pragma unroll
-    for (int m = 0; m < V; ++m) store_kv(dst + m, v[m], scale);
-}
-
-// A value head of d elements into a cache by one warp: 16 bytes a lane where both rows allow it (bf16 caches).
-__device__ __forceinline__ void copy_value_head(bf16_t* dst, const bf16_t* __restrict__ src, int d, int lane, float) {
-    if ((d & 7) == 0 && (((unsigned long long)dst | (unsigned long long)src) & 15) == 0) {
-        for (int i = 8 * lane; i < d; i += 256)
-            *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(src + i);
-        return;
-    }
-    for (int i = lane; i < d; i += 32) dst[i] = src[i];
-}
-__device__ __forceinline__ void copy_value_head(unsigned char* dst, const bf16_t* __restrict__ src, int d, int lane,
-                                                float scale) {
-    for (int i = lane; i < d; i += 32) store_kv(dst + i, src[i], scale);
-}
-
-// One q or k head of qk_norm_rope_write_kv_body whose width d = 32 E is all rotated (2 half == d, E even), read
-// and written V = E / 2 elements at a time: lane l holds elements V l .. V l + V - 1 of each half, so each rotated
-// pair (i, i + d / 2) sits in one lane's registers. The caller checks that src, weight and the destinations are
-// aligned to 2 V bytes. Each value is rounded where the general path rounds it (the sum of squares adds the
-// lane's elements in another order).
+// One q or k head of qk_norm_rope_write_kv_body whose width d = 32 E is all rotated (2 half == d, E even): lane l
+// holds elements l + 32 m, so each rotated pair (m, m + E / 2) sits in one lane's registers. The same arithmetic,
+// in the same order, as the general path.
 template <int E, typename Put>
 __device__ __forceinline__ void norm_rope_head(const bf16_t* __restrict__ src, const bf16_t* __restrict__ weight,
                                                float eps, const float* __restrict__ c, const float* __restrict__ s,
                                                int lane, Put put) {
-    constexpr int V = E / 2, HALF = 16 * E;
-    const int j = V * lane;
-    float a[V], b[V], cs[V], ss[V];
-    load_bf16<V>(src + j, a);
-    load_bf16<V>(src + HALF + j, b);
-    load_f32<V>(c + j, cs);
-    load_f32<V>(s + j, ss);
-    if (weight) {
-        float wa[V], wb[V], sq = 0.0f;
-        load_bf16<V>(weight + j, wa);
-        load_bf16<V>(weight + HALF + j, wb);
+    float x[E], cs[E / 2], ss[E / 2];
 #pragma unroll
-        for (int m = 0; m < V; ++m) sq = __fmaf_rn(b[m], b[m], __fmaf_rn(a[m], a[m], sq));
+    for (int m = 0; m < E; ++m) x[m] = bf16_to_float(src[lane + 32 * m]);
+#pragma unroll
+    for (int m = 0; m < E / 2; ++m) {
+        cs[m] = c[lane + 32 * m];
+        ss[m] = s[lane + 32 * m];
+    }
+    if (weight) {
+        float sq = 0.0f;
+#pragma unroll
+        for (int m = 0; m < E; ++m) sq = __fmaf_rn(x[m], x[m], sq);
         const float inv = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(__shfl_sync(0xffffffffu, warp_sum(sq), 0), (float)(32 * E)), eps));
 #pragma unroll
-        for (int m = 0; m < V; ++m) {
-            a[m] = bf16_to_float(float_to_bf16(__fmul_rn(__fmul_rn(a[m], inv), wa[m])));
-            b[m] = bf16_to_float(float_to_bf16(__fmul_rn(__fmul_rn(b[m], inv), wb[m])));
-        }
+        for (int m = 0; m < E; ++m)
+            x[m] = bf16_to_float(float_to_bf16(__fmul_rn(__fmul_rn(x[m], inv), bf16_to_float(weight[lane + 32 * m]))));
     }
-    bf16_t lo[V], hi[V];
 #pragma unroll
-    for (int m = 0; m < V; ++m) {
-        lo[m] = float_to_bf16(__fsub_rn(__fmul_rn(a[m], cs[m]), __fmul_rn(b[m], ss[m])));
-        hi[m] = float_to_bf16(__fadd_rn(__fmul_rn(b[m], cs[m]), __fmul_rn(a[m], ss[m])));
+    for (int m = 0; m < E / 2; ++m) {
+        const int j = lane + 32 * m;
+        const float a = x[m], b = x[m + E / 2];
+        put(j, float_to_bf16(__fsub_rn(__fmul_rn(a, cs[m]), __fmul_rn(b, ss[m]))));
+        put(j + 16 * E, float_to_bf16(__fadd_rn(__fmul_rn(b, cs[m]), __fmul_rn(a, ss[m]))));
     }
-    put(j, lo);
-    put(HALF + j, hi);
 }
 
 template <typename KV>
@@ -207,7 +129,9 @@ __device__ __forceinline__ void qk_norm_rope_write_kv_body(
         if (!is_q && slot < 0) continue;
         if (!is_q && !is_k) {
             const int vh = h - q_heads - kv_heads;
-            copy_value_head(v_cache + slot * kv_row + (long long)vh * d, v + t * v_s0 + vh * v_s1, d, lane, v_scale);
+            const bf16_t* src = v + t * v_s0 + vh * v_s1;
+            KV* dst = v_cache + slot * kv_row + (long long)vh * d;
+            for (int i = lane; i < d; i += 32) store_kv(dst + i, src[i], v_scale);
             continue;
         }
         const bf16_t* src = is_q ? q + t * q_s0 + h * q_s1 : k + t * k_s0 + (h - q_heads) * k_s1;
@@ -220,22 +144,13 @@ __device__ __forceinline__ void qk_norm_rope_write_kv_body(
             else
                 store_kv(k_dst + i, x, k_scale);
         };
-        const auto put_run = [&](int i, const auto& x) {
-            if (is_q)
-                store_bf16(q_dst + i, x);
-            else
-                store_kv_run(k_dst + i, x, k_scale);
-        };
-        // the common widths, fully rotated, with rows aligned to the runs of d / 64 elements: registers only
-        const unsigned long long rows = (unsigned long long)src | (unsigned long long)weight |
-                                        (is_q ? (unsigned long long)q_dst : (unsigned long long)k_dst);
-        if (2 * half == d && (d == 64 || (d == 128 && (rows & 3) == 0) || (d == 256 && (rows & 7) == 0))) {
+        if (2 * half == d && (d == 64 || d == 128 || d == 256)) {  // the common widths: registers only
             if (d == 64)
-                norm_rope_head<2>(src, weight, eps, c, s, lane, put_run);
+                norm_rope_head<2>(src, weight, eps, c, s, lane, put);
             else if (d == 128)
-                norm_rope_head<4>(src, weight, eps, c, s, lane, put_run);
+                norm_rope_head<4>(src, weight, eps, c, s, lane, put);
             else
-                norm_rope_head<8>(src, weight, eps, c, s, lane, put_run);
+                norm_rope_head<8>(src, weight, eps, c, s, lane, put);
             continue;
         }
         // every global read of the head first (one memory round trip), then the arithmetic
