@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from atlas_core import LLM
-from atlas_core.engine.config import default_token_budget
+from atlas_core.engine.config import EngineConfig
+from atlas_core.engine.llm_engine import LLMEngine
 from atlas_core.testing.family import GREEDY, assert_batch_invariant, assert_no_leaks, greedy_alone, mixed_prompts
 from tests.conftest import TINY
 
@@ -69,11 +70,12 @@ def _gib_for_tokens(model_name: str, tokens: int) -> float:
     return tokens * layers * 2 * 2 * 16 * 4 / 2**30
 
 
-def test_token_budget_follows_the_device_memory_unless_set() -> None:
-    """Unset, the step's token budget is 8,192 on devices of at least 70 GiB and 2,048 elsewhere (host backends
-    included); a set budget is kept."""
-    assert default_token_budget(None) == 2048
-    assert default_token_budget((20 * 2**30, 24 * 2**30)) == 2048
-    assert default_token_budget((70 * 2**30, 80 * 2**30)) == 8192
-    assert LLM(TINY / "llama").engine.config.max_num_batched_tokens == 2048
+def test_token_budget_is_the_backends_unless_set() -> None:
+    """Unset, the step's token budget is the backend's (2,048 on the host backends); a set budget is kept, and the
+    caller's config is not changed."""
+    config = EngineConfig()
+    llm = LLM(TINY / "llama", backend="numpy")
+    assert llm.engine.config.max_num_batched_tokens == llm.backend.default_token_budget() == 2048
     assert LLM(TINY / "llama", max_num_batched_tokens=96).engine.config.max_num_batched_tokens == 96
+    engine = LLMEngine(llm.loaded, llm.backend, config)
+    assert engine.config.max_num_batched_tokens == 2048 and config.max_num_batched_tokens is None

@@ -115,6 +115,12 @@ class Backend(ABC):
         sizes the KV cache from ``kv_cache_memory_gib`` instead of ``gpu_memory_utilization``)."""
         return None
 
+    def default_token_budget(self) -> int:
+        """The step's token budget when ``max_num_batched_tokens`` is unset (the engine asks once): 2048 here. A
+        device backend may give more where its prefill gains from fewer, larger chunks, at the cost of longer steps
+        for the sequences decoding beside one."""
+        return 2048
+
     def decode_graphs(self, model: Any, kv: Any) -> Any:
         """Captured pure-decode steps for ``model`` over ``kv`` (`atlas_core.engine.decode_graphs.DecodeGraphs`),
         or None when this backend runs everything eagerly."""

@@ -17,9 +17,6 @@ from atlas_core.parallel.settings import Launcher, ReplicaSettings
 DEFAULT_MAX_SEQ_LEN = 8192
 HOST_KV_CACHE_GIB = 1.0
 """The KV cache of host (CPU) backends when ``kv_cache_memory_gib`` is not set."""
-TOKEN_BUDGET, LARGE_DEVICE_TOKEN_BUDGET, LARGE_DEVICE_GIB = 2048, 8192, 70
-"""`default_token_budget`: the step's token budget, and the larger one of devices of at least `LARGE_DEVICE_GIB`
-GiB (H100, H200, GB10), where an 8k-token prompt prefills in one step (vLLM's serving default on such devices)."""
 
 SchedulingPolicy = Literal["fifo", "slo"]
 GGUFWeights = Literal["auto", "quantized", "float"]
@@ -48,8 +45,8 @@ class EngineConfig:
     The KV cache gets ``kv_cache_memory_gib`` when it is set; otherwise ``gpu_memory_utilization`` of
     the device's memory on device backends (what the weights and other allocations already use is
     subtracted), or `HOST_KV_CACHE_GIB` on host backends. ``max_prefill_tokens`` None means
-    ``max_num_batched_tokens``, whose None means `default_token_budget` of the engine's device (the engine sets
-    it). ``max_state_snapshots`` (hybrid recurrent models with prefix caching:
+    ``max_num_batched_tokens``, whose None means the backend's `Backend.default_token_budget` (the engine's copy of
+    the config holds it). ``max_state_snapshots`` (hybrid recurrent models with prefix caching:
     how many saved recurrent states back cached prefixes) None means ``max_num_seqs``. ``kv_cache_dtype``
     names the KV storage (`atlas_core.backends.kv_dtypes`); the engine refuses one its backend does not hold.
     Construction checks every value (`ConfigError`).
@@ -67,7 +64,7 @@ class EngineConfig:
         None,
         help="token budget of one forward step (an image that attends to itself, as Gemma 3 / 4's do, is never cut: "
         "a step that starts one takes all of it)",
-        default_help=f"{LARGE_DEVICE_TOKEN_BUDGET} on a device of at least {LARGE_DEVICE_GIB} GiB, else {TOKEN_BUDGET}",
+        default_help="the backend's: 8192 on Hopper GPUs of at least 70 GiB, else 2048",
     )
     max_prefill_tokens: int | None = option(
         None, help="largest prefill chunk of one sequence per step", default_help="--max-num-batched-tokens"
@@ -256,15 +253,6 @@ class EngineConfig:
 
 ENGINE_OPTIONS = options_of(ModelChoice, EngineConfig)
 """The settings of every command that loads a model; their values by name are `LLM`'s arguments."""
-
-
-def default_token_budget(memory: tuple[int, int] | None) -> int:
-    """The token budget of a step when ``max_num_batched_tokens`` is unset, from the device's ``(free, total)``
-    memory bytes (None: a host backend): `LARGE_DEVICE_TOKEN_BUDGET` on devices of at least `LARGE_DEVICE_GIB`,
-    where a prompt's prefill then runs in fewer, larger chunks at the cost of longer steps for the sequences
-    decoding beside it, else `TOKEN_BUDGET`."""
-    large = memory is not None and memory[1] >= LARGE_DEVICE_GIB * 2**30
-    return LARGE_DEVICE_TOKEN_BUDGET if large else TOKEN_BUDGET
 
 
 def kv_budget(backend: Backend, config: EngineConfig) -> tuple[int, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence as Seq
 
@@ -9,7 +10,7 @@ from atlas_core.backends.base import Backend
 from atlas_core.backends.kv_dtypes import dtype_label
 from atlas_core.batch.kv_cache import KVCache, kv_storage_layouts, plan_kv_cache, with_kv_scales
 from atlas_core.engine.block_manager import BlockManager
-from atlas_core.engine.config import EngineConfig, default_token_budget, kv_budget
+from atlas_core.engine.config import EngineConfig, kv_budget
 from atlas_core.engine.guided_decoding import GuidedDecoding
 from atlas_core.engine.images import RequestImages
 from atlas_core.engine.kv_calibration import read_kv_scales
@@ -40,10 +41,12 @@ class LLMEngine:
     """
 
     def __init__(self, loaded: LoadedModel, backend: Backend, config: EngineConfig) -> None:
+        token_budget = config.max_num_batched_tokens
+        if token_budget is None:  # the backend's budget, in a copy: the caller's config stays as given
+            token_budget = backend.default_token_budget()
+            config = dataclasses.replace(config, max_num_batched_tokens=token_budget)
         self.loaded, self.backend, self.config = loaded, backend, config
         backend.batch_invariant = config.batch_invariant
-        if config.max_num_batched_tokens is None:
-            config.max_num_batched_tokens = default_token_budget(backend.device_memory())
         model = loaded.model
         if config.max_seq_len and config.max_seq_len > model.max_position_embeddings:
             raise InvalidRequestError(
@@ -132,8 +135,8 @@ class LLMEngine:
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                max_prefill_tokens=config.max_prefill_tokens or config.max_num_batched_tokens,
+                max_num_batched_tokens=token_budget,
+                max_prefill_tokens=config.max_prefill_tokens or token_budget,
                 policy=config.scheduling_policy,
                 tbt_slo_s=config.tbt_slo_ms / 1000,
             ),

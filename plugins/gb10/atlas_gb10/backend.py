@@ -28,7 +28,7 @@ from atlas_gb10 import attention_inputs, rowwise
 from atlas_gb10.arrays import BF16, FP8_CACHE, element_strides, null_or
 from atlas_gb10.attention import AttentionRunner
 from atlas_gb10.download import PinnedDownload
-from atlas_gb10.gemm_shapes import WGMMA, gemm_tile, low8_loads, prefill_kernel
+from atlas_gb10.gemm_shapes import GATED_MIN_K, WGMMA, gemm_tile, low8_loads, prefill_kernel
 from atlas_gb10.hardware import has_wgmma
 from atlas_gb10.prefill_products import GATED_KERNELS, gated_wgmma_product, prefill_product
 from atlas_gb10.quantized_weights import (
@@ -40,6 +40,9 @@ from atlas_gb10.quantized_weights import (
     weight_operand,
 )
 from atlas_gb10.sampling import LogitsOps
+
+LARGE_TOKEN_BUDGET, LARGE_BUDGET_GIB = 8192, 70
+"""`CudaBackend.default_token_budget` of Hopper GPUs with at least this much memory (GiB)."""
 
 
 class CudaBackend(Backend):
@@ -142,6 +145,15 @@ class CudaBackend(Backend):
         free, total = self.cp.cuda.runtime.memGetInfo()
         return int(free), int(total)
 
+    def default_token_budget(self) -> int:
+        """`LARGE_TOKEN_BUDGET` on Hopper GPUs of at least `LARGE_BUDGET_GIB` GiB, else the contract's: an 8k-token
+        prompt then prefills in one step (measured on an H200: docs/benchmarks.md), as vLLM serves on such devices.
+        GB10 keeps 2048 until its prefill is measured (it has a fraction of Hopper's matrix rate)."""
+        memory = self.device_memory()
+        if has_wgmma(self.profile.arch) and memory is not None and memory[1] >= LARGE_BUDGET_GIB * 2**30:
+            return LARGE_TOKEN_BUDGET
+        return super().default_token_budget()
+
     def host_transfers(self) -> Any:
         """The KV storage tiers' copies on their own stream, through pinned buffers (`atlas_gb10.transfers`)."""
         from atlas_gb10.transfers import CudaHostTransfers
@@ -212,8 +224,8 @@ class CudaBackend(Backend):
     def gated_linear(
         self, x: Array, weight: Array | QuantizedWeight, activation: str, bias: Array | None = None
     ) -> Array:
-        """gemm_wgmma.cu's gated kernel where it takes the product (`prefill_gemm`), the default elsewhere: the
-        same bits either way."""
+        """gemm_wgmma.cu's gated kernel where it takes the product (`prefill_gemm`) and the product is at least
+        `GATED_MIN_K` deep, the default elsewhere: the same bits either way."""
         m, k = x.shape
         if isinstance(weight, QuantizedWeight) or activation not in GATED_KERNELS or weight.shape[0] % 2 or m == 0:
             return super().gated_linear(x, weight, activation, bias)
@@ -221,7 +233,7 @@ class CudaBackend(Backend):
         x = self.contiguous_rows(x)
         ldx = element_strides(x)[0]
         aligned = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_operand(weight)[2]
-        if not aligned or self.prefill_gemm(m, weight.shape[0], k) != WGMMA:
+        if not aligned or k < GATED_MIN_K or self.prefill_gemm(m, weight.shape[0], k) != WGMMA:
             return super().gated_linear(x, weight, activation, bias)
         return gated_wgmma_product(self, activation, x, ldx, weight, bias, m, k)
 

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from atlas_gb10.hardware import GB10, HOPPER, PROFILES
@@ -176,3 +177,17 @@ def test_checkpointed_sequences_take_the_recurrent_kernels() -> None:
 
     assert CHECKPOINTED_TOKENS <= CHUNK_TOKENS
     assert lookup(GENERIC, "recurrent", "bf16").define("CHECKPOINTED_TOKENS", 0) == CHECKPOINTED_TOKENS
+
+
+@pytest.mark.parametrize(
+    ("arch", "gib", "budget"),
+    [("sm_90a", 80, 8192), ("sm_90a", 141, 8192), ("sm_90a", 64, 2048), ("sm_121", 128, 2048)],
+)
+def test_token_budget_is_larger_on_hopper_gpus_of_70_gib(arch: str, gib: int, budget: int) -> None:
+    """8,192 tokens a step by default on Hopper GPUs of at least 70 GiB; GB10 (sm_121) and smaller GPUs keep 2,048."""
+    from atlas_gb10.backend import CudaBackend
+
+    backend = object.__new__(CudaBackend)
+    backend.profile = SimpleNamespace(arch=arch)  # type: ignore[assignment]
+    backend.device_memory = lambda: (gib * 2**29, gib * 2**30)  # type: ignore[method-assign]
+    assert backend.default_token_budget() == budget
