@@ -32,15 +32,20 @@ def wgmma_tiles(m: int, n: int) -> int:
 
 WGMMA_MIN_K, WGMMA_MIN_N = 1024, 1024
 """gemm_wgmma.cu takes products at least this deep and wide: the smallest it was measured on (Qwen3-0.6B's, K
-1,024 to 3,072 and N 1,024 to 6,144), where it beat the mma.sync kernels 1.4-2.3x wherever its tiles filled a
-quarter of the SMs."""
+1,024 to 3,072 and N 1,024 to 6,144), where it beat the mma.sync kernels 1.4-2.3x wherever its tiles filled the SMs
+(measured with its earlier, cooperative kernel of 128 x 256 tiles; the ping-pong kernel is faster on all of them)."""
+GATED_MIN_K = 2048
+"""`CudaBackend.gated_linear` fuses the gate into gemm_wgmma.cu's epilogue for products at least this deep: on
+Llama-3-8B's gate/up (K 4,096) the fused product is 5-11% faster than the product and the gated kernel; on
+Qwen3-0.6B's (K 1,024) each tile's main loop is too short to hide the gate's arithmetic (8,192 rows: 5% slower)."""
 
 
 def prefill_kernel(m: int, n: int, k: int, sm_count: int, wgmma: bool) -> str | None:
     """The kernel of a prefill-sized ``[m, n]`` bf16 product over ``k`` outside the batch-invariant mode (at least
     256 rows): gemm_wgmma.cu's where the device has wgmma, the product is at least `WGMMA_MIN_K` deep and
-    `WGMMA_MIN_N` wide and its tiles fill at least half the SMs (faster than the others on every such shape
-    measured, down to 128 tiles: 512 x 1024 x 4096; gemm.cu won on 32), else ``gemm_tiled`` where its 128 x 128
+    `WGMMA_MIN_N` wide and its 128 x 128 tiles fill at least half the SMs (the cooperative kernel before it was
+    faster than the others on every such shape measured, down to 512 x 1024 x 4096; gemm.cu won on 512 x 2048 x
+    1024), else ``gemm_tiled`` where its 128 x 128
     tiles give every SM one;
     None: gemm.cu (K split over a block's warps, many blocks for narrow products)."""
     if m < 2 * TILED_GEMM_BLOCK:

@@ -80,11 +80,11 @@ def test_prefill_gemm_kernels(backend: CudaBackend, name: str, m: int, n: int, k
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize(
     ("m", "inner", "k", "with_bias"),
-    [(1280, 2048, 1024, False), (1300, 1000, 2056, True), (300, 1480, 1032, True)],
+    [(1280, 2048, 2048, False), (1300, 1000, 2056, True), (300, 1480, 2056, True)],
     ids=["aligned", "ragged", "few-rows"],  # ragged: units off the 64-wide tiles, M and K off theirs
 )
 def test_gated_prefill_products_give_the_unfused_bits(
-    backend: CudaBackend, activation: str, m: int, inner: int, k: int, with_bias: bool
+    backend: CudaBackend, activation: str, m: int, inner: int, k: int, with_bias: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On Hopper, `gated_linear` of a prefill-sized product takes gemm_wgmma.cu's gated kernel, whose epilogue
     gives the bits of the plain product followed by the elementwise gated kernel, saturated gates included."""
@@ -97,7 +97,13 @@ def test_gated_prefill_products_give_the_unfused_bits(
     w_host[:3] *= 60.0  # gates far into both tails of the activation
     w = backend.from_numpy(w_host, weight=True)
     bias = backend.from_numpy(rng.standard_normal(2 * inner, dtype=np.float32), weight=True) if with_bias else None
+    kernels, function = backend.kernels, backend.kernels.function
+    taken: list[str] = []
+    monkeypatch.setattr(
+        kernels, "function", lambda op, name, dtype="bf16": taken.append(name) or function(op, name, dtype)
+    )
     fused = host(backend, backend.gated_linear(x, w, activation, bias))
+    assert taken == [f"gemm_wgmma_{activation}_mul_bf16"]
     product = backend.linear(x, w, bias)
     gated = backend.silu_mul(product) if activation == "silu" else backend.gelu_tanh_mul(product)
     np.testing.assert_array_equal(fused, host(backend, gated))

@@ -174,7 +174,8 @@ __device__ __forceinline__ void tma_load(unsigned dst, const TensorMap& map, uns
 }
 
 // The block's tiles (see the top of this file): tile i of the block (blockIdx.x + i * gridDim.x) is multiplied
-// by consumer warpgroup i % 2 and read from stages i * k_tiles .. (i + 1) * k_tiles - 1 of the ring.
+// by consumer warpgroup i % 2 and read from steps i * k_tiles .. (i + 1) * k_tiles - 1 of the ring (step q in
+// stage q % WG_STAGES).
 template <typename Gate>
 __device__ __forceinline__ void wgmma_product(const TensorMap& x_map, const TensorMap& w_map,
                                               const bf16_t* __restrict__ bias, bf16_t* __restrict__ out, long long ldo,
@@ -228,7 +229,8 @@ __device__ __forceinline__ void wgmma_product(const TensorMap& x_map, const Tens
     for (int i = consumer, tile = blockIdx.x + consumer * gridDim.x; tile < tiles; i += 2, tile += 2 * gridDim.x) {
         int m0, n0;
         tile_origin<COLUMNS>(tile, M, N, m0, n0);
-        // the other consumer's main loop of tile i - 1 (its (i - 1) / 2-th) has been issued
+        // the other consumer's main loop of tile i - 1 (its (i - 1) / 2-th) has been issued (by its first warp: the
+        // order only paces the tensor cores; the full and empty barriers guard the data)
         if (i > 0) barrier_wait(order(consumer ^ 1), ((i - 1) / 2) & 1);
         float d[2][16][4];
 #pragma unroll
