@@ -1,7 +1,7 @@
-"""The cuda backend's kernels beyond the shared conformance suite: rows computed the same way in any
-batch (GEMM, RMSNorm, attention in the batch-invariant mode, the tensor-core prefill and decode outside it),
-split-K and direct attention giving the same bits. Needs a CUDA GPU; skipped with the backend's own reason
-elsewhere."""
+"""The cuda backend's kernels beyond the shared conformance suite and the products (test_cuda_products.py): rows
+computed the same way in any batch (RMSNorm, attention in the batch-invariant mode, the tensor-core prefill and
+decode outside it), split-K and direct attention giving the same bits. Needs a CUDA GPU; skipped with the
+backend's own reason elsewhere."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 from atlas_gb10.backend import CudaBackend
-from atlas_gb10.hardware import has_wgmma
-from atlas_gb10.prefill_products import prefill_product
 
 REASON = CudaBackend.availability()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"the cuda backend cannot run here: {REASON}")
@@ -25,89 +23,6 @@ def backend() -> CudaBackend:
 
 def host(backend: CudaBackend, x: object) -> np.ndarray:
     return np.asarray(backend.to_numpy(x)).astype(np.float64)
-
-
-@pytest.mark.parametrize(("k", "n"), [(1024, 96), (4096, 1000), (33, 40)], ids=["vec", "wide", "unaligned"])
-def test_gemm_rows_do_not_depend_on_the_batch(backend: CudaBackend, k: int, n: int) -> None:
-    rng = np.random.default_rng(k + n)
-    x = backend.from_numpy(rng.standard_normal((300, k), dtype=np.float32))
-    w = backend.from_numpy(rng.standard_normal((n, k), dtype=np.float32) * k**-0.5, weight=True)
-    bias = backend.from_numpy(rng.standard_normal(n, dtype=np.float32), weight=True)
-    full = host(backend, backend.linear(x, w, bias))
-    want = host(backend, x) @ host(backend, w).T + host(backend, bias)
-    assert np.abs(full - want).max() <= 3e-2 * np.abs(want).max()
-    for m in (1, 3, 8, 16, 17, 64, 129):
-        part = host(backend, backend.linear(x[:m], w, bias))
-        np.testing.assert_array_equal(part, full[:m], err_msg=f"rows of an M={m} product differ from M=300")
-    moved = host(backend, backend.linear(x[[7, 250, 7]], w, bias))
-    np.testing.assert_array_equal(moved, full[[7, 250, 7]], err_msg="a row's result depends on its position")
-
-
-@pytest.mark.parametrize("name", ["gemm_tiled", "gemm_wgmma"])
-@pytest.mark.parametrize(
-    ("m", "n", "k"),
-    [(1280, 4096, 1024), (1300, 2000, 2056), (1300, 4096, 2056)],
-    ids=["aligned", "ragged", "ragged-tiles-a-block"],  # the last: 176 wgmma tiles, 33 K tiles each
-)
-def test_prefill_gemm_kernels(backend: CudaBackend, name: str, m: int, n: int, k: int) -> None:
-    """The prefill products outside the batch-invariant mode, gemm_tiled.cu and (on Hopper) gemm_wgmma.cu, against
-    float64 with a bias and ragged edges (M, N and K off their tiles); a row gets the same bits wherever it sits in
-    the product; `linear` takes the kernel `prefill_gemm` names, not the batch-invariant one."""
-    if name == "gemm_wgmma" and not has_wgmma(backend.profile.arch):
-        pytest.skip(f"wgmma needs Hopper (sm_90a), this device compiles for {backend.profile.arch}")
-    rng = np.random.default_rng(m + k)
-    x = backend.from_numpy(rng.standard_normal((m, k), dtype=np.float32))
-    w = backend.from_numpy(rng.standard_normal((n, k), dtype=np.float32) * k**-0.5, weight=True)
-    bias = backend.from_numpy(rng.standard_normal(n, dtype=np.float32), weight=True)
-
-    def product(first: int, kernel: str) -> np.ndarray:
-        out = backend.cp.empty((m - first, n), dtype=x.dtype)
-        return host(backend, prefill_product(backend, kernel, x[first:], k, w, bias, out, n, m - first, n, k))
-
-    full = product(0, name)
-    want = host(backend, x) @ host(backend, w).T + host(backend, bias)
-    assert np.abs(full - want).max() <= 3e-2 * np.abs(want).max()
-    np.testing.assert_array_equal(product(128, name), full[128:], err_msg="a row's bits depend on where it sits")
-    chosen = backend.prefill_gemm(m, n, k)
-    assert chosen is not None
-    with batch_invariant_mode(backend):
-        invariant = host(backend, backend.linear(x, w, bias))
-    linear = host(backend, backend.linear(x, w, bias))
-    np.testing.assert_array_equal(linear, product(0, chosen))
-    assert not np.array_equal(linear, invariant), "the product took the batch-invariant kernel"
-
-
-@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-@pytest.mark.parametrize(
-    ("m", "inner", "k", "with_bias"),
-    [(1280, 2048, 2048, False), (1300, 1000, 2056, True), (300, 1480, 2056, True)],
-    ids=["aligned", "ragged", "few-rows"],  # ragged: units off the 64-wide tiles, M and K off theirs
-)
-def test_gated_prefill_products_give_the_unfused_bits(
-    backend: CudaBackend, activation: str, m: int, inner: int, k: int, with_bias: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On Hopper, `gated_linear` of a prefill-sized product takes gemm_wgmma.cu's gated kernel, whose epilogue
-    gives the bits of the plain product followed by the elementwise gated kernel, saturated gates included."""
-    if not has_wgmma(backend.profile.arch):
-        pytest.skip(f"wgmma needs Hopper (sm_90a), this device compiles for {backend.profile.arch}")
-    assert backend.prefill_gemm(m, 2 * inner, k) == "gemm_wgmma"
-    rng = np.random.default_rng(m + inner)
-    x = backend.from_numpy(rng.standard_normal((m, k), dtype=np.float32))
-    w_host = rng.standard_normal((2 * inner, k), dtype=np.float32) * k**-0.5
-    w_host[:3] *= 60.0  # gates far into both tails of the activation
-    w = backend.from_numpy(w_host, weight=True)
-    bias = backend.from_numpy(rng.standard_normal(2 * inner, dtype=np.float32), weight=True) if with_bias else None
-    kernels, function = backend.kernels, backend.kernels.function
-    taken: list[str] = []
-    monkeypatch.setattr(
-        kernels, "function", lambda op, name, dtype="bf16": taken.append(name) or function(op, name, dtype)
-    )
-    fused = host(backend, backend.gated_linear(x, w, activation, bias))
-    assert taken == [f"gemm_wgmma_{activation}_mul_bf16"]
-    product = backend.linear(x, w, bias)
-    gated = backend.silu_mul(product) if activation == "silu" else backend.gelu_tanh_mul(product)
-    np.testing.assert_array_equal(fused, host(backend, gated))
-    assert np.isfinite(fused).all()
 
 
 def test_rms_norm_rows_do_not_depend_on_the_batch(backend: CudaBackend) -> None:
