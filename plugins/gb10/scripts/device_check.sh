@@ -26,7 +26,7 @@ for stage in "$@"; do
     start=$(date +%s)
     case $stage in
         tests)
-            timeout 150 python3 -m pytest -q -p no:cacheprovider -rs tests/test_conformance_*.py -k cuda plugins/gb10/tests/test_cuda_kernels.py 2>&1 | tee "$OUT/tests.log" | tail -30 ;;
+            timeout 150 python3 -m pytest -q -p no:cacheprovider -rs tests/test_conformance_*.py -k cuda plugins/gb10/tests/test_cuda_kernels.py plugins/gb10/tests/test_cuda_products.py 2>&1 | tee "$OUT/tests.log" | tail -30 ;;
         models)
             timeout 230 python3 -m pytest -q -p no:cacheprovider -rs plugins/gb10/tests/test_cuda_models.py 2>&1 | tee "$OUT/models.log" | tail -30 ;;
         latency)
