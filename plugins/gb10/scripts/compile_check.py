@@ -1,7 +1,8 @@
 """Compile every registered kernel variant with nvcc for Hopper (sm_90a) and GB10 (sm_121).
 
 No GPU is needed. Compiles as many at once as there are CPUs; prints one line per (variant, arch) with
-registers and spills, in registry order; exits 1 on any compile error.
+registers and spills, in registry order; exits 1 on any compile error, and on any "Potential Performance Loss"
+from ptxas (such as C7518: wgmma instructions serialised), which is a speed bug of a Hopper kernel.
 Usage: python plugins/gb10/scripts/compile_check.py [--nvcc PATH]
 """
 
@@ -24,8 +25,8 @@ TARGETS = {"sm_90a": "-gencode=arch=compute_90a,code=sm_90a", "sm_121": "-gencod
 
 
 def compile_one(nvcc: str, tmp: str, key: tuple[str, str, str], variant: KernelVariant, arch: str) -> tuple[bool, str]:
-    """Compile one (variant, arch) into its own cubin: whether it compiled, and its report line (with the log on
-    failure)."""
+    """Compile one (variant, arch) into its own cubin: whether it compiled without a ptxas performance warning,
+    and its report line (with the log, or the warnings, on failure)."""
     target, op, dtype = key
     defines = [f"-D{name}={value}" for name, value in variant.defines]
     cubin = f"{tmp}/{target}_{op}_{dtype}_{arch}.cubin"
@@ -34,12 +35,14 @@ def compile_one(nvcc: str, tmp: str, key: tuple[str, str, str], variant: KernelV
     log = result.stdout + result.stderr
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", log))
     registers = [int(n) for n in re.findall(r"Used (\d+) registers", log)]
-    status = "ok" if result.returncode == 0 else "FAILED"
+    losses = [line for line in log.splitlines() if "Potential Performance Loss" in line]
+    ok = result.returncode == 0 and not losses
+    status = "ok" if ok else "FAILED" if result.returncode else "SLOW"
     line = (
         f"{status:6} {arch:7} {target}/{op}/{dtype} {variant.source} {' '.join(defines)}: "
         f"{len(registers)} kernels, max {max(registers, default=0)} registers, {spills} bytes spilled"
     )
-    return result.returncode == 0, line if result.returncode == 0 else f"{line}\n{log}"
+    return ok, line if ok else f"{line}\n" + ("\n".join(losses) if result.returncode == 0 else log)
 
 
 def main() -> int:

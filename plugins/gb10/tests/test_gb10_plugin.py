@@ -74,6 +74,8 @@ def test_split_size_is_the_same_for_every_attention_variant_of_a_target() -> Non
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the compile-only check needs it")
 def test_every_kernel_compiles_for_hopper_and_gb10() -> None:
+    """Every registered kernel compiles for sm_90a and sm_121, and ptxas reports no performance loss (such as
+    wgmma instructions serialised behind a divergent wait) in any of them (`compile_check.py`)."""
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "compile_check.py")],
         capture_output=True,
