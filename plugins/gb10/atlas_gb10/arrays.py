@@ -25,6 +25,12 @@ FP8_CACHE = np.dtype(np.uint8)
 write E4M3 (``kernels/fp8.cuh``)."""
 
 
+def loads_16_bytes(x: Any, ldx: int, k: int, weight_aligned: bool) -> bool:
+    """Whether a product over ``k`` may read its x rows (row stride ``ldx`` elements) and its weight (aligned as
+    ``weight_aligned`` says) 16 bytes at a time: the products' ``vec`` kernels, TMA included."""
+    return k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_aligned
+
+
 def cache_kind(op: str, k_cache: Any, v_cache: Any, kv_scales: tuple[float, float] | None) -> str:
     """The kernel dtype of a KV cache pair: ``fp8`` for E4M3 caches given their layer's ``(k_scale, v_scale)``,
     ``bf16`` for bf16 caches given none; a TypeError naming ``op`` otherwise."""

@@ -25,7 +25,7 @@ from atlas_core.backends.base import (
 from atlas_core.backends.kv_dtypes import FP8_E4M3
 from atlas_core.weights.quantized import QuantizedWeight
 from atlas_gb10 import attention_inputs, rowwise
-from atlas_gb10.arrays import BF16, FP8_CACHE, element_strides, null_or
+from atlas_gb10.arrays import BF16, FP8_CACHE, element_strides, loads_16_bytes, null_or
 from atlas_gb10.attention import AttentionRunner
 from atlas_gb10.download import PinnedDownload
 from atlas_gb10.gemm_shapes import GATED_MIN_K, WGMMA, gemm_tile, low8_loads, prefill_kernel
@@ -203,7 +203,7 @@ class CudaBackend(Backend):
             return out
         ldx, ldo = element_strides(x)[0], element_strides(out)[0]
         kind, weight_args, weight_aligned = weight_operand(weight)
-        vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_aligned
+        vec = loads_16_bytes(x, ldx, k, weight_aligned)
         prefill = self.prefill_gemm(m, n, k) if kind == "bf16" and vec else None
         if prefill is not None:
             return prefill_product(self, prefill, x, ldx, weight, bias, out, ldo, m, n, k)
@@ -232,7 +232,7 @@ class CudaBackend(Backend):
         self.require_bf16("gated_linear", x, weight, bias)
         x = self.contiguous_rows(x)
         ldx = element_strides(x)[0]
-        aligned = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_operand(weight)[2]
+        aligned = loads_16_bytes(x, ldx, k, weight_operand(weight)[2])
         if not aligned or k < GATED_MIN_K or self.prefill_gemm(m, weight.shape[0], k) != WGMMA:
             return super().gated_linear(x, weight, activation, bias)
         return gated_wgmma_product(self, activation, x, ldx, weight, bias, m, k)

@@ -31,7 +31,7 @@ import numpy as np
 from atlas_core.backends.base import Array
 from atlas_core.backends.ops.moe import ExpertActivation, MoEOps, RouterSpec, check_expert_shapes
 from atlas_core.weights.quantized import QuantizedWeight
-from atlas_gb10.arrays import null_or
+from atlas_gb10.arrays import loads_16_bytes, null_or
 from atlas_gb10.backend import CudaBackend
 from atlas_gb10.gemm_shapes import TILED_GEMM_BLOCK, tiled_shared_bytes
 from atlas_gb10.quantized_weights import gemm_loads, gemm_module, weight_operand
@@ -256,7 +256,7 @@ class CudaMoEOps(MoEOps):
             kernel(grid, (256,), (*args, *plan), shared_mem=smem)
             return
         kind, weight_args, weight_aligned = weight_operand(w)
-        vec = k % 8 == 0 and ldx % 8 == 0 and x.data.ptr % 16 == 0 and weight_aligned
+        vec = loads_16_bytes(x, ldx, k, weight_aligned)
         prefix = "moe_gemm" if kind == "bf16" else f"moe_gemm_{kind}"
         name = f"{prefix}_m{m_tiles}_n{n_tiles}_{gemm_loads(kind, vec, groups.tile_rows)}"
         kernel = self.backend.kernels.function("moe", name, gemm_module(kind))
