@@ -213,12 +213,9 @@ __device__ __forceinline__ void wgmma_product(const TensorMap& x_map, const Tens
                 barrier_wait(empty(s), ((step / WG_STAGES) & 1) ^ 1);
                 barrier_expect(full(s), WG_STAGE_BYTES);
                 tma_load(stage_a(s), x_map, full(s), t * WG_BK, m0);
-                if constexpr (COLUMNS == WG_BN) {
-                    tma_load(stage_b(s), w_map, full(s), t * WG_BK, n0);
-                } else {  // the gate rows of the tile's units, then their up rows
-                    tma_load(stage_b(s), w_map, full(s), t * WG_BK, n0);
+                tma_load(stage_b(s), w_map, full(s), t * WG_BK, n0);  // gated: the gate rows of the tile's units
+                if constexpr (Gated<Gate>::value)                     // then the up rows of the same units
                     tma_load(stage_b(s) + COLUMNS * 128, w_map, full(s), t * WG_BK, N + n0);
-                }
             }
         }
         return;
