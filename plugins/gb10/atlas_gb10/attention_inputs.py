@@ -15,8 +15,11 @@ from atlas_gb10.arrays import BF16, cache_kind, element_strides, null_or
 if TYPE_CHECKING:
     from atlas_gb10.backend import CudaBackend
 
-QKV_FUSED_WARPS, QKV_FUSED_MAX_HEAD_DIM = 4, 256
-"""``QKR_WARPS`` and ``QKR_MAX_D`` of ``attention_inputs.cu``'s fused attention-input kernel."""
+QKV_FUSED_WARPS, QKV_FUSED_MAX_HEAD_DIM, QKV_FUSED_BATCH = 4, 256, 4
+"""``QKR_WARPS``, ``QKR_MAX_D`` and ``QKR_BATCH`` of ``attention_inputs.cu``'s fused attention-input kernels."""
+QKV_ROTATED_WIDTHS = (64, 128, 256)
+"""Head widths with a kernel of their own when all of a head is rotated (``_d64`` ...: `QKV_FUSED_BATCH` heads a
+warp, in registers)."""
 
 
 def rope(backend: CudaBackend, q: Array, k: Array, positions: Array, cos: Array, sin: Array) -> None:
@@ -136,9 +139,11 @@ def qk_norm_rope_write_kv(
     if tokens:
         qs, ks, vs = element_strides(q), element_strides(k), element_strides(v)
         heads = q_heads + 2 * kv_heads
-        warps = min(QKV_FUSED_WARPS, heads)
-        backend._kernel("attention_inputs", f"qk_norm_rope_write_kv_{dtype}")(
-            (tokens, math.ceil(heads / warps)),
+        rotated = 2 * half == d and d in QKV_ROTATED_WIDTHS
+        per_warp = QKV_FUSED_BATCH if rotated else 1
+        warps = min(QKV_FUSED_WARPS, math.ceil(heads / per_warp))
+        backend._kernel("attention_inputs", f"qk_norm_rope_write_kv{f'_d{d}' if rotated else ''}_{dtype}")(
+            (tokens, math.ceil(heads / (warps * per_warp))),
             (32 * warps,),
             (
                 q,
