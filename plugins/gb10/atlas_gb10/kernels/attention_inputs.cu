@@ -142,10 +142,11 @@ __device__ __forceinline__ void rotated_heads(const int (&heads)[QKR_BATCH], con
     for (int i = 0; i < QKR_BATCH; ++i) {
         const int h = heads[i];
         if (h < 0) continue;
-        if (h >= q_heads + kv_heads) {  // a value head: its elements into the cache (bf16 -> float -> bf16 is exact)
+        if (h >= q_heads + kv_heads) {  // a value head: its elements' bf16 bits (the float's high half) into the cache
             KV* dst = v_cache + slot * kv_row + (long long)(h - q_heads - kv_heads) * D;
 #pragma unroll
-            for (int m = 0; m < E; ++m) store_kv(dst + lane + 32 * m, float_to_bf16(x[i][m]), v_scale);
+            for (int m = 0; m < E; ++m)
+                store_kv(dst + lane + 32 * m, (bf16_t)(__float_as_uint(x[i][m]) >> 16), v_scale);
         } else if (h < q_heads) {
             bf16_t* dst = q_out + (t * q_heads + h) * D;
             norm_rope_head<E>(x[i], q_weight != nullptr, wq, eps, cs, ss, lane, [&](int j, bf16_t y) { dst[j] = y; });
