@@ -101,6 +101,7 @@ def oracle_head_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np
         (5, 4, 1, 40, 40, "qk"),
         (6, 4, 2, 128, 128, "qk"),
         (3, 2, 1, 64, 64, "none"),
+        (150, 4, 2, 128, 128, "qk"),
     ],
     ids=[
         "decode_qk_norm",
@@ -109,13 +110,15 @@ def oracle_head_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np
         "wide_heads_mixed_slots",
         "heads_of_128",
         "heads_of_64_no_norm",
+        "prefill_heads_of_128",
     ],
 )
 def test_qk_norm_rope_write_kv(
     case: Case, tokens: int, q_heads: int, kv_heads: int, head_dim: int, rotary_dim: int, norms: str
 ) -> None:
     """The fused attention-input op on strided q/k/v views of one QKV array, with slots of -1."""
-    num_blocks, block_size, eps = 8, 5, 1e-5
+    block_size, eps = 5, 1e-5
+    num_blocks = max(8, -(-tokens // block_size))  # a slot for each token
     positions = case.rng.integers(0, MAX_POSITIONS, size=tokens)
     positions[0] = MAX_POSITIONS - 1
     slots = case.rng.permutation(num_blocks * block_size)[:tokens]

@@ -90,7 +90,7 @@ def test_write_kv_scaled_stores_the_e4m3_bytes(case: Case, tokens: int, kv_heads
         case.assert_equal(stored_bytes(case, cache), want, f"write_kv_scaled {name} bytes (scale {scale})")
 
 
-@pytest.mark.parametrize(("tokens", "q_heads", "kv_heads", "head_dim"), [(1, 4, 2, 16), (7, 4, 1, 40)])
+@pytest.mark.parametrize(("tokens", "q_heads", "kv_heads", "head_dim"), [(1, 4, 2, 16), (7, 4, 1, 40), (150, 4, 2, 64)])
 def test_fused_attention_inputs_into_fp8_caches(
     case: Case, tokens: int, q_heads: int, kv_heads: int, head_dim: int
 ) -> None:
@@ -98,7 +98,8 @@ def test_fused_attention_inputs_into_fp8_caches(
     normed, rotated keys divided by the key scale, and exactly the E4M3 bytes of the values."""
     if not holds_fp8(case) or not fused_inputs_take_scales(type(case.backend)):
         return  # a fused op without kv_scales is never given fp8 caches (the attention layer checks)
-    num_blocks, block_size, eps = 8, 5, 1e-5
+    block_size, eps = 5, 1e-5
+    num_blocks = max(8, -(-tokens // block_size))  # a slot for each token
     k_scale, v_scale = float(case.rng.uniform(0.05, 0.5)), float(case.rng.uniform(0.05, 0.5))
     positions = case.rng.integers(0, MAX_POSITIONS, size=tokens)
     slots = case.rng.permutation(num_blocks * block_size)[:tokens]

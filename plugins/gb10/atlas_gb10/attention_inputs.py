@@ -19,7 +19,15 @@ QKV_FUSED_WARPS, QKV_FUSED_MAX_HEAD_DIM, QKV_FUSED_BATCH = 4, 256, 4
 """``QKR_WARPS``, ``QKR_MAX_D`` and ``QKR_BATCH`` of ``attention_inputs.cu``'s fused attention-input kernels."""
 QKV_ROTATED_WIDTHS = (64, 128, 256)
 """Head widths with a kernel of their own when all of a head is rotated (``_d64`` ...: `QKV_FUSED_BATCH` heads a
-warp, in registers)."""
+warp, in registers), taken where its grid still gives every SM a block (`batches_heads`)."""
+
+
+def batches_heads(tokens: int, heads: int, d: int, half: int, sm_count: int) -> bool:
+    """Whether `qk_norm_rope_write_kv` takes a ``_d{d}`` kernel (`QKV_FUSED_BATCH` heads a warp): all of a head is
+    rotated, ``d`` is one of `QKV_ROTATED_WIDTHS`, and its blocks of `QKV_FUSED_WARPS` warps still number at least
+    ``sm_count``. Decode steps of a few tokens keep one head a warp: more warps issue their reads at once there."""
+    blocks = tokens * math.ceil(heads / (QKV_FUSED_WARPS * QKV_FUSED_BATCH))
+    return 2 * half == d and d in QKV_ROTATED_WIDTHS and blocks >= sm_count
 
 
 def rope(backend: CudaBackend, q: Array, k: Array, positions: Array, cos: Array, sin: Array) -> None:
@@ -139,7 +147,7 @@ def qk_norm_rope_write_kv(
     if tokens:
         qs, ks, vs = element_strides(q), element_strides(k), element_strides(v)
         heads = q_heads + 2 * kv_heads
-        rotated = 2 * half == d and d in QKV_ROTATED_WIDTHS
+        rotated = batches_heads(tokens, heads, d, half, backend.profile.sm_count)
         per_warp = QKV_FUSED_BATCH if rotated else 1
         warps = min(QKV_FUSED_WARPS, math.ceil(heads / per_warp))
         backend._kernel("attention_inputs", f"qk_norm_rope_write_kv{f'_d{d}' if rotated else ''}_{dtype}")(
