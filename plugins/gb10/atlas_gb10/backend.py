@@ -30,7 +30,13 @@ from atlas_gb10.attention import AttentionRunner
 from atlas_gb10.download import PinnedDownload
 from atlas_gb10.gemm_shapes import GATED_MIN_K, WGMMA, gemm_tile, low8_loads, prefill_kernel
 from atlas_gb10.hardware import has_wgmma
-from atlas_gb10.prefill_products import GATED_KERNELS, gated_wgmma_product, prefill_product
+from atlas_gb10.prefill_products import (
+    GATED_DECODE_ROWS,
+    GATED_KERNELS,
+    gated_decode_product,
+    gated_wgmma_product,
+    prefill_product,
+)
 from atlas_gb10.quantized_weights import (
     FORMATS,
     executes_natively,
@@ -224,8 +230,9 @@ class CudaBackend(Backend):
     def gated_linear(
         self, x: Array, weight: Array | QuantizedWeight, activation: str, bias: Array | None = None
     ) -> Array:
-        """gemm_wgmma.cu's gated kernel where it takes the product (`prefill_gemm`) and the product is at least
-        `GATED_MIN_K` deep, the default elsewhere: the same bits either way."""
+        """gemm.cu's gated kernel for decode-sized products (at most `GATED_DECODE_ROWS` rows), gemm_wgmma.cu's
+        where it takes the product (`prefill_gemm`) and the product is at least `GATED_MIN_K` deep, the default
+        elsewhere: the same bits either way."""
         m, k = x.shape
         if isinstance(weight, QuantizedWeight) or activation not in GATED_KERNELS or weight.shape[0] % 2 or m == 0:
             return super().gated_linear(x, weight, activation, bias)
@@ -233,6 +240,8 @@ class CudaBackend(Backend):
         x = self.contiguous_rows(x)
         ldx = element_strides(x)[0]
         aligned = loads_16_bytes(x, ldx, k, weight_operand(weight)[2])
+        if aligned and m <= GATED_DECODE_ROWS:
+            return gated_decode_product(self, activation, x, ldx, weight, bias, m, k)
         if not aligned or k < GATED_MIN_K or self.prefill_gemm(m, weight.shape[0], k) != WGMMA:
             return super().gated_linear(x, weight, activation, bias)
         return gated_wgmma_product(self, activation, x, ldx, weight, bias, m, k)

@@ -1,5 +1,6 @@
 """Launches of the prefill-sized dense products (`gemm_shapes.prefill_kernel`): gemm_tiled.cu, and gemm_wgmma.cu on
-Hopper, plain or with a feed-forward's gate in its epilogue (`gated_wgmma_product`)."""
+Hopper, plain or with a feed-forward's gate in its epilogue (`gated_wgmma_product`); and the decode-sized gated
+products of gemm.cu (`gated_decode_product`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 GATED_KERNELS = {"silu": "gemm_wgmma_silu_mul_bf16", "gelu_tanh": "gemm_wgmma_gelu_tanh_mul_bf16"}
 """gemm_wgmma.cu's gated kernel of each gate activation (`Backend.gated_linear`)."""
+GATED_DECODE_ROWS = 16
+"""gemm.cu's gated kernels take products of at most this many rows (one m-tile)."""
 
 
 def prefill_product(
@@ -82,3 +85,19 @@ def _launch_wgmma(backend: CudaBackend, kernel_name: str, tiles: int, args: tupl
     smem = backend.kernels.constants("gemm_wgmma", "gemm_wgmma_shared_bytes", 1)[0]
     kernel.max_dynamic_shared_size_bytes = smem
     kernel((min(backend.profile.sm_count, tiles),), (384,), args, shared_mem=smem)
+
+
+def gated_decode_product(
+    backend: CudaBackend, activation: str, x: Array, ldx: int, weight: Array, bias: Array | None, m: int, k: int
+) -> Array:
+    """``act(gate) * up`` of ``x weight^T (+ bias)`` for at most `GATED_DECODE_ROWS` rows (``k`` a multiple of 8,
+    rows 16-byte aligned), ``weight`` ``[2I, k]`` = [gate | up], through gemm.cu's gated kernel of ``activation``: a
+    new ``[m, I]`` array with the bits of the product followed by the elementwise gated kernel (gemm.cu computes a
+    column the same way in every tile, so also in the batch-invariant mode)."""
+    inner = weight.shape[0] // 2
+    out = backend.cp.empty((m, inner), dtype=weight.dtype)
+    kernel = backend.kernels.function("gemm", f"gemm_bf16_{activation}_mul_m1_n2_vec")
+    grid = (math.ceil(inner / 8), math.ceil(m / GATED_DECODE_ROWS))
+    args = (x, np.int64(ldx), weight, null_or(bias), out, np.int64(inner), np.int32(m), np.int32(inner), np.int32(k))
+    kernel(grid, (256,), args)
+    return out

@@ -108,3 +108,34 @@ def test_gated_prefill_products_give_the_unfused_bits(
     gated = backend.silu_mul(product) if activation == "silu" else backend.gelu_tanh_mul(product)
     np.testing.assert_array_equal(fused, host(backend, gated))
     assert np.isfinite(fused).all()
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize(
+    ("m", "inner", "k", "with_bias"), [(1, 14336, 4096, False), (3, 1000, 1024, True), (16, 1004, 136, False)]
+)
+def test_gated_decode_products_give_the_unfused_bits(
+    backend: CudaBackend, activation: str, m: int, inner: int, k: int, with_bias: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decode-sized `gated_linear` takes gemm.cu's gated kernel (a block's gate and up n-tiles of the same 8
+    units), with the bits of the product followed by the elementwise gated kernel, in the batch-invariant mode too;
+    units off the 8-wide tiles included."""
+    rng = np.random.default_rng(m + inner)
+    x = backend.from_numpy(rng.standard_normal((m, k), dtype=np.float32))
+    w_host = rng.standard_normal((2 * inner, k), dtype=np.float32) * k**-0.5
+    w_host[:3] *= 60.0  # gates far into both tails of the activation
+    w = backend.from_numpy(w_host, weight=True)
+    bias = backend.from_numpy(rng.standard_normal(2 * inner, dtype=np.float32), weight=True) if with_bias else None
+    kernels, function = backend.kernels, backend.kernels.function
+    taken: list[str] = []
+    monkeypatch.setattr(
+        kernels, "function", lambda op, name, dtype="bf16": taken.append(name) or function(op, name, dtype)
+    )
+    fused = host(backend, backend.gated_linear(x, w, activation, bias))
+    assert taken == [f"gemm_bf16_{activation}_mul_m1_n2_vec"]
+    product = backend.linear(x, w, bias)
+    gated = backend.silu_mul(product) if activation == "silu" else backend.gelu_tanh_mul(product)
+    np.testing.assert_array_equal(fused, host(backend, gated))
+    assert np.isfinite(fused).all()
+    monkeypatch.setattr(backend, "batch_invariant", True)
+    np.testing.assert_array_equal(host(backend, backend.gated_linear(x, w, activation, bias)), fused)

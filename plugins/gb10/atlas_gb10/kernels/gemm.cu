@@ -1,5 +1,7 @@
 // out[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) for dense layers: one block per output tile (gemm_core.cuh).
+#include "activations.cuh"
 #include "gemm_fp8.cuh"
+#include "gemm_gated.cuh"
 #include "gemm_gguf.cuh"
 #include "gemm_gguf_blocks.cuh"
 #include "gemm_nvfp4.cuh"
@@ -24,6 +26,21 @@ GEMM_KERNEL(1, 1, 8, false, any, 2)
 GEMM_KERNEL(1, 2, 4, false, any, 2)
 GEMM_KERNEL(1, 4, 2, false, any, 2)
 GEMM_KERNEL(2, 4, 2, false, any, 1)
+
+// A gated feed-forward's first product of at most 16 rows (decode) with its gate applied (gated_tile): w [2N, K] =
+// [gate | up], out [M, N]; a block takes 8 units (their gate and up n-tiles), as gemm_bf16_m1_n2_vec takes 16
+// columns.
+#define GEMM_GATED_KERNEL(NAME, GATE)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GEMM_KSPLIT * 32, 2)                                                 \
+        NAME(const bf16_t* __restrict__ x, long long ldx, const bf16_t* __restrict__ w, const bf16_t* __restrict__ bias, \
+             bf16_t* __restrict__ out, long long ldo, int M, int N, int K) {                                           \
+        await_inputs();                                                                                                \
+        gated_tile<1, 2, 8, true>(x, ldx, GatedRows{w, N}, bias, out, ldo, blockIdx.y * 16, M, blockIdx.x * 8, K,     \
+                                  GATE{});                                                                             \
+    }
+
+GEMM_GATED_KERNEL(gemm_bf16_silu_mul_m1_n2_vec, Silu)
+GEMM_GATED_KERNEL(gemm_bf16_gelu_tanh_mul_m1_n2_vec, GeluTanh)
 
 // The same products over an FP8 E4M3 weight with block scales (gemm_fp8.cuh: Fp8Weight): scales
 // [ceil(N / bn), ceil(K / bk)]. The quantized kinds also have `vec8` kernels (VEC_LOW8, gemm_core.cuh) for

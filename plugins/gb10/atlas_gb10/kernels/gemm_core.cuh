@@ -259,26 +259,37 @@ __device__ __forceinline__ void chunk_batches(const bf16_t* __restrict__ x, long
     }
 }
 
-// acc[i][j] (this lane's fragments of the tile at rows m0.., columns n0..) += the products of the 32-wide K
-// chunks [c_begin, c_end) of a bf16 weight, chunk after chunk in order, two mma steps each (chunk_batches). The
-// fragments are in FragMap<VEC, NT>'s layout: swapped for VEC_LOW8 with NT even, which tile_partials undoes.
-template <int MT, int NT, int U, int VEC>
-__device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
-                                           const bf16_t* __restrict__ w, int m0, int M, int n0, int N, int K,
-                                           int c_begin, int c_end, float (&acc)[MT][NT][4]) {
+// acc[i][j] (this lane's fragments of the tile at rows m0..) += the products of the 32-wide K chunks [c_begin,
+// c_end) of a bf16 weight of `rows` rows whose n-tile j starts at row tile_row(j), chunk after chunk in order, two
+// mma steps each (chunk_batches); rows_inside: every tile row lies inside the weight. The fragments are in
+// FragMap<VEC, NT>'s layout: swapped for VEC_LOW8 with NT even, which tile_partials undoes.
+template <int MT, int NT, int U, int VEC, typename TileRow>
+__device__ __forceinline__ void mma_chunks_of_rows(const bf16_t* __restrict__ x, long long ldx,
+                                                   const int* __restrict__ x_rows, const bf16_t* __restrict__ w,
+                                                   int rows, TileRow tile_row, bool rows_inside, int m0, int M, int K,
+                                                   int c_begin, int c_end, float (&acc)[MT][NT][4]) {
     const int g = (threadIdx.x & 31) >> 2;
     const bf16_t* w_rows[NT];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) w_rows[j] = w + (long long)min(n0 + j * 8 + g, N - 1) * K;
+    for (int j = 0; j < NT; ++j) w_rows[j] = w + (long long)min(tile_row(j) + g, rows - 1) * K;
     chunk_batches<MT, NT, U, 1, VEC, Frag8>(
-        x, ldx, x_rows, m0, M, K, c_begin, c_end, n0 + NT * 8 <= N,
+        x, ldx, x_rows, m0, M, K, c_begin, c_end, rows_inside,
         [&](int c, int j, Frag8(&b)[1], auto checked) {
             if constexpr (decltype(checked)::value)
-                b[0] = load8<VEC>(w, K, n0 + j * 8 + g, N, lane_k(c, K), K);
+                b[0] = load8<VEC>(w, K, tile_row(j) + g, rows, lane_k(c, K), K);
             else
                 b[0] = frag_at(w_rows[j] + lane_k(c, K));
         },
         [&](int, const Frag8 (&b)[NT], const Frag8 (&a)[MT][2]) { mma_chunk<MT, NT, VEC>(acc, a, b); });
+}
+
+// mma_chunks_of_rows for the tile at columns n0.. of an [N, K] weight (n-tile j at row n0 + 8 j).
+template <int MT, int NT, int U, int VEC>
+__device__ __forceinline__ void mma_chunks(const bf16_t* __restrict__ x, long long ldx, const int* __restrict__ x_rows,
+                                           const bf16_t* __restrict__ w, int m0, int M, int n0, int N, int K,
+                                           int c_begin, int c_end, float (&acc)[MT][NT][4]) {
+    mma_chunks_of_rows<MT, NT, U, VEC>(x, ldx, x_rows, w, N, [n0](int j) { return n0 + j * 8; }, n0 + NT * 8 <= N, m0,
+                                       M, K, c_begin, c_end, acc);
 }
 
 // The products of a bf16 weight (mma_chunks); the quantized kinds' overloads are in their own headers
