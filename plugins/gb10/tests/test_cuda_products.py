@@ -11,6 +11,8 @@ from atlas_gb10.backend import CudaBackend
 from atlas_gb10.hardware import has_wgmma
 from atlas_gb10.prefill_products import prefill_product
 
+from atlas_core.backends.base import Array
+
 REASON = CudaBackend.availability()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"the cuda backend cannot run here: {REASON}")
 
@@ -77,6 +79,39 @@ def test_prefill_gemm_kernels(
     assert not np.array_equal(linear, invariant), "the product took the batch-invariant kernel"
 
 
+def check_gated_product(
+    backend: CudaBackend,
+    monkeypatch: pytest.MonkeyPatch,
+    kernel: str,
+    activation: str,
+    m: int,
+    inner: int,
+    k: int,
+    with_bias: bool,
+) -> tuple[Array, Array, Array | None, np.ndarray]:
+    """`gated_linear` of random (m, k) rows and 2 x ``inner`` weight rows, whose first gates lie far into both tails
+    of the activation: it launches ``kernel`` alone, and its result has the bits of `linear` followed by the
+    elementwise gated kernel. Returns x, the weight, the bias and the fused result on the host."""
+    rng = np.random.default_rng(m + inner)
+    x = backend.from_numpy(rng.standard_normal((m, k), dtype=np.float32))
+    w_host = rng.standard_normal((2 * inner, k), dtype=np.float32) * k**-0.5
+    w_host[:3] *= 60.0  # gates far into both tails of the activation
+    w = backend.from_numpy(w_host, weight=True)
+    bias = backend.from_numpy(rng.standard_normal(2 * inner, dtype=np.float32), weight=True) if with_bias else None
+    kernels, function = backend.kernels, backend.kernels.function
+    taken: list[str] = []
+    monkeypatch.setattr(
+        kernels, "function", lambda op, name, dtype="bf16": taken.append(name) or function(op, name, dtype)
+    )
+    fused = host(backend, backend.gated_linear(x, w, activation, bias))
+    assert taken == [kernel]
+    product = backend.linear(x, w, bias)
+    gated = backend.silu_mul(product) if activation == "silu" else backend.gelu_tanh_mul(product)
+    np.testing.assert_array_equal(fused, host(backend, gated))
+    assert np.isfinite(fused).all()
+    return x, w, bias, fused
+
+
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize(
     ("m", "inner", "k", "with_bias"),
@@ -91,23 +126,7 @@ def test_gated_prefill_products_give_the_unfused_bits(
     if not has_wgmma(backend.profile.arch):
         pytest.skip(f"wgmma needs Hopper (sm_90a), this device compiles for {backend.profile.arch}")
     assert backend.prefill_gemm(m, 2 * inner, k) == "gemm_wgmma"
-    rng = np.random.default_rng(m + inner)
-    x = backend.from_numpy(rng.standard_normal((m, k), dtype=np.float32))
-    w_host = rng.standard_normal((2 * inner, k), dtype=np.float32) * k**-0.5
-    w_host[:3] *= 60.0  # gates far into both tails of the activation
-    w = backend.from_numpy(w_host, weight=True)
-    bias = backend.from_numpy(rng.standard_normal(2 * inner, dtype=np.float32), weight=True) if with_bias else None
-    kernels, function = backend.kernels, backend.kernels.function
-    taken: list[str] = []
-    monkeypatch.setattr(
-        kernels, "function", lambda op, name, dtype="bf16": taken.append(name) or function(op, name, dtype)
-    )
-    fused = host(backend, backend.gated_linear(x, w, activation, bias))
-    assert taken == [f"gemm_wgmma_{activation}_mul_bf16"]
-    product = backend.linear(x, w, bias)
-    gated = backend.silu_mul(product) if activation == "silu" else backend.gelu_tanh_mul(product)
-    np.testing.assert_array_equal(fused, host(backend, gated))
-    assert np.isfinite(fused).all()
+    check_gated_product(backend, monkeypatch, f"gemm_wgmma_{activation}_mul_bf16", activation, m, inner, k, with_bias)
 
 
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
@@ -120,22 +139,7 @@ def test_gated_decode_products_give_the_unfused_bits(
     """Decode-sized `gated_linear` takes gemm.cu's gated kernel (a block's gate and up n-tiles of the same 8
     units), with the bits of the product followed by the elementwise gated kernel, in the batch-invariant mode too;
     units off the 8-wide tiles included."""
-    rng = np.random.default_rng(m + inner)
-    x = backend.from_numpy(rng.standard_normal((m, k), dtype=np.float32))
-    w_host = rng.standard_normal((2 * inner, k), dtype=np.float32) * k**-0.5
-    w_host[:3] *= 60.0  # gates far into both tails of the activation
-    w = backend.from_numpy(w_host, weight=True)
-    bias = backend.from_numpy(rng.standard_normal(2 * inner, dtype=np.float32), weight=True) if with_bias else None
-    kernels, function = backend.kernels, backend.kernels.function
-    taken: list[str] = []
-    monkeypatch.setattr(
-        kernels, "function", lambda op, name, dtype="bf16": taken.append(name) or function(op, name, dtype)
-    )
-    fused = host(backend, backend.gated_linear(x, w, activation, bias))
-    assert taken == [f"gemm_bf16_{activation}_mul_m1_n2_vec"]
-    product = backend.linear(x, w, bias)
-    gated = backend.silu_mul(product) if activation == "silu" else backend.gelu_tanh_mul(product)
-    np.testing.assert_array_equal(fused, host(backend, gated))
-    assert np.isfinite(fused).all()
+    name = f"gemm_bf16_{activation}_mul_m1_n2_vec"
+    x, w, bias, fused = check_gated_product(backend, monkeypatch, name, activation, m, inner, k, with_bias)
     monkeypatch.setattr(backend, "batch_invariant", True)
     np.testing.assert_array_equal(host(backend, backend.gated_linear(x, w, activation, bias)), fused)
