@@ -45,7 +45,8 @@ class ForwardBatch:
     host_inputs: the host int32 arrays the batch's ``input_ids``, ``positions``, ``query_start_loc``,
     ``seq_lens``, ``block_tables``, ``slot_mapping`` and ``state_slots`` were uploaded from, in that order, when
     the engine built it on the host (a split replica posts these instead of reading the device arrays back);
-    None: read them from the device.
+    None: read them from the device. The token ids are None when they exist only on the device: a decode step
+    queued ahead (`atlas_core.engine.ahead`) runs on the tokens the step before it sampled there.
     """
 
     input_ids: Array
@@ -58,7 +59,7 @@ class ForwardBatch:
     input_hidden: Array | None = None
     visual: VisualRows | None = None
     rope_rows: tuple[Array, Array, Array] | None = None
-    host_inputs: tuple[np.ndarray, ...] | None = None
+    host_inputs: tuple[np.ndarray | None, ...] | None = None
     state_checkpoints: Array | None = None
 
     def rotary(self, cos: Array, sin: Array) -> tuple[Array, Array, Array]:

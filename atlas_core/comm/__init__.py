@@ -59,10 +59,22 @@ class CommBackend(ABC):
     def recv(self, x: Any, peer: int) -> Any:
         """Receive into ``x`` from rank ``peer``; returns ``x``."""
 
-    def wait(self) -> None:  # noqa: B027 (optional: backends whose collectives finish before they return)
-        """Block until every collective this rank has launched has finished, within the backend's timeout
-        (`CommError` past it). Backends that return before a collective finishes (launched on a device
-        stream, or replayed in a captured graph) make this the bounded wait that a dead peer cannot hang."""
+    def broadcast_queued(self, x: Any, root: int = 0) -> Any:
+        """`broadcast`, queued behind the work already launched on this rank's device without waiting for it to
+        finish (a later `wait` bounds it); returns ``x``. Default: `broadcast`, for backends whose collectives
+        finish before they return."""
+        return self.broadcast(x, root)
+
+    def mark(self) -> Any:
+        """A marker of the work this rank has launched so far, which `wait` takes to wait for that work alone;
+        None (the default) where collectives finish before they return."""
+        return None
+
+    def wait(self, mark: Any = None) -> None:  # noqa: B027 (optional: backends whose collectives finish at once)
+        """Block until every collective this rank has launched has finished (with ``mark`` from `mark`: those
+        launched before it was taken), within the backend's timeout (`CommError` past it). Backends that return
+        before a collective finishes (launched on a device stream, or replayed in a captured graph) make this
+        the bounded wait that a dead peer cannot hang."""
 
     def close(self) -> None:  # noqa: B027 (optional: backends without connections keep this no-op)
         """Release connections and buffers; the communicator is unusable afterwards."""

@@ -96,11 +96,14 @@ class AheadQueue:
         backend: Backend,
         forward: Callable[[ForwardBatch], tuple[Array | None, Array | None]],
         reserve: Callable[[Sequence], bool] | None,
+        settle: Callable[[], None] | None = None,
     ) -> None:
         """``reserve(seq)``: gives a sequence the KV block its next token starts (`Scheduler.reserve_next_block`);
-        None where steps that need one are not queued (models with recurrent state, saved at block boundaries)."""
+        None where steps that need one are not queued (models with recurrent state, saved at block boundaries).
+        ``settle()``: the split replica's bounded wait for the last step queued (`ModelMirror.settle`), called
+        before that step's tokens are read when no step was queued after it; None for a model on one device."""
         self.lookahead, self.backend, self.forward = lookahead, backend, forward
-        self.reserve = reserve
+        self.reserve, self.settle = reserve, settle
         self.step: AheadStep | None = None
         self.hits = 0
         """Steps that ran ahead and were taken."""
@@ -141,6 +144,8 @@ class AheadQueue:
 
     def tokens(self, taken: Taken) -> list[int]:
         """The taken sequences' tokens, once their copy is done."""
+        if self.step is None and self.settle is not None:  # else the step queued after it waited for it
+            self.settle()
         tokens = taken.step.download.result()
         self.hits += 1
         return [int(tokens[row]) for row in taken.rows]
@@ -149,6 +154,8 @@ class AheadQueue:
         """Forget the queued step, once the device has run it (its tokens' copy, queued after it, is done)."""
         step, self.step = self.step, None
         if step is not None:
+            if self.settle is not None:
+                self.settle()
             step.download.result()
 
     def read(self, sampled: Array) -> list[int]:

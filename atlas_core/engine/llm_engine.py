@@ -308,12 +308,12 @@ class LLMEngine:
     def _decodes_again(self, step: ScheduledStep) -> bool:
         """Whether the step after ``step`` is expected to decode its sequences again: nothing waits and every
         running sequence runs in it (each took at least one token of the budget, so the next step's budget holds
-        their decodes), with no speculation, storage tier or split replica in the way. The runner may then launch
-        that step before it reads this one's tokens (`atlas_core.engine.ahead`)."""
+        their decodes), with no speculation or storage tier in the way. The runner may then launch that step before
+        it reads this one's tokens (`atlas_core.engine.ahead`; on a split replica every rank takes the step's token
+        ids from rank 0's broadcast, `atlas_core.parallel.mirror`)."""
         return (
             not self.speculation
             and self.offload is None
-            and self.runner.model.mirror is None
             and not self.scheduler.waiting
             and len(step.chunks) == len(self.scheduler.running)
         )

@@ -188,7 +188,8 @@ class DecodeLookahead:
         prediction.device[3:5] = self.backend.upload_int32([host_tables, host_slots])
 
     def _batch(self, prediction: Prediction, ids: np.ndarray | None) -> ForwardBatch:
-        """The prepared batch; ``ids``: the tokens on the host, when they are known there."""
+        """The prepared batch; ``ids``: the tokens on the host, when they are known there (None: on the device
+        only, and so in its ``host_inputs``)."""
         assert prediction.tokens is not None  # `take` and `take_ahead` hand over predictions with tokens only
         positions, starts, lengths, tables, slots, state_slots = prediction.device
         self.hits += 1
@@ -201,5 +202,5 @@ class DecodeLookahead:
             logits_rows=np.arange(len(prediction.seqs), dtype=np.int64),
             state_slots=state_slots,
             is_pure_decode=True,
-            host_inputs=None if ids is None else (ids, *prediction.host),
+            host_inputs=(ids, *prediction.host),
         )

@@ -98,7 +98,13 @@ class ModelRunner:
         """Prepares each pure-decode step's successor while it runs (None: every batch is built afresh). Using it,
         `build_batch` takes up the prepared step."""
         self.ahead = (
-            AheadQueue(self.lookahead, backend, self._forward, reserve_next_block)
+            AheadQueue(
+                self.lookahead,
+                backend,
+                self._forward,
+                reserve_next_block,
+                model.mirror.settle if model.mirror else None,
+            )
             if self.lookahead is not None and backend.queues_work and hidden_observer is None
             else None
         )

@@ -61,6 +61,10 @@ class ModelMirror(Protocol):
         """Tell the other ranks about recurrent-state call ``call`` (``allocate_state``, ``reset_state``,
         ``copy_state``) with ``args`` (JSON values)."""
 
+    def settle(self) -> None:
+        """Wait, bounded, for the last decode step queued ahead (`atlas_core.engine.ahead`) that no later step
+        waited for: called before its tokens are read when nothing was queued after it."""
+
 
 class DecoderLayer(Protocol):
     """One decoder block as `TransformerModel.forward` calls it, over the batch's ``T`` tokens.

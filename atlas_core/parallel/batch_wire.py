@@ -45,12 +45,23 @@ def batch_extras(batch: ForwardBatch) -> dict[str, Array]:
     return extras
 
 
+def ids_from_rank_0(header: dict[str, Any]) -> bool:
+    """Whether a posted batch's token ids are not in its message but on rank 0's device only (a decode step queued
+    ahead, `atlas_core.engine.ahead`): every rank then takes them from rank 0's broadcast into ``input_ids``
+    before the forward, in place of the zeros sent."""
+    return bool(header.get("ids_from_rank_0", False))
+
+
 def encode_batch(backend: Backend, batch: ForwardBatch) -> tuple[dict[str, Any], list[np.ndarray]]:
     """``batch`` as one message: a header and host arrays (`decode_batch` reverses it). The `BATCH_ARRAYS` are
-    the batch's ``host_inputs`` when it has them (no reads from the device)."""
+    the batch's ``host_inputs`` when it has them (no reads from the device); token ids known on the device only
+    are sent as zeros, and the header says so (`ids_from_rank_0`)."""
     meta = batch.attention
+    on_device = batch.host_inputs is not None and batch.host_inputs[0] is None
     if batch.host_inputs is not None:
-        arrays = list(batch.host_inputs)
+        positions = batch.host_inputs[1]
+        assert positions is not None  # only the token ids may be missing
+        arrays = [np.zeros_like(positions) if a is None else a for a in batch.host_inputs]
     else:
         device = [batch.input_ids, batch.positions, meta.query_start_loc, meta.seq_lens, meta.block_tables]
         device += [meta.slot_mapping, batch.state_slots]
@@ -59,12 +70,13 @@ def encode_batch(backend: Backend, batch: ForwardBatch) -> tuple[dict[str, Any],
     arrays.append(np.asarray(batch.logits_rows))
     arrays += [np.asarray(backend.to_numpy(array)) for array in extras.values()]
     header = {"is_pure_decode": batch.is_pure_decode, "tokens_per_seq": batch.tokens_per_seq, "extras": list(extras)}
-    return header, arrays
+    return header | ({"ids_from_rank_0": True} if on_device else {}), arrays
 
 
 def decode_batch(backend: Backend, header: dict[str, Any], arrays: list[np.ndarray]) -> ForwardBatch:
     """The `ForwardBatch` that `encode_batch` sent, its arrays uploaded to ``backend`` in their sent dtypes (the
-    int32 `BATCH_ARRAYS` together, `Backend.upload_int32`), with the `BATCH_ARRAYS` kept as its ``host_inputs``."""
+    int32 `BATCH_ARRAYS` together, `Backend.upload_int32`), with the `BATCH_ARRAYS` kept as its ``host_inputs``
+    (the ids as None when they come from rank 0's broadcast)."""
 
     def upload(array: np.ndarray) -> Array:
         return backend.from_numpy(array, dtype=array.dtype)
@@ -100,6 +112,6 @@ def decode_batch(backend: Backend, header: dict[str, Any], arrays: list[np.ndarr
         input_hidden=extras.get("input_hidden"),
         visual=visual,
         rope_rows=rope,
-        host_inputs=host,
+        host_inputs=(None, *host[1:]) if ids_from_rank_0(header) else host,
         state_checkpoints=extras.get("state_checkpoints"),
     )

@@ -14,6 +14,11 @@ instruction: every rank then replays (or, the first time, captures in step with 
 of the same bucket, whose collectives pair up with the other ranks' graphs, and every rank projects its own
 final hidden rows (the all-reduced stream is the same on every rank); while rank 0 runs its graph, the
 model's calls are not posted (`unposted`).
+A decode step queued ahead (`atlas_core.engine.ahead`) runs on the tokens the step before it sampled, which
+exist on rank 0's device only: its message carries zeros for them, and every rank takes them from rank 0's
+broadcast, queued behind the step before (`atlas_core.parallel.batch_wire.ids_from_rank_0`). Such a step's
+graph replay waits for the step before it rather than for itself (`StepWaits`), so that every rank queues
+it while the device still runs that one.
 The other ranks (`atlas_core.parallel.worker`) run the same calls on their shards in the same order,
 so their collectives pair up with rank 0's.
 
@@ -35,9 +40,9 @@ import numpy as np
 from atlas_core.backends.base import Array, Backend
 from atlas_core.batch.forward_batch import ForwardBatch
 from atlas_core.batch.kv_cache import AnyKVLayout, KVCache, KVPlan, layout_scales
-from atlas_core.comm import CommError
+from atlas_core.comm import CommBackend, CommError
 from atlas_core.model.sharding import TensorParallel
-from atlas_core.parallel.batch_wire import encode_batch
+from atlas_core.parallel.batch_wire import encode_batch, ids_from_rank_0
 
 if TYPE_CHECKING:
     from atlas_core.parallel.world import World
@@ -45,6 +50,36 @@ if TYPE_CHECKING:
 log = logging.getLogger("atlas.parallel")
 
 T = TypeVar("T")
+
+
+class StepWaits:
+    """The bounded waits (`CommBackend.wait`) of the decode-graph steps a rank replays. A step built on the host
+    waits for itself. A step queued ahead waits for the step before it, and leaves its own wait to the next step
+    queued ahead or to `settle`; with a comm backend that gives no markers (`CommBackend.mark`), it waits for
+    itself too."""
+
+    def __init__(self, comm: CommBackend) -> None:
+        self.comm = comm
+        self.unsettled: Any = None
+        """The marker of the last step queued ahead, not waited for yet."""
+
+    def replayed(self, queued_ahead: bool) -> None:
+        """After a step's graph was launched: its wait, or that of the step queued ahead before it."""
+        mark = self.comm.mark() if queued_ahead else None
+        if mark is None:
+            self.comm.wait()
+            self.unsettled = None
+            return
+        previous, self.unsettled = self.unsettled, mark
+        if previous is not None:
+            self.comm.wait(previous)
+
+    def settle(self) -> None:
+        """Wait for the last step queued ahead, if it was not waited for: before its tokens are read when no step
+        was queued after it."""
+        mark, self.unsettled = self.unsettled, None
+        if mark is not None:
+            self.comm.wait(mark)
 
 
 class RankMirror:
@@ -59,6 +94,7 @@ class RankMirror:
         self._callbacks: list[Callable[[CommError], None]] = []
         self._lock = threading.Lock()
         self._posting = True
+        self.steps = StepWaits(world.parallel.comm)
 
     @contextlib.contextmanager
     def unposted(self) -> Iterator[None]:
@@ -94,7 +130,14 @@ class RankMirror:
             return run()
         header, arrays = encode_batch(self.backend, batch)
         self.post({"op": "forward", "mtp_step": mtp_step} | header, arrays)
+        if ids_from_rank_0(header):
+            self.guard(lambda: self.world.parallel.comm.broadcast(batch.input_ids, root=0))
         return self.guard(run)
+
+    def settle(self) -> None:
+        """Wait, bounded by the comm timeout, for the last decode step queued ahead when no step was queued after
+        it (`StepWaits.settle`): before its tokens are read."""
+        self.guard(self.steps.settle)
 
     def logits(self, hidden: Array, run: Callable[[Array], T], mtp_step: int | None = None) -> T:
         """Post a logits call and broadcast rank 0's ``hidden`` rows, then ``run(hidden)``. ``mtp_step``: the
@@ -168,7 +211,8 @@ class MirroredKVCache(KVCache):
 class MirroredGraphs:
     """Rank 0's decode graphs of a split model (`atlas_core.engine.decode_graphs.DecodeGraphs`): each step they serve
     is posted as one ``graph`` instruction, then replayed here with the model's calls unposted; every rank
-    then waits for the step's collectives (`CommBackend.wait`, bounded by the comm timeout)."""
+    then waits for the step's collectives, or those of the step before it for a step queued ahead (`StepWaits`,
+    bounded by the comm timeout)."""
 
     def __init__(self, mirror: RankMirror, graphs: Any) -> None:
         self.mirror, self.graphs = mirror, graphs
@@ -186,12 +230,14 @@ class MirroredGraphs:
     def run(self, batch: ForwardBatch) -> Array:
         header, arrays = encode_batch(self.mirror.backend, batch)
         self.mirror.post({"op": "graph"} | header, arrays)
-        comm = self.mirror.world.parallel.comm
+        queued_ahead = ids_from_rank_0(header)
 
         def replay() -> Array:
+            if queued_ahead:
+                self.mirror.world.parallel.comm.broadcast_queued(batch.input_ids, root=0)
             with self.mirror.unposted():
                 logits = self.graphs.run(batch)
-            comm.wait()
+            self.mirror.steps.replayed(queued_ahead)
             return logits
 
         return self.mirror.guard(replay)

@@ -5,7 +5,9 @@ shard of the checkpoint's MTP head (MTP speculation), ``kv`` allocates this rank
 head's layers after the model's), ``copy_blocks`` copies blocks in it, ``state`` makes a recurrent-state
 slot call (allocate, reset, copy), ``forward`` runs the model (or a chained step of the MTP head) over the
 posted `ForwardBatch`, ``graph`` runs the model and its logits over it through this rank's captured
-decode graphs (`atlas_core.parallel.mirror.MirroredGraphs`) and waits for the step's collectives,
+decode graphs (`atlas_core.parallel.mirror.MirroredGraphs`) and waits for the step's collectives (for those of
+the step before it, when the step was queued ahead: `atlas_core.parallel.mirror.StepWaits`; its token ids then
+come from rank 0's broadcast, as for a ``forward``),
 ``logits`` takes rank 0's broadcast hidden rows and projects them (through the MTP step's own LM head
 when it has one), ``tiers`` opens this rank's KV storage tiers, ``tier`` runs their queued operations
 and ``loads`` settles loads with rank 0 (`atlas_core.parallel.tier_follow`), ``stop`` ends the loop. A
@@ -34,7 +36,8 @@ from atlas_core.errors import ConfigError
 from atlas_core.kvtiers.agree import closed_everywhere
 from atlas_core.model.load import LoadedModel
 from atlas_core.model.mtp import MtpHead, load_mtp_head
-from atlas_core.parallel.batch_wire import decode_batch
+from atlas_core.parallel.batch_wire import decode_batch, ids_from_rank_0
+from atlas_core.parallel.mirror import StepWaits
 from atlas_core.parallel.settings import ReplicaSettings
 from atlas_core.parallel.tier_follow import TierFollower
 from atlas_core.parallel.world import World, join_replica, load_shard
@@ -101,6 +104,8 @@ def follow(world: World, loaded: LoadedModel, backend: Backend) -> None:
 
 def _follow(world: World, loaded: LoadedModel, backend: Backend, tiers: list[TierFollower], graphs: list[Any]) -> None:
     model = loaded.model
+    comm = world.parallel.comm
+    steps = StepWaits(comm)
     kv: KVCache | None = None
     mtp: MtpHead | None = None
     while True:
@@ -137,6 +142,8 @@ def _follow(world: World, loaded: LoadedModel, backend: Backend, tiers: list[Tie
             kv.copy_blocks([(int(src), int(dst)) for src, dst in arrays[0].tolist()])
         elif op == "forward":
             batch = decode_batch(backend, header, arrays)
+            if ids_from_rank_0(header):
+                comm.broadcast(batch.input_ids, root=0)
             if mtp is not None and step is not None:
                 mtp.forward(int(step), batch, kv)
             else:
@@ -144,12 +151,16 @@ def _follow(world: World, loaded: LoadedModel, backend: Backend, tiers: list[Tie
         elif op == "graph":
             if not graphs:
                 raise CommError(f"rank {world.rank}: rank 0 replays decode graphs, but this rank's backend has none")
-            graphs[0].run(decode_batch(backend, header, arrays))
-            world.parallel.comm.wait()
+            batch = decode_batch(backend, header, arrays)
+            queued_ahead = ids_from_rank_0(header)
+            if queued_ahead:
+                comm.broadcast_queued(batch.input_ids, root=0)
+            graphs[0].run(batch)
+            steps.replayed(queued_ahead)
         elif op == "state" and header.get("call") in STATE_CALLS:
             getattr(model, header["call"])(*header["args"])
         elif op == "logits":
-            hidden = world.parallel.comm.broadcast(backend.zeros(tuple(header["shape"]), np.dtype(header["dtype"])))
+            hidden = comm.broadcast(backend.zeros(tuple(header["shape"]), np.dtype(header["dtype"])))
             if mtp is not None and step is not None:
                 mtp.own_logits(hidden, int(step))
             else:

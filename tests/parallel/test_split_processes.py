@@ -259,3 +259,23 @@ def test_decode_graph_steps_are_posted_whole_and_replayed_on_every_rank() -> Non
         assert tokens(split) == expected
         graphs = split.engine.runner.decode_graphs
         assert graphs is not None and graphs.graphs.replays == 3  # the 3 batched decode steps after the prefill
+
+
+@pytest.mark.parametrize("backend", ["numpy", "example-graphs"])
+def test_decode_steps_queued_ahead_take_their_ids_from_rank_0(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On rank 0's backend that queues work, decode steps are queued before the tokens of the steps they follow are
+    read: their token ids exist on rank 0 alone, and every rank takes them from its broadcast, in eager forwards
+    (numpy) and in replayed graphs (the example plugin's). The tokens are those of the whole model, sampled ones
+    included."""
+    from atlas_core.backends.numpy_backend import NumpyBackend
+
+    folder = TINY / "llama"
+    long = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    seeded = SamplingParams(max_tokens=20, temperature=0.8, seed=7, ignore_eos=True)
+    with LLM(folder, backend="numpy", kv_cache_memory_gib=KV_GIB) as whole:
+        expected = tokens(whole, long), tokens(whole, seeded)
+    monkeypatch.setattr(NumpyBackend, "queues_work", True)  # rank 0's process only
+    with LLM(folder, backend=backend, tensor_parallel_size=2, kv_cache_memory_gib=KV_GIB) as split:
+        assert (tokens(split, long), tokens(split, seeded)) == expected
+        ahead = split.engine.runner.ahead
+        assert ahead is not None and ahead.hits >= 30  # most of the 2 x 19 decode steps after each prefill

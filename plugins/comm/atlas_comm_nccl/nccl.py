@@ -116,9 +116,16 @@ class NcclComm(CommBackend):
         return self.xp.concatenate(list(gathered), axis=axis)
 
     def broadcast(self, x: Any, root: int = 0) -> Any:
+        return self._broadcast(x, root, wait=True)
+
+    def broadcast_queued(self, x: Any, root: int = 0) -> Any:
+        """`broadcast` launched on the current stream, without waiting for it (the next `wait` bounds it)."""
+        return self._broadcast(x, root, wait=False)
+
+    def _broadcast(self, x: Any, root: int, wait: bool) -> Any:
         self._check_peer(root, allow_self=True)
         count, dtype = self._buffer(x)
-        self._run("broadcast", lambda s: self.communicator.broadcast(_ptr(x), _ptr(x), count, dtype, root, s))
+        self._run("broadcast", lambda s: self.communicator.broadcast(_ptr(x), _ptr(x), count, dtype, root, s), wait)
         return x
 
     def send(self, x: Any, peer: int) -> None:
@@ -154,12 +161,16 @@ class NcclComm(CommBackend):
             raise TypeError(f"NCCL has no data type for {np.dtype(x.dtype).name}")
         return int(x.size), int(getattr(self.nccl, name))
 
-    def wait(self) -> None:
-        self._wait("the step's collectives")
+    def mark(self) -> Any:
+        """An event recorded on the current stream, after the work launched so far."""
+        return self.xp.cuda.get_current_stream().record()
 
-    def _run(self, op: str, launch: Any) -> None:
-        """Launch collective ``op`` on the current stream and wait for it, at most ``timeout_s`` (only recorded
-        when the stream is being captured)."""
+    def wait(self, mark: Any = None) -> None:
+        self._wait("the step's collectives", mark)
+
+    def _run(self, op: str, launch: Any, wait: bool = True) -> None:
+        """Launch collective ``op`` on the current stream and, with ``wait``, wait for it, at most ``timeout_s``
+        (never while the stream is being captured)."""
         if self.communicator is None:
             raise CommError(f"rank {self.rank}: {op} on a closed communicator")
         stream = self.xp.cuda.get_current_stream()
@@ -167,15 +178,15 @@ class NcclComm(CommBackend):
             launch(stream.ptr)
         except Exception as exc:  # NcclError
             raise CommError(f"rank {self.rank}: NCCL {op} failed: {exc}") from exc
-        if not stream.is_capturing():
+        if wait and not stream.is_capturing():
             self._wait(f"NCCL {op}")
 
-    def _wait(self, what: str) -> None:
-        """Poll until the current stream has done its work, at most ``timeout_s``; past it, abort the communicator
-        and raise `CommError` naming ``what``."""
+    def _wait(self, what: str, mark: Any = None) -> None:
+        """Poll until the current stream has done its work (up to event ``mark``, given one), at most
+        ``timeout_s``; past it, abort the communicator and raise `CommError` naming ``what``."""
         if self.communicator is None:
             raise CommError(f"rank {self.rank}: {what} on a closed communicator")
-        done = self.xp.cuda.get_current_stream().record()
+        done = self.xp.cuda.get_current_stream().record() if mark is None else mark
         start = time.monotonic()
         deadline = start + self.timeout_s
         while not done.done:

@@ -11,7 +11,8 @@
 3. Two GPUs or more: the tiny checkpoints on the ``cuda`` backend split over two ranks (TP=2 on llama and
    qwen3, EP=2 and TP=2 x EP=2 on qwen3_moe) against one rank: greedy tokens identical, and the largest
    log-probability difference printed (bfloat16 tolerance: 0.05); the split runs' decode steps replay
-   CUDA graphs on every rank (the count of rank 0's replays is printed), posted through shared memory.
+   CUDA graphs on every rank (the count of rank 0's replays is printed), posted through shared memory; and, without
+   log-probabilities, with decode steps queued ahead (their token ids broadcast from rank 0), the same tokens.
 
 Run from the repository root with atlas-core, the model families, atlas-gb10 and atlas-comm-nccl installed.
 """
@@ -208,17 +209,24 @@ def two_ranks() -> None:
     )
 
 
-def generate(folder: Path, tokens: int, **engine: Any) -> tuple[list[tuple[list[int], list[float]]], int]:
+def generate(
+    folder: Path, tokens: int, logprobs: int | None = 1, **engine: Any
+) -> tuple[list[tuple[list[int], list[float]]], int, int]:
+    """Greedy tokens (with their log-probabilities, given ``logprobs``) of the fixture's prompts, the decode steps
+    that replayed graphs and those queued ahead of reading the tokens before them (which steps with log-probabilities
+    never are)."""
     from atlas_core import LLM, SamplingParams
 
     with np.load(folder / "reference.npz") as reference:
         prompts = [[int(t) for t in reference[f"prompt_{i}"]] for i in range(4)]
-    params = SamplingParams(max_tokens=tokens, temperature=0.0, logprobs=1, ignore_eos=True)
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, logprobs=logprobs, ignore_eos=True)
     llm = LLM(folder, backend="cuda", gpu_memory_utilization=0.3, max_seq_len=512, comm_timeout=120, **engine)
     try:
         outputs = llm.generate(prompts, params)
         graphs = llm.engine.runner.decode_graphs
         replays = int(getattr(getattr(graphs, "graphs", graphs), "replays", 0))
+        ahead = llm.engine.runner.ahead
+        queued = ahead.hits if ahead is not None else 0
         mirror = llm.loaded.model.mirror
         if mirror is not None:
             check(mirror.world.rendezvous.ring is not None, "rank 0 posts the steps through shared memory")
@@ -232,14 +240,11 @@ def generate(folder: Path, tokens: int, **engine: Any) -> tuple[list[tuple[list[
     results = []
     for output in outputs:
         completion = output.outputs[0]
-        assert completion.logprobs is not None
+        entries = completion.logprobs or []
         results.append(
-            (
-                completion.token_ids,
-                [e[t].logprob for t, e in zip(completion.token_ids, completion.logprobs, strict=True)],
-            )
+            (completion.token_ids, [e[t].logprob for t, e in zip(completion.token_ids, entries, strict=False)])
         )
-    return results, replays
+    return results, replays, queued
 
 
 def split_models(tokens: int) -> None:
@@ -248,8 +253,14 @@ def split_models(tokens: int) -> None:
     for name, tp, ep in SPLITS:
         if name not in whole:
             whole[name] = generate(TINY[name], tokens)[0]
-        split, replays = generate(TINY[name], tokens, tensor_parallel_size=tp, expert_parallel_size=ep)
+        split, replays, _ = generate(TINY[name], tokens, tensor_parallel_size=tp, expert_parallel_size=ep)
         check(replays > 0, f"{name} TP={tp} EP={ep}: {replays} decode steps replayed CUDA graphs")
+        plain, _, queued = generate(TINY[name], tokens, None, tensor_parallel_size=tp, expert_parallel_size=ep)
+        check(queued > 0, f"{name} TP={tp} EP={ep}, no logprobs: {queued} decode steps queued ahead")
+        check(
+            [a[0] for a in plain] == [b[0] for b in whole[name]],
+            f"{name} TP={tp} EP={ep}, steps queued ahead: greedy tokens == one rank",
+        )
         same = all(a[0] == b[0] for a, b in zip(split, whole[name], strict=True))
         diff = max(
             max(abs(x - y) for x, y in zip(a[1], b[1], strict=False))

@@ -247,6 +247,21 @@ def test_collectives_captured_into_a_graph_are_waited_for_after_the_replay() -> 
     assert communicator.calls[-1] == "abort"
 
 
+def test_a_queued_broadcast_returns_at_once_and_a_marker_bounds_its_wait() -> None:
+    """`broadcast_queued` launches without waiting (its peer may still be busy with the step before); `wait` on the
+    marker taken after it is the bounded wait, and a marker whose work never finishes times out like a step."""
+    world, stream = FakeWorld(1), Stream(finishes=False)
+    communicator = FakeCommunicator(world, 0)
+    comm = NcclComm(0, 1, communicator, fake_nccl(world), fake_cupy(stream), 0.2)
+    ids = device(np.arange(4, dtype=np.int32))
+    assert comm.broadcast_queued(ids, root=0) is ids
+    assert communicator.calls == ["broadcast"]
+    comm.wait(SimpleNamespace(done=True))  # the work before that marker has finished
+    with pytest.raises(CommError, match=r"rank 0: the step's collectives did not finish within 0.2 s"):
+        comm.wait(comm.mark())
+    assert communicator.calls == ["broadcast", "abort"]
+
+
 class FakeRendezvous:
     """What `NcclComm.connect` reads of a `Rendezvous`: rank 0's value goes to every rank."""
 
