@@ -225,8 +225,7 @@ def generate(
         outputs = llm.generate(prompts, params)
         graphs = llm.engine.runner.decode_graphs
         replays = int(getattr(getattr(graphs, "graphs", graphs), "replays", 0))
-        ahead = llm.engine.runner.ahead
-        queued = ahead.hits if ahead is not None else 0
+        queued = int(getattr(llm.engine.runner.ahead, "hits", 0))  # no reference kept: the KV cache is freed below
         mirror = llm.loaded.model.mirror
         if mirror is not None:
             check(mirror.world.rendezvous.ring is not None, "rank 0 posts the steps through shared memory")
