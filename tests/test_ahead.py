@@ -145,3 +145,28 @@ def test_batches_with_steps_queued_ahead_give_each_prompt_its_tokens_alone(
         settings["kv_cache_memory_gib"] = (tokens * probe.engine.kv_plan.bytes_per_token + state_bytes) / 2**30
     monkeypatch.setattr(NumpyBackend, "queues_work", True)
     assert_batch_invariant(TINY / model, alone, settings)
+
+
+def test_a_failed_replica_drops_the_queued_step_without_reading_it() -> None:
+    """`AheadQueue.drop` on a split replica that failed: ``settle`` raises the failure, and the step's tokens are
+    not read (its work may never finish); otherwise they are read once ``settle`` returned."""
+    from atlas_core.comm import CommError
+    from atlas_core.engine.ahead import AheadQueue, AheadStep
+
+    events: list[str] = []
+
+    class Download:
+        def result(self) -> Any:
+            events.append("read")
+
+    def settle(fails: bool) -> None:
+        events.append("settle")
+        if fails:
+            raise CommError("rank 1 is gone")
+
+    for fails, expected in ((True, ["settle"]), (False, ["settle", "read"])):
+        events.clear()
+        queue = AheadQueue(None, None, None, None, lambda fails=fails: settle(fails))  # type: ignore[arg-type]
+        queue.step = AheadStep(None, None, Download())  # type: ignore[arg-type]
+        queue.drop()
+        assert events == expected and queue.step is None

@@ -42,6 +42,7 @@ import numpy as np
 
 from atlas_core.backends.base import Array, Backend, Download
 from atlas_core.batch.forward_batch import ForwardBatch
+from atlas_core.comm import CommError
 from atlas_core.engine.lookahead import DecodeLookahead, Prediction
 from atlas_core.engine.sampling_inputs import sampling_tensors
 from atlas_core.engine.sequence import Sequence
@@ -151,12 +152,17 @@ class AheadQueue:
         return [int(tokens[row]) for row in taken.rows]
 
     def drop(self) -> None:
-        """Forget the queued step, once the device has run it (its tokens' copy, queued after it, is done)."""
+        """Forget the queued step, once the device has run it (its tokens' copy, queued after it, is done); at once
+        when the split replica it ran on has failed (`CommError` from ``settle``: its work may never finish)."""
         step, self.step = self.step, None
-        if step is not None:
-            if self.settle is not None:
+        if step is None:
+            return
+        if self.settle is not None:
+            try:
                 self.settle()
-            step.download.result()
+            except CommError:
+                return
+        step.download.result()
 
     def read(self, sampled: Array) -> list[int]:
         """The running step's sampled tokens on the host, queueing the next decode step first when it is prepared

@@ -103,6 +103,38 @@ def test_a_stuck_rank_fails_the_step_after_comm_timeout() -> None:
         llm.close()
 
 
+def test_a_rank_stuck_while_steps_are_queued_ahead_fails_the_engine_within_comm_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0 queues decode steps ahead of reading the tokens before them (its backend claims to queue work) when
+    rank 1 stops answering: within the timeout the replica fails with the collective's `CommError`, the requests
+    in the step fail with it (the engine lives on), and the engine still closes."""
+    from atlas_core.backends.numpy_backend import NumpyBackend
+
+    monkeypatch.setattr(NumpyBackend, "queues_work", True)
+    llm = LLM(TINY / "llama", backend="numpy", tensor_parallel_size=2, kv_cache_memory_gib=KV_GIB, comm_timeout=8)
+    (worker,) = replica_processes(llm)
+    engine = llm.engine
+    try:
+        for i, prompt in enumerate(PROMPTS):
+            engine.add_request(f"r{i}", None, prompt, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+        for _ in range(4):
+            engine.step()
+        assert engine.runner.ahead is not None and engine.runner.ahead.hits > 0
+        os.kill(worker.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        errors = {}
+        while engine.has_unfinished():
+            errors |= {output.request_id: output.error for output in engine.step() if output.finished}
+        assert time.monotonic() - started < 20
+        failure = "all_reduce with rank 1 failed: no message from the peer within 8"
+        assert llm.mirror is not None and failure in str(llm.mirror.failure)
+        assert sorted(errors) == ["r0", "r1", "r2"] and all(failure in str(error) for error in errors.values())
+    finally:
+        worker.kill()
+        llm.close()
+
+
 @pytest.fixture
 def served_folder(tmp_path: Path, chatml_tokenizer: object) -> Path:
     """The tiny llama checkpoint with a tokenizer (``atlas serve`` needs one)."""
