@@ -135,6 +135,25 @@ def test_prefill_kernel_is_the_measured_fastest(m: int, k: int, n: int, kernel: 
 
 
 @pytest.mark.parametrize(
+    ("tokens", "heads", "d", "half", "batched"),
+    [  # measured on an H200 (132 SMs; docs/benchmarks.md): Qwen3-0.6B has 16 + 2 x 8 heads of 128
+        (8192, 32, 128, 64, True),  # an 8k prefill: 47 against 100 us a layer
+        (1, 32, 128, 64, False),  # batch-1 decode: batched, 2 blocks instead of 8 ran 876 against 906 tok/s
+        (66, 32, 128, 64, True),  # 132 blocks: one an SM
+        (65, 32, 128, 64, False),
+        (8192, 48, 128, 32, False),  # partial rotary: the kernel that stages a head in shared memory
+        (8192, 48, 96, 48, False),  # no kernel of its own for heads of 96
+    ],
+)
+def test_attention_inputs_batch_heads_where_the_blocks_still_fill_the_sms(
+    tokens: int, heads: int, d: int, half: int, batched: bool
+) -> None:
+    from atlas_gb10.attention_inputs import batches_heads
+
+    assert batches_heads(tokens, heads, d, half, sm_count=132) == batched
+
+
+@pytest.mark.parametrize(
     ("k", "n", "n_tiles"),
     [
         (4096, 28672, 2),
