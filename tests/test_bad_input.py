@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import cast
 
+import numpy as np
 import pytest
 
 from atlas_core import LLM, SamplingParams
@@ -123,7 +124,7 @@ def test_offline_hub_repo_not_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 
 def test_kv_budget_too_small_names_the_numbers() -> None:
-    with pytest.raises(Exception, match=r"holds \d+ blocks .* needs \d+ blocks .* Lower max_seq_len to at most \d+"):
+    with pytest.raises(Exception, match=r"holds \d+ blocks .* needs \d+ blocks .* Set kv_cache_memory_gib=\d"):
         LLM(TINY / "llama", kv_cache_memory_gib=1e-5, max_seq_len=512)
 
 
@@ -136,12 +137,45 @@ class _DeviceMemory:
 
 def test_kv_cache_memory_gib_sizes_the_kv_cache_on_any_backend() -> None:
     device = cast(Backend, _DeviceMemory())
-    assert kv_budget(device, EngineConfig(kv_cache_memory_gib=0.5)) == (2**29, "kv_cache_memory_gib=0.5")
-    budget, source = kv_budget(device, EngineConfig(gpu_memory_utilization=0.9))
+    assert kv_budget(device, EngineConfig(kv_cache_memory_gib=0.5))[:2] == (2**29, "kv_cache_memory_gib=0.5")
+    budget, source, _ = kv_budget(device, EngineConfig(gpu_memory_utilization=0.9))
     assert budget == int(0.9 * 8 * 2**30) - 6 * 2**30 and source.startswith("gpu_memory_utilization=0.9")
     with pytest.raises(ConfigError, match=r"kv_cache_memory_gib=3 is more than the 2.00 GiB free on the device"):
         kv_budget(device, EngineConfig(kv_cache_memory_gib=3))
     assert kv_budget(cast(Backend, object.__new__(NumpyBackend)), EngineConfig())[0] == 2**30
+
+
+def test_each_kv_budget_names_the_setting_that_gives_more() -> None:
+    """``more(extra)``: the value of the budget's own setting that gives ``extra`` bytes more, rounded up to
+    hundredths; None where none can (more than the device has, or more than its free memory)."""
+    device = cast(Backend, _DeviceMemory())  # 8 GiB, 6 of them in use
+    share = kv_budget(device, EngineConfig(gpu_memory_utilization=0.5))
+    assert share.bytes == -2 * 2**30  # the memory in use exceeds the share
+    assert share.more(2 * 2**30 + 2**20) == "gpu_memory_utilization=0.76"
+    assert share.more(5 * 2**30) is None
+    fixed = kv_budget(device, EngineConfig(kv_cache_memory_gib=0.5))
+    assert fixed.more(2**30) == "kv_cache_memory_gib=1.5" and fixed.more(2 * 2**30) is None
+    host = kv_budget(cast(Backend, object.__new__(NumpyBackend)), EngineConfig())
+    assert host.more(3 * 2**29) == "kv_cache_memory_gib=2.5"
+
+
+def test_a_kv_budget_taken_by_the_memory_in_use_says_which_setting_fits_one_sequence() -> None:
+    """A budget the memory in use has taken (below zero) gives no blocks: the error does not propose a max_seq_len
+    of 0, but the gpu_memory_utilization that fits one sequence, or freeing memory where none can."""
+    from atlas_core.batch.kv_cache import KVCacheTooSmallError, KVLayout, plan_kv_cache
+
+    device = cast(Backend, _DeviceMemory())
+    budget = kv_budget(device, EngineConfig(gpu_memory_utilization=0.5))
+    layouts, fp32 = [KVLayout(2, 16)] * 2, np.dtype(np.float32)
+    with pytest.raises(KVCacheTooSmallError) as caught:
+        plan_kv_cache(layouts, fp32, 16, budget.bytes, 512, budget.source, 1, budget.more)
+    message = str(caught.value)
+    assert "gives nothing (the memory already in use exceeds that share by 2048.0 MiB)" in message
+    assert "Lower max_seq_len" not in message and message.endswith(
+        "needs 32 blocks (0.2 MiB). Set gpu_memory_utilization=0.76."
+    )
+    with pytest.raises(KVCacheTooSmallError, match=r"Free 8192.2 MiB of device memory \(no setting gives that much\)"):
+        plan_kv_cache(layouts, fp32, 16, -(2**33), 512, budget.source, 1, budget.more)
 
 
 @pytest.mark.parametrize(

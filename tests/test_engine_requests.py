@@ -149,4 +149,6 @@ def test_kv_sizing_error_states_numbers_and_fitting_settings() -> None:
         LLM(TINY / "llama", kv_cache_memory_gib=1e-5, max_seq_len=512)
     message = str(excinfo.value)
     assert "kv_cache_memory_gib=1e-05" in message and "bytes per token" in message
-    assert "needs 32 blocks" in message and "Lower max_seq_len to at most" in message
+    assert "needs 32 blocks" in message and message.endswith("Set kv_cache_memory_gib=0.01.")
+    with pytest.raises(KVCacheTooSmallError, match=r"Lower max_seq_len to at most 48, or set kv_cache_memory_gib=0.01"):
+        LLM(TINY / "llama", kv_cache_memory_gib=4e-5, max_seq_len=512)

@@ -16,6 +16,7 @@ import pytest
 
 from atlas_core import LLM, SamplingParams
 from atlas_core.backends.ops.checkpoints import CHECKPOINTED_TOKENS
+from atlas_core.batch.kv_cache import KVCacheTooSmallError
 from atlas_core.engine.runner import ScheduledChunk
 from atlas_core.engine.sequence import Sequence
 from atlas_core.engine.spec.config import SpeculativeConfig, speculative_config
@@ -365,3 +366,27 @@ def test_metrics_count_proposed_and_accepted_drafts() -> None:
     assert (
         per_position[0] >= per_position[1] >= per_position[2]
     )  # a draft position is accepted only after the ones before
+
+
+def test_a_draft_models_kv_share_too_small_asks_the_whole_budget_for_its_part() -> None:
+    """The draft model's KV cache takes its share of the budget (here half: the draft is the target). When that
+    share cannot hold one sequence, the setting proposed is the one that gives the whole budget what the share
+    lacks over the share's part of it."""
+    config = {"method": "draft_model", "model": str(TINY / "qwen3"), "num_speculative_tokens": 3}
+    spec = LLM(TINY / "qwen3", speculative_config=config)
+    speculation = spec.engine.speculation
+    assert speculation is not None and isinstance(speculation.proposer, DraftModelProposer)
+    per_token = speculation.proposer.cache.bytes_per_token
+    asked: list[int] = []
+
+    def more(extra: int) -> str:
+        asked.append(extra)
+        return f"kv_cache_memory_gib={extra}"
+
+    one_sequence = spec.engine.max_seq_len * per_token
+    with pytest.raises(
+        KVCacheTooSmallError, match=rf"share of none gives 0.0 MiB.*Set kv_cache_memory_gib={2 * one_sequence}\.$"
+    ):
+        speculation.allocate_kv(0, per_token, spec.engine.config, "none", more)
+    assert asked == [2 * one_sequence]
+    spec.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -180,11 +180,14 @@ def plan_kv_cache(
     max_seq_len: int,
     budget_source: str,
     max_num_seqs: int = 1,
+    more: Callable[[int], str | None] | None = None,
 ) -> KVPlan:
     """Blocks that fit in ``budget_bytes``; `KVCacheTooSmallError` if not one ``max_seq_len`` sequence.
 
-    ``budget_source`` says where the budget came from and which setting changes it. A model without
-    attention layers (no ``layouts``: a recurrent stack) caches nothing; its blocks only count tokens,
+    ``budget_source`` says where the budget came from and which setting changes it; ``more(extra)``, when
+    given, names the setting that gives ``extra`` bytes more (``name=value``; None when none can), which the
+    error then proposes. ``budget_bytes`` is negative when the memory in use exceeds the budget's share. A model
+    without attention layers (no ``layouts``: a recurrent stack) caches nothing; its blocks only count tokens,
     ``max_num_seqs`` sequences of ``max_seq_len`` of them.
     """
     bytes_per_token = sum(layout.bytes_per_token(default_dtype) for layout in layouts)
@@ -195,14 +198,26 @@ def plan_kv_cache(
         return KVPlan(needed * max_num_seqs, block_size, 0)
     num_blocks = max(0, budget_bytes) // bytes_per_block
     if num_blocks < needed:
-        mib = 2**20
+        mib, wanted = 2**20, needed * bytes_per_block
+        gives = (
+            f"{budget_bytes / mib:.1f} MiB"
+            if budget_bytes >= 0
+            else f"nothing (the memory already in use exceeds that share by {-budget_bytes / mib:.1f} MiB)"
+        )
+        fixes = [f"Lower max_seq_len to at most {num_blocks * block_size}"] if num_blocks else []
+        setting = more(wanted - budget_bytes) if more is not None else None
+        if setting is not None:
+            fixes.append(f"set {setting}")
+        elif more is not None:
+            fixes.append(f"free {(wanted - budget_bytes) / mib:.1f} MiB of device memory (no setting gives that much)")
+        else:
+            fixes.append(f"give the KV cache {(wanted - budget_bytes) / mib:.1f} MiB more")
+        remedy = ", or ".join(fixes)
         raise KVCacheTooSmallError(
-            f"the KV cache cannot hold one sequence of max_seq_len={max_seq_len}: {budget_source} gives "
-            f"{max(0, budget_bytes) / mib:.1f} MiB, which holds {num_blocks} blocks of {block_size} tokens "
-            f"({bytes_per_token} bytes per token over {describe_layouts(layouts)}) with KV stored as {stored_as}, "
-            f"but one sequence needs {needed} blocks "
-            f"({needed * bytes_per_block / mib:.1f} MiB). Lower max_seq_len to at most {num_blocks * block_size}, "
-            f"or raise the budget to at least {needed * bytes_per_block / mib:.1f} MiB."
+            f"the KV cache cannot hold one sequence of max_seq_len={max_seq_len}: {budget_source} gives {gives}, "
+            f"which holds {num_blocks} blocks of {block_size} tokens ({bytes_per_token} bytes per token over "
+            f"{describe_layouts(layouts)}) with KV stored as {stored_as}, but one sequence needs {needed} blocks "
+            f"({wanted / mib:.1f} MiB). {remedy[0].upper()}{remedy[1:]}."
         )
     return KVPlan(int(num_blocks), block_size, bytes_per_token)
 

@@ -3,8 +3,10 @@ flag, help and default (`atlas_core.options`); and how the memory settings becom
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from atlas_core.backends.base import Backend
 from atlas_core.backends.kv_dtypes import KVCacheDtype
@@ -255,23 +257,51 @@ ENGINE_OPTIONS = options_of(ModelChoice, EngineConfig)
 """The settings of every command that loads a model; their values by name are `LLM`'s arguments."""
 
 
-def kv_budget(backend: Backend, config: EngineConfig) -> tuple[int, str]:
-    """``(bytes for the KV cache, a phrase naming where that number comes from)``."""
+class KVBudget(NamedTuple):
+    """The bytes the KV cache may take (negative when the memory in use exceeds the share it comes from), a phrase
+    naming where that number comes from, and ``more(extra)``: the setting that gives ``extra`` bytes more, as
+    ``name=value`` (None when no value of it can)."""
+
+    bytes: int
+    source: str
+    more: Callable[[int], str | None]
+
+
+def rounded_up(value: float) -> float:
+    """``value`` rounded up to hundredths (a setting that must give at least ``value``)."""
+    return math.ceil(value * 100 - 1e-9) / 100
+
+
+def kv_budget(backend: Backend, config: EngineConfig) -> KVBudget:
+    """The KV cache's budget under ``config`` on ``backend``: ``kv_cache_memory_gib`` when set, else
+    ``gpu_memory_utilization`` of a device's memory less what is in use, else the host backends' default."""
     memory = backend.device_memory()
-    if config.kv_cache_memory_gib is not None:
-        budget = int(config.kv_cache_memory_gib * 2**30)
+    if config.kv_cache_memory_gib is not None or memory is None:
+        gib = HOST_KV_CACHE_GIB if config.kv_cache_memory_gib is None else config.kv_cache_memory_gib
+        budget = int(gib * 2**30)
         if memory is not None and budget > memory[0]:
             raise ConfigError(
-                f"kv_cache_memory_gib={config.kv_cache_memory_gib:g} is more than the {memory[0] / 2**30:.2f} GiB "
+                f"kv_cache_memory_gib={gib:g} is more than the {memory[0] / 2**30:.2f} GiB "
                 "free on the device after loading the model: lower it, or leave it unset to size the KV cache by "
                 "gpu_memory_utilization"
             )
-        return budget, f"kv_cache_memory_gib={config.kv_cache_memory_gib:g}"
-    if memory is None:
-        return int(HOST_KV_CACHE_GIB * 2**30), f"the host backends' default KV cache of {HOST_KV_CACHE_GIB:g} GiB"
+
+        def more_gib(extra: int) -> str | None:
+            wanted = budget + extra
+            fits = memory is None or wanted <= memory[0]
+            return f"kv_cache_memory_gib={rounded_up(wanted / 2**30):g}" if fits else None
+
+        if config.kv_cache_memory_gib is None:
+            return KVBudget(budget, f"the host backends' default KV cache of {gib:g} GiB", more_gib)
+        return KVBudget(budget, f"kv_cache_memory_gib={gib:g}", more_gib)
     free, total = memory
-    budget = int(total * config.gpu_memory_utilization) - (total - free)
-    return budget, (
-        f"gpu_memory_utilization={config.gpu_memory_utilization:g} of {total / 2**30:.1f} GiB "
-        f"minus {(total - free) / 2**30:.1f} GiB in use"
+    share = config.gpu_memory_utilization
+
+    def more_share(extra: int) -> str | None:
+        wanted = rounded_up(share + extra / total)
+        return f"gpu_memory_utilization={wanted:g}" if wanted <= 1 else None
+
+    source = (
+        f"gpu_memory_utilization={share:g} of {total / 2**30:.1f} GiB minus {(total - free) / 2**30:.1f} GiB in use"
     )
+    return KVBudget(int(total * share) - (total - free), source, more_share)

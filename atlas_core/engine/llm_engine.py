@@ -67,7 +67,7 @@ class LLMEngine:
             own = len(model.kv_layouts)  # the file covers the model's layers; MTP layers keep their own scales
             scales = read_kv_scales(config.kv_cache_scales, own)
             self.kv_layouts = with_kv_scales(self.kv_layouts[:own], scales) + self.kv_layouts[own:]
-        budget, source = kv_budget(backend, config)
+        budget, source, more = kv_budget(backend, config)
         # recurrent state: one slot per running sequence, plus the prefix cache's state snapshots
         num_seq_slots = config.max_num_seqs if model.has_recurrent_state else 0
         snapshot_pool = config.max_num_seqs if config.max_state_snapshots is None else config.max_state_snapshots
@@ -82,7 +82,7 @@ class LLMEngine:
             source += f" minus {state_bytes / 2**20:.1f} MiB of recurrent state ({num_state_slots} slots)"
         if self.speculation:
             target_bytes = sum(layout.bytes_per_token(backend.activation_dtype) for layout in self.kv_layouts)
-            budget = self.speculation.allocate_kv(budget, target_bytes, config, source)
+            budget, more = self.speculation.allocate_kv(budget, target_bytes, config, source, more)
         plan = plan_kv_cache(
             self.kv_layouts,
             backend.activation_dtype,
@@ -91,6 +91,7 @@ class LLMEngine:
             self.max_seq_len,
             source,
             config.max_num_seqs,
+            more,
         )
         self.kv_plan = plan
         full_length_seqs = plan.capacity_tokens // self.max_seq_len

@@ -4,6 +4,7 @@ target's cache), and `DraftKV` is the separate cache and block tables of a draft
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -109,11 +110,20 @@ class DraftKV:
         """Bytes of draft KV per token."""
         return sum(layout.bytes_per_token(self.backend.activation_dtype) for layout in self.layouts)
 
-    def allocate(self, budget_bytes: int, block_size: int, max_num_seqs: int, source: str) -> None:
+    def allocate(
+        self,
+        budget_bytes: int,
+        block_size: int,
+        max_num_seqs: int,
+        source: str,
+        more: Callable[[int], str | None] | None = None,
+    ) -> None:
         """Allocate the cache from ``budget_bytes`` (`KVCacheTooSmallError` if one sequence of
-        ``max_seq_len`` does not fit)."""
+        ``max_seq_len`` does not fit, proposing ``more``'s setting: `plan_kv_cache`)."""
         dtype = self.backend.activation_dtype
-        plan = plan_kv_cache(self.layouts, dtype, block_size, budget_bytes, self.max_seq_len, source, max_num_seqs)
+        plan = plan_kv_cache(
+            self.layouts, dtype, block_size, budget_bytes, self.max_seq_len, source, max_num_seqs, more
+        )
         self.kv = KVCache(self.backend, self.layouts, plan)
         self.blocks = BlockManager(plan.num_blocks, block_size, enable_prefix_caching=False)
 

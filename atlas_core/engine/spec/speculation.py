@@ -14,6 +14,7 @@ are applied per verified row as if the drafts before it were kept (`logit_adjust
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
 
@@ -68,15 +69,30 @@ class Speculation:
         if isinstance(self.proposer, MtpProposer):
             self.proposer.attach(kv)
 
-    def allocate_kv(self, budget: int, target_bytes_per_token: int, config: EngineConfig, source: str) -> int:
+    def allocate_kv(
+        self,
+        budget: int,
+        target_bytes_per_token: int,
+        config: EngineConfig,
+        source: str,
+        more: Callable[[int], str | None],
+    ) -> tuple[int, Callable[[int], str | None]]:
         """A draft model's KV cache takes the share of the KV ``budget`` (bytes) that lets it hold as many
-        tokens as the target's; returns what is left for the target (all of it for other methods)."""
+        tokens as the target's; returns what is left for the target (all of it for other methods) and the setting
+        that gives the target ``extra`` bytes more. ``more(extra)``: the setting that gives the whole budget
+        ``extra`` bytes more (`atlas_core.engine.config.KVBudget`)."""
         if not isinstance(self.proposer, DraftModelProposer):
-            return budget
+            return budget, more
         cache = self.proposer.cache
-        share = budget * cache.bytes_per_token // max(1, cache.bytes_per_token + target_bytes_per_token)
-        cache.allocate(share, config.block_size, config.max_num_seqs, f"the draft model's share of {source}")
-        return budget - share
+        total = max(1, cache.bytes_per_token + target_bytes_per_token)
+        share = budget * cache.bytes_per_token // total
+
+        def scaled(part: int) -> Callable[[int], str | None]:  # a part of ``part``/``total`` of every budget
+            return lambda extra: more(-(-extra * total // max(1, part)))
+
+        name = f"the draft model's share of {source}"
+        cache.allocate(share, config.block_size, config.max_num_seqs, name, scaled(cache.bytes_per_token))
+        return budget - share, scaled(target_bytes_per_token)
 
     def draft_room(self, seq: Sequence) -> int:
         """How many draft tokens ``seq`` may verify in its next step: 0 when it does not speculate, else
