@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 import numpy as np
 import pytest
 
@@ -142,6 +145,17 @@ def test_repetition_penalty_changes_a_repetitive_greedy_run(llm: LLM) -> None:
         .token_ids
     )
     assert len(set(penalised)) > len(set(plain))
+
+
+def test_a_kv_cache_short_of_max_num_seqs_names_the_budget_for_all_of_them(caplog: pytest.LogCaptureFixture) -> None:
+    """Fewer full-length sequences fit than max_num_seqs: the log line proposes the budget that holds them all,
+    and that budget does."""
+    with caplog.at_level(logging.INFO, logger="atlas.engine"):
+        LLM(TINY / "llama", kv_cache_memory_gib=0.001, max_seq_len=512, max_num_seqs=8).close()
+    proposed = re.search(r"or kv_cache_memory_gib=([\d.]+) for all of them\.", caplog.text)
+    assert proposed is not None, caplog.text
+    with LLM(TINY / "llama", kv_cache_memory_gib=float(proposed.group(1)), max_seq_len=512, max_num_seqs=8) as llm:
+        assert llm.engine.kv_capacity_tokens // 512 >= 8
 
 
 def test_kv_sizing_error_states_numbers_and_fitting_settings() -> None:

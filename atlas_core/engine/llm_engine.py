@@ -96,10 +96,12 @@ class LLMEngine:
         self.kv_plan = plan
         full_length_seqs = plan.capacity_tokens // self.max_seq_len
         if full_length_seqs < config.max_num_seqs:
+            every_one = config.max_num_seqs * -(-self.max_seq_len // config.block_size) * config.block_size
+            budget_for_all = more(every_one * plan.bytes_per_token - budget) if plan.bytes_per_token else None
             log.info(
                 "KV cache: %d tokens hold %d sequences of max_seq_len=%d at once (max_num_seqs=%d); longer "
                 "concurrent work is preempted and recomputed. Guaranteed without preemption: max_num_seqs=%d, "
-                "or max_seq_len=%d at max_num_seqs=%d.",
+                "or max_seq_len=%d at max_num_seqs=%d%s.",
                 plan.capacity_tokens,
                 full_length_seqs,
                 self.max_seq_len,
@@ -107,6 +109,7 @@ class LLMEngine:
                 full_length_seqs,
                 plan.capacity_tokens // config.max_num_seqs,
                 config.max_num_seqs,
+                f", or {budget_for_all} for all of them" if budget_for_all else "",
             )
         mirror = model.mirror if isinstance(model.mirror, RankMirror) else None
         if mirror is not None:  # rank 0 of a split replica: the other ranks allocate their KV cache too
