@@ -159,6 +159,16 @@ def test_each_kv_budget_names_the_setting_that_gives_more() -> None:
     assert host.more(3 * 2**29) == "kv_cache_memory_gib=2.5"
 
 
+def test_a_setting_value_is_the_shortest_decimal_in_its_bounds() -> None:
+    from atlas_core.engine.config import setting_value
+
+    assert setting_value(0.31) == "0.31"  # not 0.32 for 0.31 * 100's rounding
+    assert setting_value(0.3100000001) == "0.32"
+    assert setting_value(0.9 + 1 / 141 / 2**30) == "0.91"  # a byte more of a large device still rounds up
+    assert setting_value(0.995, 0.999) == "0.995" and setting_value(1.0001, 1.0) is None
+    assert setting_value(12345.611) == "12345.62"
+
+
 def test_a_kv_budget_taken_by_the_memory_in_use_says_which_setting_fits_one_sequence() -> None:
     """A budget the memory in use has taken (below zero) gives no blocks: the error does not propose a max_seq_len
     of 0, but the gpu_memory_utilization that fits one sequence, or freeing memory where none can."""
@@ -170,11 +180,14 @@ def test_a_kv_budget_taken_by_the_memory_in_use_says_which_setting_fits_one_sequ
     with pytest.raises(KVCacheTooSmallError) as caught:
         plan_kv_cache(layouts, fp32, 16, budget.bytes, 512, budget.source, 1, budget.more)
     message = str(caught.value)
-    assert "gives nothing (the memory already in use exceeds that share by 2048.0 MiB)" in message
+    assert "gives nothing (2048.0 MiB below zero)" in message
     assert "Lower max_seq_len" not in message and message.endswith(
         "needs 32 blocks (0.2 MiB). Set gpu_memory_utilization=0.76."
     )
-    with pytest.raises(KVCacheTooSmallError, match=r"Free 8192.2 MiB of device memory \(no setting gives that much\)"):
+    with pytest.raises(
+        KVCacheTooSmallError,
+        match=r"Make 8192.2 MiB more room for it \(more than the budget's setting can give on this device",
+    ):
         plan_kv_cache(layouts, fp32, 16, -(2**33), 512, budget.source, 1, budget.more)
 
 

@@ -186,9 +186,9 @@ def plan_kv_cache(
 
     ``budget_source`` says where the budget came from and which setting changes it; ``more(extra)``, when
     given, names the setting that gives ``extra`` bytes more (``name=value``; None when none can), which the
-    error then proposes. ``budget_bytes`` is negative when the memory in use exceeds the budget's share. A model
-    without attention layers (no ``layouts``: a recurrent stack) caches nothing; its blocks only count tokens,
-    ``max_num_seqs`` sequences of ``max_seq_len`` of them.
+    error then proposes. ``budget_bytes`` may be negative (the memory in use or the recurrent state took it
+    all). A model without attention layers (no ``layouts``: a recurrent stack) caches nothing; its blocks only
+    count tokens, ``max_num_seqs`` sequences of ``max_seq_len`` of them.
     """
     bytes_per_token = sum(layout.bytes_per_token(default_dtype) for layout in layouts)
     stored_as = "/".join(sorted({dtype_label(layout.dtype or default_dtype) for layout in layouts}))
@@ -202,14 +202,17 @@ def plan_kv_cache(
         gives = (
             f"{budget_bytes / mib:.1f} MiB"
             if budget_bytes >= 0
-            else f"nothing (the memory already in use exceeds that share by {-budget_bytes / mib:.1f} MiB)"
+            else f"nothing ({-budget_bytes / mib:.1f} MiB below zero)"
         )
         fixes = [f"Lower max_seq_len to at most {num_blocks * block_size}"] if num_blocks else []
         setting = more(wanted - budget_bytes) if more is not None else None
         if setting is not None:
             fixes.append(f"set {setting}")
         elif more is not None:
-            fixes.append(f"free {(wanted - budget_bytes) / mib:.1f} MiB of device memory (no setting gives that much)")
+            fixes.append(
+                f"make {(wanted - budget_bytes) / mib:.1f} MiB more room for it (more than the budget's setting can "
+                "give on this device: free device memory first)"
+            )
         else:
             fixes.append(f"give the KV cache {(wanted - budget_bytes) / mib:.1f} MiB more")
         remedy = ", or ".join(fixes)

@@ -267,9 +267,15 @@ class KVBudget(NamedTuple):
     more: Callable[[int], str | None]
 
 
-def rounded_up(value: float) -> float:
-    """``value`` rounded up to hundredths (a setting that must give at least ``value``)."""
-    return math.ceil(value * 100 - 1e-9) / 100
+def setting_value(least: float, most: float | None = None) -> str | None:
+    """The decimal, in hundredths where one fits (else in finer steps), of at least ``least`` and at most ``most``,
+    as a setting's value; None when none is."""
+    for digits in (2, 4, 6):
+        scale = 10**digits
+        value = math.ceil(least * scale * (1 - 1e-15)) / scale  # 0.31 stays 0.31 despite 0.31 * 100's rounding
+        if most is None or value <= most:
+            return f"{value:.{digits}f}".rstrip("0").rstrip(".")
+    return None
 
 
 def kv_budget(backend: Backend, config: EngineConfig) -> KVBudget:
@@ -287,9 +293,8 @@ def kv_budget(backend: Backend, config: EngineConfig) -> KVBudget:
             )
 
         def more_gib(extra: int) -> str | None:
-            wanted = budget + extra
-            fits = memory is None or wanted <= memory[0]
-            return f"kv_cache_memory_gib={rounded_up(wanted / 2**30):g}" if fits else None
+            value = setting_value((budget + extra) / 2**30, None if memory is None else memory[0] / 2**30)
+            return None if value is None else f"kv_cache_memory_gib={value}"
 
         if config.kv_cache_memory_gib is None:
             return KVBudget(budget, f"the host backends' default KV cache of {gib:g} GiB", more_gib)
@@ -298,8 +303,8 @@ def kv_budget(backend: Backend, config: EngineConfig) -> KVBudget:
     share = config.gpu_memory_utilization
 
     def more_share(extra: int) -> str | None:
-        wanted = rounded_up(share + extra / total)
-        return f"gpu_memory_utilization={wanted:g}" if wanted <= 1 else None
+        value = setting_value(share + (extra + 1) / total, 1.0)  # a byte more: the budget's int() floors
+        return None if value is None else f"gpu_memory_utilization={value}"
 
     source = (
         f"gpu_memory_utilization={share:g} of {total / 2**30:.1f} GiB minus {(total - free) / 2**30:.1f} GiB in use"

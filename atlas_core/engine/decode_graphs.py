@@ -30,6 +30,12 @@ class DecodeGraphs(Protocol):
         """Replay: the logits ``[T, V]`` of every token of the batch."""
         ...
 
+    def captures(self, batch: ForwardBatch) -> bool:
+        """Whether `run` of ``batch`` captures a graph first (none of its bucket yet), which waits for the device
+        to be idle: a split replica then waits for every earlier step, bounded, before it (optional; without it a
+        split replica assumes every step may capture)."""
+        ...
+
     def close(self) -> None:
         """Release the captured graphs (a split model's before its communicator closes: NCCL waits for the
         graphs holding its collectives to be gone); `run` may capture again afterwards."""

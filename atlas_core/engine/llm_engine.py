@@ -94,9 +94,10 @@ class LLMEngine:
             more,
         )
         self.kv_plan = plan
-        full_length_seqs = plan.capacity_tokens // self.max_seq_len
+        blocks_per_seq = -(-self.max_seq_len // config.block_size)
+        full_length_seqs = plan.num_blocks // blocks_per_seq
         if full_length_seqs < config.max_num_seqs:
-            every_one = config.max_num_seqs * -(-self.max_seq_len // config.block_size) * config.block_size
+            every_one = config.max_num_seqs * blocks_per_seq * config.block_size
             budget_for_all = more(every_one * plan.bytes_per_token - budget) if plan.bytes_per_token else None
             log.info(
                 "KV cache: %d tokens hold %d sequences of max_seq_len=%d at once (max_num_seqs=%d); longer "
@@ -107,7 +108,7 @@ class LLMEngine:
                 self.max_seq_len,
                 config.max_num_seqs,
                 full_length_seqs,
-                plan.capacity_tokens // config.max_num_seqs,
+                plan.num_blocks // config.max_num_seqs * config.block_size,
                 config.max_num_seqs,
                 f", or {budget_for_all} for all of them" if budget_for_all else "",
             )

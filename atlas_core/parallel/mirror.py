@@ -56,12 +56,27 @@ class StepWaits:
     """The bounded waits (`CommBackend.wait`) of the decode-graph steps a rank replays. A step built on the host
     waits for itself. A step queued ahead waits for the step before it, and leaves its own wait to the next step
     queued ahead or to `settle`; with a comm backend that gives no markers (`CommBackend.mark`), it waits for
-    itself too."""
+    itself too. A step queued ahead whose replay captures a graph first (which waits for the device to be idle,
+    unbounded) waits for every earlier step before it, and for itself."""
 
     def __init__(self, comm: CommBackend) -> None:
         self.comm = comm
         self.unsettled: Any = None
         """The marker of the last step queued ahead, not waited for yet."""
+
+    def replay(self, batch: ForwardBatch, header: dict[str, Any], run: Callable[[ForwardBatch], T]) -> T:
+        """``run(batch)``: the replay of posted ``batch`` (``header``: its message's), with the step's token ids
+        taken from rank 0's broadcast when they are on its device only, and the step's wait after it."""
+        queued_ahead, capturing = ids_from_rank_0(header), bool(header.get("captures", True))
+        if queued_ahead and capturing:
+            self.comm.wait()
+            self.unsettled = None
+            self.comm.broadcast(batch.input_ids, root=0)
+        elif queued_ahead:
+            self.comm.broadcast_queued(batch.input_ids, root=0)
+        result = run(batch)
+        self.replayed(queued_ahead and not capturing)
+        return result
 
     def replayed(self, queued_ahead: bool) -> None:
         """After a step's graph was launched: its wait, or that of the step queued ahead before it."""
@@ -136,8 +151,16 @@ class RankMirror:
 
     def settle(self) -> None:
         """Wait, bounded by the comm timeout, for the last decode step queued ahead when no step was queued after
-        it (`StepWaits.settle`): before its tokens are read."""
-        self.guard(self.steps.settle)
+        it (`StepWaits.settle`): before its tokens are read. On a replica that failed the wait still runs (past the
+        timeout it aborts the communicator, so that nothing is left queued behind a dead rank), then the failure
+        is raised."""
+        try:
+            self.steps.settle()
+        except CommError as exc:
+            self.fail(exc)
+            raise
+        if self.failure is not None:
+            raise self.failure
 
     def logits(self, hidden: Array, run: Callable[[Array], T], mtp_step: int | None = None) -> T:
         """Post a logits call and broadcast rank 0's ``hidden`` rows, then ``run(hidden)``. ``mtp_step``: the
@@ -229,15 +252,12 @@ class MirroredGraphs:
 
     def run(self, batch: ForwardBatch) -> Array:
         header, arrays = encode_batch(self.mirror.backend, batch)
+        captures = getattr(self.graphs, "captures", None)
+        header["captures"] = True if captures is None else bool(captures(batch))  # every rank follows rank 0
         self.mirror.post({"op": "graph"} | header, arrays)
-        queued_ahead = ids_from_rank_0(header)
 
-        def replay() -> Array:
-            if queued_ahead:
-                self.mirror.world.parallel.comm.broadcast_queued(batch.input_ids, root=0)
+        def replay(batch: ForwardBatch) -> Array:
             with self.mirror.unposted():
-                logits = self.graphs.run(batch)
-            self.mirror.steps.replayed(queued_ahead)
-            return logits
+                return self.graphs.run(batch)
 
-        return self.mirror.guard(replay)
+        return self.mirror.guard(lambda: self.mirror.steps.replay(batch, header, replay))

@@ -152,11 +152,7 @@ def _follow(world: World, loaded: LoadedModel, backend: Backend, tiers: list[Tie
             if not graphs:
                 raise CommError(f"rank {world.rank}: rank 0 replays decode graphs, but this rank's backend has none")
             batch = decode_batch(backend, header, arrays)
-            queued_ahead = ids_from_rank_0(header)
-            if queued_ahead:
-                comm.broadcast_queued(batch.input_ids, root=0)
-            graphs[0].run(batch)
-            steps.replayed(queued_ahead)
+            steps.replay(batch, header, graphs[0].run)
         elif op == "state" and header.get("call") in STATE_CALLS:
             getattr(model, header["call"])(*header["args"])
         elif op == "logits":

@@ -119,7 +119,8 @@ class NcclComm(CommBackend):
         return self._broadcast(x, root, wait=True)
 
     def broadcast_queued(self, x: Any, root: int = 0) -> Any:
-        """`broadcast` launched on the current stream, without waiting for it (the next `wait` bounds it)."""
+        """`broadcast` launched on the current stream, without waiting for it (a later `wait` bounds it: one
+        without a marker, or one given a marker taken after it)."""
         return self._broadcast(x, root, wait=False)
 
     def _broadcast(self, x: Any, root: int, wait: bool) -> Any:

@@ -118,19 +118,28 @@ class CudaDecodeGraphs:
             and batch.attention.block_tables.shape[1] <= self.table_width
         )
 
+    def _key(self, batch: ForwardBatch) -> tuple[int, int]:
+        """The (batch bucket, context splits) of the graph that serves a pure-decode ``batch``."""
+        size = bucket(batch.attention.seq_lens.shape[0])
+        if size >= DIRECT_MIN_BATCH:
+            return size, 1  # direct mode: one graph for every context
+        width = batch.attention.block_tables.shape[1]  # every context fits in its blocks: no read-back needed
+        needed = self.backend.attention_runner.splits_for(width * self.kv.block_size)
+        return size, bucket(max(needed, MIN_SPLIT_ITEMS // size))
+
+    def captures(self, batch: ForwardBatch) -> bool:
+        if batch.tokens_per_seq:
+            return True  # verify steps: their own buckets (not steps queued ahead)
+        return not self.failed and self._key(batch) not in self.graphs
+
     def run(self, batch: ForwardBatch) -> Any:
         if batch.tokens_per_seq:
             return self._run_verify(batch)
         meta = batch.attention
         b = meta.seq_lens.shape[0]
-        size = bucket(b)
-        width = meta.block_tables.shape[1]  # every context fits in its blocks: no read-back needed
-        if size >= DIRECT_MIN_BATCH:
-            splits = 1  # direct mode: one graph for every context
-        else:
-            needed = self.backend.attention_runner.splits_for(width * self.kv.block_size)
-            splits = bucket(max(needed, MIN_SPLIT_ITEMS // size))
-        key = (size, splits)
+        width = meta.block_tables.shape[1]
+        key = self._key(batch)
+        size, splits = key
         if key not in self.graphs:
             captured = self._capture(size, splits)
             if captured is None:

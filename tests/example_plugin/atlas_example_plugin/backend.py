@@ -67,6 +67,9 @@ class EagerDecodeGraphs:
         self.last_hidden = self.model.forward(batch, self.kv)
         return self.model.compute_logits(self.last_hidden)
 
+    def captures(self, batch: Any) -> bool:
+        return False  # nothing to capture: every step runs as it comes
+
     def close(self) -> None:
         self.last_hidden = None
 
