@@ -199,22 +199,23 @@ def plan_kv_cache(
     num_blocks = max(0, budget_bytes) // bytes_per_block
     if num_blocks < needed:
         mib, wanted = 2**20, needed * bytes_per_block
+        short = wanted - budget_bytes
         gives = (
             f"{budget_bytes / mib:.1f} MiB"
             if budget_bytes >= 0
             else f"nothing ({-budget_bytes / mib:.1f} MiB below zero)"
         )
         fixes = [f"Lower max_seq_len to at most {num_blocks * block_size}"] if num_blocks else []
-        setting = more(wanted - budget_bytes) if more is not None else None
+        setting = more(short) if more is not None else None
         if setting is not None:
             fixes.append(f"set {setting}")
         elif more is not None:
             fixes.append(
-                f"make {(wanted - budget_bytes) / mib:.1f} MiB more room for it (more than the budget's setting can "
-                "give on this device: free device memory first)"
+                f"make {short / mib:.1f} MiB more room for it (more than the budget's setting can give on this "
+                "device: free device memory first)"
             )
         else:
-            fixes.append(f"give the KV cache {(wanted - budget_bytes) / mib:.1f} MiB more")
+            fixes.append(f"give the KV cache {short / mib:.1f} MiB more")
         remedy = ", or ".join(fixes)
         raise KVCacheTooSmallError(
             f"the KV cache cannot hold one sequence of max_seq_len={max_seq_len}: {budget_source} gives {gives}, "

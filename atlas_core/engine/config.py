@@ -296,9 +296,9 @@ def kv_budget(backend: Backend, config: EngineConfig) -> KVBudget:
             value = setting_value((budget + extra) / 2**30, None if memory is None else memory[0] / 2**30)
             return None if value is None else f"kv_cache_memory_gib={value}"
 
-        if config.kv_cache_memory_gib is None:
-            return KVBudget(budget, f"the host backends' default KV cache of {gib:g} GiB", more_gib)
-        return KVBudget(budget, f"kv_cache_memory_gib={gib:g}", more_gib)
+        default = config.kv_cache_memory_gib is None
+        source = f"the host backends' default KV cache of {gib:g} GiB" if default else f"kv_cache_memory_gib={gib:g}"
+        return KVBudget(budget, source, more_gib)
     free, total = memory
     share = config.gpu_memory_utilization
 
