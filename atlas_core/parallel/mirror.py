@@ -69,8 +69,7 @@ class StepWaits:
         taken from rank 0's broadcast when they are on its device only, and the step's wait after it."""
         queued_ahead, capturing = ids_from_rank_0(header), bool(header.get("captures", True))
         if queued_ahead and capturing:
-            self.comm.wait()
-            self.unsettled = None
+            self._wait_for_all()
             self.comm.broadcast(batch.input_ids, root=0)
         elif queued_ahead:
             self.comm.broadcast_queued(batch.input_ids, root=0)
@@ -82,12 +81,16 @@ class StepWaits:
         """After a step's graph was launched: its wait, or that of the step queued ahead before it."""
         mark = self.comm.mark() if queued_ahead else None
         if mark is None:
-            self.comm.wait()
-            self.unsettled = None
+            self._wait_for_all()
             return
         previous, self.unsettled = self.unsettled, mark
         if previous is not None:
             self.comm.wait(previous)
+
+    def _wait_for_all(self) -> None:
+        """Wait for everything this rank launched, the last step queued ahead included."""
+        self.comm.wait()
+        self.unsettled = None
 
     def settle(self) -> None:
         """Wait for the last step queued ahead, if it was not waited for: before its tokens are read when no step
@@ -252,8 +255,9 @@ class MirroredGraphs:
 
     def run(self, batch: ForwardBatch) -> Array:
         header, arrays = encode_batch(self.mirror.backend, batch)
-        captures = getattr(self.graphs, "captures", None)
-        header["captures"] = True if captures is None else bool(captures(batch))  # every rank follows rank 0
+        if ids_from_rank_0(header):  # a step queued ahead: every rank follows rank 0 on whether it captures
+            captures = getattr(self.graphs, "captures", None)
+            header["captures"] = True if captures is None else bool(captures(batch))
         self.mirror.post({"op": "graph"} | header, arrays)
 
         def replay(batch: ForwardBatch) -> Array:
